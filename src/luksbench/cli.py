@@ -1,0 +1,103 @@
+"""The ``luksbench`` command: argument handling only, the work lives in the modules.
+
+Imports are local to each command so that the test-box commands (standard library only) run on a
+minimal server without the analysis stack installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+
+def _write_csv(rows: list[dict], columns: list[str], out) -> None:
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+
+
+def _cmd_parse_fio(args: argparse.Namespace) -> int:
+    from luksbench.fio import FIO_COLUMNS, FioParseError, parse_fio_file
+
+    rows: list[dict] = []
+    failed = []
+    for path in args.files:
+        try:
+            rows.extend(parse_fio_file(Path(path)))
+        except FioParseError as exc:
+            print(f"luksbench parse fio: {exc}", file=sys.stderr)
+            failed.append(path)
+    _write_csv(rows, FIO_COLUMNS, sys.stdout)
+    return 1 if failed else 0
+
+
+def _cmd_parse_cryptsetup(args: argparse.Namespace) -> int:
+    from luksbench.cryptsetup import (
+        CRYPTSETUP_COLUMNS,
+        CryptsetupParseError,
+        parse_cryptsetup_file,
+    )
+
+    rows: list[dict] = []
+    failed = []
+    for path in args.files:
+        try:
+            rows.extend(parse_cryptsetup_file(Path(path)))
+        except CryptsetupParseError as exc:
+            print(f"luksbench parse cryptsetup: {exc}", file=sys.stderr)
+            failed.append(path)
+    _write_csv(rows, CRYPTSETUP_COLUMNS, sys.stdout)
+    return 1 if failed else 0
+
+
+def _cmd_loss(args: argparse.Namespace) -> int:
+    from luksbench.stats import LOSS_COLUMNS, loss_table_from_raw
+
+    table = loss_table_from_raw(
+        Path(args.raw_dir),
+        baseline=args.baseline,
+        variant=args.variant,
+        metrics=args.metric or None,
+        confidence=args.confidence,
+    )
+    table.to_csv(sys.stdout, index=False, columns=LOSS_COLUMNS)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    parse = commands.add_parser("parse", help="parse tool output into tidy CSV on stdout")
+    parse_kinds = parse.add_subparsers(dest="kind", required=True)
+    parse_fio = parse_kinds.add_parser("fio", help="fio JSON / json+ output (any version)")
+    parse_fio.add_argument("files", nargs="+", metavar="FILE")
+    parse_fio.set_defaults(func=_cmd_parse_fio)
+    parse_cs = parse_kinds.add_parser("cryptsetup", help="`cryptsetup benchmark` text output")
+    parse_cs.add_argument("files", nargs="+", metavar="FILE")
+    parse_cs.set_defaults(func=_cmd_parse_cryptsetup)
+
+    loss = commands.add_parser("loss", help="loss table with confidence intervals for one run")
+    loss.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
+    loss.add_argument("--baseline", default="plain")
+    loss.add_argument("--variant", default="luks")
+    loss.add_argument("--metric", action="append", help="bw_bytes, iops, clat_p99_ns ... (repeatable)")
+    loss.add_argument("--confidence", type=float, default=0.95)
+    loss.set_defaults(func=_cmd_loss)
+
+    from luksbench.testbox.cli import add_testbox_commands
+
+    add_testbox_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Names and paths that carry through the project: the raw layout and workload ids.
+
+Raw layout (one run's folder is ``RAW_DIR = data/raw/<run>``)::
+
+    <RAW_DIR>/<host>/env.json
+    <RAW_DIR>/<host>/cryptsetup-benchmark.txt
+    <RAW_DIR>/<host>/stacks.json                       # stack descriptions, no key material
+    <RAW_DIR>/<host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json
+    <RAW_DIR>/<host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.cpu.json
+    <RAW_DIR>/<host>/fio/manifest.json                 # the schedule as it was run
+
+Standard library only: the test box imports this.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_SIZE_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_BS_RE = re.compile(r"^(\d+)([kmgt]?)(i?b)?$", re.IGNORECASE)
+_WORKLOAD_RE = re.compile(r"^(?P<rw>[a-z]+)-(?P<bs>\d+[kmgt]?)-qd(?P<iodepth>\d+)$")
+_REP_RE = re.compile(r"^rep(?P<rep>\d+)\.json$")
+
+
+class LayoutError(ValueError):
+    """A path or name that does not follow the raw layout."""
+
+
+def bs_to_bytes(bs: str | int) -> int:
+    """Block size as fio writes it (``4k``, ``1m``, ``64KiB``, ``4096``) to bytes (1024-based)."""
+    if isinstance(bs, int):
+        return bs
+    m = _BS_RE.match(str(bs).strip())
+    if not m:
+        raise LayoutError(f"not a block size: {bs!r} (expected e.g. 4k, 64k, 1m, 4096)")
+    return int(m.group(1)) * _SIZE_SUFFIX[m.group(2).lower()]
+
+
+def bs_label(bs: str | int) -> str:
+    """Canonical fio-style label for a block size: 4096 -> '4k', 1048576 -> '1m'."""
+    n = bs_to_bytes(bs)
+    for suffix in ("t", "g", "m", "k"):
+        unit = _SIZE_SUFFIX[suffix]
+        if n >= unit and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
+@dataclass(frozen=True, order=True)
+class Workload:
+    """One cell of the fio matrix: access pattern, block size, queue depth."""
+
+    rw: str
+    bs_bytes: int
+    iodepth: int
+
+    @property
+    def bs(self) -> str:
+        return bs_label(self.bs_bytes)
+
+    @property
+    def id(self) -> str:
+        return f"{self.rw}-{self.bs}-qd{self.iodepth}"
+
+    @classmethod
+    def from_id(cls, workload_id: str) -> Workload:
+        m = _WORKLOAD_RE.match(workload_id)
+        if not m:
+            raise LayoutError(
+                f"not a workload id: {workload_id!r} (expected <rw>-<bs>-qd<iodepth>, e.g. randread-4k-qd32)"
+            )
+        return cls(m["rw"], bs_to_bytes(m["bs"]), int(m["iodepth"]))
+
+
+@dataclass(frozen=True)
+class RepPath:
+    """What a raw fio result's path says about it."""
+
+    host: str
+    stack: str
+    workload: Workload
+    rep: int
+
+
+def fio_rep_path(raw_dir: Path, host: str, stack: str, workload: Workload, rep: int) -> Path:
+    return Path(raw_dir) / host / "fio" / stack / workload.id / f"rep{rep}.json"
+
+
+def cpu_rep_path(fio_path: Path) -> Path:
+    """Sidecar with /proc/stat deltas for a fio result (``rep3.json`` -> ``rep3.cpu.json``)."""
+    return fio_path.with_name(fio_path.name.replace(".json", ".cpu.json"))
+
+
+def parse_rep_path(path: Path, raw_dir: Path) -> RepPath:
+    """Split ``<raw_dir>/<host>/fio/<stack>/<workload>/rep<k>.json`` into its parts."""
+    try:
+        rel = Path(path).resolve().relative_to(Path(raw_dir).resolve())
+    except ValueError as exc:
+        raise LayoutError(f"{path} is not under {raw_dir}") from exc
+    parts = rel.parts
+    if len(parts) != 5 or parts[1] != "fio":
+        raise LayoutError(
+            f"{path}: expected <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json under {raw_dir}"
+        )
+    m = _REP_RE.match(parts[4])
+    if not m:
+        raise LayoutError(f"{path}: file name must be rep<k>.json")
+    return RepPath(parts[0], parts[2], Workload.from_id(parts[3]), int(m["rep"]))
+
+
+def iter_rep_files(raw_dir: Path):
+    """All fio result files of one run folder, sorted (sidecars and manifests excluded)."""
+    for path in sorted(Path(raw_dir).glob("*/fio/*/*/rep*.json")):
+        if _REP_RE.match(path.name):
+            yield path
