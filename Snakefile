@@ -1,0 +1,25 @@
+"""luksbench: what does disk encryption cost on my hardware, and how sure are we?
+
+    snakemake --cores 1 all                    # measure the configured run here, analyse, write the paper
+    snakemake --cores 1 paper/sample.md        # re-analyse the shipped sample (no fio)
+"""
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/env.smk"
+include: "workflow/rules/bench.smk"
+include: "workflow/rules/analysis.smk"
+
+
+rule all:
+    """Measure the configured run on this host and publish it."""
+    input:
+        paper=f"paper/{RUN}.md",
+
+
+onerror:
+    # A failed rule must not leave dm/loop devices, FUSE mounts or daemons behind.
+    tear_down_after_failure()

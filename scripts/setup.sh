@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Set up luksbench on a fresh Debian/Ubuntu machine: system tools (apt, when root and missing)
+# and a virtualenv in .venv with the pinned Python dependencies. Safe to run again.
+# The run and the test suite need the same: the tests measure for real, too.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+venv=.venv
+requirements=envs/requirements.txt
+
+# tool -> Debian package that provides it
+declare -A debian_package=(
+  [fio]=fio
+  [cryptsetup]=cryptsetup-bin
+  [qemu-storage-daemon]=qemu-system-common
+  [fusermount3]=fuse3
+)
+missing_packages=()
+for tool in "${!debian_package[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "$tool" >/dev/null 2>&1 \
+    || missing_packages+=("${debian_package[$tool]}")
+done
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing_packages+=(python3-venv)
+
+if [ ${#missing_packages[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing ${missing_packages[*]} with apt-get" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing_packages[@]}" >/dev/null
+  else
+    echo "setup: missing system packages: ${missing_packages[*]}" >&2
+    echo "  Debian/Ubuntu: sudo apt-get install ${missing_packages[*]}" >&2
+    echo "  Fedora:        sudo dnf install fio cryptsetup qemu-storage-daemon fuse3 python3" >&2
+    exit 1
+  fi
+fi
+
+# Reinstall the virtualenv only when the pins changed.
+stamp="$venv/.requirements.sha256"
+want=$(sha256sum "$requirements" pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: creating $venv with the pinned dependencies ($requirements)" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e .
+  echo "$want" >"$stamp"
+fi
+echo "setup: ready ($("$venv/bin/python" --version), $(fio --version), $(PATH="$PATH:/usr/sbin" cryptsetup --version))" >&2

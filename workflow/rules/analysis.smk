@@ -1,0 +1,102 @@
+"""Notebooks run by papermill: raw JSON -> tidy tables -> loss tables -> figures -> paper.
+
+Each rule lists the notebook and the package sources as inputs, so a change to either re-runs it;
+the executed notebooks are kept beside the processed data as a record of what ran.
+"""
+
+PAPERMILL = "papermill --cwd notebooks --kernel python3 --log-output --no-progress-bar"
+
+
+rule ingest_raw:
+    """Parse every raw fio result, cipher benchmark and environment capture into tidy parquet."""
+    input:
+        notebook=f"{NOTEBOOKS}/01-ingest.ipynb",
+        manifests=fio_manifests,
+        envs=env_captures,
+        ciphers=cipher_benchmarks,
+        teardown=teardown_records,
+        src=PACKAGE_SOURCES,
+    output:
+        fio=f"{PROCESSED}/{{run}}/fio.parquet",
+        cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
+        env=f"{PROCESSED}/{{run}}/env.parquet",
+        notebook=f"{PROCESSED}/{{run}}/notebooks/01-ingest.ipynb",
+    params:
+        raw_dir=abs_raw_dir,
+        processed_dir=abs_processed_dir,
+    log:
+        "logs/{run}/ingest_raw.log",
+    shell:
+        "{PAPERMILL} {input.notebook} {output.notebook}"
+        " -p run {wildcards.run} -p raw_dir {params.raw_dir} -p processed_dir {params.processed_dir}"
+        " > {log} 2>&1"
+
+
+rule compute_loss:
+    """Loss per cell and metric with paired confidence intervals (variant vs baseline)."""
+    input:
+        notebook=f"{NOTEBOOKS}/02-loss.ipynb",
+        fio=f"{PROCESSED}/{{run}}/fio.parquet",
+        src=PACKAGE_SOURCES,
+    output:
+        loss=f"{PROCESSED}/{{run}}/loss.parquet",
+        notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
+    params:
+        processed_dir=abs_processed_dir,
+        baseline=config["baseline"],
+        variant=config["analysis"]["variant"],
+        confidence=config["analysis"]["confidence"],
+    log:
+        "logs/{run}/compute_loss.log",
+    shell:
+        "{PAPERMILL} {input.notebook} {output.notebook}"
+        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
+        " -p baseline {params.baseline} -p variant {params.variant}"
+        " -p confidence {params.confidence} > {log} 2>&1"
+
+
+rule plot_figures:
+    """Seaborn figures (PNG + SVG with provenance metadata) from the processed tables."""
+    input:
+        notebook=f"{NOTEBOOKS}/03-figures.ipynb",
+        fio=f"{PROCESSED}/{{run}}/fio.parquet",
+        loss=f"{PROCESSED}/{{run}}/loss.parquet",
+        src=PACKAGE_SOURCES,
+    output:
+        figures=directory("figures/{run}"),
+        notebook=f"{PROCESSED}/{{run}}/notebooks/03-figures.ipynb",
+    params:
+        processed_dir=abs_processed_dir,
+        figures_dir=abs_figures_dir,
+    log:
+        "logs/{run}/plot_figures.log",
+    shell:
+        "{PAPERMILL} {input.notebook} {output.notebook}"
+        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
+        " -p figures_dir {params.figures_dir} > {log} 2>&1"
+
+
+rule render_paper:
+    """The paper / blog post, generated from the processed tables and figures only."""
+    input:
+        notebook=f"{NOTEBOOKS}/04-paper.ipynb",
+        fio=f"{PROCESSED}/{{run}}/fio.parquet",
+        loss=f"{PROCESSED}/{{run}}/loss.parquet",
+        env=f"{PROCESSED}/{{run}}/env.parquet",
+        cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
+        figures="figures/{run}",
+        src=PACKAGE_SOURCES,
+        templates=PACKAGE_TEMPLATES,
+    output:
+        paper="paper/{run}.md",
+        notebook=f"{PROCESSED}/{{run}}/notebooks/04-paper.ipynb",
+    params:
+        processed_dir=abs_processed_dir,
+        figures_dir=abs_figures_dir,
+        paper_path=abs_paper_path,
+    log:
+        "logs/{run}/render_paper.log",
+    shell:
+        "{PAPERMILL} {input.notebook} {output.notebook}"
+        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
+        " -p figures_dir {params.figures_dir} -p paper_path {params.paper_path} > {log} 2>&1"

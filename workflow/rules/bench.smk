@@ -1,0 +1,61 @@
+"""Device stacks and fio: stack up, run the matrix in counterbalanced pairs, stack down.
+
+The stacks stay up across the three rules (their state file is temporary); `onerror` in the
+Snakefile tears them down when any rule fails, so a failed run leaves no device behind.
+"""
+
+
+rule stack_up:
+    """Create backing files, bring up every stack of the plan and precondition it."""
+    input:
+        plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
+        env=ancient(f"{RAW}/{{run}}/{{host}}/env.json"),
+        ciphers=ancient(f"{RAW}/{{run}}/{{host}}/cryptsetup-benchmark.txt"),
+    output:
+        state=temp(f"{SCRATCH}/{{run}}/{{host}}/state.json"),
+        stacks=f"{SCRATCH}/{{run}}/{{host}}/stacks.json",
+    log:
+        "logs/{run}/{host}/stack_up.log",
+    wildcard_constraints:
+        run=MEASURED_RUN,
+        host=MEASURED_HOST,
+    shell:
+        "luksbench testbox stack-up --plan {input.plan} --state {output.state}"
+        " --describe {output.stacks} 2> {log}"
+
+
+rule run_fio:
+    """Run every missing repetition of the matrix on every stack; existing raw files are kept."""
+    input:
+        plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
+        state=f"{SCRATCH}/{{run}}/{{host}}/state.json",
+        stacks=f"{SCRATCH}/{{run}}/{{host}}/stacks.json",
+    output:
+        manifest=f"{RAW}/{{run}}/{{host}}/fio/manifest.json",
+    params:
+        host_dir=measured_host_dir,
+    log:
+        "logs/{run}/{host}/run_fio.log",
+    wildcard_constraints:
+        run=MEASURED_RUN,
+        host=MEASURED_HOST,
+    shell:
+        # Progress goes to the terminal as well as the log: a default run takes minutes.
+        "luksbench testbox run-fio --plan {input.plan} --state {input.state}"
+        " --raw-host-dir {params.host_dir} --manifest {output.manifest} 2>&1 | tee {log} >&2"
+
+
+rule stack_down:
+    """Tear every stack down and check that no mount, mapping, loop device or process is left."""
+    input:
+        state=f"{SCRATCH}/{{run}}/{{host}}/state.json",
+        manifest=f"{RAW}/{{run}}/{{host}}/fio/manifest.json",
+    output:
+        record=f"{SCRATCH}/{{run}}/{{host}}/teardown.json",
+    log:
+        "logs/{run}/{host}/stack_down.log",
+    wildcard_constraints:
+        run=MEASURED_RUN,
+        host=MEASURED_HOST,
+    shell:
+        "luksbench testbox stack-down --state {input.state} --record {output.record} 2> {log}"

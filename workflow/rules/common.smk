@@ -1,0 +1,115 @@
+"""Config validation, names and input functions shared by all rules."""
+
+import re
+import sys
+import socket
+from pathlib import Path
+
+from snakemake.utils import min_version, validate
+
+from luksbench.testbox.plan import plan_from_config, write_plan
+
+min_version("8.0")
+
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+RUN = config["run"]
+# Short hostname: the raw layout's <host> level; config can name the box explicitly.
+HOST = config["host"] or socket.gethostname().split(".")[0]
+RAW = "data/raw"
+PROCESSED = "data/processed"
+SCRATCH = config["scratch_dir"]
+NOTEBOOKS = "notebooks"
+# Notebook rules list the package sources as inputs so a code change re-runs the analysis.
+PACKAGE_SOURCES = sorted(str(p) for p in Path("src/luksbench").rglob("*.py"))
+PACKAGE_TEMPLATES = sorted(str(p) for p in Path("src/luksbench/templates").glob("*"))
+
+
+wildcard_constraints:
+    run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    host=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+
+
+def host_dir(run, host):
+    return f"{RAW}/{run}/{host}"
+
+
+# The benchmark rules measure only the configured run on this machine; every other run folder
+# under data/raw (the shipped sample, runs copied from other test boxes) is analysed as it is.
+MEASURED_RUN = re.escape(RUN)
+MEASURED_HOST = re.escape(HOST)
+
+
+def run_hosts(run):
+    """Hosts whose raw data a run's analysis reads: those already there, plus this one if measured."""
+    run_dir = Path(RAW) / run
+    hosts = {p.name for p in run_dir.iterdir() if p.is_dir()} if run_dir.is_dir() else set()
+    if run == RUN:
+        hosts.add(HOST)
+    return sorted(hosts)
+
+
+def fio_manifests(wildcards):
+    return [f"{host_dir(wildcards.run, h)}/fio/manifest.json" for h in run_hosts(wildcards.run)]
+
+
+def env_captures(wildcards):
+    return [f"{host_dir(wildcards.run, h)}/env.json" for h in run_hosts(wildcards.run)]
+
+
+def cipher_benchmarks(wildcards):
+    return [f"{host_dir(wildcards.run, h)}/cryptsetup-benchmark.txt" for h in run_hosts(wildcards.run)]
+
+
+def teardown_records(wildcards):
+    """Analysis of a run still being measured here waits until its devices are torn down."""
+    manifest = Path(host_dir(wildcards.run, HOST)) / "fio" / "manifest.json"
+    if wildcards.run == RUN and not manifest.exists():
+        return [f"{SCRATCH}/{wildcards.run}/{HOST}/teardown.json"]
+    return []
+
+
+def plan_for(wildcards):
+    """The config resolved into the JSON plan the test-box code reads."""
+    return plan_from_config(config, wildcards.host, Path(SCRATCH) / wildcards.run / wildcards.host)
+
+
+def abspath(path):
+    return str(Path(path).resolve())
+
+
+def measured_env_path(wildcards):
+    """env.json of a run already (partly) measured here: its plan is what new data must match."""
+    return f"{host_dir(wildcards.run, wildcards.host)}/env.json"
+
+
+def measured_host_dir(wildcards):
+    return host_dir(wildcards.run, wildcards.host)
+
+
+# Notebooks run with notebooks/ as working directory: hand them absolute paths.
+def abs_raw_dir(wildcards):
+    return abspath(f"{RAW}/{wildcards.run}")
+
+
+def abs_processed_dir(wildcards):
+    return abspath(f"{PROCESSED}/{wildcards.run}")
+
+
+def abs_figures_dir(wildcards):
+    return abspath(f"figures/{wildcards.run}")
+
+
+def abs_paper_path(wildcards):
+    return abspath(f"paper/{wildcards.run}.md")
+
+
+def tear_down_after_failure():
+    """Called by `onerror`: tear down the stacks of this run if a state file says they are up."""
+    from luksbench.testbox.stacks import stack_down
+
+    state = Path(SCRATCH) / RUN / HOST / "state.json"
+    if state.exists():
+        print(f"luksbench: tearing down the stacks of {state} after the failure", file=sys.stderr)
+        stack_down(state)

@@ -1,0 +1,50 @@
+"""Environment capture and the cipher benchmark: what machine, kernel and tools measured this run."""
+
+
+rule write_plan:
+    """Resolve the validated config into the JSON plan the test-box code reads.
+
+    Refuses a plan that would mix incomparable measurements into a run that already has data.
+    """
+    output:
+        plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
+    params:
+        plan=plan_for,
+        measured_env=measured_env_path,
+    log:
+        "logs/{run}/{host}/write_plan.log",
+    wildcard_constraints:
+        run=MEASURED_RUN,
+        host=MEASURED_HOST,
+    run:
+        write_plan(params.plan, output.plan, measured_env=params.measured_env, log=log[0])
+
+
+rule capture_env:
+    """Record kernel, CPU (aes/vaes flags), tool versions and the chosen backend, before any stack."""
+    input:
+        plan=ancient(f"{SCRATCH}/{{run}}/{{host}}/plan.json"),
+    output:
+        env=protected(f"{RAW}/{{run}}/{{host}}/env.json"),
+    log:
+        "logs/{run}/{host}/capture_env.log",
+    wildcard_constraints:
+        run=MEASURED_RUN,
+        host=MEASURED_HOST,
+    shell:
+        "luksbench testbox capture-env --plan {input.plan} --out {output.env} 2> {log}"
+
+
+rule benchmark_ciphers:
+    """Run `cryptsetup benchmark`; its output is kept verbatim, also when ciphers are unavailable."""
+    input:
+        env=ancient(f"{RAW}/{{run}}/{{host}}/env.json"),
+    output:
+        benchmark=protected(f"{RAW}/{{run}}/{{host}}/cryptsetup-benchmark.txt"),
+    log:
+        "logs/{run}/{host}/benchmark_ciphers.log",
+    wildcard_constraints:
+        run=MEASURED_RUN,
+        host=MEASURED_HOST,
+    shell:
+        "luksbench testbox benchmark-ciphers --out {output.benchmark} 2> {log}"
