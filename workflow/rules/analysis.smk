@@ -4,7 +4,8 @@ Each rule lists the notebook and the package sources as inputs, so a change to e
 the executed notebooks are kept beside the processed data as a record of what ran.
 """
 
-PAPERMILL = "papermill --cwd notebooks --kernel python3 --log-output --no-progress-bar"
+# notebooks/ as working directory, like JupyterLab; cell output goes to the log.
+PAPERMILL_OPTIONS = "--cwd notebooks --kernel python3 --log-output --no-progress-bar"
 
 
 rule ingest_raw:
@@ -22,12 +23,15 @@ rule ingest_raw:
         env=f"{PROCESSED}/{{run}}/env.parquet",
         notebook=f"{PROCESSED}/{{run}}/notebooks/01-ingest.ipynb",
     params:
+        papermill=PAPERMILL_OPTIONS,
         raw_dir=abs_raw_dir,
         processed_dir=abs_processed_dir,
+    conda:
+        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/ingest_raw.log",
     shell:
-        "{PAPERMILL} {input.notebook} {output.notebook}"
+        "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p run {wildcards.run} -p raw_dir {params.raw_dir} -p processed_dir {params.processed_dir}"
         " > {log} 2>&1"
 
@@ -42,14 +46,17 @@ rule compute_loss:
         loss=f"{PROCESSED}/{{run}}/loss.parquet",
         notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
     params:
+        papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
         baseline=config["baseline"],
         variant=config["analysis"]["variant"],
         confidence=config["analysis"]["confidence"],
+    conda:
+        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/compute_loss.log",
     shell:
-        "{PAPERMILL} {input.notebook} {output.notebook}"
+        "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
         " -p baseline {params.baseline} -p variant {params.variant}"
         " -p confidence {params.confidence} > {log} 2>&1"
@@ -66,12 +73,15 @@ rule plot_figures:
         figures=directory("figures/{run}"),
         notebook=f"{PROCESSED}/{{run}}/notebooks/03-figures.ipynb",
     params:
+        papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
         figures_dir=abs_figures_dir,
+    conda:
+        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/plot_figures.log",
     shell:
-        "{PAPERMILL} {input.notebook} {output.notebook}"
+        "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
         " -p figures_dir {params.figures_dir} > {log} 2>&1"
 
@@ -91,12 +101,15 @@ rule render_paper:
         paper="paper/{run}.md",
         notebook=f"{PROCESSED}/{{run}}/notebooks/04-paper.ipynb",
     params:
+        papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
         figures_dir=abs_figures_dir,
         paper_path=abs_paper_path,
+    conda:
+        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/render_paper.log",
     shell:
-        "{PAPERMILL} {input.notebook} {output.notebook}"
+        "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
         " -p figures_dir {params.figures_dir} -p paper_path {params.paper_path} > {log} 2>&1"

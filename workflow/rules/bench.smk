@@ -14,6 +14,8 @@ rule stack_up:
     output:
         state=temp(f"{SCRATCH}/{{run}}/{{host}}/state.json"),
         stacks=f"{SCRATCH}/{{run}}/{{host}}/stacks.json",
+    conda:
+        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/stack_up.log",
     wildcard_constraints:
@@ -34,6 +36,8 @@ rule run_fio:
         manifest=f"{RAW}/{{run}}/{{host}}/fio/manifest.json",
     params:
         host_dir=measured_host_dir,
+    conda:
+        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/run_fio.log",
     wildcard_constraints:
@@ -52,6 +56,8 @@ rule stack_down:
         manifest=f"{RAW}/{{run}}/{{host}}/fio/manifest.json",
     output:
         record=f"{SCRATCH}/{{run}}/{{host}}/teardown.json",
+    conda:
+        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/stack_down.log",
     wildcard_constraints:

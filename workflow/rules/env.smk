@@ -26,6 +26,8 @@ rule capture_env:
         plan=ancient(f"{SCRATCH}/{{run}}/{{host}}/plan.json"),
     output:
         env=protected(f"{RAW}/{{run}}/{{host}}/env.json"),
+    conda:
+        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/capture_env.log",
     wildcard_constraints:
@@ -41,6 +43,8 @@ rule benchmark_ciphers:
         env=ancient(f"{RAW}/{{run}}/{{host}}/env.json"),
     output:
         benchmark=protected(f"{RAW}/{{run}}/{{host}}/cryptsetup-benchmark.txt"),
+    conda:
+        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/benchmark_ciphers.log",
     wildcard_constraints:

@@ -70,9 +70,13 @@ def check_plan(plan: dict, source: str = "plan") -> None:
     if missing:
         raise PlanError(f"{source}: missing key(s) {', '.join(missing)}")
     if plan["backend"] not in BACKENDS:
-        raise PlanError(f"{source}: backend must be one of {', '.join(BACKENDS)}, not {plan['backend']!r}")
+        raise PlanError(
+            f"{source}: backend must be one of {', '.join(BACKENDS)}, not {plan['backend']!r}"
+        )
     if plan["baseline"] not in plan["stacks"]:
-        raise PlanError(f"{source}: baseline {plan['baseline']!r} is not one of the stacks {sorted(plan['stacks'])}")
+        raise PlanError(
+            f"{source}: baseline {plan['baseline']!r} is not one of the stacks {sorted(plan['stacks'])}"
+        )
     if int(plan["repetitions"]) < 1:
         raise PlanError(f"{source}: repetitions must be >= 1")
     for key in ("rw", "bs", "iodepth"):
@@ -84,7 +88,10 @@ def workloads(plan: dict) -> list[Workload]:
     """The matrix as a sorted list of cells."""
     m = plan["matrix"]
     return sorted(
-        Workload(rw, bs_to_bytes(bs), int(qd)) for rw in m["rw"] for bs in m["bs"] for qd in m["iodepth"]
+        Workload(rw, bs_to_bytes(bs), int(qd))
+        for rw in m["rw"]
+        for bs in m["bs"]
+        for qd in m["iodepth"]
     )
 
 
@@ -132,14 +139,23 @@ def plan_changes(measured: dict, new: dict) -> list[str]:
     Adding repetitions or cells, or changing the seed, is allowed: that is how a run is resumed or
     extended. Changing how each measurement is taken is not.
     """
-    changes = []
+    changes: list[str] = []
     for key in _MEASUREMENT_KEYS:
-        if measured.get(key) != new.get(key):
-            changes.append(f"{key}: {measured.get(key)!r} -> {new.get(key)!r}")
+        _diff(key, measured.get(key), new.get(key), changes)
     return changes
 
 
-def write_plan(plan: dict, out: Path, measured_env: Path | None = None, log: Path | None = None) -> None:
+def _diff(key: str, old, new, changes: list[str]) -> None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for sub in sorted(set(old) | set(new)):
+            _diff(f"{key}.{sub}", old.get(sub), new.get(sub), changes)
+    elif old != new:
+        changes.append(f"{key}: {old!r} -> {new!r}")
+
+
+def write_plan(
+    plan: dict, out: Path, measured_env: Path | None = None, log: Path | None = None
+) -> None:
     """Write the plan as JSON, after checking it against the plan a run was already measured with.
 
     ``measured_env`` is the run's env.json (which embeds the plan it was captured with); when it

@@ -1,0 +1,94 @@
+"""The plan: resolved from config, checked, and never allowed to mix incomparable measurements."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from luksbench.layout import LayoutError, Workload, bs_label, bs_to_bytes
+from luksbench.testbox.plan import PlanError, check_plan, plan_from_config, workloads, write_plan
+
+CONFIG = {
+    "run": "r1",
+    "host": "",
+    "backend": "auto",
+    "scratch_dir": "data/scratch",
+    "device_size_mib": 256,
+    "precondition": True,
+    "baseline": "plain",
+    "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}},
+    "matrix": {"rw": ["randread", "read"], "bs": ["4k", "1m"], "iodepth": [1, 32]},
+    "fio": {
+        "ioengine": "libaio",
+        "direct": True,
+        "runtime_s": 2,
+        "ramp_time_s": 1,
+        "output_format": "json+",
+    },
+    "repetitions": 3,
+    "seed": 7,
+}
+
+
+def test_plan_fills_stack_defaults_and_keeps_choices(tmp_path):
+    plan = plan_from_config(CONFIG, "box1", tmp_path)
+    assert plan["host"] == "box1"
+    assert plan["scratch_dir"] == str(tmp_path.resolve())
+    assert plan["stacks"]["luks"]["key_bits"] == 256
+    assert plan["stacks"]["luks"]["cipher"] == "aes-xts-plain64"
+    assert plan["stacks"]["plain"] == {"kind": "plain"}
+    assert len(workloads(plan)) == 8
+    assert Workload("randread", 4096, 32) in workloads(plan)
+
+
+def test_check_plan_names_the_missing_key():
+    plan = plan_from_config(CONFIG, "box1", "/tmp")
+    del plan["fio"]
+    with pytest.raises(PlanError, match="fio"):
+        check_plan(plan)
+
+
+def test_check_plan_refuses_a_baseline_that_is_not_a_stack():
+    plan = plan_from_config(CONFIG, "box1", "/tmp")
+    plan["baseline"] = "raw"
+    with pytest.raises(PlanError, match="baseline 'raw'"):
+        check_plan(plan)
+
+
+def test_resuming_with_more_repetitions_is_allowed(tmp_path):
+    measured = plan_from_config(CONFIG, "box1", tmp_path)
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"plan": measured}))
+    more = plan_from_config({**CONFIG, "repetitions": 6, "seed": 8}, "box1", tmp_path)
+    write_plan(more, tmp_path / "plan.json", measured_env=env, log=tmp_path / "log")
+    assert json.loads((tmp_path / "plan.json").read_text())["repetitions"] == 6
+    assert "resuming" in (tmp_path / "log").read_text()
+
+
+def test_changing_how_a_run_measures_is_refused_naming_the_key(tmp_path):
+    measured = plan_from_config(CONFIG, "box1", tmp_path)
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"plan": measured}))
+    other_fio = {**CONFIG["fio"], "runtime_s": 60}
+    changed = plan_from_config({**CONFIG, "fio": other_fio}, "box1", tmp_path)
+    with pytest.raises(PlanError, match=r"(?s)fio.runtime_s: 2 -> 60\n.*new run name"):
+        write_plan(changed, tmp_path / "plan.json", measured_env=env)
+    assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("label", "size"),
+    [("4k", 4096), ("64k", 65536), ("1m", 1048576), ("4096", 4096), ("64KiB", 65536)],
+)
+def test_block_sizes(label, size):
+    assert bs_to_bytes(label) == size
+    assert bs_to_bytes(bs_label(size)) == size
+
+
+def test_workload_ids_round_trip():
+    workload = Workload.from_id("randwrite-64k-qd32")
+    assert workload == Workload("randwrite", 65536, 32)
+    assert workload.id == "randwrite-64k-qd32"
+    with pytest.raises(LayoutError, match="not a workload id"):
+        Workload.from_id("randwrite-64k")

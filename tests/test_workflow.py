@@ -1,0 +1,124 @@
+"""The Snakemake workflow: lint, config validation, the DAG, and the plan it hands the test box."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def snakemake(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "snakemake"), "--cores", "1", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run as {rule: count}."""
+    counts: dict[str, int] = {}
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Job stats"))
+    for line in lines[start + 3 :]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        counts[parts[0]] = int(parts[1])
+    return counts
+
+
+def test_lint_is_clean():
+    result = snakemake("--lint")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+
+
+def test_dry_run_of_a_new_run_measures_then_publishes():
+    run = f"pytest-dry-{uuid.uuid4().hex[:8]}"
+    result = snakemake("-n", "all", "--config", f"run={run}")
+    assert result.returncode == 0, result.stderr
+    assert job_counts(result.stdout + result.stderr) == {
+        "write_plan": 1,
+        "capture_env": 1,
+        "benchmark_ciphers": 1,
+        "stack_up": 1,
+        "run_fio": 1,
+        "stack_down": 1,
+        "ingest_raw": 1,
+        "compute_loss": 1,
+        "plot_figures": 1,
+        "render_paper": 1,
+        "all": 1,
+    }
+    assert not (REPO / "data" / "raw" / run).exists(), "a dry run must not create raw data"
+
+
+def test_dry_run_of_the_sample_only_analyses():
+    """The shipped sample is analysed as it is: no benchmark rule may run for it."""
+    result = snakemake("-n", "--forceall", "paper/sample.md")
+    assert result.returncode == 0, result.stderr
+    assert job_counts(result.stdout + result.stderr) == {
+        "ingest_raw": 1,
+        "compute_loss": 1,
+        "plot_figures": 1,
+        "render_paper": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("device_size_mib=1", "device_size_mib"),
+        ("backend=dmcrypt", "backend"),
+        ("no_such_key=1", "no_such_key"),
+        ("repetitions=zero", "repetitions"),
+    ],
+)
+def test_a_malformed_config_is_refused_naming_the_key(override, named):
+    result = snakemake("-n", "all", "--config", override)
+    assert result.returncode != 0
+    assert named in result.stderr + result.stdout
+
+
+def test_a_bad_block_size_is_refused(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("matrix:\n  bs: [4k, huge]\n")
+    result = snakemake("-n", "all", "--configfile", str(config))
+    assert result.returncode != 0
+    assert "huge" in result.stderr + result.stdout
+
+
+def test_write_plan_writes_the_resolved_plan(tmp_path):
+    run = f"pytest-plan-{uuid.uuid4().hex[:8]}"
+    scratch = tmp_path / "scratch"
+    result = snakemake(
+        f"{scratch}/{run}/pytest/plan.json",
+        "--config",
+        f"run={run}",
+        f"scratch_dir={scratch}",
+        "host=pytest",
+    )
+    assert result.returncode == 0, result.stderr
+    plan = json.loads((scratch / run / "pytest" / "plan.json").read_text())
+    assert plan["run"] == run
+    assert plan["host"] == "pytest"
+    assert plan["stacks"]["luks"] == {
+        "kind": "luks",
+        "cipher": "aes-xts-plain64",
+        "key_bits": 512,
+        "hash": "sha256",
+        "luks_type": "luks2",
+        "sector_size": 512,
+        "pbkdf_iterations": 1000,
+    }
+    assert plan["fio"]["output_format"] == "json+"
