@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     loss.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
     loss.add_argument("--baseline", default="plain")
     loss.add_argument("--variant", default="luks")
-    loss.add_argument("--metric", action="append", help="bw_bytes, iops, clat_p99_ns ... (repeatable)")
+    loss.add_argument(
+        "--metric", action="append", help="bw_bytes, iops, clat_p99_ns ... (repeatable)"
+    )
     loss.add_argument("--confidence", type=float, default=0.95)
     loss.set_defaults(func=_cmd_loss)
 

@@ -1,0 +1,173 @@
+"""``cryptsetup benchmark`` text output to tidy rows: one per PBKDF and per cipher.
+
+Standard library only: the test box runs this on minimal servers.
+
+Layouts handled (all seen in real output):
+
+* modern (cryptsetup >= 2.0): PBKDF2 lines, argon2 lines, then the cipher table under
+  ``#     Algorithm |       Key |      Encryption |      Decryption``;
+* cryptsetup 1.6/1.7: ``#  Algorithm | Key |  Encryption |  Decryption`` with narrow columns,
+  PBKDF2 lines without ``for 256-bit key``;
+* the cipher header without its ``#`` (lost when pasted into Markdown), the wider header of
+  ``cryptsetup benchmark -c <cipher>``, decimal commas (``1392,7 MiB/s``), ``N/A`` rows
+  (PBKDF or cipher not available), kernel messages (``[  106.19] random: ...``) interleaved;
+* the cipher part failing as a whole (``Required kernel crypto interface not available.`` when
+  AF_ALG / algif_skcipher is missing): the PBKDF rows are kept and ONE row of kind "cipher"
+  with ``available`` False and the error text as ``note`` records the failure.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CRYPTSETUP_COLUMNS = [
+    "file",
+    "kind",  # pbkdf2 | argon2 | cipher
+    "algorithm",  # PBKDF2-sha256, argon2id, aes-xts, xchacha12,aes-adiantum
+    "key_bits",
+    "iterations_per_s",  # pbkdf2
+    "memory_kib",  # argon2
+    "threads",  # argon2
+    "time_cost",  # argon2 iterations
+    "encryption_mib_s",
+    "decryption_mib_s",
+    "available",
+    "note",
+    # Extra, after the fixed contract above.
+    "requested_ms",  # argon2: the time target the cost parameters were calibrated to
+]
+
+NOT_AVAILABLE = "N/A"
+
+_PBKDF2 = re.compile(
+    r"^(?P<algorithm>PBKDF2-\S+)\s+"
+    r"(?:(?P<iterations>\d+) iterations per second(?: for (?P<key_bits>\d+)-bit key)?"
+    r"|(?P<na>N/A))\s*$"
+)
+_ARGON2 = re.compile(
+    r"^(?P<algorithm>argon2\w*)\s+"
+    r"(?:(?P<time_cost>\d+) iterations, (?P<memory>\d+) memory, "
+    r"(?P<threads>\d+) parallel threads? \(CPUs\)"
+    r"(?: for (?P<key_bits>\d+)-bit key)?(?: \(requested (?P<requested_ms>\d+) ms time\))?"
+    r"|(?P<na>N/A))\s*$"
+)
+_SPEED = r"(?:[\d.,]+ MiB/s|N/A)"
+_CIPHER_ROW = re.compile(
+    rf"^\s*(?P<algorithm>\S+)\s+(?P<key_bits>\d+)b\s+(?P<enc>{_SPEED})\s+(?P<dec>{_SPEED})\s*$"
+)
+_CIPHER_HEADER = re.compile(r"^\s*#?\s*Algorithm\s*\|.*Encryption\s*\|\s*Decryption\s*$")
+# Lines that carry no result: the "# Tests are approximate..." banner, kernel log lines.
+_IGNORED = re.compile(r"^\s*(?:#.*|\[\s*\d+\.\d+\].*)?$")
+# cryptsetup's message when the kernel crypto API (AF_ALG skcipher) cannot be used; cryptsetup
+# follows it with hints ("Ensure you have algif_skcipher kernel module loaded.").
+_CIPHER_FAILURE = re.compile(r"not available|kernel module|algif_", re.IGNORECASE)
+
+
+class CryptsetupParseError(ValueError):
+    """A file with no recognisable ``cryptsetup benchmark`` output; the message names the file."""
+
+
+def _empty_row(path: Path, kind: str, algorithm: str) -> dict:
+    row = dict.fromkeys(CRYPTSETUP_COLUMNS)
+    row.update(file=str(path), kind=kind, algorithm=algorithm, available=True, note="")
+    return row
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return None if text is None else int(text)
+
+
+def _mib_s(speed: str) -> float | None:
+    if speed == NOT_AVAILABLE:
+        return None
+    return float(speed.removesuffix("MiB/s").strip().replace(",", "."))  # locale decimal comma
+
+
+def _pbkdf2_row(path: Path, match: re.Match) -> dict:
+    row = _empty_row(path, "pbkdf2", match["algorithm"])
+    row["key_bits"] = _int_or_none(match["key_bits"])
+    if match["na"]:
+        row.update(available=False, note=NOT_AVAILABLE)
+    else:
+        row["iterations_per_s"] = int(match["iterations"])
+    return row
+
+
+def _argon2_row(path: Path, match: re.Match) -> dict:
+    row = _empty_row(path, "argon2", match["algorithm"])
+    if match["na"]:
+        row.update(available=False, note=NOT_AVAILABLE)
+        return row
+    row.update(
+        key_bits=_int_or_none(match["key_bits"]),
+        time_cost=int(match["time_cost"]),
+        memory_kib=int(match["memory"]),
+        threads=int(match["threads"]),
+        requested_ms=_int_or_none(match["requested_ms"]),
+    )
+    return row
+
+
+def _cipher_row(path: Path, match: re.Match) -> dict:
+    row = _empty_row(path, "cipher", match["algorithm"])
+    row.update(
+        key_bits=int(match["key_bits"]),
+        encryption_mib_s=_mib_s(match["enc"]),
+        decryption_mib_s=_mib_s(match["dec"]),
+    )
+    if row["encryption_mib_s"] is None or row["decryption_mib_s"] is None:
+        row.update(available=False, note=NOT_AVAILABLE)
+    return row
+
+
+def parse_cryptsetup_text(text: str, path: Path | str = "<text>") -> list[dict]:
+    """Rows keyed by :data:`CRYPTSETUP_COLUMNS` from ``cryptsetup benchmark`` output text.
+
+    Rows come in file order. Unavailable results (``N/A``) have ``available`` False, empty
+    numbers and ``note`` "N/A". Raises :class:`CryptsetupParseError` when nothing is recognised.
+    """
+    rows: list[dict] = []
+    failure_lines: list[str] = []
+    saw_cipher_header = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if match := _PBKDF2.match(stripped):
+            rows.append(_pbkdf2_row(path, match))
+        elif match := _ARGON2.match(stripped):
+            rows.append(_argon2_row(path, match))
+        elif match := _CIPHER_ROW.match(line):
+            rows.append(_cipher_row(path, match))
+        elif _CIPHER_HEADER.match(line):
+            saw_cipher_header = True
+        elif _IGNORED.match(line):
+            continue
+        elif _CIPHER_FAILURE.search(stripped):
+            failure_lines.append(stripped)
+        # Anything else (prose left around a pasted output) carries no result: skip it.
+
+    if failure_lines:
+        failure = _empty_row(path, "cipher", "")
+        failure.update(available=False, note=" ".join(failure_lines))
+        rows.append(failure)
+    if not rows:
+        what = "a cipher table header but no rows" if saw_cipher_header else "no result lines"
+        raise CryptsetupParseError(
+            f"{path}: no recognisable `cryptsetup benchmark` output ({what}; expected lines "
+            "like 'PBKDF2-sha256  1664406 iterations per second' or "
+            "'aes-xts  256b  2734.6 MiB/s  2732.8 MiB/s')"
+        )
+    return rows
+
+
+def parse_cryptsetup_file(path: Path) -> list[dict]:
+    """Rows keyed by :data:`CRYPTSETUP_COLUMNS` for one ``cryptsetup benchmark`` output file.
+
+    See :func:`parse_cryptsetup_text`. Raises :class:`CryptsetupParseError` naming the file when
+    it cannot be read or holds nothing recognisable.
+    """
+    try:
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise CryptsetupParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
+    return parse_cryptsetup_text(text, path)

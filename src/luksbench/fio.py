@@ -1,0 +1,435 @@
+"""fio JSON / json+ output (any fio version from 2.1 on) to tidy rows: one per job and direction.
+
+Standard library only: the test box runs this on minimal servers.
+
+Real fio output files are messy, and this module accepts what fio and shells actually write:
+
+* text before the JSON (fio error lines, ``fio: terminating on signal 2``, the client/server
+  ``hostname=... fio=...`` handshake, a stray ``>``) and after it (``--output-format=json,normal``);
+* several complete JSON documents in one file (SIGUSR1 status dumps, pasted shell sessions):
+  the LAST complete one counts, and a one-line note goes to ``warn``;
+* duplicate keys (fio's ``"0.00"`` percentile bug): the last value is kept, like ``json`` does;
+* ``steadystate`` objects, json+ ``bins`` (ignored in rows, see :func:`clat_histogram`),
+  client/server output (``client_stats`` with a ``hostname`` per entry).
+
+Units are normalised whatever the fio version: bytes, bytes/s and nanoseconds. fio 2.x writes
+``io_bytes`` in KiB (fio 3 added ``io_kbytes`` and made ``io_bytes`` bytes), ``bw`` in KiB/s
+(fio 3 added ``bw_bytes``) and latencies in µs under ``clat``/``lat``/``slat`` (fio 3 writes
+``clat_ns``/``lat_ns``/``slat_ns``). The presence of the fio 3 keys decides, not the version
+string, so development builds (``fio-2.18-59-g618e``) are handled too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from luksbench.layout import LayoutError, bs_to_bytes
+
+FIO_COLUMNS = [
+    "file",
+    "host",
+    "job",
+    "job_index",
+    "direction",
+    "rw",
+    "bs_bytes",
+    "iodepth",
+    "numjobs",
+    "runtime_ms",
+    "io_bytes",
+    "bw_bytes",
+    "iops",
+    "lat_mean_ns",
+    "clat_mean_ns",
+    "clat_p50_ns",
+    "clat_p99_ns",
+    "clat_p999_ns",
+    "usr_cpu",
+    "sys_cpu",
+    "error",
+    "fio_version",
+    # Extras, after the fixed contract above.
+    "groupid",
+    "ioengine",
+    "direct",
+    "bs",  # the block size option as written (per-direction lists, unparsable values)
+    "clat_stddev_ns",
+    "clat_max_ns",
+    "slat_mean_ns",
+    "lat_p99_ns",  # only when the job ran with lat_percentiles=1
+    "ctx",
+    "job_runtime_ms",  # fio >= 3.x: summed over the job's threads (numjobs x runtime)
+    "ss_attained",  # steadystate: 1/0, empty when the job had no steadystate criterion
+    "timestamp",  # unix seconds, empty for fio < 2.2
+]
+
+DIRECTIONS = ("read", "write", "trim")
+
+# fio's own defaults, used when an option appears neither in the job nor in the global options.
+FIO_DEFAULTS = {"rw": "read", "bs": "4k", "iodepth": "1", "numjobs": "1", "direct": "0"}
+
+# In client/server output the last client_stats entry sums all hosts; rows are per host.
+ALL_CLIENTS_JOBNAME = "All clients"
+
+# A JSON document starts with '{' in column 0 (fio indents every nested object), possibly glued
+# to non-blank junk such as a stray '>' left by a shell; indented '{' are nested objects.
+_DOCUMENT_START = re.compile(r"^[^\s{]*\{", re.MULTILINE)
+
+Warn = Callable[[str], None]
+
+
+class FioParseError(ValueError):
+    """A file that holds no usable fio JSON output; the message names the file and the problem."""
+
+
+def _warn_on_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- finding the document
+
+
+def _read_text(path: Path) -> tuple[str, bytes]:
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
+    # fio writes ASCII; replacement characters keep a stray binary byte from aborting the parse.
+    return raw.decode("utf-8", errors="replace"), raw
+
+
+def _byte_offset(text: str, char_pos: int) -> int:
+    return len(text[:char_pos].encode("utf-8", errors="replace"))
+
+
+def _scan_json_documents(text: str) -> tuple[list[object], list[tuple[int, json.JSONDecodeError]]]:
+    """All complete JSON documents starting at a line start, and the starts that failed to decode."""
+    decoder = json.JSONDecoder()
+    documents: list[object] = []
+    failures: list[tuple[int, json.JSONDecodeError]] = []
+    end_of_last_document = 0
+    for match in _DOCUMENT_START.finditer(text):
+        start = match.end() - 1
+        if start < end_of_last_document:
+            continue
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError as exc:
+            failures.append((start, exc))
+            continue
+        documents.append(value)
+        end_of_last_document = end
+    return documents, failures
+
+
+def _is_fio_document(value: object) -> bool:
+    return isinstance(value, dict) and (
+        isinstance(value.get("jobs"), list) or isinstance(value.get("client_stats"), list)
+    )
+
+
+def _is_truncation(text: str, exc: json.JSONDecodeError) -> bool:
+    # The decoder gives up at EOF, or (unterminated string / cut-off literal) on the last line:
+    # either way nothing but the rest of that last line follows the error position.
+    return "\n" not in text[exc.pos :].strip() or exc.msg.startswith("Unterminated string")
+
+
+def _describe_failure(path: Path, text: str, raw: bytes, failures) -> str:
+    start, exc = failures[0]
+    if _is_truncation(text, exc):
+        return (
+            f"{path}: no complete fio JSON document (JSON starting at byte "
+            f"{_byte_offset(text, start)} truncated at byte {len(raw.rstrip())})"
+        )
+    return (
+        f"{path}: no complete fio JSON document (invalid JSON at byte "
+        f"{_byte_offset(text, exc.pos)}, line {exc.lineno}: {exc.msg})"
+    )
+
+
+def load_fio_document(path: Path, warn: Warn = _warn_on_stderr) -> dict:
+    """The last complete fio JSON document in ``path`` (see the module docstring for what is accepted).
+
+    Raises :class:`FioParseError` naming the file when there is none: empty file, text only,
+    truncated or invalid JSON, or JSON that is not fio output.
+    """
+    text, raw = _read_text(path)
+    if not text.strip():
+        what = "file is empty" if not raw else "file holds only whitespace"
+        raise FioParseError(f"{path}: no complete fio JSON document ({what})")
+
+    documents, failures = _scan_json_documents(text)
+    fio_documents = [doc for doc in documents if _is_fio_document(doc)]
+    if not fio_documents:
+        if failures:
+            raise FioParseError(_describe_failure(path, text, raw, failures))
+        if documents:
+            keys = list(documents[-1])[:6] if isinstance(documents[-1], dict) else []
+            raise FioParseError(
+                f"{path}: JSON document is not fio output (no 'jobs' or 'client_stats' list; "
+                f"top-level keys: {', '.join(map(repr, keys)) or 'none'})"
+            )
+        first_line = next(line.strip() for line in text.splitlines() if line.strip())
+        if len(first_line) > 80:
+            first_line = first_line[:77] + "..."
+        raise FioParseError(
+            f"{path}: no complete fio JSON document (text only: first line {first_line!r})"
+        )
+
+    if len(fio_documents) > 1:
+        warn(f"{path}: {len(fio_documents)} complete fio JSON documents, using the last one")
+    return fio_documents[-1]
+
+
+# --------------------------------------------------------------------------- options and units
+
+
+def _job_entries(doc: dict) -> list[tuple[int, dict, str]]:
+    """(index in the document's list, job entry, host) for every per-job entry of a fio document."""
+    if isinstance(doc.get("client_stats"), list):
+        return [
+            (index, entry, str(entry.get("hostname", "")))
+            for index, entry in enumerate(doc["client_stats"])
+            if isinstance(entry, dict) and entry.get("jobname") != ALL_CLIENTS_JOBNAME
+        ]
+    return [
+        (index, entry, "") for index, entry in enumerate(doc["jobs"]) if isinstance(entry, dict)
+    ]
+
+
+def _options_recorded(entry: dict, doc: dict) -> bool:
+    # fio 2.1.x writes neither "job options" nor "global options": the options are unknown,
+    # and claiming fio's defaults (rw=read for a write job) would be wrong data.
+    return "job options" in entry or "global options" in doc
+
+
+def _option(entry: dict, doc: dict, *names: str) -> str | None:
+    """An option from the job's options, else the global options; ``names`` are fio aliases."""
+    for options in (entry.get("job options"), doc.get("global options")):
+        if isinstance(options, dict):
+            for name in names:
+                if name in options:
+                    return str(options[name])
+    return None
+
+
+def _option_or_default(entry: dict, doc: dict, name: str, *aliases: str) -> str | None:
+    value = _option(entry, doc, name, *aliases)
+    if value is None and _options_recorded(entry, doc):
+        value = FIO_DEFAULTS.get(name)
+    return value
+
+
+def _to_int(value: str | None) -> int | None:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def _direction_of_rw(rw: str | None) -> str:
+    """The single direction an rw pattern moves, '' for mixed or unknown patterns."""
+    pattern = (rw or "").split(":")[0].strip()
+    return {
+        "read": "read",
+        "randread": "read",
+        "write": "write",
+        "randwrite": "write",
+        "trim": "trim",
+        "randtrim": "trim",
+    }.get(pattern, "")
+
+
+def _bs_bytes_for_direction(bs_option: str | None, direction: str) -> int | None:
+    """Bytes per I/O for one direction from fio's ``bs`` option (``4k``, ``4k,8k``, ``,64k``)."""
+    if bs_option is None:
+        return None
+    values = [value.strip() for value in bs_option.split(",")]
+    position = DIRECTIONS.index(direction) if direction in DIRECTIONS else 0
+    # fio: a direction without a value inherits the last one given; an empty value keeps 4k.
+    value = values[position] if position < len(values) else values[-1]
+    try:
+        return bs_to_bytes(value or FIO_DEFAULTS["bs"])
+    except LayoutError:
+        return None  # e.g. a bs range; the raw option stays visible in the "bs" column
+
+
+def _io_bytes(stats: dict) -> int:
+    raw = stats.get("io_bytes") or 0
+    return raw if "io_kbytes" in stats else raw * 1024  # fio 2.x: "io_bytes" is KiB
+
+
+def _bw_bytes(stats: dict) -> float | int | None:
+    if "bw_bytes" in stats:
+        return stats["bw_bytes"]
+    bw_kib = stats.get("bw")
+    return None if bw_kib is None else bw_kib * 1024
+
+
+def _latency_stats(stats: dict, name: str) -> tuple[dict | None, int]:
+    """fio 3 ``<name>_ns`` (ns) or fio 2 ``<name>`` (µs), with the factor to nanoseconds."""
+    if isinstance(stats.get(f"{name}_ns"), dict):
+        return stats[f"{name}_ns"], 1
+    if isinstance(stats.get(name), dict):
+        return stats[name], 1000
+    return None, 1
+
+
+def _latency_field(stats: dict, name: str, field: str) -> float | None:
+    lat, to_ns = _latency_stats(stats, name)
+    if lat is None or lat.get(field) is None or lat.get("N") == 0:
+        return None  # no samples (failed job, disable_lat): empty, not a fake 0
+    return lat[field] * to_ns
+
+
+def _percentile(stats: dict, name: str, percent: float) -> float | int | None:
+    lat, to_ns = _latency_stats(stats, name)
+    table = lat.get("percentile") if lat else None
+    if not isinstance(table, dict):
+        return None  # failed job, clat_percentiles=0, or lat_percentiles not requested
+    for key, value in table.items():
+        try:
+            if abs(float(key) - percent) < 1e-6:
+                return value * to_ns
+        except ValueError:
+            continue
+    return None
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _row(path, doc, index, entry, host, direction, stats) -> dict:
+    rw = _option_or_default(entry, doc, "rw", "readwrite")
+    bs_option = _option_or_default(entry, doc, "bs", "blocksize")
+    stats = stats if isinstance(stats, dict) else {}
+    moved_data = _io_bytes(stats) > 0
+    steadystate = entry.get("steadystate")
+    return {
+        "file": str(path),
+        "host": host,
+        "job": str(entry.get("jobname", "")).strip(),  # some fio versions keep a trailing space
+        "job_index": index,
+        "direction": direction,
+        "rw": rw,
+        "bs_bytes": _bs_bytes_for_direction(bs_option, direction),
+        "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
+        "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
+        "runtime_ms": stats.get("runtime"),
+        "io_bytes": _io_bytes(stats),
+        "bw_bytes": _bw_bytes(stats) if moved_data else 0,
+        "iops": stats.get("iops") if moved_data else 0,
+        "lat_mean_ns": _latency_field(stats, "lat", "mean") if moved_data else None,
+        "clat_mean_ns": _latency_field(stats, "clat", "mean") if moved_data else None,
+        "clat_p50_ns": _percentile(stats, "clat", 50.0) if moved_data else None,
+        "clat_p99_ns": _percentile(stats, "clat", 99.0) if moved_data else None,
+        "clat_p999_ns": _percentile(stats, "clat", 99.9) if moved_data else None,
+        "usr_cpu": entry.get("usr_cpu"),
+        "sys_cpu": entry.get("sys_cpu"),
+        "error": entry.get("error"),
+        "fio_version": doc.get("fio version", ""),
+        "groupid": entry.get("groupid"),
+        "ioengine": _option(entry, doc, "ioengine"),
+        "direct": _to_int(_option_or_default(entry, doc, "direct")),
+        "bs": bs_option,
+        "clat_stddev_ns": _latency_field(stats, "clat", "stddev") if moved_data else None,
+        "clat_max_ns": _latency_field(stats, "clat", "max") if moved_data else None,
+        "slat_mean_ns": _latency_field(stats, "slat", "mean") if moved_data else None,
+        "lat_p99_ns": _percentile(stats, "lat", 99.0) if moved_data else None,
+        "ctx": entry.get("ctx"),
+        "job_runtime_ms": entry.get("job_runtime"),
+        "ss_attained": steadystate.get("attained") if isinstance(steadystate, dict) else None,
+        "timestamp": doc.get("timestamp"),
+    }
+
+
+def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
+    """Rows (dicts keyed by :data:`FIO_COLUMNS`) for one fio JSON / json+ output file.
+
+    One row per job entry and per direction (read/write/trim) that moved data (io_bytes > 0).
+    For client/server output the entries are ``client_stats`` (``host`` = the client's
+    hostname) without the "All clients" sum; otherwise ``jobs`` and ``host`` is "".
+
+    A job entry that moved no data in any direction (a failed job such as fio's ``error 22``, or
+    a run killed before any I/O) still gives ONE row, so that a failed run is visible rather than
+    silently missing: direction from ``rw`` ("read"/"write"/"trim", "" for mixed patterns),
+    io_bytes/bw_bytes/iops 0, latencies empty, and ``error`` set.
+
+    Values that fio did not measure are ``None`` (an empty CSV cell), never 0: percentiles when
+    the job reported none, latencies of a direction without samples. rw/bs/iodepth/numjobs come
+    from the job's options, then the global options, then fio's defaults; they are ``None`` when
+    the fio version recorded no options at all (fio 2.1.x).
+
+    Raises :class:`FioParseError` naming the file when it holds no complete fio JSON document
+    or the document lists no job entries. ``warn`` receives one-line notes (several documents
+    in one file).
+    """
+    doc = load_fio_document(path, warn)
+    entries = _job_entries(doc)
+    if not entries:
+        raise FioParseError(f"{path}: fio JSON document lists no job entries")
+
+    rows = []
+    for index, entry, host in entries:
+        job_rows = [
+            _row(path, doc, index, entry, host, direction, entry[direction])
+            for direction in DIRECTIONS
+            if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
+        ]
+        if not job_rows:
+            direction = _direction_of_rw(_option_or_default(entry, doc, "rw", "readwrite"))
+            stats = entry.get(direction) if direction else None
+            job_rows = [_row(path, doc, index, entry, host, direction, stats)]
+        rows.extend(job_rows)
+    return rows
+
+
+# --------------------------------------------------------------------------- json+ histograms
+
+
+def _fio2_bin_index_to_usec(index: int, plat_bits: int, plat_val: int) -> int:
+    """fio 2.x json+ bins are bucket indices: fio's plat_idx_to_val() (stat.c), in µs."""
+    if index < (plat_val << 1):
+        return index
+    error_bits = (index >> plat_bits) - 1
+    base = 1 << (error_bits + plat_bits)
+    k = index % plat_val
+    return int(base + (k + 0.5) * (1 << error_bits))
+
+
+def _bins_to_ns(bins: dict, to_ns: int) -> list[tuple[int, int]]:
+    if "FIO_IO_U_PLAT_BITS" in bins:  # fio 2.x: keys are bucket indices, values in µs
+        plat_bits, plat_val = bins["FIO_IO_U_PLAT_BITS"], bins["FIO_IO_U_PLAT_VAL"]
+        pairs = [
+            (_fio2_bin_index_to_usec(int(key), plat_bits, plat_val) * to_ns, count)
+            for key, count in bins.items()
+            if key.isdigit()
+        ]
+    else:  # fio 3: keys are the bucket's latency in ns
+        pairs = [(int(key), count) for key, count in bins.items()]
+    return sorted((ns, count) for ns, count in pairs if count)
+
+
+def clat_histogram(
+    path: Path, warn: Warn = _warn_on_stderr
+) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """Completion-latency histograms of a json+ file: ``{(job_index, direction): [(ns, count)]}``.
+
+    Only job/direction pairs that carry ``bins`` appear (plain ``json`` output gives ``{}``).
+    ``job_index`` matches the column of :func:`parse_fio_file`; counts of 0 are left out.
+    """
+    doc = load_fio_document(path, warn)
+    histograms = {}
+    for index, entry, _host in _job_entries(doc):
+        for direction in DIRECTIONS:
+            stats = entry.get(direction)
+            if not isinstance(stats, dict):
+                continue
+            clat, to_ns = _latency_stats(stats, "clat")
+            if clat and isinstance(clat.get("bins"), dict):
+                histograms[(index, direction)] = _bins_to_ns(clat["bins"], to_ns)
+    return histograms

@@ -1,0 +1,29 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_DIR = Path(__file__).parents[1]
+FIXTURES_DIR = Path(__file__).parent / "fixtures"
+# Real-world tool outputs collected by the project (read-only, described in PROVENANCE.md).
+EXTERNAL_DIR = REPO_DIR.parent / "shared/datasets/external"
+
+
+@pytest.fixture(scope="session")
+def external_dir() -> Path:
+    """/work/shared/datasets/external; CI always has it, so a missing copy is a failure, not a skip."""
+    if not (EXTERNAL_DIR / "PROVENANCE.md").is_file():
+        pytest.fail(
+            f"external test data not found: {EXTERNAL_DIR}/PROVENANCE.md is missing "
+            "(the shared datasets must sit next to the repository, at ../shared/datasets/external)",
+            pytrace=False,
+        )
+    return EXTERNAL_DIR
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES_DIR
