@@ -1,0 +1,145 @@
+"""``luksbench testbox ...``: the commands that run on the test box (standard library only).
+
+    luksbench testbox capture-env       --plan P --out env.json
+    luksbench testbox benchmark-ciphers [--plan P] --out cryptsetup-benchmark.txt [--cipher C --key-size N]
+    luksbench testbox stack-up          --plan P --state STATE.json --describe stacks.json
+    luksbench testbox run-fio           --plan P --state STATE.json --raw-host-dir data/raw/<run>/<host> --manifest M.json
+    luksbench testbox stack-down        [--plan P] --state STATE.json [--record teardown.json]
+
+Progress goes to stderr. Exit codes: 0 ok, 1 failure, 2 usage, 130/143 interrupted by
+SIGINT/SIGTERM (run-fio leaves the devices up: run stack-down afterwards, as the workflow's
+error handler does).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _plan(args):
+    from luksbench.testbox.plan import load_plan
+
+    return load_plan(Path(args.plan))
+
+
+def _cmd_capture_env(args) -> int:
+    from luksbench.testbox.env import capture_env, log, write_json_atomic
+
+    env = capture_env(_plan(args))
+    write_json_atomic(Path(args.out), env)
+    b = env["backend"]
+    log(f"luksbench testbox capture-env: backend {b['selected']} ({b['reason']}); wrote {args.out}")
+    return 0
+
+
+def _cmd_benchmark_ciphers(args) -> int:
+    from luksbench.testbox.env import benchmark_ciphers
+
+    if args.plan:
+        _plan(args)  # validate only
+    extra = []
+    if args.cipher:
+        extra += ["--cipher", args.cipher]
+    if args.key_size:
+        extra += ["--key-size", str(args.key_size)]
+    benchmark_ciphers(Path(args.out), extra)
+    return 0  # the tool's own exit code is logged, not a failure of this step
+
+
+def _cmd_stack_up(args) -> int:
+    import signal
+
+    from luksbench.testbox.stacks import stack_up
+
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    # SIGTERM, like Ctrl-C, unwinds through stack_up's teardown of what was built so far.
+    signal.signal(signal.SIGTERM, on_term)
+    stack_up(_plan(args), Path(args.state), Path(args.describe))
+    return 0
+
+
+def _cmd_run_fio(args) -> int:
+    import signal
+
+    from luksbench.testbox.runner import Interrupted, run_fio
+
+    try:
+        return run_fio(_plan(args), Path(args.state), Path(args.raw_host_dir), Path(args.manifest))
+    except Interrupted as exc:
+        return 130 if exc.signum == signal.SIGINT else 143
+
+
+def _cmd_stack_down(args) -> int:
+    from luksbench.testbox.stacks import stack_down
+
+    record = stack_down(Path(args.state), Path(args.record) if args.record else None)
+    return 0 if record["ok"] else 1
+
+
+def _run(func):
+    def wrapper(args) -> int:
+        from luksbench.testbox.env import TestboxError, log
+        from luksbench.testbox.plan import PlanError
+        from luksbench.testbox.safety import SafetyError
+
+        try:
+            return func(args)
+        except (TestboxError, PlanError, SafetyError) as exc:
+            log(f"luksbench testbox {args.testbox_command}: error: {exc}")
+            return 1
+        except KeyboardInterrupt:
+            log(f"luksbench testbox {args.testbox_command}: interrupted")
+            return 130
+
+    return wrapper
+
+
+def add_testbox_commands(commands) -> None:
+    """Register the ``testbox`` command group on the top-level subparsers object."""
+    tb = commands.add_parser(
+        "testbox",
+        help="test-box side: capture env, bring stacks up/down, run fio (standard library only)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = tb.add_subparsers(dest="testbox_command", required=True)
+
+    p = sub.add_parser(
+        "capture-env", help="kernel, CPU, tools, backend choice, mitigations -> JSON"
+    )
+    p.add_argument("--plan", required=True)
+    p.add_argument("--out", required=True, help="env.json")
+    p.set_defaults(func=_run(_cmd_capture_env))
+
+    p = sub.add_parser("benchmark-ciphers", help="`cryptsetup benchmark`, output kept verbatim")
+    p.add_argument("--plan", help="optional; only validated")
+    p.add_argument("--out", required=True, help="cryptsetup-benchmark.txt")
+    p.add_argument("--cipher", help="pass --cipher to cryptsetup benchmark (default: all)")
+    p.add_argument("--key-size", type=int, help="pass --key-size to cryptsetup benchmark")
+    p.set_defaults(func=_run(_cmd_benchmark_ciphers))
+
+    p = sub.add_parser("stack-up", help="create backing files, bring stacks up, precondition")
+    p.add_argument("--plan", required=True)
+    p.add_argument(
+        "--state", required=True, help="STATE.json for run-fio and stack-down (no key material)"
+    )
+    p.add_argument(
+        "--describe", required=True, help="stacks.json: per-stack description (no key material)"
+    )
+    p.set_defaults(func=_run(_cmd_stack_up))
+
+    p = sub.add_parser("run-fio", help="run the fio matrix (resumable: existing reps are skipped)")
+    p.add_argument("--plan", required=True)
+    p.add_argument("--state", required=True)
+    p.add_argument("--raw-host-dir", required=True, help="data/raw/<run>/<host>")
+    p.add_argument("--manifest", required=True, help="the schedule as run (JSON)")
+    p.set_defaults(func=_run(_cmd_run_fio))
+
+    p = sub.add_parser("stack-down", help="tear everything down and verify (idempotent)")
+    p.add_argument("--plan", help="optional; STATE holds everything needed")
+    p.add_argument("--state", required=True)
+    p.add_argument("--record", help="teardown.json: what was removed, checks passed")
+    p.set_defaults(func=_run(_cmd_stack_down))

@@ -1,0 +1,381 @@
+"""Run the fio matrix over the stacks that ``stack-up`` brought up.
+
+Schedule: repetition k of every cell is "round" k. Within a round the cells run in the order
+``random.Random(seed + k).shuffle``; within a cell all stacks run back to back, and their order is
+counterbalanced across rounds ABBA-style (round 1 baseline first, rounds 2 and 3 reversed,
+round 4 baseline first, then repeat). Repetition k of every stack forms pair k.
+
+Raw results are immutable: each rep is written to a temp file in its directory, fsynced, renamed
+into place and made read-only (0444). An existing ``rep<k>.json`` is never overwritten, it is
+skipped, so re-running an interrupted command does only the missing repetitions.
+
+Ctrl-C / SIGTERM: the running fio is stopped, its temp output removed (no partial rep file
+remains), the manifest is written with ``complete: false`` and the command exits non-zero
+(130 / 143). The devices stay up; the caller (the workflow's error handler) runs ``stack-down``.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from luksbench.layout import Workload, cpu_rep_path, fio_rep_path
+from luksbench.testbox import safety
+from luksbench.testbox.env import TestboxError, log, utc_now, write_json_atomic
+from luksbench.testbox.plan import workloads
+from luksbench.testbox.stacks import load_state, pid_alive, stack_order
+
+PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back to back)"
+COUNTERBALANCE = (
+    "ABBA across rounds: rounds 1,4,5,8,... stacks in order; rounds 2,3,6,7,... reversed"
+)
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived while running the matrix."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# --- schedule ------------------------------------------------------------------------------------
+
+
+def stacks_for_round(stacks: list[str], round_no: int) -> list[str]:
+    """ABBA counterbalancing: rounds 1, 4, 5, 8, ... in order; 2, 3, 6, 7, ... reversed."""
+    return list(stacks) if (round_no - 1) % 4 in (0, 3) else list(reversed(stacks))
+
+
+def schedule(plan: dict) -> list[dict]:
+    """The whole matrix in run order: one entry per fio run."""
+    cells = workloads(plan)
+    stacks = stack_order(plan)
+    runs = []
+    for k in range(1, int(plan["repetitions"]) + 1):
+        order = list(cells)
+        random.Random(int(plan["seed"]) + k).shuffle(order)
+        for w in order:
+            for pos, stack in enumerate(stacks_for_round(stacks, k)):
+                runs.append(
+                    {"round": k, "rep": k, "stack": stack, "workload": w, "position_in_cell": pos}
+                )
+    for i, r in enumerate(runs, 1):
+        r["index"] = i
+    return runs
+
+
+# --- /proc/stat ----------------------------------------------------------------------------------
+
+
+def read_proc_stat() -> dict[str, int]:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu "):
+                values = [int(v) for v in line.split()[1:]]
+                values += [0] * (len(STAT_FIELDS) - len(values))
+                return dict(zip(STAT_FIELDS, values, strict=False))
+    raise TestboxError("/proc/stat has no aggregate cpu line")
+
+
+def cpu_sidecar(before: dict, after: dict, interval_s: float) -> dict:
+    clk = os.sysconf("SC_CLK_TCK")
+    delta = {k: (after[k] - before[k]) / clk for k in STAT_FIELDS}
+    busy = sum(delta[k] for k in BUSY_FIELDS)
+    total = sum(delta.values())
+    return {
+        "interval_s": round(interval_s, 6),
+        "clk_tck": clk,
+        "cpu_count": os.cpu_count(),
+        "delta_s": {k: round(v, 6) for k, v in delta.items()},
+        "busy_s": round(busy, 6),
+        "busy_pct": round(100.0 * busy / total, 3) if total > 0 else None,
+        "window": "fio process lifetime (startup, ramp_time and runtime); aggregate cpu line of /proc/stat; iowait counts as idle",
+    }
+
+
+# --- fio -----------------------------------------------------------------------------------------
+
+
+def fio_argv(
+    plan: dict, entry: dict, stack: str, w: Workload, output: Path, io_size: int
+) -> list[str]:
+    f = plan["fio"]
+    argv = [
+        "fio",
+        f"--output-format={f.get('output_format', 'json+')}",
+        f"--output={output}",
+        f"--name={stack}-{w.id}",
+        f"--filename={entry['device']}",
+        f"--rw={w.rw}",
+        f"--bs={w.bs_bytes}",
+        f"--iodepth={w.iodepth}",
+        f"--ioengine={f.get('ioengine', 'libaio')}",
+        f"--direct={1 if f.get('direct', True) else 0}",
+        "--time_based",
+        f"--runtime={f.get('runtime_s', 3)}s",
+        f"--ramp_time={f.get('ramp_time_s', 0)}s",
+        "--numjobs=1",
+        "--group_reporting",
+    ]
+    if io_size:
+        argv.append(f"--size={io_size}")
+    return argv
+
+
+def parse_fio_output(text: str) -> dict:
+    """fio's JSON document (fio may print warnings before it); raises ValueError."""
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("no JSON object in fio output")
+    doc = json.loads(text[start:])
+    if not doc.get("jobs"):
+        raise ValueError("fio output has no jobs")
+    return doc
+
+
+def _summary(doc: dict) -> str:
+    job = doc["jobs"][0]
+    bw = sum(job.get(d, {}).get("bw_bytes", 0) for d in ("read", "write", "trim"))
+    iops = sum(job.get(d, {}).get("iops", 0.0) for d in ("read", "write", "trim"))
+    iops_s = f"{iops / 1000:.1f}k" if iops >= 1000 else f"{iops:.0f}"
+    return f"{bw / 2**20:.1f} MiB/s, {iops_s} IOPS"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGINT, 10), (signal.SIGKILL, 10)):
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+
+
+# --- checks --------------------------------------------------------------------------------------
+
+
+def check_state_live(state: dict) -> None:
+    """The devices STATE names must still be there."""
+    problems = []
+    if not state.get("complete"):
+        problems.append("stack-up did not complete")
+    for name, e in state["stacks"].items():
+        dev = e.get("device")
+        if not dev or not os.path.exists(dev):
+            problems.append(f"{name}: {dev} is gone")
+        elif e.get("device_type") == "block":
+            if not stat.S_ISBLK(os.stat(dev).st_mode):
+                problems.append(f"{name}: {dev} is not a block device")
+        else:
+            if not safety.is_mounted(e["mountpoint"]):
+                problems.append(f"{name}: FUSE export {e['mountpoint']} is not mounted")
+            if not pid_alive((e.get("daemon") or {}).get("pid")):
+                problems.append(
+                    f"{name}: qemu-storage-daemon pid {(e.get('daemon') or {}).get('pid')} is not running"
+                )
+    if problems:
+        raise TestboxError(
+            "stack state is stale; run stack-down and stack-up again (" + "; ".join(problems) + ")"
+        )
+
+
+def _previous_times(manifest_path: Path) -> dict:
+    try:
+        old = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {
+        (r["stack"], r["workload"], r["rep"]): (r.get("started"), r.get("ended"))
+        for r in old.get("runs", [])
+        if r.get("started")
+    }
+
+
+# --- run-fio -------------------------------------------------------------------------------------
+
+
+def run_fio(plan: dict, state_path: Path, raw_host_dir: Path, manifest_path: Path) -> int:
+    """Run the matrix; returns 0 when every rep exists at the end. Raises Interrupted on signals."""
+    state = load_state(Path(state_path))
+    if state["run"] != plan["run"] or set(state["stacks"]) != set(plan["stacks"]):
+        raise TestboxError(
+            f"{state_path} is for run {state['run']!r} with stacks {sorted(state['stacks'])}, "
+            f"but the plan is run {plan['run']!r} with stacks {sorted(plan['stacks'])}"
+        )
+    check_state_live(state)
+    raw_host_dir = Path(raw_host_dir).resolve()
+    raw_dir, host = raw_host_dir.parent, raw_host_dir.name
+    if host != plan["host"]:
+        log(
+            f"luksbench testbox run-fio: warning: host dir {host!r} differs from plan host {plan['host']!r}"
+        )
+    manifest_path = Path(manifest_path)
+    previous = _previous_times(manifest_path)
+    io_size = int(state.get("io_size_bytes") or 0)
+    runs = schedule(plan)
+    total = len(runs)
+    width = len(str(total))
+    log(
+        f"luksbench testbox run-fio: {total} fio runs ({len(workloads(plan))} cells x "
+        f"{len(state['stacks'])} stacks x {plan['repetitions']} reps), backend {state['backend']}"
+    )
+    done: list[dict] = []
+    failed: list[str] = []
+    started = utc_now()
+
+    def on_signal(signum, _frame):
+        raise Interrupted(signum)
+
+    old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    interrupted: Interrupted | None = None
+    try:
+        for r in runs:
+            w: Workload = r["workload"]
+            stack = r["stack"]
+            path = fio_rep_path(raw_dir, host, stack, w, r["rep"])
+            rec = {
+                "index": r["index"],
+                "round": r["round"],
+                "rep": r["rep"],
+                "stack": stack,
+                "workload": w.id,
+                "position_in_cell": r["position_in_cell"],
+                "path": str(path.relative_to(raw_host_dir)),
+                "cpu_path": str(cpu_rep_path(path).relative_to(raw_host_dir)),
+                "started": None,
+                "ended": None,
+                "skipped_existing": False,
+                "status": None,
+            }
+            tag = f"[{r['index']:>{width}}/{total}] {stack} {w.id} rep{r['rep']}"
+            if path.exists():
+                rec["skipped_existing"] = True
+                rec["status"] = "skipped_existing"
+                rec["started"], rec["ended"] = previous.get((stack, w.id, r["rep"]), (None, None))
+                done.append(rec)
+                log(f"{tag}: exists, skipped")
+                continue
+            check_state_live(state)
+            rec["started"] = utc_now()
+            ok, msg = _one_run(plan, state["stacks"][stack], stack, w, path, io_size)
+            rec["ended"] = utc_now()
+            rec["status"] = "ok" if ok else "failed"
+            done.append(rec)
+            log(f"{tag}: {msg}")
+            if not ok:
+                failed.append(f"{stack} {w.id} rep{r['rep']}")
+    except Interrupted as exc:
+        interrupted = exc
+        log(
+            f"luksbench testbox run-fio: interrupted by {exc}; fio stopped, no partial rep kept; devices stay up (run stack-down)"
+        )
+    finally:
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        manifest = {
+            "run": plan["run"],
+            "host": host,
+            "seed": plan["seed"],
+            "repetitions": plan["repetitions"],
+            "backend": state["backend"],
+            "backend_reason": state["backend_reason"],
+            "baseline": plan["baseline"],
+            "stacks": stack_order(plan),
+            "cells": [w.id for w in workloads(plan)],
+            "pairing": PAIRING,
+            "counterbalance": COUNTERBALANCE,
+            "cell_order": "round k shuffles the cells with random.Random(seed + k)",
+            "io_size_bytes": io_size,
+            "fio": plan["fio"],
+            "started": started,
+            "ended": utc_now(),
+            "complete": interrupted is None and not failed and len(done) == total,
+            "interrupted": str(interrupted) if interrupted else None,
+            "failed": failed,
+            "runs": done,
+        }
+        write_json_atomic(manifest_path, manifest)
+    if interrupted is not None:
+        raise interrupted
+    if failed:
+        log(f"luksbench testbox run-fio: {len(failed)} fio run(s) failed: {', '.join(failed)}")
+        return 1
+    log(f"luksbench testbox run-fio: done; manifest {manifest_path}")
+    return 0
+
+
+def _one_run(
+    plan: dict, entry: dict, stack: str, w: Workload, path: Path, io_size: int
+) -> tuple[bool, str]:
+    """One fio run into ``path`` (+ cpu sidecar). Returns (ok, progress message)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)  # left by a SIGKILLed earlier attempt
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    proc = None
+    try:
+        argv = fio_argv(plan, entry, stack, w, tmp, io_size)
+        before, t0 = read_proc_stat(), time.monotonic()
+        # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        _, err = proc.communicate()
+        t1, after = time.monotonic(), read_proc_stat()
+        if err.strip():
+            for line in err.strip().splitlines():
+                log(f"    fio: {line}")
+        if proc.returncode != 0:
+            return (
+                False,
+                f"FAILED: fio exited {proc.returncode} (cell {stack} {w.id}); no rep file written",
+            )
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+            text = f.read().decode(errors="replace")
+        try:
+            doc = parse_fio_output(text)
+        except ValueError as exc:
+            return False, f"FAILED: fio output unreadable ({exc}); no rep file written"
+        errs = [j.get("error") for j in doc["jobs"] if j.get("error")]
+        if errs:
+            return False, f"FAILED: fio job error {errs}; no rep file written"
+        sidecar = cpu_sidecar(before, after, t1 - t0)
+        # The sidecar goes first: the rep file's appearance is the commit point.
+        write_json_atomic(cpu_rep_path(path), sidecar, mode=0o444)
+        os.chmod(tmp, 0o444)
+        if path.exists():  # never overwrite a raw result (someone else wrote it meanwhile)
+            return False, f"FAILED: {path} appeared during the run; not overwritten"
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return True, f"{_summary(doc)} (cpu busy {sidecar['busy_pct']}%, {t1 - t0:.2f} s)"
+    except BaseException:
+        if proc is not None:
+            _stop(proc)
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
