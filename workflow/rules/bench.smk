@@ -30,8 +30,9 @@ rule run_fio:
     """Run every missing repetition of the matrix on every stack; existing raw files are kept."""
     input:
         plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
-        state=f"{SCRATCH}/{{run}}/{{host}}/state.json",
-        stacks=f"{SCRATCH}/{{run}}/{{host}}/stacks.json",
+        # Fresh stacks alone (e.g. after the scratch directory was cleaned) are no reason to measure.
+        state=ancient(f"{SCRATCH}/{{run}}/{{host}}/state.json"),
+        stacks=ancient(f"{SCRATCH}/{{run}}/{{host}}/stacks.json"),
     output:
         manifest=f"{RAW}/{{run}}/{{host}}/fio/manifest.json",
     params:
@@ -46,7 +47,8 @@ rule run_fio:
     shell:
         # Progress goes to the terminal as well as the log: a default run takes minutes.
         "luksbench testbox run-fio --plan {input.plan} --state {input.state}"
-        " --raw-host-dir {params.host_dir} --manifest {output.manifest} 2>&1 | tee {log} >&2"
+        " --describe {input.stacks} --raw-host-dir {params.host_dir} --manifest {output.manifest}"
+        " 2>&1 | tee {log} >&2"
 
 
 rule stack_down:

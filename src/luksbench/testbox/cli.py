@@ -67,7 +67,13 @@ def _cmd_run_fio(args) -> int:
     from luksbench.testbox.runner import Interrupted, run_fio
 
     try:
-        return run_fio(_plan(args), Path(args.state), Path(args.raw_host_dir), Path(args.manifest))
+        return run_fio(
+            _plan(args),
+            Path(args.state),
+            Path(args.raw_host_dir),
+            Path(args.manifest),
+            Path(args.describe) if args.describe else None,
+        )
     except Interrupted as exc:
         return 130 if exc.signum == signal.SIGINT else 143
 
@@ -136,6 +142,7 @@ def add_testbox_commands(commands) -> None:
     p.add_argument("--state", required=True)
     p.add_argument("--raw-host-dir", required=True, help="data/raw/<run>/<host>")
     p.add_argument("--manifest", required=True, help="the schedule as run (JSON)")
+    p.add_argument("--describe", help="stacks.json from stack-up, recorded with the run")
     p.set_defaults(func=_run(_cmd_run_fio))
 
     p = sub.add_parser("stack-down", help="tear everything down and verify (idempotent)")

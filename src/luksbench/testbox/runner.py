@@ -207,8 +207,19 @@ def _previous_times(manifest_path: Path) -> dict:
 # --- run-fio -------------------------------------------------------------------------------------
 
 
-def run_fio(plan: dict, state_path: Path, raw_host_dir: Path, manifest_path: Path) -> int:
-    """Run the matrix; returns 0 when every rep exists at the end. Raises Interrupted on signals."""
+def run_fio(
+    plan: dict,
+    state_path: Path,
+    raw_host_dir: Path,
+    manifest_path: Path,
+    describe_path: Path | None = None,
+) -> int:
+    """Run the matrix; returns 0 when every rep exists at the end. Raises Interrupted on signals.
+
+    The manifest is the index of the run as it stands (rewritten by every session); each session
+    also leaves a write-once copy in ``fio/sessions/`` so no session's record is ever lost. Both
+    carry the stack descriptions (``describe_path``, written by stack-up: no key material).
+    """
     state = load_state(Path(state_path))
     if state["run"] != plan["run"] or set(state["stacks"]) != set(plan["stacks"]):
         raise TestboxError(
@@ -224,6 +235,9 @@ def run_fio(plan: dict, state_path: Path, raw_host_dir: Path, manifest_path: Pat
         )
     manifest_path = Path(manifest_path)
     previous = _previous_times(manifest_path)
+    stack_descriptions = (
+        json.loads(Path(describe_path).read_text()) if describe_path is not None else None
+    )
     io_size = int(state.get("io_size_bytes") or 0)
     runs = schedule(plan)
     total = len(runs)
@@ -305,9 +319,11 @@ def run_fio(plan: dict, state_path: Path, raw_host_dir: Path, manifest_path: Pat
             "complete": interrupted is None and not failed and len(done) == total,
             "interrupted": str(interrupted) if interrupted else None,
             "failed": failed,
+            "stack_descriptions": stack_descriptions,
             "runs": done,
         }
         write_json_atomic(manifest_path, manifest)
+        _keep_session_record(manifest_path.parent / "sessions", manifest)
     if interrupted is not None:
         raise interrupted
     if failed:
@@ -315,6 +331,19 @@ def run_fio(plan: dict, state_path: Path, raw_host_dir: Path, manifest_path: Pat
         return 1
     log(f"luksbench testbox run-fio: done; manifest {manifest_path}")
     return 0
+
+
+def _keep_session_record(sessions_dir: Path, manifest: dict) -> None:
+    """A read-only copy of this session's manifest, named by its start time; never overwritten."""
+    sessions_dir.mkdir(parents=True, exist_ok=True)
+    stamp = "".join(ch for ch in manifest["started"] if ch.isalnum())
+    path = sessions_dir / f"{stamp}.json"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = sessions_dir / f"{stamp}-{suffix}.json"
+    write_json_atomic(path, manifest)
+    path.chmod(0o444)
 
 
 def _one_run(
