@@ -1,0 +1,265 @@
+"""Ingest on a raw layout built from REAL fio output (TUM-DSE/CVM_eval plain vs dm-crypt runs).
+
+The sources under /work/shared/datasets/external are copied, never edited. Layout built here:
+
+* host ``tum-direct2``, cell ``randread-4k-qd32``: pair 1 = native VM (no-dmcrypt vs dm-crypt),
+  pair 2 = SEV VM (no-dmcrypt vs dm-crypt); fio 3.36, 10 stonewalled jobs per file.
+* host ``tum-vm``, same cell: one pair of virtio-blk runs (plain vs "encr"), fio 3.30, 4 jobs x
+  numjobs=4 without group_reporting, job names differ between the stacks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from luksbench import ingest
+from luksbench.fio import FIO_COLUMNS
+
+TUM = "TUM-DSE__CVM_eval"
+DIRECT2 = f"{TUM}/logs/sev/direct-2"
+PAIRS = {
+    ("tum-direct2", 1): (
+        f"{DIRECT2}/native-no-dmcrypt-aio-io_uring-8-nvme1n1-iou-quick-direct-fio-2024-02-13-12-42-24.log",
+        f"{DIRECT2}/native-aio-io_uring-8-nvme1n1-iou-quick-direct-fio-2024-02-13-12-23-39.log",
+    ),
+    ("tum-direct2", 2): (
+        f"{DIRECT2}/sev-no-dmcrypt-aio-io_uring-8-nvme1n1-iou-quick-direct-fio-2024-02-13-12-51-40.log",
+        f"{DIRECT2}/sev-aio-io_uring-8-nvme1n1-iou-quick-direct-fio-2024-02-13-12-33-10.log",
+    ),
+    ("tum-vm", 1): (
+        f"{TUM}/tools/archive/bm-results-archive/native-vm/virtio-blk/iops/fio-result-iops-nosev-blk-q5h680yt5w.json",
+        f"{TUM}/tools/archive/bm-results-archive/native-vm/encr/virtio-blk/iops/fio-result-iops-nosev-encr-blk-bvuo3oghsu.json",
+    ),
+}
+WORKLOAD = "randread-4k-qd32"
+CS_A = "SovereignCloudStack__website/cryptsetup_benchmark_scs_blog_testsystemA_2xXeonGold6151.txt"
+CS_NO_ALG = "HelloVolla__ubuntu-touch-beta-tests/issue-114_cryptsetup_benchmark_algif_missing.txt"
+
+
+def build_raw(external_dir: Path, raw_dir: Path) -> Path:
+    """Copy the real files into the raw layout; env/stacks/cpu sidecars are small hand-written
+    descriptions (metadata, not measurements)."""
+    for (host, rep), (plain, luks) in PAIRS.items():
+        for stack, src in (("plain", plain), ("luks", luks)):
+            dst = raw_dir / host / "fio" / stack / WORKLOAD / f"rep{rep}.json"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(external_dir / src, dst)
+    # one CPU sidecar per file of the first host (the other host has none: NaN columns)
+    for stack in ("plain", "luks"):
+        for rep in (1, 2):
+            sidecar = raw_dir / "tum-direct2" / "fio" / stack / WORKLOAD / f"rep{rep}.cpu.json"
+            sidecar.write_text(
+                json.dumps(
+                    {
+                        "interval_s": 300.0,
+                        "clk_tck": 100,
+                        "cpu_count": 8,
+                        "delta_s": {
+                            "user": 100.0,
+                            "nice": 0.0,
+                            "system": 200.0 + 10 * rep,
+                            "idle": 2000.0,
+                            "iowait": 10.0,
+                            "irq": 0.0,
+                            "softirq": 5.0,
+                            "steal": 0.0,
+                        },
+                        "busy_s": 305.0 + 10 * rep,
+                        "busy_pct": 12.5,
+                    }
+                )
+            )
+    env = {
+        "tum-direct2": {
+            "hostname": "tum-native",
+            "kernel": {"release": "6.6.0"},
+            "cpu": {
+                "model": "AMD EPYC 7713P 64-Core Processor",
+                "count": 8,
+                "aes": True,
+                "vaes": True,
+            },
+            "tools": {"fio": "fio-3.36", "cryptsetup": "cryptsetup 2.6.1"},
+            "backend": {
+                "requested": "kernel",
+                "selected": "kernel",
+                "reason": "dm-crypt available",
+            },
+        },
+        "tum-vm": {"hostname": "tum-vm", "backend": "kernel", "cpu_flags": "fpu sse2 aes avx2"},
+    }
+    for host, doc in env.items():
+        (raw_dir / host / "env.json").write_text(json.dumps(doc))
+        (raw_dir / host / "stacks.json").write_text(
+            json.dumps(
+                {
+                    "plain": {"kind": "plain", "backend": "kernel"},
+                    "luks": {
+                        "kind": "luks",
+                        "backend": "kernel",
+                        "cipher": "aes-xts-plain64",
+                        "key_bits": 512,
+                    },
+                }
+            )
+        )
+    shutil.copyfile(external_dir / CS_A, raw_dir / "tum-direct2" / "cryptsetup-benchmark.txt")
+    shutil.copyfile(external_dir / CS_NO_ALG, raw_dir / "tum-vm" / "cryptsetup-benchmark.txt")
+    return raw_dir
+
+
+@pytest.fixture
+def raw_dir(external_dir, tmp_path) -> Path:
+    return build_raw(external_dir, tmp_path / "raw" / "tumrun")
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
+
+
+def test_fio_table_columns_and_layout(raw_dir):
+    fio = ingest.fio_table(raw_dir)
+    expected = (
+        ingest.FIO_LAYOUT_COLUMNS
+        + ["fio_hostname" if c == "host" else c for c in FIO_COLUMNS]
+        + ingest.FIO_DERIVED_COLUMNS
+    )
+    assert list(fio.columns[: len(expected)]) == expected
+    assert set(fio["run"]) == {"tumrun"}
+    assert set(fio["host"]) == {"tum-direct2", "tum-vm"}
+    assert set(fio["stack"]) == {"plain", "luks"}
+    assert set(fio["workload"]) == {WORKLOAD}
+    # 10 jobs, randrw jobs give two rows: 12 rows per file on the first host
+    d2 = fio[(fio["host"] == "tum-direct2") & (fio["stack"] == "plain") & (fio["rep"] == 1)]
+    assert len(d2) == 12
+    assert d2["job_slot"].nunique() == 10
+    # the virtio pair: 16 entries (4 jobs x numjobs=4) -> 4 job slots, names differ per stack
+    vm = fio[fio["host"] == "tum-vm"]
+    assert vm.groupby("stack")["job_slot"].nunique().to_dict() == {"luks": 4, "plain": 4}
+    assert vm.groupby("stack")["job"].nunique().to_dict() == {"luks": 4, "plain": 4}
+    assert set(vm[vm["stack"] == "plain"]["job"]).isdisjoint(vm[vm["stack"] == "luks"]["job"])
+    # file paths are relative to the run folder (processed tables do not depend on where raw sits)
+    assert all(not Path(f).is_absolute() for f in fio["file"])
+    assert (fio["io_gib"] * 2**30 == fio["io_bytes"]).all()
+
+
+def test_cpu_sidecar_columns(raw_dir):
+    fio = ingest.fio_table(raw_dir)
+    d2 = fio[fio["host"] == "tum-direct2"]
+    assert set(d2["busy_cpu_s"]) == {315.0, 325.0}
+    assert set(d2["sys_cpu_s"]) == {210.0, 220.0}
+    one = d2[(d2["stack"] == "plain") & (d2["rep"] == 1)]
+    assert one["busy_cpu_s_per_gib"].iloc[0] == pytest.approx(315.0 / one["io_gib"].sum())
+    assert (
+        fio[fio["host"] == "tum-vm"][["busy_cpu_s", "sys_cpu_s", "busy_cpu_pct"]].isna().all().all()
+    )
+
+
+def test_env_stacks_cryptsetup(raw_dir):
+    env = ingest.env_table(raw_dir).set_index("host")
+    assert list(ingest.env_table(raw_dir).columns) == ingest.ENV_COLUMNS
+    assert env.loc["tum-direct2", "backend"] == "kernel"
+    assert env.loc["tum-direct2", "backend_reason"] == "dm-crypt available"
+    assert env.loc["tum-direct2", "kernel"] == "6.6.0"
+    assert env.loc["tum-direct2", "cpu_model"].startswith("AMD EPYC")
+    assert bool(env.loc["tum-direct2", "vaes"]) is True
+    assert env.loc["tum-direct2", "fio_version"] == "fio-3.36"
+    assert bool(env.loc["tum-vm", "aes"]) is True and bool(env.loc["tum-vm", "vaes"]) is False
+    stacks = ingest.stacks_table(raw_dir)
+    assert len(stacks) == 4 and set(stacks["kind"]) == {"plain", "luks"}
+    cs = ingest.cryptsetup_table(raw_dir)
+    assert {"run", "host", "encryption_mib_s", "available", "note"} <= set(cs.columns)
+    aes = cs[
+        (cs["host"] == "tum-direct2") & (cs["algorithm"] == "aes-xts") & (cs["key_bits"] == 512)
+    ]
+    assert aes["encryption_mib_s"].iloc[0] == pytest.approx(1983.0)
+    assert not cs[cs["host"] == "tum-vm"]["available"].fillna(True).all()
+
+
+def test_write_processed_is_read_only_on_raw(raw_dir, tmp_path):
+    before = _snapshot(raw_dir)
+    out = ingest.write_processed(raw_dir, tmp_path / "processed")
+    assert sorted(p.name for p in out.values()) == sorted(ingest.PROCESSED_FILES)
+    assert _snapshot(raw_dir) == before
+    tables = ingest.read_processed(tmp_path / "processed")
+    assert len(tables["fio"]) == len(ingest.fio_table(raw_dir))
+    with pytest.raises(ValueError, match="raw is read-only"):
+        ingest.write_processed(raw_dir, raw_dir / "processed")
+
+
+def test_processed_is_independent_of_raw_location(raw_dir, tmp_path):
+    moved = tmp_path / "elsewhere" / raw_dir.name
+    shutil.copytree(raw_dir, moved)
+    a = ingest.write_processed(raw_dir, tmp_path / "p1")
+    b = ingest.write_processed(moved, tmp_path / "p2")
+    for name in a:
+        pd.testing.assert_frame_equal(pd.read_parquet(a[name]), pd.read_parquet(b[name]))
+
+
+def test_bad_files_all_named_in_one_error(raw_dir, external_dir):
+    bad = {
+        # not JSON at all (fio option errors saved as .json)
+        raw_dir
+        / "tum-vm/fio/plain/write-4k-qd1/rep1.json": "CyberHuey__System-Testing/fio_output.json",
+        # a real run whose first job failed with error 2
+        raw_dir / "tum-vm/fio/luks/randread-4k-qd1/rep1.json": (
+            f"{TUM}/logs/sev/direct/native-no-dmcrypt-aio-io_uring-8-nvme1n1-iou-long-direct-fio-2024-02-08-11-50-00.log"
+        ),
+        # folder says 1m sequential write, the file ran randread 4k qd128
+        raw_dir
+        / "tum-vm/fio/luks/write-1m-qd1/rep1.json": f"{TUM}/io-benchmarks/baremetal-randread-4k-4-128.json",
+    }
+    for dst, src in bad.items():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(external_dir / src, dst)
+    sidecar = raw_dir / "tum-direct2/fio/luks" / WORKLOAD / "rep1.cpu.json"
+    sidecar.write_text("{not json")
+    stray = raw_dir / "tum-direct2/fio/luks" / WORKLOAD / "notes.json"
+    stray.write_text("{}")
+    with pytest.raises(ingest.IngestError) as info:
+        ingest.fio_table(raw_dir)
+    message = str(info.value)
+    problems = dict(info.value.problems)
+    for path in [*bad, sidecar, stray]:
+        assert str(path) in message
+        assert path in problems
+    assert len(problems) == 5
+    assert "failed with error" in problems[raw_dir / "tum-vm/fio/luks/randread-4k-qd1/rep1.json"]
+    assert "write-1m-qd1" in problems[raw_dir / "tum-vm/fio/luks/write-1m-qd1/rep1.json"]
+    assert "CPU sidecar" in problems[sidecar]
+    # non-strict: the good files still come through, the bad ones are listed
+    fio = ingest.fio_table(raw_dir, strict=False)
+    assert len(fio.attrs["problems"]) == 5
+    assert set(fio["workload"]) == {WORKLOAD}
+    assert not (fio["host"].eq("tum-direct2") & fio["stack"].eq("luks") & fio["rep"].eq(1)).any()
+
+
+def test_bad_env_json_and_missing_run(raw_dir, tmp_path):
+    (raw_dir / "tum-vm" / "env.json").write_text("[1, 2")
+    with pytest.raises(ingest.IngestError, match=r"tum-vm/env\.json"):
+        ingest.ingest_run(raw_dir)
+    with pytest.raises(FileNotFoundError):
+        ingest.fio_table(tmp_path / "does-not-exist")
+
+
+def test_env_facts_of_testbox_capture():
+    """The shape luksbench.testbox.env.capture_env writes."""
+    env = {
+        "hostname": "box",
+        "kernel": {"sysname": "Linux", "release": "6.1.0-18-amd64"},
+        "cpu": {"model": "Xeon", "count": 2, "aes": True, "vaes": False, "flags": ["aes", "avx2"]},
+        "tools": {"fio": "fio-3.33", "cryptsetup": "cryptsetup 2.6.1", "qemu-storage-daemon": None},
+        "backend": {"requested": "auto", "selected": "userspace", "reason": "auto: no dm"},
+    }
+    facts = ingest.env_facts(env)
+    assert facts["kernel"] == "6.1.0-18-amd64"
+    assert facts["backend"] == "userspace" and facts["backend_reason"] == "auto: no dm"
+    assert facts["aes"] is True and facts["vaes"] is False
+    assert facts["qemu_version"] is None
