@@ -95,16 +95,21 @@ def build_raw(external_dir: Path, raw_dir: Path) -> Path:
     }
     for host, doc in env.items():
         (raw_dir / host / "env.json").write_text(json.dumps(doc))
-        (raw_dir / host / "stacks.json").write_text(
+        # The runner records the stack descriptions in the run's manifest.
+        (raw_dir / host / "fio" / "manifest.json").write_text(
             json.dumps(
                 {
-                    "plain": {"kind": "plain", "backend": "kernel"},
-                    "luks": {
-                        "kind": "luks",
-                        "backend": "kernel",
-                        "cipher": "aes-xts-plain64",
-                        "key_bits": 512,
-                    },
+                    "stack_descriptions": {
+                        "stacks": {
+                            "plain": {"kind": "plain", "backend": "kernel"},
+                            "luks": {
+                                "kind": "luks",
+                                "backend": "kernel",
+                                "cipher": "aes-xts-plain64",
+                                "key_bits": 512,
+                            },
+                        }
+                    }
                 }
             )
         )

@@ -4,7 +4,7 @@
                       in the raw layout (run, host, stack, workload, rep) and its CPU sidecar.
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
-``stacks_table``      one row per host x stack from ``stacks.json``.
+``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
 ``write_processed``   all of the above as ``<processed_dir>/{fio,cryptsetup,env,stacks}.parquet``.
 
 Strict by design: every raw file that cannot be read, does not follow the layout, or holds a failed
@@ -485,17 +485,22 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 
 
 def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
-    """One row per host x stack from ``stacks.json`` (columns :data:`STACKS_COLUMNS`)."""
+    """One row per host x stack (columns :data:`STACKS_COLUMNS`).
+
+    The descriptions come from ``<host>/fio/manifest.json`` (``stack_descriptions``, recorded by
+    the runner from stack-up; no key material).
+    """
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
     records, problems = [], []
     for host in host_dirs(raw_dir):
-        path = host / "stacks.json"
+        path = host / "fio" / "manifest.json"
         if not path.exists():
             continue
-        data = _read_json(path, problems)
-        if data is None:
+        manifest = _read_json(path, problems)
+        if manifest is None:
             continue
+        data = manifest.get("stack_descriptions") or {}
         stacks = data.get("stacks", data) if isinstance(data.get("stacks"), dict) else data
         for name, desc in sorted(stacks.items()):
             desc = desc if isinstance(desc, dict) else {"value": desc}

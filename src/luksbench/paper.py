@@ -153,15 +153,25 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
     return hosts
 
 
+# Stack settings a reader needs to judge the comparison (the rest, e.g. paths and the LUKS header
+# dump, stays in the processed table).
+_STACK_SETTINGS = (
+    "luks_type",
+    "sector_size",
+    "hash",
+    "pbkdf",
+    "device_size_bytes",
+    "loop_direct_io",
+)
+
+
 def _stacks(stacks: pd.DataFrame, baseline: str, variant: str) -> list[dict]:
     rows = []
     for _, row in stacks.iterrows():
         desc = _env_dict(row["description_json"])
-        details = ", ".join(
-            f"{k} {v}"
-            for k, v in sorted(desc.items())
-            if k not in ("kind", "backend", "cipher", "key_bits")
-        )
+        settings = [f"{k} {desc[k]}" for k in _STACK_SETTINGS if desc.get(k) is not None]
+        settings += [f"note: {note}" for note in desc.get("notes") or []]
+        details = "; ".join(settings)
         role = (
             "baseline" if row["stack"] == baseline else "variant" if row["stack"] == variant else ""
         )

@@ -21,6 +21,7 @@ rule ingest_raw:
         fio=f"{PROCESSED}/{{run}}/fio.parquet",
         cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
         env=f"{PROCESSED}/{{run}}/env.parquet",
+        stacks=f"{PROCESSED}/{{run}}/stacks.parquet",
         notebook=f"{PROCESSED}/{{run}}/notebooks/01-ingest.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,
@@ -51,15 +52,16 @@ rule compute_loss:
         baseline=config["baseline"],
         variant=config["analysis"]["variant"],
         confidence=config["analysis"]["confidence"],
+        min_pairs=min_pairs,
     conda:
         "../../envs/luksbench.yaml"
     log:
         "logs/{run}/compute_loss.log",
     shell:
         "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
+        " -p processed_dir {params.processed_dir}"
         " -p baseline {params.baseline} -p variant {params.variant}"
-        " -p confidence {params.confidence} > {log} 2>&1"
+        " -p confidence {params.confidence} -p min_pairs {params.min_pairs} > {log} 2>&1"
 
 
 rule plot_figures:
@@ -76,6 +78,9 @@ rule plot_figures:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
         figures_dir=abs_figures_dir,
+        baseline=config["baseline"],
+        variant=config["analysis"]["variant"],
+        confidence=config["analysis"]["confidence"],
     conda:
         "../../envs/luksbench.yaml"
     log:
@@ -83,7 +88,8 @@ rule plot_figures:
     shell:
         "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
-        " -p figures_dir {params.figures_dir} > {log} 2>&1"
+        " -p figures_dir {params.figures_dir} -p baseline {params.baseline}"
+        " -p variant {params.variant} -p confidence {params.confidence} > {log} 2>&1"
 
 
 rule render_paper:
@@ -99,6 +105,7 @@ rule render_paper:
         templates=PACKAGE_TEMPLATES,
     output:
         paper="paper/{run}.md",
+        html="paper/{run}.html",
         notebook=f"{PROCESSED}/{{run}}/notebooks/04-paper.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,

@@ -115,3 +115,8 @@ def tear_down_after_failure():
     if state.exists():
         print(f"luksbench: tearing down the stacks of {state} after the failure", file=sys.stderr)
         stack_down(state)
+
+
+def min_pairs(wildcards):
+    """Pairs every cell must have: all repetitions for the run measured here, else the usual 3."""
+    return config["repetitions"] if wildcards.run == RUN else 3
