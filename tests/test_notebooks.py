@@ -1,7 +1,7 @@
 """The analysis notebooks: committed clean, parameterised, and runnable end to end.
 
-The regression run proper is ``pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg
-notebooks/`` (kernel cwd = notebooks/, defaults = the shipped sample). The papermill test below runs
+The regression run proper is nbval over notebooks/ (configured in pyproject.toml, so a plain
+``pytest`` runs it: kernel cwd = notebooks/, defaults = the shipped sample). The papermill test below runs
 the four notebooks in order with every output redirected to tmp_path, the way Snakemake runs them.
 """
 
@@ -83,9 +83,9 @@ def test_notebooks_thin_and_asserting():
 
 @pytest.mark.slow
 def test_papermill_runs_all_notebooks(tmp_path):
-    if not SAMPLE_RAW.is_dir():
-        pytest.skip(f"shipped sample not present yet: {SAMPLE_RAW}")
-    papermill = pytest.importorskip("papermill")
+    assert SAMPLE_RAW.is_dir(), f"the shipped sample is missing: {SAMPLE_RAW}"
+    import papermill
+
     params = {
         "run": "sample",
         "raw_dir": str(SAMPLE_RAW),

@@ -122,3 +122,36 @@ def test_write_plan_writes_the_resolved_plan(tmp_path):
         "pbkdf_iterations": 1000,
     }
     assert plan["fio"]["output_format"] == "json+"
+
+
+@pytest.mark.slow
+def test_the_sample_is_re_analysed_without_fio(tmp_path):
+    """README's command for the sample: tables, figures and paper from raw alone; raw untouched."""
+    import shutil
+
+    work = tmp_path / "work"
+    for name in ("Snakefile", "workflow", "config", "envs", "notebooks", "src", "data/raw/sample"):
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, work / name)
+    raw_before = {
+        p: p.read_bytes() for p in sorted((work / "data/raw/sample").rglob("*")) if p.is_file()
+    }
+
+    result = snakemake("--forceall", "paper/sample.md", cwd=work)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "run_fio" not in result.stderr and "stack_up" not in result.stderr
+
+    for table in ("fio", "loss", "env", "cryptsetup", "stacks"):
+        assert (work / "data/processed/sample" / f"{table}.parquet").stat().st_size > 0
+    assert list((work / "figures/sample").glob("*.png"))
+    paper = (work / "paper/sample.md").read_text()
+    assert "## Results" in paper and "95 % CI" in paper
+    assert "not dm-crypt" in paper or "dm-crypt" in paper
+    raw_after = {
+        p: p.read_bytes() for p in sorted((work / "data/raw/sample").rglob("*")) if p.is_file()
+    }
+    assert raw_after == raw_before

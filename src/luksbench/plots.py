@@ -212,7 +212,7 @@ def throughput_figure(
         f"{rw}: {metric_label(metric).split(' (')[0]} (mean of {n_reps} reps, {confidence:.0%} CI)"
     )
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, title="stack", loc="outside right upper")
+    fig.legend(handles, labels, title="stack", loc="outside right center")
     return fig
 
 
