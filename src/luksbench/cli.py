@@ -19,38 +19,36 @@ def _write_csv(rows: list[dict], columns: list[str], out) -> None:
         writer.writerow(row)
 
 
+def _parse_files(files, parse, error_type, columns: list[str], label: str) -> int:
+    """Rows of every file to CSV on stdout; each bad file named on stderr, exit 1 if any."""
+    rows: list[dict] = []
+    failed = []
+    for path in files:
+        try:
+            rows.extend(parse(Path(path)))
+        except error_type as exc:
+            print(f"luksbench parse {label}: {exc}", file=sys.stderr)
+            failed.append(path)
+    _write_csv(rows, columns, sys.stdout)
+    return 1 if failed else 0
+
+
 def _cmd_parse_fio(args: argparse.Namespace) -> int:
     from luksbench.fio import FIO_COLUMNS, FioParseError, parse_fio_file
 
-    rows: list[dict] = []
-    failed = []
-    for path in args.files:
-        try:
-            rows.extend(parse_fio_file(Path(path)))
-        except FioParseError as exc:
-            print(f"luksbench parse fio: {exc}", file=sys.stderr)
-            failed.append(path)
-    _write_csv(rows, FIO_COLUMNS, sys.stdout)
-    return 1 if failed else 0
+    return _parse_files(args.files, parse_fio_file, FioParseError, FIO_COLUMNS, "fio")
 
 
 def _cmd_parse_cryptsetup(args: argparse.Namespace) -> int:
-    from luksbench.cryptsetup import (
-        CRYPTSETUP_COLUMNS,
-        CryptsetupParseError,
-        parse_cryptsetup_file,
-    )
+    from luksbench import cryptsetup
 
-    rows: list[dict] = []
-    failed = []
-    for path in args.files:
-        try:
-            rows.extend(parse_cryptsetup_file(Path(path)))
-        except CryptsetupParseError as exc:
-            print(f"luksbench parse cryptsetup: {exc}", file=sys.stderr)
-            failed.append(path)
-    _write_csv(rows, CRYPTSETUP_COLUMNS, sys.stdout)
-    return 1 if failed else 0
+    return _parse_files(
+        args.files,
+        cryptsetup.parse_cryptsetup_file,
+        cryptsetup.CryptsetupParseError,
+        cryptsetup.CRYPTSETUP_COLUMNS,
+        "cryptsetup",
+    )
 
 
 def _cmd_loss(args: argparse.Namespace) -> int:
