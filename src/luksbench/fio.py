@@ -22,6 +22,7 @@ string, so development builds (``fio-2.18-59-g618e``) are handled too.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -375,17 +376,67 @@ def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
 
     rows = []
     for index, entry, host in entries:
-        job_rows = [
-            _row(path, doc, index, entry, host, direction, entry[direction])
-            for direction in DIRECTIONS
-            if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
-        ]
-        if not job_rows:
-            direction = _direction_of_rw(_option_or_default(entry, doc, "rw", "readwrite"))
-            stats = entry.get(direction) if direction else None
-            job_rows = [_row(path, doc, index, entry, host, direction, stats)]
+        try:
+            job_rows = _job_rows(path, doc, index, entry, host)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            # A value of the wrong type somewhere in the entry (a hand-edited or corrupted file).
+            raise FioParseError(
+                f"{path}: malformed fio document: job entry {index} "
+                f"({str(entry.get('jobname', '?')).strip()}): {type(exc).__name__}: {exc}"
+            ) from exc
+        for row in job_rows:
+            _check_measurements(path, row)
         rows.extend(job_rows)
     return rows
+
+
+def _job_rows(path, doc, index, entry, host) -> list[dict]:
+    job_rows = [
+        _row(path, doc, index, entry, host, direction, entry[direction])
+        for direction in DIRECTIONS
+        if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
+    ]
+    if not job_rows:
+        direction = _direction_of_rw(_option_or_default(entry, doc, "rw", "readwrite"))
+        stats = entry.get(direction) if direction else None
+        job_rows = [_row(path, doc, index, entry, host, direction, stats)]
+    return job_rows
+
+
+# Measured values: each must be a finite, non-negative number, or None where fio measured nothing.
+_MEASUREMENT_COLUMNS = (
+    "runtime_ms",
+    "io_bytes",
+    "bw_bytes",
+    "iops",
+    "lat_mean_ns",
+    "clat_mean_ns",
+    "clat_p50_ns",
+    "clat_p99_ns",
+    "clat_p999_ns",
+    "usr_cpu",
+    "sys_cpu",
+    "clat_stddev_ns",
+    "clat_max_ns",
+    "slat_mean_ns",
+    "lat_p99_ns",
+    "job_runtime_ms",
+)
+
+
+def _check_measurements(path: Path, row: dict) -> None:
+    """Refuse NaN, infinities, negative numbers and non-numbers: they must never reach a table."""
+    for column in (*_MEASUREMENT_COLUMNS, "error"):
+        value = row[column]
+        if value is None:
+            continue
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value) and value >= 0
+        if not ok:
+            raise FioParseError(
+                f"{path}: job {row['job_index']} ({row['job']}) {row['direction'] or 'all'}: "
+                f"{column} is {value!r}, expected a finite non-negative number"
+            )
 
 
 # --------------------------------------------------------------------------- json+ histograms

@@ -8,6 +8,7 @@ from pathlib import Path
 from snakemake.utils import min_version, validate
 
 from luksbench.testbox.plan import plan_from_config, write_plan
+from luksbench.testbox.preflight import check_tools
 
 min_version("8.0")
 
@@ -118,5 +119,39 @@ def tear_down_after_failure():
 
 
 def min_pairs(wildcards):
-    """Pairs every cell must have: all repetitions for the run measured here, else the usual 3."""
-    return config["repetitions"] if wildcards.run == RUN else 3
+    """Pairs every cell must have: all repetitions (adaptive: the pilot's) for the run measured
+    here, else the usual 3."""
+    if wildcards.run != RUN:
+        return 3
+    return ADAPTIVE["pilot_pairs"] if ADAPTIVE["enabled"] else config["repetitions"]
+
+
+# Adaptive repetitions (two-stage): run_pilot -> plan_repetitions (targets.json) -> run_fio.
+# Disabled, run_fio alone measures the fixed design and the two extra rules are not in the DAG.
+ADAPTIVE = config["adaptive"]
+
+
+def pilot_manifest_path(wildcards):
+    return f"{host_dir(wildcards.run, wildcards.host)}/fio/pilot-manifest.json"
+
+
+def adaptive_targets(wildcards):
+    """run_fio's targets input: the pilot's per-cell targets when adaptive, else nothing."""
+    if ADAPTIVE["enabled"]:
+        return [f"{host_dir(wildcards.run, wildcards.host)}/fio/targets.json"]
+    return []
+
+
+def targets_option(wildcards):
+    return " ".join(f"--targets {path}" for path in adaptive_targets(wildcards))
+
+
+def plan_cells(wildcards):
+    """Workload ids of the configured matrix (cells missing from the pilot get the cap)."""
+    from luksbench.testbox.plan import workloads
+
+    return [w.id for w in workloads(plan_for(wildcards))]
+
+
+def variant_stacks(wildcards):
+    return [name for name in config["stacks"] if name != config["baseline"]]

@@ -4,7 +4,8 @@
 rule write_plan:
     """Resolve the validated config into the JSON plan the test-box code reads.
 
-    Refuses a plan that would mix incomparable measurements into a run that already has data.
+    Stops before any device is touched when a tool the plan needs is missing (with install hints),
+    and refuses a plan that would mix incomparable measurements into a run that already has data.
     """
     output:
         plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
@@ -17,6 +18,7 @@ rule write_plan:
         run=MEASURED_RUN,
         host=MEASURED_HOST,
     run:
+        check_tools(params.plan)
         write_plan(params.plan, output.plan, measured_env=params.measured_env, log=log[0])
 
 

@@ -1,0 +1,77 @@
+"""Before any device is touched: are the tools this plan needs installed?
+
+The workflow calls :func:`check_tools` when it writes the plan (its first rule), so a missing tool
+stops the run with install hints before a backing file, loop device or mapping exists.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from luksbench.testbox.env import plan_needs_dm, resolve_backend
+
+# tool -> (Debian/Ubuntu package, Fedora package)
+PACKAGES = {
+    "fio": ("fio", "fio"),
+    "cryptsetup": ("cryptsetup-bin", "cryptsetup"),
+    "qemu-storage-daemon": ("qemu-system-common", "qemu-storage-daemon"),
+    "fusermount3": ("fuse3", "fuse3"),
+    "losetup": ("mount", "util-linux"),
+    "mdadm": ("mdadm", "mdadm"),
+}
+
+
+class MissingTools(RuntimeError):
+    """Tools the plan needs are not installed; the message lists each with install hints."""
+
+
+def required_tools(plan: dict, backend: str | None) -> dict[str, str]:
+    """Tool -> why this plan needs it, for the backend that will build its stacks."""
+    tools = {
+        "fio": "runs every measurement",
+        "cryptsetup": "runs `cryptsetup benchmark` and formats the luks stacks",
+    }
+    if backend == "kernel":
+        tools["losetup"] = "attaches the backing files as loop devices"
+    elif backend == "userspace":
+        tools["qemu-storage-daemon"] = "exports the backing files (and decrypts luks) over FUSE"
+        tools["fusermount3"] = "unmounts the FUSE exports at teardown"
+    return tools
+
+
+def missing_tools(plan: dict, backend: str | None, path: str | None = None) -> dict[str, str]:
+    return {
+        tool: why
+        for tool, why in required_tools(plan, backend).items()
+        if shutil.which(tool, path=path) is None
+        and shutil.which(tool, path="/usr/sbin:/sbin" if path is None else path) is None
+    }
+
+
+def install_hint(tools) -> str:
+    debian = " ".join(sorted({PACKAGES[t][0] for t in tools}))
+    fedora = " ".join(sorted({PACKAGES[t][1] for t in tools}))
+    return f"  Debian/Ubuntu: sudo apt-get install {debian}\n  Fedora:        sudo dnf install {fedora}"
+
+
+def check_tools(plan: dict, path: str | None = None) -> dict:
+    """Resolve the backend and make sure every tool it needs is there; returns the resolution.
+
+    Raises :class:`MissingTools` naming each missing tool, why it is needed and how to install it.
+    """
+    resolution = resolve_backend(plan["backend"], needs_dm=plan_needs_dm(plan))
+    backend = resolution["selected"]
+    # With no usable backend, list the tools of the one that was asked for (or userspace for auto:
+    # the backend that needs no kernel support).
+    wanted = backend or (plan["backend"] if plan["backend"] != "auto" else "userspace")
+    missing = missing_tools(plan, wanted, path=path)
+    if missing:
+        lines = [f"missing tools for run {plan['run']!r} (backend {wanted}):"]
+        lines += [f"  {tool}: {why}" for tool, why in missing.items()]
+        lines.append("Install them with:")
+        lines.append(install_hint(missing))
+        raise MissingTools("\n".join(lines))
+    if backend is None:
+        raise MissingTools(f"no backend can build the stacks here: {resolution['reason']}")
+    return resolution

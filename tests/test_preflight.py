@@ -1,0 +1,94 @@
+"""Missing tools are found before any device is touched, with install hints for Debian and Fedora."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.preflight import MissingTools, check_tools, required_tools
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+CONFIG = {
+    "run": "preflight",
+    "backend": "auto",
+    "device_size_mib": 64,
+    "precondition": True,
+    "baseline": "plain",
+    "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
+    "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
+    "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+    "repetitions": 1,
+    "seed": 1,
+}
+
+
+def test_the_tools_a_backend_needs():
+    plan = plan_from_config(CONFIG, "box", "/tmp")
+    assert set(required_tools(plan, "userspace")) == {
+        "fio",
+        "cryptsetup",
+        "qemu-storage-daemon",
+        "fusermount3",
+    }
+    assert set(required_tools(plan, "kernel")) == {"fio", "cryptsetup", "losetup"}
+
+
+def test_installed_tools_pass():
+    plan = plan_from_config(CONFIG, "box", "/tmp")
+    assert check_tools(plan)["selected"] in ("kernel", "userspace")
+
+
+def test_missing_tools_are_named_with_install_hints(tmp_path):
+    plan = plan_from_config(CONFIG, "box", "/tmp")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    with pytest.raises(MissingTools) as error:
+        check_tools(plan, path=str(empty))
+    message = str(error.value)
+    assert "fio: runs every measurement" in message
+    assert "sudo apt-get install" in message and "sudo dnf install" in message
+    assert "cryptsetup-bin" in message  # the Debian package name, not the tool name
+
+
+def test_the_workflow_stops_before_touching_anything_when_fio_is_missing(tmp_path):
+    """PATH without fio: the first rule fails naming fio; no scratch file, no raw data."""
+    path_dir = tmp_path / "bin"
+    path_dir.mkdir()
+    fio = "fio"
+    for tool_dir in os.environ["PATH"].split(os.pathsep):
+        for tool in Path(tool_dir).glob("*") if Path(tool_dir).is_dir() else []:
+            target = path_dir / tool.name
+            if tool.name != fio and not target.exists():
+                target.symlink_to(tool)
+    run = f"pytest-preflight-{uuid.uuid4().hex[:8]}"
+    scratch = tmp_path / "scratch"
+    result = subprocess.run(
+        [
+            str(BIN / "snakemake"),
+            "--cores",
+            "1",
+            "all",
+            "--config",
+            f"run={run}",
+            f"scratch_dir={scratch}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": str(path_dir)},
+        timeout=300,
+    )
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "fio: runs every measurement" in output
+    assert "apt-get install fio" in output
+    assert not (REPO / "data" / "raw" / run).exists()
+    assert not scratch.exists() or not list(scratch.rglob("*.img"))
