@@ -14,6 +14,7 @@ declare -A debian_package=(
   [cryptsetup]=cryptsetup-bin
   [qemu-storage-daemon]=qemu-system-common
   [fusermount3]=fuse3
+  [chromium]=chromium  # the test suite opens the generated HTML paper in headless chromium
 )
 missing_packages=()
 for tool in "${!debian_package[@]}"; do

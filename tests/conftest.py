@@ -27,3 +27,22 @@ def external_dir() -> Path:
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     return FIXTURES_DIR
+
+
+# What a workflow run needs besides raw data (the tests run copies, never the repo's own data).
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "notebooks", "src")
+
+
+def copy_workflow(dest: Path, extra: tuple[str, ...] = ()) -> Path:
+    """A copy of the workflow (plus ``extra`` repo paths, e.g. data/raw/sample) to run in."""
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (*WORKFLOW_FILES, *extra):
+        source = REPO_DIR / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest

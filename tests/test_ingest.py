@@ -249,7 +249,10 @@ def test_bad_files_all_named_in_one_error(raw_dir, external_dir):
 def test_bad_env_json_and_missing_run(raw_dir, tmp_path):
     (raw_dir / "tum-vm" / "env.json").write_text("[1, 2")
     with pytest.raises(ingest.IngestError, match=r"tum-vm/env\.json"):
-        ingest.ingest_run(raw_dir)
+        ingest.ingest_run(raw_dir, strict=True)
+    problems = ingest.ingest_run(raw_dir)["problems"]
+    assert list(problems["file"]) == ["tum-vm/env.json"]
+    assert problems["reason"].iloc[0].startswith("not readable JSON")
     with pytest.raises(FileNotFoundError):
         ingest.fio_table(tmp_path / "does-not-exist")
 

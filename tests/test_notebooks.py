@@ -26,16 +26,43 @@ DEFAULTS = {
     "raw_dir": "../data/raw/sample",
     "processed_dir": "../data/processed/sample",
     "figures_dir": "../figures/sample",
-    "paper_path": "../paper/sample.md",
+    "paper_dir": "../paper/sample",
+    "reference_dir": "../data/reference",
+    "title": "",
+    "author": "luksbench",
     "baseline": "plain",
     "variant": "luks",
     "confidence": 0.95,
+    "strict": False,
 }
 PARAMS = {
-    "01-ingest": {"run", "raw_dir", "processed_dir"},
-    "02-loss": {"processed_dir", "baseline", "variant", "confidence", "min_pairs"},
-    "03-figures": {"run", "processed_dir", "figures_dir", "baseline", "variant", "confidence"},
-    "04-paper": {"run", "processed_dir", "figures_dir", "paper_path"},
+    "01-ingest": {"run", "raw_dir", "processed_dir", "strict"},
+    "02-loss": {
+        "processed_dir",
+        "baseline",
+        "variant",
+        "confidence",
+        "equivalence_margin_pct",
+        "min_pairs",
+    },
+    "03-figures": {
+        "run",
+        "raw_dir",
+        "processed_dir",
+        "figures_dir",
+        "baseline",
+        "variant",
+        "confidence",
+    },
+    "04-paper": {
+        "run",
+        "processed_dir",
+        "figures_dir",
+        "paper_dir",
+        "reference_dir",
+        "title",
+        "author",
+    },
 }
 
 
@@ -91,7 +118,7 @@ def test_papermill_runs_all_notebooks(tmp_path):
         "raw_dir": str(SAMPLE_RAW),
         "processed_dir": str(tmp_path / "processed"),
         "figures_dir": str(tmp_path / "figures"),
-        "paper_path": str(tmp_path / "paper" / "sample.md"),
+        "paper_dir": str(tmp_path / "paper" / "sample"),
     }
     timings = {}
     for name in ORDER:
@@ -108,5 +135,6 @@ def test_papermill_runs_all_notebooks(tmp_path):
         timings[name] = time.monotonic() - start
     assert (tmp_path / "processed" / "loss.parquet").exists()
     assert (tmp_path / "figures" / "loss.png").exists()
-    assert (tmp_path / "paper" / "sample.md").exists()
+    assert (tmp_path / "paper" / "sample" / "index.md").exists()
+    assert (tmp_path / "paper" / "sample" / "index.html").exists()
     print(timings)

@@ -20,7 +20,10 @@ from luksbench.fio import FioParseError, parse_fio_file
 
 EXTERNAL = Path(__file__).resolve().parents[1].parent / "shared/datasets/external"
 FIO_SEED = EXTERNAL / "TUM-DSE__CVM_eval/io-benchmarks/baremetal-randread-4k-4-128.json"
-FIO2_SEED = EXTERNAL / "GoogleCloudPlatform__PerfKitBenchmarker/tests/data/fio/fio-parser-sample-result.json"
+FIO2_SEED = (
+    EXTERNAL
+    / "GoogleCloudPlatform__PerfKitBenchmarker/tests/data/fio/fio-parser-sample-result.json"
+)
 CLIENT_SERVER_SEED = (
     EXTERNAL / "distributed-system-analysis__pbench/agent/tool-scripts/postprocess/samples"
     "/fio-0/result/reference-result/fio-result.txt"

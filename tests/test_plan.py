@@ -7,7 +7,14 @@ import json
 import pytest
 
 from luksbench.layout import LayoutError, Workload, bs_label, bs_to_bytes
-from luksbench.testbox.plan import PlanError, check_plan, plan_from_config, workloads, write_plan
+from luksbench.testbox.plan import (
+    PlanError,
+    check_plan,
+    plan_changes,
+    plan_from_config,
+    workloads,
+    write_plan,
+)
 
 CONFIG = {
     "run": "r1",
@@ -75,6 +82,38 @@ def test_changing_how_a_run_measures_is_refused_naming_the_key(tmp_path):
     with pytest.raises(PlanError, match=r"(?s)fio.runtime_s: 2 -> 60\n.*new run name"):
         write_plan(changed, tmp_path / "plan.json", measured_env=env)
     assert not (tmp_path / "plan.json").exists()
+
+
+ADAPTIVE = {
+    "enabled": True,
+    "pilot_pairs": 4,
+    "target_half_width_pct": 2,
+    "max_pairs": 12,
+    "metric": "bw_bytes",
+}
+
+
+def test_adaptive_plan_measures_the_pilot_first(tmp_path):
+    fixed = plan_from_config(CONFIG, "box1", tmp_path)
+    assert "adaptive" not in fixed  # disabled: the plan is exactly the fixed design's
+    plan = plan_from_config({**CONFIG, "adaptive": ADAPTIVE}, "box1", tmp_path)
+    assert plan["repetitions"] == 4 and plan["adaptive"] == ADAPTIVE
+    disabled = plan_from_config({**CONFIG, "adaptive": {**ADAPTIVE, "enabled": False}}, "b", "/t")
+    assert disabled["repetitions"] == 3 and "adaptive" not in disabled
+    with pytest.raises(PlanError, match="max_pairs"):
+        plan_from_config({**CONFIG, "adaptive": {**ADAPTIVE, "max_pairs": 3}}, "box1", tmp_path)
+
+
+def test_switching_to_adaptive_is_not_a_measurement_change(tmp_path):
+    """A fixed-design run may be extended adaptively (and the adaptive settings changed): how many
+    repetitions is a design choice, how each one is measured is not touched."""
+    measured = plan_from_config(CONFIG, "box1", tmp_path)
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"plan": measured}))
+    for adaptive in (ADAPTIVE, {**ADAPTIVE, "max_pairs": 20, "target_half_width_pct": 1}):
+        plan = plan_from_config({**CONFIG, "adaptive": adaptive}, "box1", tmp_path)
+        assert plan_changes(measured, plan) == []
+        write_plan(plan, tmp_path / "plan.json", measured_env=env)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from luksbench.testbox.plan import plan_from_config
-from luksbench.testbox.preflight import MissingTools, check_tools, required_tools
+from luksbench.testbox.preflight import (
+    MissingTools,
+    NoSpace,
+    check_scratch_space,
+    check_tools,
+    required_tools,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -92,3 +98,25 @@ def test_the_workflow_stops_before_touching_anything_when_fio_is_missing(tmp_pat
     assert "apt-get install fio" in output
     assert not (REPO / "data" / "raw" / run).exists()
     assert not scratch.exists() or not list(scratch.rglob("*.img"))
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    """A real 8 MiB tmpfs (we are root on the test machines)."""
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mountpoint)], check=True)
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def test_a_scratch_dir_too_small_is_refused_with_the_numbers(tiny_filesystem):
+    plan = plan_from_config(CONFIG, "box", tiny_filesystem / "run" / "box")
+    with pytest.raises(
+        NoSpace,
+        match=r"scratch_dir .* has 8 MiB free, but 2 stacks x device_size_mib 64 need 128 MiB",
+    ):
+        check_scratch_space(plan)
+    check_scratch_space({**plan, "device_size_mib": 2})  # fits: no error

@@ -42,7 +42,10 @@ def make_fio(ratio: float = 0.8, reps: int = 6, noise: float = 0.01, seed: int =
                         "io_bytes": int(bw),
                         "bw_bytes": bw,
                         "iops": bw / wl.bs_bytes,
+                        "clat_p50_ns": 0.5 * base_lat / f,
                         "clat_p99_ns": base_lat / f,
+                        "clat_p999_ns": 2 * base_lat / f,
+                        "sys_cpu_s_per_gib": 0.1 / f,
                     }
                 )
     return pd.DataFrame(rows)

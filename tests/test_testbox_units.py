@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from luksbench.layout import Workload
 from luksbench.testbox import safety
+from luksbench.testbox.env import TestboxError
+from luksbench.testbox.plan import workloads as workloads_of
 from luksbench.testbox.runner import (
     cpu_sidecar,
     fio_argv,
+    load_targets,
     parse_fio_output,
     schedule,
     stacks_for_round,
@@ -23,6 +28,8 @@ from luksbench.testbox.stacks import (
     qsd_argv,
     stack_order,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _plan(**over) -> dict:
@@ -103,6 +110,77 @@ def test_schedule_rounds_shuffle_and_balance():
     assert order1 != order2 and sorted(order1) == sorted(order2)
     assert schedule(plan) == runs
     assert schedule(_plan(seed=8)) != runs
+
+
+def test_schedule_with_targets_tops_each_cell_up_to_its_own_target():
+    """Adaptive stage 2: rounds 1..n0 are the pilot's, unchanged; round k then runs (shuffled, ABBA)
+    only the cells whose target is >= k."""
+    plan = _plan(repetitions=4)
+    ids = sorted(w.id for w in workloads_of(plan))
+    targets = {ids[0]: 12, ids[1]: 7, ids[2]: 4, ids[3]: 2}  # 2 < n0: the pilot's 4 still stand
+    runs = schedule(plan, targets)
+    pilot = schedule(plan)
+    assert runs[: len(pilot)] == pilot
+    per_cell = Counter(r["workload"].id for r in runs)
+    expected = {w: 2 * max(4, targets.get(w, 4)) for w in ids}
+    assert per_cell == expected
+    for r in runs:
+        assert r["rep"] == r["round"]
+        first = r["position_in_cell"] == 0
+        in_order = (r["round"] - 1) % 4 in (0, 3)
+        assert (r["stack"] == "plain") == (first == in_order)
+    late = [r["workload"].id for r in runs if r["round"] == 6 and r["position_in_cell"] == 0]
+    assert sorted(late) == sorted([ids[0], ids[1]])
+    assert [r["index"] for r in runs] == list(range(1, len(runs) + 1))
+
+
+def test_load_targets(tmp_path):
+    good = tmp_path / "t.json"
+    good.write_text(json.dumps({"pairs": {"randread-4k-qd1": 6}, "cells": {}}))
+    assert load_targets(good) == {"randread-4k-qd1": 6}
+    for bad in ('{"pairs": {"x": 0}}', '{"pairs": [1]}', "{not json", '{"pairs": {"x": true}}'):
+        good.write_text(bad)
+        with pytest.raises(TestboxError, match=r"t\.json"):
+            load_targets(good)
+
+
+def test_the_shipped_sample_ran_the_counterbalanced_shuffled_schedule():
+    """The real manifest of data/raw/sample: pairs back to back, ABBA by round, cells reshuffled
+    every round, exactly the order schedule() computes from the seed; rep k of both arms is pair k."""
+    manifest_path = next((REPO / "data" / "raw" / "sample").glob("*/fio/manifest.json"))
+    m = json.loads(manifest_path.read_text())
+    cells = [Workload.from_id(c) for c in m["cells"]]
+    plan = _plan(
+        repetitions=m["repetitions"],
+        seed=m["seed"],
+        baseline=m["baseline"],
+        matrix={
+            "rw": sorted({w.rw for w in cells}),
+            "bs": sorted({w.bs for w in cells}),
+            "iodepth": sorted({w.iodepth for w in cells}),
+        },
+    )
+    assert sorted(w.id for w in workloads_of(plan)) == sorted(m["cells"])
+    runs = m["runs"]
+    expected = [(r["round"], r["stack"], r["workload"].id) for r in schedule(plan)]
+    assert [(r["round"], r["stack"], r["workload"]) for r in runs] == expected
+    assert m["repetitions"] >= 3 and len(runs) == len(cells) * 2 * m["repetitions"]
+    a, b = m["stacks"], m["stacks"][::-1]
+    orders = {}
+    for i in range(0, len(runs), 2):
+        x, y = runs[i], runs[i + 1]
+        assert x["workload"] == y["workload"] and x["rep"] == y["rep"] == x["round"]
+        assert x["ended"] <= y["started"]  # back to back, in this order
+        orders.setdefault(x["round"], set()).add((x["stack"], y["stack"]))
+    assert orders[1] == {tuple(a)} and orders[2] == {tuple(b)} and orders[3] == {tuple(b)}
+    firsts = [
+        [r["workload"] for r in runs if r["round"] == k and r["position_in_cell"] == 0]
+        for k in range(1, m["repetitions"] + 1)
+    ]
+    assert all(sorted(f) == sorted(m["cells"]) for f in firsts)
+    assert len({tuple(f) for f in firsts}) == len(firsts), "cell order must change every round"
+    for r in runs:
+        assert (manifest_path.parent.parent / r["path"]).is_file()
 
 
 def test_kernel_command_lines():

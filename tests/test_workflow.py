@@ -63,9 +63,42 @@ def test_dry_run_of_a_new_run_measures_then_publishes():
     assert not (REPO / "data" / "raw" / run).exists(), "a dry run must not create raw data"
 
 
+def test_dry_run_with_adaptive_repetitions_adds_pilot_and_targets(tmp_path):
+    """adaptive.enabled: pilot, targets from the pilot, then run_fio tops every cell up."""
+    run = f"pytest-dry-{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "adaptive.yaml"
+    config.write_text("adaptive:\n  enabled: true\n")
+    result = snakemake("-n", "all", "--config", f"run={run}", "--configfile", str(config))
+    assert result.returncode == 0, result.stderr
+    assert job_counts(result.stdout + result.stderr) == {
+        "write_plan": 1,
+        "capture_env": 1,
+        "benchmark_ciphers": 1,
+        "stack_up": 1,
+        "run_pilot": 1,
+        "plan_repetitions": 1,
+        "run_fio": 1,
+        "stack_down": 1,
+        "ingest_raw": 1,
+        "compute_loss": 1,
+        "plot_figures": 1,
+        "render_paper": 1,
+        "all": 1,
+    }
+    assert not (REPO / "data" / "raw" / run).exists(), "a dry run must not create raw data"
+
+
+def test_an_adaptive_cap_below_the_pilot_is_refused(tmp_path):
+    config = tmp_path / "adaptive.yaml"
+    config.write_text("adaptive:\n  enabled: true\n  pilot_pairs: 6\n  max_pairs: 4\n")
+    result = snakemake("-n", "all", "--configfile", str(config))
+    assert result.returncode != 0
+    assert "max_pairs" in result.stderr + result.stdout
+
+
 def test_dry_run_of_the_sample_only_analyses():
     """The shipped sample is analysed as it is: no benchmark rule may run for it."""
-    result = snakemake("-n", "--forceall", "paper/sample.md")
+    result = snakemake("-n", "--forceall", "paper/sample/index.md")
     assert result.returncode == 0, result.stderr
     assert job_counts(result.stdout + result.stderr) == {
         "ingest_raw": 1,
@@ -82,6 +115,7 @@ def test_dry_run_of_the_sample_only_analyses():
         ("backend=dmcrypt", "backend"),
         ("no_such_key=1", "no_such_key"),
         ("repetitions=zero", "repetitions"),
+        ("analysis={'equivalence_margin_pct': -1}", "equivalence_margin_pct"),
     ],
 )
 def test_a_malformed_config_is_refused_naming_the_key(override, named):
@@ -130,7 +164,16 @@ def test_the_sample_is_re_analysed_without_fio(tmp_path):
     import shutil
 
     work = tmp_path / "work"
-    for name in ("Snakefile", "workflow", "config", "envs", "notebooks", "src", "data/raw/sample"):
+    for name in (
+        "Snakefile",
+        "workflow",
+        "config",
+        "envs",
+        "notebooks",
+        "src",
+        "data/raw/sample",
+        "data/reference",
+    ):
         source = REPO / name
         if source.is_dir():
             shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -141,14 +184,14 @@ def test_the_sample_is_re_analysed_without_fio(tmp_path):
         p: p.read_bytes() for p in sorted((work / "data/raw/sample").rglob("*")) if p.is_file()
     }
 
-    result = snakemake("--forceall", "paper/sample.md", cwd=work)
+    result = snakemake("--forceall", "paper/sample/index.md", cwd=work)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "run_fio" not in result.stderr and "stack_up" not in result.stderr
 
     for table in ("fio", "loss", "env", "cryptsetup", "stacks"):
         assert (work / "data/processed/sample" / f"{table}.parquet").stat().st_size > 0
     assert list((work / "figures/sample").glob("*.png"))
-    paper = (work / "paper/sample.md").read_text()
+    paper = (work / "paper/sample/index.md").read_text()
     assert "## Results" in paper and "95 % CI" in paper
     assert "not dm-crypt" in paper or "dm-crypt" in paper
     raw_after = {

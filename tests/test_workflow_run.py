@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -41,7 +42,7 @@ repetitions: 3
 def workdir(tmp_path_factory) -> Path:
     """A copy of the workflow (not the raw data) to run in, so tests never touch the repo's data."""
     work = tmp_path_factory.mktemp("workflow")
-    for name in ("Snakefile", "workflow", "config", "envs", "notebooks", "src"):
+    for name in ("Snakefile", "workflow", "config", "envs", "notebooks", "src", "data/reference"):
         source = REPO / name
         if source.is_dir():
             shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -113,7 +114,7 @@ def test_a_small_run_is_measured_and_published(workdir):
     for table in ("fio", "loss", "env", "cryptsetup"):
         assert (processed / f"{table}.parquet").stat().st_size > 0
     assert list((workdir / "figures" / "e2e").glob("*.png"))
-    paper = (workdir / "paper" / "e2e.md").read_text()
+    paper = (workdir / "paper" / "e2e" / "index.md").read_text()
     assert "randread" in paper and "write" in paper
     assert not re.search(r"\bnan\b", paper, re.IGNORECASE), "a missing value leaked into the paper"
 
@@ -178,3 +179,46 @@ def test_a_failed_fio_run_tears_down_and_keeps_what_was_measured(workdir, tmp_pa
     for path, before in kept.items():
         assert after[path] == before
     assert our_mounts(workdir) == []
+
+
+ADAPTIVE_RUN = """\
+run: e2e-adapt
+adaptive:
+  enabled: true
+  pilot_pairs: 2
+  max_pairs: 4
+  target_half_width_pct: 0.5
+"""
+
+
+def test_an_adaptive_run_measures_the_pilot_then_tops_cells_up_to_their_targets(workdir):
+    """Two stages on real stacks: the pilot's pairs, targets from the pilot, each cell topped up;
+    the loss table reports each cell's pairs and which cells hit the cap (noisy)."""
+    (workdir / "adaptive.yaml").write_text(ADAPTIVE_RUN)
+    host = socket.gethostname().split(".")[0]
+    target = "data/processed/e2e-adapt/loss.parquet"
+    result = snakemake(workdir, target, configfiles=("small.yaml", "adaptive.yaml"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    host_dir = workdir / "data" / "raw" / "e2e-adapt" / host
+    doc = json.loads((host_dir / "fio" / "targets.json").read_text())
+    pairs = doc["pairs"]
+    assert set(pairs) == {"randread-4k-qd4", "write-4k-qd4"}
+    assert all(2 <= n <= 4 for n in pairs.values())
+    assert doc["noisy"] == [w for w, c in doc["cells"].items() if c["capped"]]
+    pilot = json.loads((host_dir / "fio" / "pilot-manifest.json").read_text())
+    assert {r["rep"] for r in pilot["runs"]} == {1, 2}
+    manifest = json.loads((host_dir / "fio" / "manifest.json").read_text())
+    assert manifest["cell_repetitions"] == pairs and manifest["complete"]
+    for w, n in pairs.items():
+        for stack in ("plain", "luks"):
+            reps = sorted(p.name for p in (host_dir / "fio" / stack / w).glob("rep?.json"))
+            assert reps == [f"rep{k}.json" for k in range(1, n + 1)], (stack, w)
+    import pandas as pd
+
+    loss = pd.read_parquet(workdir / "data" / "processed" / "e2e-adapt" / "loss.parquet")
+    for w, n in pairs.items():
+        rows = loss[loss["workload"] == w]
+        assert (rows["n"] == n).all() and (rows["target_pairs"] == n).all()
+        assert (rows["noisy"] == (w in doc["noisy"])).all()
+    assert our_mounts(workdir) == []
+    assert our_processes(workdir) == []

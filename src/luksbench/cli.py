@@ -52,16 +52,31 @@ def _cmd_parse_cryptsetup(args: argparse.Namespace) -> int:
 
 
 def _cmd_loss(args: argparse.Namespace) -> int:
+    from luksbench.ingest import IngestError
     from luksbench.stats import LOSS_COLUMNS, loss_table_from_raw
 
-    table = loss_table_from_raw(
-        Path(args.raw_dir),
-        baseline=args.baseline,
-        variant=args.variant,
-        metrics=args.metric or None,
-        confidence=args.confidence,
-    )
+    try:
+        table = loss_table_from_raw(
+            Path(args.raw_dir),
+            baseline=args.baseline,
+            variant=args.variant,
+            metrics=args.metric or None,
+            confidence=args.confidence,
+            equivalence_margin_pct=args.equivalence_margin,
+            exclude_outliers=args.exclude_outliers,
+        )
+    except (IngestError, FileNotFoundError, ValueError) as exc:
+        print(f"luksbench loss: {exc}", file=sys.stderr)
+        return 1
     table.to_csv(sys.stdout, index=False, columns=LOSS_COLUMNS)
+    counts = table["verdict"].value_counts()
+    summary = ", ".join(f"{counts[v]} {v}" for v in counts.index)
+    noisy = int(table["noisy"].sum())
+    print(
+        f"luksbench loss: {len(table)} rows (cell x metric): {summary}"
+        + (f"; {noisy} noisy (adaptive cap)" if noisy else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -83,9 +98,24 @@ def build_parser() -> argparse.ArgumentParser:
     loss.add_argument("--baseline", default="plain")
     loss.add_argument("--variant", default="luks")
     loss.add_argument(
-        "--metric", action="append", help="bw_bytes, iops, clat_p99_ns ... (repeatable)"
+        "--metric",
+        action="append",
+        help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, sys_cpu_s_per_gib ... "
+        "(repeatable; default: those six)",
     )
     loss.add_argument("--confidence", type=float, default=0.95)
+    loss.add_argument(
+        "--equivalence-margin",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="equivalence margin in percentage points (default 2)",
+    )
+    loss.add_argument(
+        "--exclude-outliers",
+        action="store_true",
+        help="leave flagged pairs out of the estimates (they are always counted in n_outliers)",
+    )
     loss.set_defaults(func=_cmd_loss)
 
     from luksbench.testbox.cli import add_testbox_commands

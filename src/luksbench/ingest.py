@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
+from luksbench.adaptive import read_targets
 from luksbench.layout import LayoutError, cpu_rep_path, iter_rep_files, parse_rep_path
 
 GIB = 2**30
@@ -36,6 +38,9 @@ FIO_DERIVED_COLUMNS = [
     "cpu_interval_s",
     "busy_cpu_s_per_gib",
     "sys_cpu_s_per_gib",
+    # adaptive design (<host>/fio/targets.json); NaN / missing for a fixed design
+    "target_pairs",
+    "hit_cap",
 ]
 
 ENV_COLUMNS = [
@@ -66,7 +71,13 @@ STACKS_COLUMNS = [
     "description_json",
 ]
 
-PROCESSED_FILES = ("fio.parquet", "cryptsetup.parquet", "env.parquet", "stacks.parquet")
+PROCESSED_FILES = (
+    "fio.parquet",
+    "cryptsetup.parquet",
+    "env.parquet",
+    "stacks.parquet",
+    "problems.parquet",
+)
 
 
 class IngestError(ValueError):
@@ -218,7 +229,16 @@ def fio_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     run = run_name(raw_dir)
     columns = fio_columns()
     problems: list[tuple[Path, str]] = []
+    notes: list[tuple[Path, str]] = []  # used, but worth a look (e.g. several JSON documents)
     records: list[dict] = []
+    targets: dict[str, dict] = {}
+    for hdir in host_dirs(raw_dir):
+        tpath = hdir / "fio" / "targets.json"
+        if tpath.exists():
+            try:
+                targets[hdir.name] = read_targets(tpath)
+            except ValueError as exc:
+                problems.append((tpath, str(exc)))
 
     for path in _stray_fio_files(raw_dir):
         problems.append(
@@ -232,7 +252,9 @@ def fio_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             problems.append((path, str(exc)))
             continue
         try:
-            rows = parse_fio_file(path)
+            rows = parse_fio_file(
+                path, warn=lambda message, path=path: notes.append((path, message))
+            )
         except FioParseError as exc:
             problems.append((path, str(exc)))
             continue
@@ -253,6 +275,7 @@ def fio_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                 continue
         file_gib = sum(float(r.get("io_bytes") or 0) for r in rows) / GIB
         slots = _job_slots(rows)
+        target, hit_cap = targets.get(rep.host, {}).get(rep.workload.id, (None, None))
         for r in rows:
             rec = {"fio_hostname" if k == "host" else k: v for k, v in r.items()}
             rec.update(
@@ -268,6 +291,7 @@ def fio_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             )
             rec["busy_cpu_s_per_gib"] = cpu["busy_cpu_s"] / file_gib if file_gib > 0 else math.nan
             rec["sys_cpu_s_per_gib"] = cpu["sys_cpu_s"] / file_gib if file_gib > 0 else math.nan
+            rec["target_pairs"], rec["hit_cap"] = target, hit_cap
             records.append(rec)
 
     if problems and strict:
@@ -276,6 +300,7 @@ def fio_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     df = pd.DataFrame.from_records(records, columns=columns + extra)
     df = _fio_dtypes(df)
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
+    df.attrs["notes"] = [(str(p), why) for p, why in notes]
     return df
 
 
@@ -304,7 +329,7 @@ def _fio_dtypes(df: pd.DataFrame) -> pd.DataFrame:
         "file",
         "bs",
     )
-    return _typed(df, text_cols=text)
+    return _typed(df, text_cols=text, bool_cols=("hit_cap",))
 
 
 def _typed(df: pd.DataFrame, text_cols=(), bool_cols=()) -> pd.DataFrame:
@@ -481,6 +506,7 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             df[col] = df[col].astype("Int64")
         else:
             df[col] = df[col].astype("string")
+    df.attrs["problems"] = [(str(p), why) for p, why in problems]
     return df
 
 
@@ -522,42 +548,61 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     df = pd.DataFrame.from_records(records, columns=STACKS_COLUMNS)
     for col in STACKS_COLUMNS:
         df[col] = df[col].astype("Int64" if col == "key_bits" else "string")
+    df.attrs["problems"] = [(str(p), why) for p, why in problems]
     return df
 
 
 # ------------------------------------------------------------------------------------- processed
 
 
-def ingest_run(raw_dir: Path) -> dict[str, pd.DataFrame]:
-    """All tables of one run folder: {"fio", "cryptsetup", "env", "stacks"}; one error for all bad files."""
+PROBLEMS_COLUMNS = ["file", "severity", "reason"]
+
+
+def ingest_run(raw_dir: Path, strict: bool = False) -> dict[str, pd.DataFrame]:
+    """All tables of one run folder: {"fio", "cryptsetup", "env", "stacks", "problems"}.
+
+    A bad raw file (truncated, empty, text only, not fio output, NaN or negative values, a failed
+    fio job, in the wrong place) is left out and listed in the "problems" table with the reason
+    (severity "excluded"); files used with a caveat (several JSON documents: the last counts) are
+    listed as "note". With ``strict`` any excluded file raises one :class:`IngestError` naming
+    every bad file instead. Nothing bad becomes a value in a table.
+    """
     raw_dir = Path(raw_dir)
-    tables, problems = {}, []
+    tables, problems, notes = {}, [], []
     for name, func in (
         ("fio", fio_table),
         ("cryptsetup", cryptsetup_table),
         ("env", env_table),
         ("stacks", stacks_table),
     ):
-        try:
-            tables[name] = func(raw_dir)
-        except IngestError as exc:
-            problems += exc.problems
-    if problems:
-        raise IngestError(raw_dir, problems)
+        table = func(raw_dir, strict=False)
+        problems += table.attrs.get("problems", [])
+        notes += table.attrs.get("notes", [])
+        tables[name] = table
+    if problems and strict:
+        raise IngestError(raw_dir, [(Path(p), why) for p, why in problems])
+    records = [(p, "excluded", why) for p, why in problems] + [(p, "note", why) for p, why in notes]
+    tables["problems"] = pd.DataFrame.from_records(
+        [(_relative(Path(p), raw_dir), sev, why) for p, sev, why in records],
+        columns=PROBLEMS_COLUMNS,
+    ).astype("string")
     return tables
 
 
-def write_processed(raw_dir: Path, processed_dir: Path) -> dict[str, Path]:
-    """Ingest ``raw_dir`` and write ``<processed_dir>/{fio,cryptsetup,env,stacks}.parquet``.
+def write_processed(raw_dir: Path, processed_dir: Path, strict: bool = False) -> dict[str, Path]:
+    """Ingest ``raw_dir`` and write ``<processed_dir>/{fio,cryptsetup,env,stacks,problems}.parquet``.
 
-    Returns {table name: path}. Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only).
+    Returns {table name: path}. Every excluded file and every note is also printed on stderr,
+    naming the file and why. Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only).
     """
     raw_dir, processed_dir = Path(raw_dir).resolve(), Path(processed_dir).resolve()
     if processed_dir == raw_dir or raw_dir in processed_dir.parents:
         raise ValueError(
             f"processed_dir {processed_dir} is inside raw_dir {raw_dir}: raw is read-only"
         )
-    tables = ingest_run(raw_dir)
+    tables = ingest_run(raw_dir, strict=strict)
+    for row in tables["problems"].itertuples():
+        print(f"ingest: {row.severity}: {raw_dir / row.file}: {row.reason}", file=sys.stderr)
     processed_dir.mkdir(parents=True, exist_ok=True)
     out = {}
     for name, df in tables.items():
@@ -573,7 +618,7 @@ def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:
     """The parquet files written by :func:`write_processed` (plus loss.parquet when present)."""
     processed_dir = Path(processed_dir)
     out = {}
-    for name in ("fio", "cryptsetup", "env", "stacks", "loss"):
+    for name in ("fio", "cryptsetup", "env", "stacks", "problems", "loss"):
         path = processed_dir / f"{name}.parquet"
         if path.exists():
             out[name] = pd.read_parquet(path)

@@ -3,9 +3,18 @@
 ``throughput_figure``  SCS-style grouped bars for one rw pattern: block size on x, one bar per stack,
                        log-scale y, mean over repetitions with a t-interval, one panel per iodepth.
 ``loss_figure``        loss / increase in % per cell with its confidence interval, one panel per metric.
+``loss_heatmap``       block size x rw per stack and iodepth, annotated with loss [CI] and verdict.
+``latency_figure``     completion-latency percentile curves from the json+ histograms, per stack.
+``cpu_figure``         CPU seconds per GiB by block size, per stack (rw x iodepth panels).
+``cipher_figure``      ``cryptsetup benchmark`` cipher throughput bars.
+``ceiling_figure``     measured encrypted bandwidth under the crypto ceiling (cipher speed x CPUs),
+                       or, when the cipher benchmark is unavailable, the reason written on the figure.
 ``save_figure``        PNG (provenance as text chunks) + SVG (provenance in the metadata), both
                        free of timestamps so re-renders are byte-stable.
 ``make_figures``       all of the above for one processed run folder.
+
+Every figure carries its provenance: run, figure name, drawing function, SHA-256 of the input
+tables, git commit, config hash (of the plan in env.json), fio and cryptsetup versions, notebook.
 """
 
 from __future__ import annotations
@@ -40,7 +49,12 @@ METRIC_LABELS = {
     "busy_cpu_s_per_gib": ("CPU time per GiB", "CPU s/GiB", 1),
     "sys_cpu_s_per_gib": ("system CPU time per GiB", "CPU s/GiB", 1),
 }
-VERDICT_COLORS = {"significant": "#c0392b", "inconclusive": "#7f8c8d", "insufficient": "#bdc3c7"}
+VERDICT_COLORS = {
+    "significant": "#c0392b",
+    "equivalent": "#27ae60",
+    "inconclusive": "#7f8c8d",
+    "insufficient": "#bdc3c7",
+}
 STYLE = {"style": "whitegrid", "context": "paper", "palette": "colorblind", "font_scale": 1.1}
 DPI = 150
 
@@ -207,12 +221,20 @@ def throughput_figure(
         ax.set_title(f"iodepth {qd}")
         ax.set_xlabel("block size")
     axes[0][0].set_ylabel(metric_label(metric))
+    # an interval reaching 0 or below cannot be drawn on a log axis: let it run off the bottom
+    # (clipped) instead of stretching the axis over decades no bar reaches
+    smallest = float(np.nanmin(summ["mean"].to_numpy(float))) / scale
+    if np.isfinite(smallest) and smallest > 0:
+        axes[0][0].set_ylim(bottom=smallest / 4)
     n_reps = int(summ["n"].max())
     fig.suptitle(
-        f"{rw}: {metric_label(metric).split(' (')[0]} (mean of {n_reps} reps, {confidence:.0%} CI)"
+        f"{rw}: {metric_label(metric).split(' (')[0]}\n"
+        f"mean of {n_reps} repetitions, {confidence:.0%} CI",
+        fontsize="medium",
     )
+    # legend below the panels: never collides with the title, however narrow the figure is
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, title="stack", loc="outside right center")
+    fig.legend(handles, labels, title="stack", loc="outside lower center", ncols=len(stacks))
     return fig
 
 
@@ -288,6 +310,441 @@ def loss_figure(
     return fig
 
 
+# ---------------------------------------------------------------------------------------- heatmap
+
+#: metrics that get a heatmap (IOPS repeats bandwidth at a fixed block size; every metric is in
+#: the loss chart and the paper's tables)
+HEATMAP_METRICS = ("bw_bytes", "clat_p99_ns")
+#: the SCS post's order of access patterns
+RW_ORDER = ("read", "write", "randread", "randwrite", "rw", "readwrite", "randrw")
+VERDICT_MARKS = {
+    "significant": "●",
+    "equivalent": "≈",
+    "inconclusive": "○",
+    "insufficient": "\u2013",
+}
+
+
+def _row_label(row, multi_job: bool) -> str:
+    label = str(row["rw"])
+    if row["rw"] in ("rw", "readwrite", "randrw", "trimwrite", "randtrimwrite"):
+        label += f" {row['direction']}"
+    if multi_job:
+        label += f" #{int(row['job_slot'])}"
+    return label
+
+
+def loss_heatmap(
+    losses: pd.DataFrame, metric: str = "bw_bytes", host: str | None = None
+) -> matplotlib.figure.Figure:
+    """Block size (x) x rw pattern (y), one panel per variant stack (rows) and iodepth (columns);
+    colour = effect in %, each cell annotated with effect, interval and a verdict mark."""
+    house_style()
+    df = losses[losses["metric"] == metric]
+    if host is not None:
+        df = df[df["host"] == host]
+    if df.empty:
+        raise ValueError(f"no {metric} rows to draw")
+    multi_job = df.groupby(["host", "workload"])["job_slot"].nunique().max() > 1
+    df = df.assign(row=df.apply(lambda r: _row_label(r, multi_job), axis=1))
+    variants = list(dict.fromkeys(df["variant"]))
+    depths = sorted(df["iodepth"].unique())
+    bss = sorted(df["bs_bytes"].unique())
+    order = {rw: i for i, rw in enumerate(RW_ORDER)}
+    df = df.assign(_o=df["rw"].map(lambda r: order.get(r, len(order))))
+    rows = list(dict.fromkeys(df.sort_values(["_o", "rw", "direction", "job_slot"])["row"]))
+    lim = float(np.nanmax(np.abs(df["effect_pct"].to_numpy(float)))) if len(df) else 1.0
+    lim = min(max(lim, 1.0), 100.0) if df["higher_is_better"].all() else max(lim, 1.0)
+    cmap = sns.color_palette("vlag", as_cmap=True)
+    fig, axes = plt.subplots(
+        len(variants),
+        len(depths),
+        figsize=(1.0 + 1.9 * len(bss) * len(depths), 0.8 + 0.75 * len(rows) * len(variants) + 1),
+        squeeze=False,
+        layout="constrained",
+    )
+    kind = str(df["effect"].iloc[0])
+    mesh = None
+    for i, var in enumerate(variants):
+        for j, qd in enumerate(depths):
+            ax = axes[i][j]
+            sub = df[(df["variant"] == var) & (df["iodepth"] == qd)].set_index(["row", "bs_bytes"])
+            grid = np.full((len(rows), len(bss)), np.nan)
+            for a, r in enumerate(rows):
+                for b, bs in enumerate(bss):
+                    if (r, bs) in sub.index:
+                        cell = sub.loc[(r, bs)]
+                        cell = cell.iloc[0] if isinstance(cell, pd.DataFrame) else cell
+                        grid[a, b] = cell["effect_pct"]
+                        text = (
+                            f"{_fmt_pct(cell['effect_pct'])} "
+                            f"{VERDICT_MARKS.get(cell['verdict'], '?')}\n"
+                            f"[{_fmt_num(cell['ci_low'])}, {_fmt_num(cell['ci_high'])}]"
+                        )
+                        dark = abs(cell["effect_pct"]) > 0.6 * lim
+                        ax.text(
+                            b,
+                            a,
+                            text,
+                            ha="center",
+                            va="center",
+                            fontsize="small",
+                            color="white" if dark else "black",
+                        )
+                    else:
+                        ax.text(b, a, "not measured", ha="center", va="center", fontsize="x-small")
+            mesh = ax.imshow(grid, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
+            ax.set_xticks(range(len(bss)), [bs_label(int(b)) for b in bss])
+            ax.set_yticks(range(len(rows)), rows)
+            ax.grid(False)
+            ax.set_title(f"{var} vs {df['baseline'].iloc[0]}, iodepth {qd}", fontsize="medium")
+            ax.set_xlabel("block size")
+    conf = float(df["confidence"].iloc[0])
+    fig.suptitle(
+        f"{(host + ': ') if host else ''}{metric_label(metric).split(' (')[0]} {kind} in % "
+        f"[{conf:.0%} CI]\n● significant  ≈ equivalent  ○ inconclusive  \u2013 fewer than two pairs",
+        fontsize="medium",
+    )
+    if mesh is not None:
+        fig.colorbar(mesh, ax=axes, label=f"{kind} (%)", shrink=0.8)
+    return fig
+
+
+def _fmt_num(x, decimals: int = 1) -> str:
+    if x is None or not np.isfinite(float(x)):
+        return "n/a"
+    return f"{float(x):,.{decimals}f}"
+
+
+def _fmt_pct(x) -> str:
+    return "n/a" if x is None or not np.isfinite(float(x)) else f"{float(x):.1f} %"
+
+
+# ---------------------------------------------------------------------------------------- latency
+
+_NINES = [0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999]
+
+
+def percentile_curve(hist: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(x, latency_ns) of a histogram (columns ns, count): x = -log10(1 - p) at each bin's
+    mid-rank, so p50, p90, p99 ... are evenly spaced."""
+    h = hist.groupby("ns", sort=True)["count"].sum()
+    counts = h.to_numpy(float)
+    total = counts.sum()
+    if total <= 0:
+        return np.array([]), np.array([])
+    p = (np.cumsum(counts) - counts / 2) / total
+    return -np.log10(1 - p), h.index.to_numpy(float)
+
+
+def latency_figure(
+    lat: pd.DataFrame, rw: str, stacks: Iterable[str] | None = None, host: str | None = None
+) -> matplotlib.figure.Figure:
+    """Completion-latency percentile curves for one rw pattern: rows = block size, columns =
+    iodepth; per stack one thick curve pooled over repetitions and a thin one per repetition."""
+    house_style()
+    df = lat[lat["rw"] == rw]
+    if host is not None:
+        df = df[df["host"] == host]
+    if df.empty:
+        raise ValueError(f"no {rw} latency histograms to plot")
+    stacks = list(stacks) if stacks is not None else sorted(df["stack"].unique())
+    stacks = [s for s in stacks if s in set(df["stack"])]
+    colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
+    bss = sorted(df["bs_bytes"].unique())
+    depths = sorted(df["iodepth"].unique())
+    directions = sorted(df["direction"].unique())
+    styles = dict(zip(directions, ["-", "--", ":"], strict=False))
+    fig, axes = plt.subplots(
+        len(bss),
+        len(depths),
+        figsize=(1.2 + 3.4 * len(depths), 1.2 + 2.6 * len(bss)),
+        squeeze=False,
+        sharex=True,
+        layout="constrained",
+    )
+    max_x = 0.0
+    for i, bs in enumerate(bss):
+        for j, qd in enumerate(depths):
+            ax = axes[i][j]
+            cell = df[(df["bs_bytes"] == bs) & (df["iodepth"] == qd)]
+            for stack in stacks:
+                for direction in directions:
+                    one = cell[(cell["stack"] == stack) & (cell["direction"] == direction)]
+                    if one.empty:
+                        continue
+                    for _, rep in one.groupby(["rep", "job_slot"]):
+                        x, y = percentile_curve(rep)
+                        ax.plot(x, y / 1e6, color=colors[stack], alpha=0.35, linewidth=0.7)
+                    x, y = percentile_curve(one)
+                    max_x = max(max_x, float(x.max()) if len(x) else 0.0)
+                    label = stack if len(directions) == 1 else f"{stack} {direction}"
+                    ax.plot(
+                        x,
+                        y / 1e6,
+                        color=colors[stack],
+                        linestyle=styles[direction],
+                        linewidth=1.8,
+                        label=label,
+                    )
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(_plain_log_formatter)
+            ax.yaxis.set_minor_formatter(_plain_log_formatter)
+            ax.set_title(f"bs {bs_label(int(bs))}, iodepth {qd}", fontsize="medium")
+            if j == 0:
+                ax.set_ylabel("completion latency (ms)")
+            if i == len(bss) - 1:
+                ax.set_xlabel("percentile")
+    ticks = [t for t in _NINES if -math.log10(1 - t) <= max_x + 0.5] or _NINES[:3]
+    for ax in axes.flat:
+        ax.set_xticks(
+            [-math.log10(1 - t) for t in ticks], [f"p{100 * t:g}" for t in ticks], rotation=30
+        )
+    fig.suptitle(
+        f"{(host + ': ') if host else ''}{rw}: completion-latency percentiles (json+ histograms)\n"
+        "thick: all repetitions pooled; thin: one repetition",
+        fontsize="medium",
+    )
+    handles = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), title="stack", loc="outside lower center", ncols=4)
+    return fig
+
+
+# -------------------------------------------------------------------------------------------- cpu
+
+
+def cpu_figure(
+    fio: pd.DataFrame,
+    metric: str = "busy_cpu_s_per_gib",
+    stacks: Iterable[str] | None = None,
+    confidence: float = 0.95,
+    host: str | None = None,
+) -> matplotlib.figure.Figure:
+    """CPU seconds per GiB moved, by block size (x), one bar per stack with its t-interval;
+    rows = iodepth, columns = rw pattern; log y."""
+    house_style()
+    df = fio if host is None else fio[fio["host"] == host]
+    summ = rep_summary(df, metric, confidence)
+    summ = summ[np.isfinite(summ["mean"].astype(float))]
+    if summ.empty:
+        raise ValueError(f"no {metric} values (no CPU sidecars?)")
+    stacks = list(stacks) if stacks is not None else sorted(summ["stack"].unique())
+    stacks = [s for s in stacks if s in set(summ["stack"])]
+    colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
+    rws = sorted(summ["rw"].unique())
+    depths = sorted(summ["iodepth"].unique())
+    fig, axes = plt.subplots(
+        len(depths),
+        len(rws),
+        figsize=(1.2 + 2.6 * len(rws), 1.4 + 2.6 * len(depths)),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+    )
+    width = 0.8 / max(1, len(stacks))
+    for i, qd in enumerate(depths):
+        for j, rw in enumerate(rws):
+            ax = axes[i][j]
+            sub = summ[(summ["iodepth"] == qd) & (summ["rw"] == rw)]
+            sub = sub.assign(group=sub["bs_bytes"].map(bs_label))
+            if sub["direction"].nunique() > 1:
+                sub["group"] = sub["group"] + " " + sub["direction"]
+            order = sub.sort_values(["bs_bytes", "group"])["group"].drop_duplicates().tolist()
+            x = np.arange(len(order))
+            for k, stack in enumerate(stacks):
+                s = (
+                    sub[sub["stack"] == stack]
+                    .groupby("group")[["mean", "ci_half"]]
+                    .mean()
+                    .reindex(order)
+                )
+                mean = s["mean"].to_numpy(float)
+                half = s["ci_half"].to_numpy(float)
+                lower = np.where(np.isfinite(half), np.minimum(half, mean * 0.999), 0)
+                upper = np.where(np.isfinite(half), half, 0)
+                ax.bar(
+                    x + (k - (len(stacks) - 1) / 2) * width,
+                    mean,
+                    width,
+                    yerr=[lower, upper],
+                    capsize=3,
+                    color=colors[stack],
+                    label=stack,
+                    error_kw={"elinewidth": 1, "ecolor": "black"},
+                )
+            ax.set_xticks(x, order)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(_plain_log_formatter)
+            ax.yaxis.set_minor_formatter(_plain_log_formatter)
+            ax.set_title(f"{rw}, iodepth {qd}", fontsize="medium")
+            if i == len(depths) - 1:
+                ax.set_xlabel("block size")
+        axes[i][0].set_ylabel(metric_label(metric))
+    what = {
+        "busy_cpu_s_per_gib": "all non-idle CPU time (user + system + irq …)",
+        "sys_cpu_s_per_gib": "system (kernel) CPU time",
+    }.get(metric, metric)
+    fig.suptitle(
+        f"{(host + ': ') if host else ''}CPU cost per GiB moved: {what}\n"
+        f"whole machine, /proc/stat; mean over repetitions, {confidence:.0%} CI",
+        fontsize="medium",
+    )
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="stack", loc="outside lower center", ncols=len(stacks))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- ciphers
+
+
+def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
+    """``cryptsetup benchmark`` cipher rows: encryption and decryption MiB/s per cipher and key
+    size (one panel per host); raises ValueError when no cipher row is available."""
+    house_style()
+    cs = cryptsetup[
+        (cryptsetup["kind"] == "cipher") & cryptsetup["available"].fillna(False).astype(bool)
+    ]
+    if cs.empty:
+        raise ValueError("no cipher benchmark rows")
+    hosts = sorted(cs["host"].unique())
+    n = cs.groupby("host").size().max()
+    fig, axes = plt.subplots(
+        1,
+        len(hosts),
+        figsize=(1.5 + 4.5 * len(hosts), 1.4 + 0.32 * n * 2),
+        squeeze=False,
+        sharex=True,
+        layout="constrained",
+    )
+    palette = sns.color_palette(n_colors=2)
+    for ax, host in zip(axes[0], hosts, strict=True):
+        sub = cs[cs["host"] == host].reset_index(drop=True)
+        labels = [f"{a} {int(k)}b" for a, k in zip(sub["algorithm"], sub["key_bits"], strict=True)]
+        y = np.arange(len(sub))
+        ax.barh(y - 0.2, sub["encryption_mib_s"], 0.4, label="encryption", color=palette[0])
+        ax.barh(y + 0.2, sub["decryption_mib_s"], 0.4, label="decryption", color=palette[1])
+        ax.set_yticks(y, labels)
+        ax.set_ylim(len(sub) - 0.5, -0.5)
+        ax.set_xlabel("MiB/s (one core, memory only)")
+        ax.set_title(host, fontsize="medium")
+    fig.suptitle("cryptsetup benchmark: cipher throughput", fontsize="medium")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=2)
+    return fig
+
+
+def ceiling_figure(
+    fio: pd.DataFrame,
+    ceilings: list[dict],
+    confidence: float = 0.95,
+    host: str | None = None,
+) -> matplotlib.figure.Figure:
+    """Measured bandwidth of each LUKS stack per cell (bars, t-interval) under the crypto ceiling
+    (decryption x CPUs for reads, encryption x CPUs for writes). Where the cipher benchmark is
+    missing, the figure says why instead of drawing a line: no number is invented."""
+    house_style()
+    ceilings = [c for c in ceilings if host is None or c["host"] == host]
+    luks = [c["stack"] for c in ceilings]
+    df = fio if host is None else fio[fio["host"] == host]
+    df = df[df["stack"].isin(luks)]
+    summ = rep_summary(df, "bw_bytes", confidence)
+    if summ.empty:
+        raise ValueError("no LUKS stack bandwidth to draw")
+    summ = summ.sort_values(["rw", "bs_bytes", "iodepth", "direction"])
+    summ["cell"] = summ.apply(
+        lambda r: (
+            f"{r['rw']} {bs_label(int(r['bs_bytes']))} qd{int(r['iodepth'])}"
+            + (f" {r['direction']}" if r["rw"] in ("rw", "readwrite", "randrw") else "")
+        ),
+        axis=1,
+    )
+    cells = list(dict.fromkeys(summ["cell"]))
+    stacks = list(dict.fromkeys(summ["stack"]))
+    colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks) + 1)[1:], strict=True))
+    fig, ax = plt.subplots(figsize=(max(8.0, 2.0 + 0.55 * len(cells)), 4.6), layout="constrained")
+    width = 0.8 / max(1, len(stacks))
+    x = {c: i for i, c in enumerate(cells)}
+    for k, stack in enumerate(stacks):
+        s = summ[summ["stack"] == stack]
+        xs = s["cell"].map(x).to_numpy(float) + (k - (len(stacks) - 1) / 2) * width
+        mean = s["mean"].to_numpy(float) / 2**20
+        half = s["ci_half"].to_numpy(float) / 2**20
+        lower = np.where(np.isfinite(half), np.minimum(half, mean * 0.999), 0)
+        upper = np.where(np.isfinite(half), half, 0)
+        ax.bar(
+            xs,
+            mean,
+            width,
+            yerr=[lower, upper],
+            capsize=2,
+            color=colors[stack],
+            label=f"{stack} measured",
+            error_kw={"elinewidth": 1, "ecolor": "black"},
+        )
+        c = next(c for c in ceilings if c["stack"] == stack)
+        if c["reason"] is None:
+            for _, r in s.iterrows():
+                ceiling = (
+                    c["write_ceiling_mib_s"]
+                    if r["direction"] == "write"
+                    else c["read_ceiling_mib_s"]
+                )
+                xc = x[r["cell"]] + (k - (len(stacks) - 1) / 2) * width
+                ax.hlines(
+                    ceiling,
+                    xc - width / 2,
+                    xc + width / 2,
+                    colors="black",
+                    linewidth=2,
+                    label="crypto ceiling (cipher \u00d7 CPUs)",
+                )
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(_plain_log_formatter)
+    ax.yaxis.set_minor_formatter(_plain_log_formatter)
+    ax.set_xticks(range(len(cells)), cells, rotation=45, ha="right")
+    ax.set_ylabel("bandwidth (MiB/s)")
+    notes = [f"{c['stack']}: no ceiling, {c['reason']}" for c in ceilings if c["reason"]]
+    known = [
+        f"{c['stack']}: {c['algorithm']} {c['key_bits']}-bit, {_fmt_num(c['dec_mib_s'])} MiB/s "
+        f"decryption / {_fmt_num(c['enc_mib_s'])} MiB/s encryption per core \u00d7 {c['cpus']} CPUs"
+        for c in ceilings
+        if c["reason"] is None
+    ]
+    if notes:
+        ax.text(
+            0.5,
+            0.97,
+            "\n".join(_wrap(n, 90) for n in notes),
+            transform=ax.transAxes,
+            ha="center",
+            va="top",
+            fontsize="small",
+            bbox={"boxstyle": "round", "facecolor": "#fdf2e9", "edgecolor": "#c0392b"},
+        )
+        ax.set_ylim(top=ax.get_ylim()[1] * 30)  # room for the note above the bars
+    fig.suptitle(
+        f"{(host + ': ') if host else ''}Encrypted bandwidth and the crypto ceiling\n"
+        + (
+            _wrap("; ".join(known), 110)
+            if known
+            else "cipher benchmark unavailable: no ceiling drawn"
+        ),
+        fontsize="medium",
+    )
+    handles = dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=3)
+    return fig
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
 # ----------------------------------------------------------------------------------------- driver
 
 
@@ -302,59 +759,120 @@ def make_figures(
     baseline: str = "plain",
     variant: str = "luks",
     confidence: float = 0.95,
+    raw_dir: Path | None = None,
+    notebook: str | None = None,
 ) -> dict[str, list[Path]]:
-    """All figures of one run: ``throughput-<rw>-<metric>`` (bw_bytes, iops) per rw pattern
-    (``throughput-<host>-<rw>-<metric>`` when the run has several hosts) and ``loss`` (from loss.parquet, or computed when it is absent). Returns {name: [png, svg]}."""
+    """All figures of one run. Returns {name: [png, svg]}.
+
+    Names (``<host>-`` after the kind when the run has several hosts):
+    ``throughput-<rw>-<metric>`` (bw_bytes, iops), ``loss``, ``heatmap-<metric>`` (bandwidth
+    and p99 latency), ``latency-<rw>`` (json+ histograms from ``raw_dir``; none without raw_dir or
+    histograms), ``cpu-<metric>`` (busy / system CPU s per GiB; none without CPU sidecars),
+    ``ciphers`` (only when cipher rows exist) and ``ceiling`` (always, per host: the ceiling or why
+    there is none). ``notebook`` names the notebook that made them, for the provenance.
+    """
+    from luksbench import report
+    from luksbench.ingest import read_processed
     from luksbench.stats import loss_table
 
     processed_dir, figures_dir = Path(processed_dir), Path(figures_dir)
-    fio_path = processed_dir / "fio.parquet"
-    fio = pd.read_parquet(fio_path)
-    loss_path = processed_dir / "loss.parquet"
-    loss = (
-        pd.read_parquet(loss_path)
-        if loss_path.exists()
-        else loss_table(fio, baseline, variant, confidence=confidence)
-    )
-    sources = {p.name: file_digest(p) for p in (fio_path, loss_path) if p.exists()}
-    stacks = [s for s in (baseline, variant) if s in set(fio["stack"])]
-    stacks += sorted(set(fio["stack"]) - set(stacks))
+    tables = read_processed(processed_dir)
+    fio = tables["fio"]
+    loss = tables.get("loss")
+    if loss is None:
+        loss = loss_table(fio, baseline, variant, confidence=confidence)
+    env = tables.get("env", pd.DataFrame(columns=["host", "env_json"]))
+    cryptsetup = tables.get("cryptsetup", pd.DataFrame())
+    stacks_tab = tables.get("stacks", pd.DataFrame(columns=["host", "stack", "kind"]))
+    sources = {
+        f"{name}.parquet": file_digest(processed_dir / f"{name}.parquet")
+        for name in ("fio", "loss", "env", "cryptsetup", "stacks")
+        if (processed_dir / f"{name}.parquet").exists()
+    }
+    facts = report.provenance_facts(env, notebook)
+    stacks = report.stack_order(fio["stack"].dropna().unique(), baseline, variant)
+    losses = report.variant_losses(fio, loss, baseline, variant, confidence=confidence)
     out: dict[str, list[Path]] = {}
     hosts = sorted(fio["host"].unique())
+    multi = len(hosts) > 1
+
+    def emit(name, fig, func, **params):
+        out[name] = save_figure(
+            fig, figures_dir / name, _provenance(run, name, func, sources, facts, **params)
+        )
+        plt.close(fig)
+
+    def named(kind, host, *rest):
+        return "-".join([kind, *([host] if multi else []), *[r for r in rest if r]])
+
+    lat = (
+        report.latency_table(fio, raw_dir)
+        if raw_dir is not None
+        else pd.DataFrame(columns=["host", "rw"])
+    )
+    ceilings = report.crypto_ceilings(cryptsetup, stacks_tab, env)
+    if not ceilings:  # stacks table missing: still say on a figure that there is no ceiling
+        ceilings = [
+            {"host": h, "stack": s, "reason": "the stacks table does not describe this stack"}
+            for h in hosts
+            for s in stacks
+            if s != baseline
+        ]
     for host in hosts:
         one = fio[fio["host"] == host]
+        prefix = f"{host}: " if multi else ""
         for rw in sorted(one["rw"].dropna().unique()):
             for metric in ("bw_bytes", "iops"):
-                # one host (the usual case): throughput-<rw>-<metric>; several: host in the name
-                name = figure_name(
-                    "throughput", (host + "-" if len(hosts) > 1 else "") + rw, metric
-                )
+                name = named("throughput", host, rw, metric)
                 fig = throughput_figure(one, rw, metric, stacks=stacks, confidence=confidence)
-                if len(hosts) > 1:
-                    fig.suptitle(f"{host}: {fig.get_suptitle()}")
-                out[name] = save_figure(
+                if multi:
+                    fig.suptitle(prefix + fig.get_suptitle(), fontsize="medium")
+                emit(
+                    name,
                     fig,
-                    figures_dir / name,
-                    _provenance(
-                        run,
-                        name,
-                        "luksbench.plots.throughput_figure",
-                        sources,
-                        host=host,
-                        rw=rw,
-                        metric=metric,
-                    ),
+                    "luksbench.plots.throughput_figure",
+                    host=host,
+                    rw=rw,
+                    metric=metric,
                 )
-                plt.close(fig)
-    fig = loss_figure(loss)
-    out["loss"] = save_figure(
-        fig, figures_dir / "loss", _provenance(run, "loss", "luksbench.plots.loss_figure", sources)
-    )
-    plt.close(fig)
+            lat_one = lat[(lat["host"] == host) & (lat["rw"] == rw)]
+            if len(lat_one):
+                fig = latency_figure(lat_one, rw, stacks=stacks, host=host if multi else None)
+                emit(named("latency", host, rw), fig, "luksbench.plots.latency_figure", rw=rw)
+        for metric in [m for m in HEATMAP_METRICS if m in set(losses["metric"])]:
+            fig = loss_heatmap(losses, metric, host=host)
+            if not multi:
+                fig.suptitle(fig.get_suptitle().removeprefix(f"{host}: "), fontsize="medium")
+            emit(named("heatmap", host, metric), fig, "luksbench.plots.loss_heatmap", metric=metric)
+        for metric in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib"):
+            if metric in one and pd.to_numeric(one[metric], errors="coerce").notna().any():
+                fig = cpu_figure(one, metric, stacks, confidence, host=host if multi else None)
+                emit(named("cpu", host, metric), fig, "luksbench.plots.cpu_figure", metric=metric)
+        host_ceilings = [c for c in ceilings if c["host"] == host]
+        if host_ceilings and one["stack"].isin([c["stack"] for c in host_ceilings]).any():
+            fig = ceiling_figure(one, host_ceilings, confidence, host=host if multi else None)
+            emit(
+                named("ceiling", host),
+                fig,
+                "luksbench.plots.ceiling_figure",
+                ceilings=[
+                    {k: c.get(k) for k in ("stack", "read_ceiling_mib_s", "write_ceiling_mib_s")}
+                    | {"unavailable": c.get("reason")}
+                    for c in host_ceilings
+                ],
+            )
+    if (
+        len(cryptsetup)
+        and (
+            (cryptsetup["kind"] == "cipher") & cryptsetup["available"].fillna(False).astype(bool)
+        ).any()
+    ):
+        emit("ciphers", cipher_figure(cryptsetup), "luksbench.plots.cipher_figure")
+    emit("loss", loss_figure(loss), "luksbench.plots.loss_figure")
     return out
 
 
-def _provenance(run: str, name: str, func: str, sources: dict, **params) -> dict:
+def _provenance(run: str, name: str, func: str, sources: dict, facts: dict, **params) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -367,6 +885,7 @@ def _provenance(run: str, name: str, func: str, sources: dict, **params) -> dict
         "figure": name,
         "made_by": func,
         "luksbench_version": pkg_version,
+        **facts,
         "sources_sha256": sources,
         **({"params": params} if params else {}),
     }

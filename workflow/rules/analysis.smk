@@ -4,6 +4,8 @@ Each rule lists the notebook and the package sources as inputs, so a change to e
 the executed notebooks are kept beside the processed data as a record of what ran.
 """
 
+import shlex
+
 # notebooks/ as working directory, like JupyterLab; cell output goes to the log.
 PAPERMILL_OPTIONS = "--cwd notebooks --kernel python3 --log-output --no-progress-bar"
 
@@ -22,11 +24,13 @@ rule ingest_raw:
         cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
         env=f"{PROCESSED}/{{run}}/env.parquet",
         stacks=f"{PROCESSED}/{{run}}/stacks.parquet",
+        problems=f"{PROCESSED}/{{run}}/problems.parquet",
         notebook=f"{PROCESSED}/{{run}}/notebooks/01-ingest.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,
         raw_dir=abs_raw_dir,
         processed_dir=abs_processed_dir,
+        strict=config["analysis"]["strict_ingest"],
     conda:
         "../../envs/luksbench.yaml"
     log:
@@ -34,7 +38,7 @@ rule ingest_raw:
     shell:
         "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p run {wildcards.run} -p raw_dir {params.raw_dir} -p processed_dir {params.processed_dir}"
-        " > {log} 2>&1"
+        " -p strict {params.strict} > {log} 2>&1"
 
 
 rule compute_loss:
@@ -52,6 +56,7 @@ rule compute_loss:
         baseline=config["baseline"],
         variant=config["analysis"]["variant"],
         confidence=config["analysis"]["confidence"],
+        margin=config["analysis"]["equivalence_margin_pct"],
         min_pairs=min_pairs,
     conda:
         "../../envs/luksbench.yaml"
@@ -61,21 +66,28 @@ rule compute_loss:
         "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p processed_dir {params.processed_dir}"
         " -p baseline {params.baseline} -p variant {params.variant}"
-        " -p confidence {params.confidence} -p min_pairs {params.min_pairs} > {log} 2>&1"
+        " -p confidence {params.confidence} -p equivalence_margin_pct {params.margin}"
+        " -p min_pairs {params.min_pairs} > {log} 2>&1"
 
 
 rule plot_figures:
-    """Seaborn figures (PNG + SVG with provenance metadata) from the processed tables."""
+    """Seaborn figures (PNG + SVG with provenance metadata) from the processed tables; latency
+    percentiles from the json+ histograms of the raw files."""
     input:
         notebook=f"{NOTEBOOKS}/03-figures.ipynb",
         fio=f"{PROCESSED}/{{run}}/fio.parquet",
         loss=f"{PROCESSED}/{{run}}/loss.parquet",
+        env=f"{PROCESSED}/{{run}}/env.parquet",
+        cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
+        stacks=f"{PROCESSED}/{{run}}/stacks.parquet",
+        manifests=fio_manifests,
         src=PACKAGE_SOURCES,
     output:
         figures=directory("figures/{run}"),
         notebook=f"{PROCESSED}/{{run}}/notebooks/03-figures.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,
+        raw_dir=abs_raw_dir,
         processed_dir=abs_processed_dir,
         figures_dir=abs_figures_dir,
         baseline=config["baseline"],
@@ -87,31 +99,39 @@ rule plot_figures:
         "logs/{run}/plot_figures.log",
     shell:
         "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
+        " -p run {wildcards.run} -p raw_dir {params.raw_dir}"
+        " -p processed_dir {params.processed_dir}"
         " -p figures_dir {params.figures_dir} -p baseline {params.baseline}"
         " -p variant {params.variant} -p confidence {params.confidence} > {log} 2>&1"
 
 
 rule render_paper:
-    """The paper / blog post, generated from the processed tables and figures only."""
+    """The paper / blog post (index.md with front matter + self-contained index.html), generated
+    from the processed tables, the figures and the transcribed published results only."""
     input:
         notebook=f"{NOTEBOOKS}/04-paper.ipynb",
         fio=f"{PROCESSED}/{{run}}/fio.parquet",
         loss=f"{PROCESSED}/{{run}}/loss.parquet",
         env=f"{PROCESSED}/{{run}}/env.parquet",
         cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
+        stacks=f"{PROCESSED}/{{run}}/stacks.parquet",
         figures="figures/{run}",
+        references=sorted(str(p) for p in Path("data/reference").glob("*.csv")),
         src=PACKAGE_SOURCES,
         templates=PACKAGE_TEMPLATES,
     output:
-        paper="paper/{run}.md",
-        html="paper/{run}.html",
+        paper="paper/{run}/index.md",
+        html="paper/{run}/index.html",
         notebook=f"{PROCESSED}/{{run}}/notebooks/04-paper.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
         figures_dir=abs_figures_dir,
-        paper_path=abs_paper_path,
+        paper_dir=lambda wildcards: abspath(f"paper/{wildcards.run}"),
+        reference_dir=abspath("data/reference"),
+        # -r: papermill takes the value as a raw string (an empty title stays a string)
+        title=lambda wildcards: shlex.quote(config["paper"]["title"]),
+        author=lambda wildcards: shlex.quote(config["paper"]["author"]),
     conda:
         "../../envs/luksbench.yaml"
     log:
@@ -119,4 +139,6 @@ rule render_paper:
     shell:
         "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
-        " -p figures_dir {params.figures_dir} -p paper_path {params.paper_path} > {log} 2>&1"
+        " -p figures_dir {params.figures_dir} -p paper_dir {params.paper_dir}"
+        " -p reference_dir {params.reference_dir}"
+        " -r title {params.title} -r author {params.author} > {log} 2>&1"

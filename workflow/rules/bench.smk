@@ -26,17 +26,79 @@ rule stack_up:
         " --describe {output.stacks} 2> {log}"
 
 
+rule run_pilot:
+    """Adaptive stage 1: run the pilot pairs (adaptive.pilot_pairs) of every cell on every stack."""
+    input:
+        plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
+        state=ancient(f"{SCRATCH}/{{run}}/{{host}}/state.json"),
+        stacks=ancient(f"{SCRATCH}/{{run}}/{{host}}/stacks.json"),
+    output:
+        manifest=f"{RAW}/{{run}}/{{host}}/fio/pilot-manifest.json",
+    params:
+        host_dir=measured_host_dir,
+    conda:
+        "../../envs/luksbench.yaml"
+    log:
+        "logs/{run}/{host}/run_pilot.log",
+    wildcard_constraints:
+        run=MEASURED_RUN,
+        host=MEASURED_HOST,
+    shell:
+        "luksbench testbox run-fio --plan {input.plan} --state {input.state}"
+        " --describe {input.stacks} --raw-host-dir {params.host_dir} --manifest {output.manifest}"
+        " 2>&1 | tee {log} >&2"
+
+
+rule plan_repetitions:
+    """Adaptive: per-cell pair targets from the pilot pairs alone (Stein's two-stage rule)."""
+    input:
+        pilot=f"{RAW}/{{run}}/{{host}}/fio/pilot-manifest.json",
+    output:
+        targets=f"{RAW}/{{run}}/{{host}}/fio/targets.json",
+    params:
+        raw_dir=abs_raw_dir,
+        baseline=config["baseline"],
+        variants=variant_stacks,
+        adaptive=ADAPTIVE,
+        confidence=config["analysis"]["confidence"],
+        cells=plan_cells,
+    log:
+        "logs/{run}/{host}/plan_repetitions.log",
+    wildcard_constraints:
+        run=MEASURED_RUN,
+        host=MEASURED_HOST,
+    run:
+        from luksbench.adaptive import write_targets
+
+        write_targets(
+            params.raw_dir,
+            wildcards.host,
+            output.targets,
+            baseline=params.baseline,
+            variants=params.variants,
+            adaptive=params.adaptive,
+            confidence=params.confidence,
+            cells=params.cells,
+            log=log[0],
+        )
+
+
 rule run_fio:
-    """Run every missing repetition of the matrix on every stack; existing raw files are kept."""
+    """Run every missing repetition of the matrix on every stack; existing raw files are kept.
+
+    With adaptive repetitions, each cell is topped up to its own target from the pilot.
+    """
     input:
         plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
         # Fresh stacks alone (e.g. after the scratch directory was cleaned) are no reason to measure.
         state=ancient(f"{SCRATCH}/{{run}}/{{host}}/state.json"),
         stacks=ancient(f"{SCRATCH}/{{run}}/{{host}}/stacks.json"),
+        targets=adaptive_targets,
     output:
         manifest=f"{RAW}/{{run}}/{{host}}/fio/manifest.json",
     params:
         host_dir=measured_host_dir,
+        targets=targets_option,
     conda:
         "../../envs/luksbench.yaml"
     log:
@@ -48,7 +110,7 @@ rule run_fio:
         # Progress goes to the terminal as well as the log: a default run takes minutes.
         "luksbench testbox run-fio --plan {input.plan} --state {input.state}"
         " --describe {input.stacks} --raw-host-dir {params.host_dir} --manifest {output.manifest}"
-        " 2>&1 | tee {log} >&2"
+        " {params.targets} 2>&1 | tee {log} >&2"
 
 
 rule stack_down:

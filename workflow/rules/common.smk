@@ -8,12 +8,16 @@ from pathlib import Path
 from snakemake.utils import min_version, validate
 
 from luksbench.testbox.plan import plan_from_config, write_plan
-from luksbench.testbox.preflight import check_tools
+from luksbench.testbox.preflight import check_scratch_space, check_tools
 
 min_version("8.0")
 
 
 validate(config, schema="../schemas/config.schema.yaml")
+
+# Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
+# when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
+shell.prefix(f'set -euo pipefail; export PATH="{Path(sys.executable).parent}:$PATH"; ')
 
 RUN = config["run"]
 # Short hostname: the raw layout's <host> level; config can name the box explicitly.
@@ -102,10 +106,6 @@ def abs_processed_dir(wildcards):
 
 def abs_figures_dir(wildcards):
     return abspath(f"figures/{wildcards.run}")
-
-
-def abs_paper_path(wildcards):
-    return abspath(f"paper/{wildcards.run}.md")
 
 
 def tear_down_after_failure():

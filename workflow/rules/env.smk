@@ -19,6 +19,7 @@ rule write_plan:
         host=MEASURED_HOST,
     run:
         check_tools(params.plan)
+        check_scratch_space(params.plan)
         write_plan(params.plan, output.plan, measured_env=params.measured_env, log=log[0])
 
 

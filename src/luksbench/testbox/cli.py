@@ -3,7 +3,7 @@
     luksbench testbox capture-env       --plan P --out env.json
     luksbench testbox benchmark-ciphers [--plan P] --out cryptsetup-benchmark.txt [--cipher C --key-size N]
     luksbench testbox stack-up          --plan P --state STATE.json --describe stacks.json
-    luksbench testbox run-fio           --plan P --state STATE.json --raw-host-dir data/raw/<run>/<host> --manifest M.json
+    luksbench testbox run-fio           --plan P --state STATE.json --raw-host-dir data/raw/<run>/<host> --manifest M.json [--targets T.json]
     luksbench testbox stack-down        [--plan P] --state STATE.json [--record teardown.json]
 
 Progress goes to stderr. Exit codes: 0 ok, 1 failure, 2 usage, 130/143 interrupted by
@@ -73,6 +73,7 @@ def _cmd_run_fio(args) -> int:
             Path(args.raw_host_dir),
             Path(args.manifest),
             Path(args.describe) if args.describe else None,
+            Path(args.targets) if args.targets else None,
         )
     except Interrupted as exc:
         return 130 if exc.signum == signal.SIGINT else 143
@@ -143,6 +144,10 @@ def add_testbox_commands(commands) -> None:
     p.add_argument("--raw-host-dir", required=True, help="data/raw/<run>/<host>")
     p.add_argument("--manifest", required=True, help="the schedule as run (JSON)")
     p.add_argument("--describe", help="stacks.json from stack-up, recorded with the run")
+    p.add_argument(
+        "--targets",
+        help="adaptive stage 2: targets.json (workload id -> pairs); each cell is topped up to its target",
+    )
     p.set_defaults(func=_run(_cmd_run_fio))
 
     p = sub.add_parser("stack-down", help="tear everything down and verify (idempotent)")

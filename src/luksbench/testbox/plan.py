@@ -26,6 +26,12 @@ Example (all keys are required; the workflow fills defaults)::
       "repetitions": 3,
       "seed": 20231124
     }
+
+Optional: ``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2,
+"max_pairs": 12, "metric": "bw_bytes"}`` (only when the config enables adaptive repetitions; then
+``repetitions`` is the pilot's n0 and the second stage gets per-cell targets from ``run-fio
+--targets``). It is a record of the design, not a measurement setting: changing it does not make
+a run's measurements incomparable.
 """
 
 from __future__ import annotations
@@ -82,6 +88,17 @@ def check_plan(plan: dict, source: str = "plan") -> None:
     for key in ("rw", "bs", "iodepth"):
         if not plan["matrix"].get(key):
             raise PlanError(f"{source}: matrix.{key} must be a non-empty list")
+    adaptive = plan.get("adaptive")
+    if adaptive is not None:
+        if not isinstance(adaptive, dict):
+            raise PlanError(f"{source}: adaptive must be an object")
+        n0, cap = int(adaptive.get("pilot_pairs", 4)), int(adaptive.get("max_pairs", 12))
+        if n0 < 2:
+            raise PlanError(f"{source}: adaptive.pilot_pairs must be >= 2, not {n0}")
+        if cap < n0:
+            raise PlanError(
+                f"{source}: adaptive.max_pairs ({cap}) must be >= adaptive.pilot_pairs ({n0})"
+            )
 
 
 def workloads(plan: dict) -> list[Workload]:
@@ -96,6 +113,8 @@ def workloads(plan: dict) -> list[Workload]:
 
 
 # Keys whose change makes new repetitions incomparable with the ones already measured in a run.
+# Not in here on purpose: repetitions, seed, matrix (extending a run) and adaptive (the design of
+# how many repetitions, not how each is measured).
 _MEASUREMENT_KEYS = ("backend", "device_size_mib", "precondition", "stacks", "fio")
 _STACK_DEFAULTS = {
     "luks": {
@@ -129,6 +148,11 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         "repetitions": config["repetitions"],
         "seed": config["seed"],
     }
+    adaptive = config.get("adaptive") or {}
+    if adaptive.get("enabled"):
+        # Stage 1 measures the pilot; stage 2 (run-fio --targets) tops each cell up to its target.
+        plan["repetitions"] = adaptive["pilot_pairs"]
+        plan["adaptive"] = dict(adaptive)
     check_plan(plan, source="config")
     return plan
 

@@ -7,7 +7,9 @@ Standard library only.
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 from luksbench.testbox.env import plan_needs_dm, resolve_backend
 
@@ -75,3 +77,27 @@ def check_tools(plan: dict, path: str | None = None) -> dict:
     if backend is None:
         raise MissingTools(f"no backend can build the stacks here: {resolution['reason']}")
     return resolution
+
+
+class NoSpace(RuntimeError):
+    """The scratch directory cannot hold the plan's backing files."""
+
+
+def scratch_space_needed(plan: dict) -> int:
+    """Bytes of backing files the plan creates (fully allocated, one per stack)."""
+    return len(plan["stacks"]) * plan["device_size_mib"] * 1024 * 1024
+
+
+def check_scratch_space(plan: dict) -> None:
+    """Refuse a plan whose backing files would not fit, naming the directory and the numbers."""
+    directory = Path(plan["scratch_dir"])
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    fs = os.statvfs(existing)
+    free = fs.f_bavail * fs.f_frsize
+    needed = scratch_space_needed(plan)
+    if free < needed:
+        raise NoSpace(
+            f"scratch_dir {directory} has {free // 2**20} MiB free, but {len(plan['stacks'])} "
+            f"stacks x device_size_mib {plan['device_size_mib']} need {needed // 2**20} MiB: "
+            "lower device_size_mib or point scratch_dir at a larger filesystem"
+        )

@@ -59,15 +59,45 @@ def stacks_for_round(stacks: list[str], round_no: int) -> list[str]:
     return list(stacks) if (round_no - 1) % 4 in (0, 3) else list(reversed(stacks))
 
 
-def schedule(plan: dict) -> list[dict]:
-    """The whole matrix in run order: one entry per fio run."""
+def load_targets(path: Path) -> dict[str, int]:
+    """Per-cell repetition targets (workload id -> pairs) from an adaptive targets file.
+
+    The file is written by the analysis side (``luksbench.adaptive``); only its ``pairs`` object is
+    read here. Raises TestboxError naming the file when it is malformed."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TestboxError(f"{path}: cannot read targets: {exc}") from exc
+    pairs = doc.get("pairs") if isinstance(doc, dict) else None
+    if not isinstance(pairs, dict):
+        raise TestboxError(f"{path}: 'pairs' must be an object (workload id -> pairs)")
+    for w, n in pairs.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise TestboxError(f"{path}: pairs of {w!r} must be a positive integer, not {n!r}")
+    return dict(pairs)
+
+
+def cell_repetitions(plan: dict, targets: dict[str, int] | None = None) -> dict[str, int]:
+    """Repetitions per cell: the plan's, or a cell's target when larger (adaptive stage 2)."""
+    fixed = int(plan["repetitions"])
+    targets = targets or {}
+    return {w.id: max(fixed, int(targets.get(w.id, fixed))) for w in workloads(plan)}
+
+
+def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
+    """The whole matrix in run order: one entry per fio run.
+
+    Round k shuffles all cells with ``random.Random(seed + k)`` and runs those that need a k-th
+    repetition (every cell with a fixed design; with ``targets``, cells whose target is >= k), so the
+    rounds of the fixed design (and of an adaptive pilot) are the same with or without targets."""
     cells = workloads(plan)
+    reps = cell_repetitions(plan, targets)
     stacks = stack_order(plan)
     runs = []
-    for k in range(1, int(plan["repetitions"]) + 1):
+    for k in range(1, max(reps.values(), default=0) + 1):
         order = list(cells)
         random.Random(int(plan["seed"]) + k).shuffle(order)
-        for w in order:
+        for w in (w for w in order if reps[w.id] >= k):
             for pos, stack in enumerate(stacks_for_round(stacks, k)):
                 runs.append(
                     {"round": k, "rep": k, "stack": stack, "workload": w, "position_in_cell": pos}
@@ -213,8 +243,12 @@ def run_fio(
     raw_host_dir: Path,
     manifest_path: Path,
     describe_path: Path | None = None,
+    targets_path: Path | None = None,
 ) -> int:
     """Run the matrix; returns 0 when every rep exists at the end. Raises Interrupted on signals.
+
+    ``targets_path``: per-cell repetition targets (adaptive stage 2, :func:`load_targets`); cells
+    are topped up to their own target, none gets fewer than the plan's repetitions.
 
     The manifest is the index of the run as it stands (rewritten by every session); each session
     also leaves a write-once copy in ``fio/sessions/`` so no session's record is ever lost. Both
@@ -239,12 +273,23 @@ def run_fio(
         json.loads(Path(describe_path).read_text()) if describe_path is not None else None
     )
     io_size = int(state.get("io_size_bytes") or 0)
-    runs = schedule(plan)
+    targets = load_targets(Path(targets_path)) if targets_path is not None else None
+    if targets:
+        unknown = sorted(set(targets) - {w.id for w in workloads(plan)})
+        if unknown:
+            log(f"luksbench testbox run-fio: warning: targets for cells not in the plan: {unknown}")
+    runs = schedule(plan, targets)
+    reps = cell_repetitions(plan, targets)
     total = len(runs)
     width = len(str(total))
+    rep_text = (
+        f"{plan['repetitions']} reps"
+        if len(set(reps.values())) <= 1 and not targets
+        else f"{min(reps.values())}-{max(reps.values())} reps per cell from {targets_path}"
+    )
     log(
         f"luksbench testbox run-fio: {total} fio runs ({len(workloads(plan))} cells x "
-        f"{len(state['stacks'])} stacks x {plan['repetitions']} reps), backend {state['backend']}"
+        f"{len(state['stacks'])} stacks x {rep_text}), backend {state['backend']}"
     )
     done: list[dict] = []
     failed: list[str] = []
@@ -283,6 +328,7 @@ def run_fio(
                 log(f"{tag}: exists, skipped")
                 continue
             check_state_live(state)
+            check_free_space(path.parent)
             rec["started"] = utc_now()
             ok, msg = _one_run(plan, state["stacks"][stack], stack, w, path, io_size)
             rec["ended"] = utc_now()
@@ -291,6 +337,8 @@ def run_fio(
             log(f"{tag}: {msg}")
             if not ok:
                 failed.append(f"{stack} {w.id} rep{r['rep']}")
+                # A full disk fails every later run too: stop now, keeping what was measured.
+                check_free_space(path.parent)
     except Interrupted as exc:
         interrupted = exc
         log(
@@ -304,6 +352,9 @@ def run_fio(
             "host": host,
             "seed": plan["seed"],
             "repetitions": plan["repetitions"],
+            "cell_repetitions": reps,
+            "targets": str(targets_path) if targets_path is not None else None,
+            "adaptive": plan.get("adaptive"),
             "backend": state["backend"],
             "backend_reason": state["backend_reason"],
             "baseline": plan["baseline"],
@@ -311,7 +362,10 @@ def run_fio(
             "cells": [w.id for w in workloads(plan)],
             "pairing": PAIRING,
             "counterbalance": COUNTERBALANCE,
-            "cell_order": "round k shuffles the cells with random.Random(seed + k)",
+            "cell_order": (
+                "round k shuffles the cells with random.Random(seed + k) and runs those with at "
+                "least k repetitions (cell_repetitions)"
+            ),
             "io_size_bytes": io_size,
             "fio": plan["fio"],
             "started": started,
@@ -322,8 +376,14 @@ def run_fio(
             "stack_descriptions": stack_descriptions,
             "runs": done,
         }
-        write_json_atomic(manifest_path, manifest)
-        _keep_session_record(manifest_path.parent / "sessions", manifest)
+        try:
+            write_json_atomic(manifest_path, manifest)
+            _keep_session_record(manifest_path.parent / "sessions", manifest)
+        except OSError as exc:
+            # The rep files are the data and are already safe; say why the record is missing.
+            log(f"luksbench testbox run-fio: could not write the manifest {manifest_path}: {exc}")
+            if interrupted is None and not failed:
+                raise TestboxError(f"could not write the manifest {manifest_path}: {exc}") from exc
     if interrupted is not None:
         raise interrupted
     if failed:
@@ -331,6 +391,24 @@ def run_fio(
         return 1
     log(f"luksbench testbox run-fio: done; manifest {manifest_path}")
     return 0
+
+
+# Room a fio run needs in the raw directory: a json+ result with its CPU sidecar is ~10-60 KiB;
+# the margin keeps the manifest writable too.
+MIN_FREE_BYTES = 4 * 1024 * 1024
+
+
+def check_free_space(directory: Path, min_free: int = MIN_FREE_BYTES) -> None:
+    """Stop before a run whose result could not be stored (a full disk truncates fio's JSON)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fs = os.statvfs(directory)
+    free = fs.f_bavail * fs.f_frsize
+    if free < min_free:
+        raise TestboxError(
+            f"no space left for raw results in {directory}: {free // 1024} KiB free, "
+            f"{min_free // 1024} KiB needed per fio run; finished repetitions are kept, "
+            "free some space and run again to measure the rest"
+        )
 
 
 def _keep_session_record(sessions_dir: Path, manifest: dict) -> None:

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from luksbench.testbox import safety
+from luksbench.testbox import lock, safety
 from luksbench.testbox.env import (
     TestboxError,
     log,
@@ -456,6 +456,8 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
         "io_size_bytes": None,
         "stacks": entries,
     }
+    # Before anything is created: one benchmark per test box (the state file is the lock's proof).
+    lock.acquire(plan, state_path)
     write_json_atomic(state_path, state, mode=0o600)
     try:
         description = _build(plan, state, state_path, size)
@@ -813,6 +815,8 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
         "files": leftovers,
     }
     ok = all(checks.values()) and not errors
+    if ok and lock.release(state_path):
+        actions.append("released the test box lock")
     record = {
         "state": str(state_path),
         "state_found": True,

@@ -1,0 +1,194 @@
+"""Adaptive repetitions, two-stage (Stein): spend device time where the noise is.
+
+Stage 1 (pilot): every cell runs ``pilot_pairs`` (n0) pairs. From the pilot pairs 1..n0 alone,
+:func:`pilot_targets` computes each cell's target with :func:`luksbench.stats.stein_pairs`::
+
+    N = min(max_pairs, max(n0, ceil((t_{1-alpha/2, n0-1} * s / h)^2)))
+
+with ``s`` the pilot SD of d = ln(variant / baseline) of the design metric (default ``bw_bytes``;
+for a cell with several directions or jobs, and for several variant stacks, the largest SD) and
+``h = ln(1 + target_half_width_pct / 100)`` (:func:`luksbench.stats.half_width_log`). Stage 2 tops
+every cell up to its N (``luksbench testbox run-fio --targets targets.json``); there is no further
+look at the data after the pilot. Cells whose requirement exceeds ``max_pairs`` stop at the cap and
+are labelled *noisy*: their interval is honest but wider than the target.
+
+The targets file (``data/raw/<run>/<host>/fio/targets.json``) records the decision: what the runner
+reads (``pairs``: workload id -> N), and per cell the pilot SD, the real-valued requirement and
+whether it was capped (``cells``, ``noisy``). Ingest carries ``target_pairs``/``hit_cap`` into the
+fio table and the loss table reports them as ``target_pairs``/``noisy``.
+
+A pilot cell without ``n0`` usable pairs (a failed run) gets the cap and counts as noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from luksbench import stats
+
+TARGETS_KIND = "luksbench adaptive repetitions targets v1"
+
+
+def _pilot_sds(
+    fio: pd.DataFrame, baseline: str, variant: str, metric: str, pilot_pairs: int
+) -> dict[tuple[str, str], float]:
+    """(host, workload) -> largest pilot SD of d over the cell's directions/jobs (NaN: incomplete)."""
+    pilot = fio[fio["rep"] <= pilot_pairs]
+    paired = stats.pair_values(pilot, baseline, variant, [metric])
+    out: dict[tuple[str, str], float] = {}
+    for (host, workload), cell in paired.groupby(["host", "workload"], sort=True):
+        sds = []
+        for _, g in cell.groupby(["job_slot", "direction"], sort=True):
+            b, v = g["baseline_value"].to_numpy(float), g["variant_value"].to_numpy(float)
+            ok = stats.usable_pairs(b, v)
+            sds.append(
+                float(np.log(v[ok] / b[ok]).std(ddof=1)) if ok.sum() == pilot_pairs else math.nan
+            )
+        out[(str(host), str(workload))] = math.nan if any(map(math.isnan, sds)) else max(sds)
+    return out
+
+
+def pilot_targets(
+    fio: pd.DataFrame,
+    baseline: str,
+    variants: list[str],
+    *,
+    metric: str = "bw_bytes",
+    pilot_pairs: int = 4,
+    target_half_width_pct: float = 2.0,
+    max_pairs: int = 12,
+    confidence: float = 0.95,
+    cells: list[str] | None = None,
+) -> dict[str, dict]:
+    """Per host, the targets document (see module doc) from the pilot pairs of a fio table.
+
+    ``cells``: workload ids the plan measures (a cell missing from the pilot gets the cap)."""
+    stats.higher_is_better(metric)
+    sds: dict[tuple[str, str], float] = {}
+    for variant in variants:
+        for key, sd in _pilot_sds(fio, baseline, variant, metric, pilot_pairs).items():
+            old = sds.get(key, -math.inf)
+            sds[key] = math.nan if (math.isnan(sd) or math.isnan(old)) else max(old, sd)
+    hosts = sorted(
+        {h for h, _ in sds} | (set(fio["host"].dropna().astype(str)) if len(fio) else set())
+    )
+    docs = {}
+    for host in hosts:
+        workloads = sorted({w for h, w in sds if h == host} | set(cells or ()))
+        sd = np.array([sds.get((host, w), math.nan) for w in workloads], dtype=float)
+        pairs, required, capped = stein_vector(
+            sd, pilot_pairs, target_half_width_pct, max_pairs, confidence
+        )
+        per_cell = {
+            w: {
+                "pairs": int(pairs[i]),
+                "pilot_sd_log_ratio": None if math.isnan(sd[i]) else round(float(sd[i]), 6),
+                "required_pairs": None
+                if not math.isfinite(required[i])
+                else round(float(required[i]), 3),
+                "capped": bool(capped[i]),
+            }
+            for i, w in enumerate(workloads)
+        }
+        docs[host] = {
+            "kind": TARGETS_KIND,
+            "method": (
+                "Stein two-stage: N = min(max_pairs, max(n0, ceil((t_{1-alpha/2,n0-1} s / h)^2))), "
+                "s = pilot SD of ln(variant/baseline) (largest over directions, jobs and variants), "
+                "h = ln(1 + target_half_width_pct/100); no further looks after the pilot"
+            ),
+            "host": host,
+            "metric": metric,
+            "baseline": baseline,
+            "variants": list(variants),
+            "confidence": confidence,
+            "pilot_pairs": pilot_pairs,
+            "max_pairs": max_pairs,
+            "target_half_width_pct": target_half_width_pct,
+            "half_width_log": stats.half_width_log(target_half_width_pct),
+            "t_quantile": float(stats._t_quantile(confidence, pilot_pairs - 1)),
+            "pairs": {w: c["pairs"] for w, c in per_cell.items()},
+            "noisy": [w for w, c in per_cell.items() if c["capped"]],
+            "cells": per_cell,
+        }
+    return docs
+
+
+def stein_vector(sd, pilot_pairs, half_width_pct, max_pairs, confidence):
+    """:func:`luksbench.stats.stein_pairs` on an array, always returning arrays."""
+    pairs, required, capped = stats.stein_pairs(
+        np.atleast_1d(np.asarray(sd, float)), pilot_pairs, half_width_pct, max_pairs, confidence
+    )
+    return np.atleast_1d(pairs), np.atleast_1d(required), np.atleast_1d(capped)
+
+
+def write_targets(
+    raw_dir: Path,
+    host: str,
+    out: Path,
+    *,
+    baseline: str,
+    variants: list[str],
+    adaptive: dict,
+    confidence: float = 0.95,
+    cells: list[str] | None = None,
+    log: Path | None = None,
+) -> dict:
+    """Compute the targets of one host from its pilot (strict ingest of ``raw_dir``) and write
+    them as JSON to ``out``; a readable summary goes to ``log``."""
+    from luksbench.ingest import fio_table
+
+    fio = fio_table(Path(raw_dir))
+    fio = fio[fio["host"] == host]
+    docs = pilot_targets(
+        fio,
+        baseline,
+        variants,
+        metric=adaptive.get("metric", "bw_bytes"),
+        pilot_pairs=int(adaptive.get("pilot_pairs", 4)),
+        target_half_width_pct=float(adaptive.get("target_half_width_pct", 2.0)),
+        max_pairs=int(adaptive.get("max_pairs", 12)),
+        confidence=confidence,
+        cells=cells,
+    )
+    if host not in docs:
+        raise ValueError(f"no pilot data for host {host!r} under {raw_dir}")
+    doc = docs[host]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tmp.replace(out)
+    if log is not None:
+        lines = [
+            f"{w}: pilot sd {c['pilot_sd_log_ratio']}, requires {c['required_pairs']} pairs -> "
+            f"{c['pairs']}{' (cap: noisy)' if c['capped'] else ''}"
+            for w, c in doc["cells"].items()
+        ]
+        total = sum(doc["pairs"].values())
+        lines.append(f"{total} pairs in all ({len(doc['noisy'])} noisy cells); wrote {out}")
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        Path(log).write_text("\n".join(lines) + "\n")
+    return doc
+
+
+def read_targets(path: Path) -> dict[str, tuple[int, bool]]:
+    """workload id -> (target pairs, capped) from a targets file (ValueError if malformed)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"targets file is not readable JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("pairs"), dict):
+        raise ValueError("targets file: 'pairs' must be an object (workload id -> pairs)")
+    noisy = set(doc.get("noisy") or [])
+    out = {}
+    for w, n in doc["pairs"].items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"targets file: pairs of {w!r} must be a positive integer, not {n!r}")
+        out[w] = (n, w in noisy)
+    return out
