@@ -30,7 +30,7 @@ def fixtures_dir() -> Path:
 
 
 # What a workflow run needs besides raw data (the tests run copies, never the repo's own data).
-WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "notebooks", "src")
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "notebooks", "src", "data/reference")
 
 
 def copy_workflow(dest: Path, extra: tuple[str, ...] = ()) -> Path:

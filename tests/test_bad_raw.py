@@ -100,3 +100,19 @@ def test_problems_are_written_and_printed(broken_run, tmp_path, capsys):
     problems = ingest.read_processed(tmp_path / "processed")["problems"]
     assert len(problems) == len(broken) + 1
     assert out["problems"].exists()
+
+
+def test_the_paper_says_which_raw_files_were_left_out(broken_run, tmp_path):
+    from luksbench import paper, stats
+
+    raw_dir, broken = broken_run
+    processed = tmp_path / "processed"
+    ingest.write_processed(raw_dir, processed)
+    stats.write_loss(processed)
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    text = paper.render_paper(
+        processed, figures, tmp_path / "paper" / "index.md", "sample"
+    ).read_text()
+    for name in broken:
+        assert f"Raw file `{name}` was left out:" in text

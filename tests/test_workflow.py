@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import copy_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -161,25 +162,8 @@ def test_write_plan_writes_the_resolved_plan(tmp_path):
 @pytest.mark.slow
 def test_the_sample_is_re_analysed_without_fio(tmp_path):
     """README's command for the sample: tables, figures and paper from raw alone; raw untouched."""
-    import shutil
-
     work = tmp_path / "work"
-    for name in (
-        "Snakefile",
-        "workflow",
-        "config",
-        "envs",
-        "notebooks",
-        "src",
-        "data/raw/sample",
-        "data/reference",
-    ):
-        source = REPO / name
-        if source.is_dir():
-            shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            (work / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, work / name)
+    copy_workflow(work, extra=("data/raw/sample",))
     raw_before = {
         p: p.read_bytes() for p in sorted((work / "data/raw/sample").rglob("*")) if p.is_file()
     }

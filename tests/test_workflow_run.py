@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import copy_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -41,13 +42,7 @@ repetitions: 3
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     """A copy of the workflow (not the raw data) to run in, so tests never touch the repo's data."""
-    work = tmp_path_factory.mktemp("workflow")
-    for name in ("Snakefile", "workflow", "config", "envs", "notebooks", "src", "data/reference"):
-        source = REPO / name
-        if source.is_dir():
-            shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, work / name)
+    work = copy_workflow(tmp_path_factory.mktemp("workflow"))
     (work / "small.yaml").write_text(SMALL_RUN)
     return work
 

@@ -663,10 +663,15 @@ def compare_raid5(losses: pd.DataFrame, raid5: pd.DataFrame | None, direct: list
 # ------------------------------------------------------------------------------- what is missing
 
 
-def gaps(fio, losses, env, cryptsetup, planned, figures_found) -> list[str]:
-    """Sentences on what this run lacks: planned stacks not measured, cells without pairs,
-    cipher benchmarks that did not run, figure families without data."""
+def gaps(fio, losses, env, cryptsetup, planned, figures_found, problems=None) -> list[str]:
+    """Sentences on what this run lacks: raw files left out at ingest, planned stacks not
+    measured, cells without pairs, cipher benchmarks that did not run, figure families without
+    data."""
     out = []
+    if problems is not None and len(problems):
+        excluded = problems[problems["severity"] == "excluded"]
+        for row in excluded.itertuples():
+            out.append(f"Raw file `{row.file}` was left out: {row.reason}.")
     measured = {
         h: sorted(g["stack"].unique()) for h, g in fio.groupby("host")
     }  # what the raw data holds
@@ -936,6 +941,7 @@ def paper_context(
             cryptsetup,
             report.planned_stacks(env),
             {s["kind"] for s in figure_secs},
+            tables.get("problems"),
         ),
         "scs": compare_scs(losses, refs.get("scs")),
         "ceph": compare_ceph(losses, refs.get("ceph")),

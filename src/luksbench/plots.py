@@ -402,7 +402,7 @@ def loss_heatmap(
     conf = float(df["confidence"].iloc[0])
     fig.suptitle(
         f"{(host + ': ') if host else ''}{metric_label(metric).split(' (')[0]} {kind} in % "
-        f"[{conf:.0%} CI]\n● significant  ≈ equivalent  ○ inconclusive  \u2013 fewer than two pairs",
+        f"[{conf:.0%} CI]\n● significant (BH-adjusted)  ≈ equivalent  ○ inconclusive  \u2013 fewer than two pairs",
         fontsize="medium",
     )
     if mesh is not None:
