@@ -44,7 +44,35 @@ def test_the_tools_a_backend_needs():
         "qemu-storage-daemon",
         "fusermount3",
     }
-    assert set(required_tools(plan, "kernel")) == {"fio", "cryptsetup", "losetup"}
+    # precondition: true discards before the fill
+    assert set(required_tools(plan, "kernel")) == {"fio", "cryptsetup", "losetup", "blkdiscard"}
+
+
+def test_raid_filesystem_and_linear_layers_need_their_tools():
+    config = {
+        **CONFIG,
+        "devices": {f"d{i}": {"size_mib": 64} for i in range(3)},
+        "stacks": {
+            "plain": {"kind": "plain"},
+            "luks": {"kind": "luks", "over": "d0"},
+            "linear": {"kind": "linear", "like": "luks"},
+            "raid5": {
+                "kind": "fs",
+                "fstype": "xfs",
+                "over": {"kind": "md", "level": 5, "members": ["d1", "d2", {"kind": "loop"}]},
+            },
+        },
+    }
+    plan = plan_from_config(config, "box", "/tmp")
+    kernel = required_tools(plan, "kernel")
+    assert {"mdadm", "dmsetup", "mkfs.xfs"} <= set(kernel)
+    assert "md" in kernel["mdadm"]
+    empty_path = "/nonexistent-bin"
+    with pytest.raises(MissingTools) as error:
+        check_tools(plan, path=empty_path)
+    # the userspace backend cannot build md/fs/linear, so the hints are the kernel backend's
+    assert "mdadm" in str(error.value) and "apt-get install" in str(error.value)
+    assert "dnf install" in str(error.value) and "xfsprogs" in str(error.value)
 
 
 def test_installed_tools_pass():
@@ -116,7 +144,7 @@ def test_a_scratch_dir_too_small_is_refused_with_the_numbers(tiny_filesystem):
     plan = plan_from_config(CONFIG, "box", tiny_filesystem / "run" / "box")
     with pytest.raises(
         NoSpace,
-        match=r"scratch_dir .* has 8 MiB free, but 2 stacks x device_size_mib 64 need 128 MiB",
+        match=r"scratch_dir .* has 8 MiB free, but the backing files of 2 stacks .*need 128 MiB",
     ):
         check_scratch_space(plan)
     check_scratch_space({**plan, "device_size_mib": 2})  # fits: no error

@@ -55,7 +55,7 @@ def make_plan(
         "backend": backend,
         "scratch_dir": str(tmp / "scratch"),
         "device_size_mib": 64,
-        "precondition": True,
+        "precondition": {"enabled": True, "fill_passes": 1},
         "baseline": "plain",
         "stacks": {
             "plain": {"kind": "plain"},
@@ -116,12 +116,20 @@ def all_cmdlines() -> str:
 def assert_clean(state: dict) -> None:
     stacks = state["stacks"].values()
     mounts = safety.mountpoints()
+    for obj in state.get("objects", []):
+        if obj["type"] in ("backing_file", "file"):
+            assert not os.path.exists(obj["path"])
+        if obj["type"] == "loop":
+            assert not safety.loop_devices_backed_by([obj["backing"]])
+        if obj["type"] == "mount":
+            assert obj["path"] not in mounts
     for e in stacks:
         if e["mountpoint"]:
             assert e["mountpoint"] not in mounts
             assert not os.path.exists(e["mountpoint"])
-        assert not os.path.exists(e["backing_file"])
-        assert not safety.loop_devices_backed_by([e["backing_file"]])
+        if e.get("backing_file"):  # userspace: one per stack; kernel: in the undo log
+            assert not os.path.exists(e["backing_file"])
+            assert not safety.loop_devices_backed_by([e["backing_file"]])
         if e.get("key_file"):
             assert not os.path.exists(e["key_file"])
         pid = (e.get("daemon") or {}).get("pid")
@@ -132,7 +140,8 @@ def assert_clean(state: dict) -> None:
             not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         )
     assert not find_our_processes(
-        [e["mountpoint"] for e in stacks if e["mountpoint"]] + [e["backing_file"] for e in stacks]
+        [e["mountpoint"] for e in stacks if e["mountpoint"]]
+        + [e["backing_file"] for e in stacks if e.get("backing_file")]
     )
     if state.get("key_dir"):
         assert not os.path.exists(state["key_dir"])
@@ -283,7 +292,8 @@ def test_luks_backing_file_is_luks1_and_described(cycle):
     assert "LUKS header information" in luks["luks_dump"]
     assert d["stacks"]["plain"]["kind"] == "plain" and d["backend"] == "userspace"
     for s in d["stacks"].values():
-        assert s["precondition"]["io_bytes"] == s["device_size_bytes"]
+        fill = s["precondition"]["fill"]
+        assert fill["io_bytes"] == s["device_size_bytes"]  # one sequential pass over the device
 
 
 def test_key_appears_nowhere(cycle):
@@ -549,12 +559,17 @@ def test_kernel_backend_plain_loop_device(tmp_path):
     try:
         e = doc["stacks"]["plain"]
         assert doc["backend"] == "kernel" and "dm-crypt is not needed" in doc["backend_reason"]
-        assert e["device"].startswith("/dev/loop") and e["device"] == e["loop_device"]
-        assert stat.S_ISBLK(os.stat(e["device"]).st_mode)
-        assert safety.loop_devices_backed_by([e["backing_file"]]) == [e["device"]]
-        assert e["size_bytes"] == 64 * 2**20
         d = json.loads(describe.read_text())["stacks"]["plain"]
-        assert d["loop_direct_io"] in (True, False) and d["precondition"]["io_bytes"] == 64 * 2**20
+        assert e["device"].startswith("/dev/loop") and e["device"] == d["loop_device"]
+        assert stat.S_ISBLK(os.stat(e["device"]).st_mode)
+        assert safety.loop_devices_backed_by([d["backing_file"]]) == [e["device"]]
+        assert e["size_bytes"] == 64 * 2**20
+        # the undo log names the backing file and the loop device, in creation order
+        assert [o["type"] for o in doc["objects"]] == ["backing_file", "loop"]
+        assert (
+            d["loop_direct_io"] in (True, False)
+            and d["precondition"]["fill"]["io_bytes"] == 64 * 2**20
+        )
         tb(
             "run-fio",
             "--plan",
@@ -572,6 +587,7 @@ def test_kernel_backend_plain_loop_device(tmp_path):
     finally:
         rec = stack_down(state)
     assert rec["ok"], rec
-    assert any(a.startswith("plain: losetup -d /dev/loop") for a in rec["actions"])
-    assert not safety.loop_devices_backed_by([doc["stacks"]["plain"]["backing_file"]])
+    assert any(a.startswith("losetup -d /dev/loop") for a in rec["actions"])
+    assert not safety.loop_devices_backed_by([d["backing_file"]])
+    assert not os.path.exists(d["backing_file"])
     assert_clean(doc)

@@ -12,6 +12,7 @@ import pytest
 from luksbench.layout import Workload
 from luksbench.testbox import safety
 from luksbench.testbox.env import TestboxError
+from luksbench.testbox.layers import losetup_argv, luks_format_argv, luks_open_argv
 from luksbench.testbox.plan import workloads as workloads_of
 from luksbench.testbox.runner import (
     cpu_sidecar,
@@ -21,13 +22,7 @@ from luksbench.testbox.runner import (
     schedule,
     stacks_for_round,
 )
-from luksbench.testbox.stacks import (
-    losetup_argv,
-    luks_format_argv,
-    luks_open_argv,
-    qsd_argv,
-    stack_order,
-)
+from luksbench.testbox.stacks import qsd_argv, stack_order
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -155,7 +155,11 @@ def test_write_plan_writes_the_resolved_plan(tmp_path):
         "luks_type": "luks2",
         "sector_size": 512,
         "pbkdf_iterations": 1000,
+        "perf_flags": [],
     }
+    # Only the plain kind's own keys: the schema's luks defaults are not carried into it.
+    assert plan["stacks"]["plain"] == {"kind": "plain"}
+    assert plan["precondition"]["enabled"] is True and plan["precondition"]["fill_passes"] == 1
     assert plan["fio"]["output_format"] == "json+"
 
 

@@ -184,21 +184,114 @@ def userspace_status() -> dict:
     return {"available": not missing and fuse, "missing_tools": missing, "dev_fuse": fuse}
 
 
-def resolve_backend(requested: str, try_modprobe: bool = True, needs_dm: bool = True) -> dict:
+def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> dict:
+    """Is the kernel's MD (software RAID) usable here, with the personalities the plan needs?"""
+    personalities = {0: "raid0", 5: "raid5"}
+    modules = {0: "raid0", 5: "raid456"}
+
+    def active() -> set[str]:
+        text = _read("/proc/mdstat") or ""
+        for line in text.splitlines():
+            if line.startswith("Personalities"):
+                return {p.strip("[]") for p in line.split(":", 1)[1].split()}
+        return set()
+
+    status: dict = {"root": os.geteuid() == 0, "mdadm": which("mdadm") is not None, "modprobe": []}
+    wanted = {personalities[lvl] for lvl in levels if lvl in personalities}
+    if (
+        (not os.path.exists("/proc/mdstat") or wanted - active())
+        and try_modprobe
+        and status["root"]
+    ):
+        modprobe = which("modprobe")
+        for lvl in levels:
+            if modprobe and personalities.get(lvl) not in active():
+                proc = run_quiet([modprobe, modules[lvl]])
+                status["modprobe"].append(
+                    f"modprobe {modules[lvl]}: "
+                    + ("failed to run" if proc is None else f"exit {proc.returncode}")
+                )
+    status["proc_mdstat"] = os.path.exists("/proc/mdstat")
+    status["personalities"] = sorted(active())
+    missing = sorted(wanted - set(status["personalities"]))
+    status["available"] = bool(
+        status["root"] and status["proc_mdstat"] and status["mdadm"] and not missing
+    )
+    if not status["root"]:
+        status["reason"] = "not running as root"
+    elif not status["proc_mdstat"]:
+        status["reason"] = "no MD (software RAID) in this kernel (/proc/mdstat missing)"
+    elif missing:
+        status["reason"] = f"MD personalities {missing} not available"
+    elif not status["mdadm"]:
+        status["reason"] = "mdadm not installed"
+    else:
+        status["reason"] = "MD available"
+    return status
+
+
+def _plan_layers(plan: dict):
+    from luksbench.testbox.plan import walk_layers
+
+    for name, stack in plan["stacks"].items():
+        for _, layer in walk_layers(stack, name):
+            if isinstance(layer, dict):
+                yield layer
+
+
+def plan_md_levels(plan: dict) -> tuple[int, ...]:
+    """RAID levels the plan's md layers use (empty: no MD needed)."""
+    return tuple(sorted({int(lay["level"]) for lay in _plan_layers(plan) if lay["kind"] == "md"}))
+
+
+def userspace_compatible(plan: dict) -> list[str]:
+    """Why the userspace backend cannot build this plan (empty list: it can).
+
+    It exports whole backing files through FUSE: only ``plain`` and a ``luks`` arm on its own
+    backing file are possible; layers on devices, md, filesystems and dm-linear need the kernel."""
+    why = []
+    for name, stack in plan["stacks"].items():
+        kind = stack.get("kind") if isinstance(stack, dict) else None
+        if kind not in ("plain", "luks") or "over" in stack:
+            why.append(f"stack {name} ({kind}{' on another layer' if 'over' in stack else ''})")
+    return why
+
+
+def resolve_backend(
+    requested: str,
+    try_modprobe: bool = True,
+    needs_dm: bool = True,
+    md_levels: tuple[int, ...] = (),
+    userspace_blockers: list[str] | None = None,
+) -> dict:
     """Which backend will be used and why. ``selected`` is None when none can be used.
 
-    ``needs_dm``: the plan has a luks stack (a plain-only plan needs loop devices only).
+    ``needs_dm``: the plan has a luks or linear layer (a plain-only plan needs loop devices only);
+    ``md_levels``: RAID levels of its md layers; ``userspace_blockers``: the stacks the userspace
+    backend cannot build (:func:`userspace_compatible`).
     """
     dm = dm_crypt_status(try_modprobe=try_modprobe)
+    md = md_status(try_modprobe=try_modprobe, levels=md_levels) if md_levels else None
     loop = os.path.exists("/dev/loop-control") and which("losetup") is not None
     us = userspace_status()
-    kernel_ok = loop and (dm["available"] or not needs_dm)
+    if userspace_blockers:
+        us = {
+            **us,
+            "available": False,
+            "blocked_by": list(userspace_blockers),
+            "missing_tools": us["missing_tools"],
+        }
+    kernel_ok = loop and (dm["available"] or not needs_dm) and (md is None or md["available"])
     if not loop:
         kernel_why = "no loop devices (/dev/loop-control or losetup missing)"
     elif needs_dm and not dm["available"]:
         kernel_why = _dm_reason(dm)
+    elif md is not None and not md["available"]:
+        kernel_why = md["reason"]
     elif needs_dm:
-        kernel_why = "device-mapper with dm-crypt and loop devices available"
+        kernel_why = "device-mapper with dm-crypt and loop devices available" + (
+            "; MD available" if md else ""
+        )
     else:
         kernel_why = "loop devices available (no luks stack, so dm-crypt is not needed)"
     us_why = (
@@ -208,6 +301,13 @@ def resolve_backend(requested: str, try_modprobe: bool = True, needs_dm: bool = 
         + ", ".join(
             [f"missing {t}" for t in us["missing_tools"]]
             + ([] if us["dev_fuse"] else ["no /dev/fuse"])
+            + (
+                [
+                    f"it builds only plain and luks-on-its-own-file arms, not {', '.join(us['blocked_by'])}"
+                ]
+                if us.get("blocked_by")
+                else []
+            )
         )
     )
     selected: str | None
@@ -231,13 +331,25 @@ def resolve_backend(requested: str, try_modprobe: bool = True, needs_dm: bool = 
         "selected": selected,
         "reason": reason,
         "dm_crypt": dm,
+        "md": md,
         "loop_devices": loop,
         "userspace": us,
     }
 
 
 def plan_needs_dm(plan: dict) -> bool:
-    return any(cfg.get("kind") == "luks" for cfg in plan["stacks"].values())
+    return any(lay["kind"] in ("luks", "linear") for lay in _plan_layers(plan))
+
+
+def resolve_plan_backend(plan: dict, try_modprobe: bool = True) -> dict:
+    """:func:`resolve_backend` for what this plan's layers need."""
+    return resolve_backend(
+        plan["backend"],
+        try_modprobe=try_modprobe,
+        needs_dm=plan_needs_dm(plan),
+        md_levels=plan_md_levels(plan),
+        userspace_blockers=userspace_compatible(plan),
+    )
 
 
 # --- capture-env ---------------------------------------------------------------------------------
@@ -299,6 +411,9 @@ def _kernel_crypto(names: tuple[str, ...] = ("xts(aes)", "aes", "cbc(aes)")) -> 
 
 
 def capture_env(plan: dict) -> dict:
+    # Imported here: sysinfo uses this module's helpers.
+    from luksbench.testbox.sysinfo import capture_system
+
     cpu = _cpuinfo()
     flags = (cpu.get("flags") or cpu.get("Features") or "").split()
     uname = platform.uname()
@@ -333,8 +448,18 @@ def capture_env(plan: dict) -> dict:
         "mitigations": mitigations,
         "kernel_crypto": _kernel_crypto(),
         "tools": tool_versions(),
-        "backend": resolve_backend(plan["backend"], needs_dm=plan_needs_dm(plan)),
+        "backend": resolve_plan_backend(plan),
         "euid": os.geteuid(),
+        # Identify the configured disks; with none (scratch files only) every disk lsblk lists.
+        "system": capture_system(
+            devices=[
+                d["path"]
+                for d in (plan.get("devices") or {}).values()
+                if isinstance(d, dict) and d.get("path")
+            ]
+            or None,
+            paths=[plan["scratch_dir"]] if plan.get("scratch_dir") else None,
+        ),
         "plan": plan,
     }
 

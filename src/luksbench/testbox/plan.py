@@ -88,6 +88,7 @@ def check_plan(plan: dict, source: str = "plan") -> None:
     for key in ("rw", "bs", "iodepth"):
         if not plan["matrix"].get(key):
             raise PlanError(f"{source}: matrix.{key} must be a non-empty list")
+    check_stacks(plan, source)
     adaptive = plan.get("adaptive")
     if adaptive is not None:
         if not isinstance(adaptive, dict):
@@ -98,6 +99,149 @@ def check_plan(plan: dict, source: str = "plan") -> None:
         if cap < n0:
             raise PlanError(
                 f"{source}: adaptive.max_pairs ({cap}) must be >= adaptive.pilot_pairs ({n0})"
+            )
+
+
+def walk_layers(layer, where: str):
+    """Yield (where, layer) for a layer tree, top first; device references as strings."""
+    yield where, layer
+    if isinstance(layer, dict):
+        if "over" in layer:
+            yield from walk_layers(layer["over"], f"{where}.over")
+        for i, member in enumerate(layer.get("members") or []):
+            yield from walk_layers(member, f"{where}.members[{i}]")
+
+
+def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
+    """Device name -> [(where, how)] for every reference in the stacks; ``how`` is the consumer:
+    ``md`` and ``fs`` claim a device exclusively, ``dm`` (luks, linear) and ``fio`` do not."""
+    uses: dict[str, list[tuple[str, str]]] = {}
+    for name, stack in plan["stacks"].items():
+        for where, layer in walk_layers(stack, f"stacks.{name}"):
+            if not isinstance(layer, dict):
+                continue
+            if layer["kind"] in ("raw", "external") and "device" in layer:
+                uses.setdefault(layer["device"], []).append((where, "fio"))
+            if isinstance(layer.get("over"), str):
+                how = {"luks": "dm", "linear": "dm", "fs": "fs"}.get(layer["kind"], layer["kind"])
+                uses.setdefault(layer["over"], []).append((f"{where}.over", how))
+            for i, member in enumerate(layer.get("members") or []):
+                if isinstance(member, str):
+                    uses.setdefault(member, []).append((f"{where}.members[{i}]", "md"))
+    return uses
+
+
+def luks_layer(plan: dict, stack: str) -> dict | None:
+    """The first luks layer of a stack (top first), or None."""
+    for _, layer in walk_layers(plan["stacks"][stack], stack):
+        if isinstance(layer, dict) and layer["kind"] == "luks":
+            return layer
+    return None
+
+
+def _check_devices(plan: dict, source: str) -> None:
+    for name, dev in plan.get("devices", {}).items():
+        where = f"{source}: devices.{name}"
+        if not isinstance(dev, dict):
+            raise PlanError(f"{where} must be an object with 'path' or 'size_mib'")
+        if ("path" in dev) == ("size_mib" in dev):
+            raise PlanError(
+                f"{where} needs exactly one of 'path' (a real disk, by a stable path) or "
+                f"'size_mib' (a scratch file on a loop device); it has {sorted(dev)}"
+            )
+
+
+def _check_layer(plan: dict, where: str, layer, source: str) -> None:
+    devices = plan.get("devices", {})
+    if isinstance(layer, str):
+        if layer not in devices:
+            raise PlanError(
+                f"{source}: {where}: device {layer!r} is not in devices "
+                f"(the allowlist: {sorted(devices) or 'empty'})"
+            )
+        return
+    kind = layer["kind"]
+
+    def need(key: str, allowed=None):
+        if key not in layer:
+            raise PlanError(f"{source}: {where}.{key} is required for kind {kind}")
+        if allowed is not None and layer[key] not in allowed:
+            raise PlanError(
+                f"{source}: {where}.{key}: {layer[key]!r} is not one of "
+                f"{', '.join(map(str, allowed))}"
+            )
+
+    if kind in ("raw", "external"):
+        need("device", sorted(devices) or ["(no devices configured)"])
+        if kind == "external" and "path" not in devices[layer["device"]]:
+            raise PlanError(
+                f"{source}: {where}.device: external stacks use a device prepared outside "
+                f"luksbench; devices.{layer['device']} must have a path"
+            )
+    elif kind in ("fs",):
+        need("over")
+        need("fstype", ("ext4", "xfs"))
+    elif kind == "md":
+        need("level", (0, 5))
+        members = layer.get("members") or []
+        least = 3 if layer["level"] == 5 else 2
+        if len(members) < least:
+            raise PlanError(
+                f"{source}: {where}.members: RAID-{layer['level']} needs at least {least} "
+                f"members, not {len(members)}"
+            )
+        chunk = int(layer.get("chunk_kib", 512))
+        if chunk < 4 or chunk & (chunk - 1):
+            raise PlanError(f"{source}: {where}.chunk_kib must be a power of 2 >= 4, not {chunk}")
+    elif kind == "luks":
+        flags = layer.get("perf_flags") or []
+        bad = [f for f in flags if f not in PERF_FLAGS]
+        if bad:
+            raise PlanError(
+                f"{source}: {where}.perf_flags: {bad} not among {', '.join(PERF_FLAGS)}"
+            )
+        need("sector_size", (512, 4096))
+        need("luks_type", ("luks1", "luks2"))
+    elif kind == "linear":
+        need("like", sorted(plan["stacks"]))
+        if luks_layer(plan, layer["like"]) is None:
+            raise PlanError(
+                f"{source}: {where}.like: stack {layer['like']!r} has no luks layer whose "
+                "payload region a linear arm could cover"
+            )
+        if any(
+            isinstance(lay, dict) and lay["kind"] == "linear"
+            for _, lay in walk_layers(plan["stacks"][layer["like"]], "")
+        ):
+            raise PlanError(f"{source}: {where}.like: {layer['like']!r} is itself a linear arm")
+    elif kind == "rbd":
+        need("pool")
+        need("image")
+    if kind in ("plain", "loop", "raw", "external", "rbd", "linear") and (
+        "over" in layer or "members" in layer
+    ):
+        raise PlanError(f"{source}: {where}: kind {kind} sits on nothing (no 'over'/'members')")
+    if kind != "md" and "members" in layer:
+        raise PlanError(f"{source}: {where}.members: only md layers have members")
+
+
+def check_stacks(plan: dict, source: str = "plan") -> None:
+    """Every layer well-formed, every device reference in the allowlist, and no device shared
+    with a consumer that claims it exclusively (md members and mounted filesystems)."""
+    _check_devices(plan, source)
+    for name, stack in plan["stacks"].items():
+        for where, layer in walk_layers(stack, f"stacks.{name}"):
+            _check_layer(plan, where, layer, source)
+        if isinstance(stack, str):
+            raise PlanError(f"{source}: stacks.{name} must be a layer object, not a device name")
+    for dev, uses in device_uses(plan).items():
+        exclusive = [w for w, how in uses if how in ("md", "fs")]
+        if exclusive and len(uses) > 1:
+            raise PlanError(
+                f"{source}: devices.{dev} is used by {', '.join(w for w, _ in uses)}; "
+                f"{', '.join(exclusive)} claim(s) it exclusively (md members and mounted "
+                "filesystems cannot share a device): give each its own device, or measure "
+                "them in separate runs"
             )
 
 
@@ -115,25 +259,120 @@ def workloads(plan: dict) -> list[Workload]:
 # Keys whose change makes new repetitions incomparable with the ones already measured in a run.
 # Not in here on purpose: repetitions, seed, matrix (extending a run) and adaptive (the design of
 # how many repetitions, not how each is measured).
-_MEASUREMENT_KEYS = ("backend", "device_size_mib", "precondition", "stacks", "fio")
-_STACK_DEFAULTS = {
-    "luks": {
-        "cipher": "aes-xts-plain64",
-        "key_bits": 512,
-        "hash": "sha256",
-        "luks_type": "luks2",
-        "sector_size": 512,
-        "pbkdf_iterations": 1000,
-    },
-    "plain": {},
+_MEASUREMENT_KEYS = ("backend", "device_size_mib", "precondition", "stacks", "fio", "devices")
+LUKS_DEFAULTS = {
+    "cipher": "aes-xts-plain64",
+    "key_bits": 512,
+    "hash": "sha256",
+    "luks_type": "luks2",
+    "sector_size": 512,
+    "pbkdf_iterations": 1000,
+    "perf_flags": [],
 }
+MD_DEFAULTS = {"level": 0, "chunk_kib": 512}
+FS_DEFAULTS = {"fstype": "ext4", "file_size_mib": 0}
+_LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
+KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
+PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
+NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
+PRECONDITION_DEFAULTS = {
+    "enabled": True,
+    "discard": True,
+    "fill_passes": 2,
+    "block_size": "128k",
+    "steady_state": False,
+    "ss_rw": "randwrite",
+    "ss_bs": "4k",
+    "ss_iodepth": 32,
+    "ss_round_s": 10,
+    "ss_max_rounds": 25,
+    "ss_window": 5,
+    "ss_range_pct": 20.0,
+    "ss_slope_pct": 10.0,
+}
+
+
+def precondition_options(value) -> dict:
+    """``precondition`` as config gives it (an object, or true/false in hand-written plans) ->
+    the full, checked option set (an error names a bad key)."""
+    from luksbench.testbox.measure import precondition_options as checked
+
+    return checked({"enabled": value} if isinstance(value, bool) else value)
+
+
+# The keys each kind of layer reads; the schema's defaults fill every key into every layer, so
+# keys of other kinds are dropped when they hold the default and refused when they were set.
+KIND_KEYS = {
+    "plain": {"size_mib"},
+    "loop": {"size_mib"},
+    "raw": {"device"},
+    "external": {"device"},
+    "luks": {"over", *LUKS_DEFAULTS},
+    "linear": {"like"},
+    "md": {"members", *MD_DEFAULTS},
+    "fs": {"over", *FS_DEFAULTS},
+    "rbd": {"pool", "image", "client", "secure_mode"},
+}
+SCHEMA_LAYER_DEFAULTS = {
+    **LUKS_DEFAULTS,
+    **MD_DEFAULTS,
+    **FS_DEFAULTS,
+    "size_mib": 0,
+    "client": "admin",
+    "secure_mode": "",
+}
+
+
+def resolve_layer(spec, where: str):
+    """A stack's layer with defaults filled, recursively, holding only its kind's keys; device
+    references stay strings."""
+    if isinstance(spec, str):
+        return spec
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise PlanError(f"{where}: a layer must be a device name or an object with a 'kind'")
+    kind = spec["kind"]
+    if kind not in KINDS:
+        raise PlanError(f"{where}.kind: {kind!r} is not one of {', '.join(KINDS)}")
+    layer = {"kind": kind}
+    for key, value in spec.items():
+        if key == "kind":
+            continue
+        if key in KIND_KEYS[kind]:
+            layer[key] = value
+        elif key not in SCHEMA_LAYER_DEFAULTS or value != SCHEMA_LAYER_DEFAULTS[key]:
+            raise PlanError(
+                f"{where}.{key}: not a setting of kind {kind} "
+                f"(its settings: {', '.join(sorted(KIND_KEYS[kind])) or 'none'})"
+            )
+    layer = {**_LAYER_DEFAULTS.get(kind, {}), **layer}
+    if kind in ("plain", "loop") and not layer.get("size_mib"):
+        layer.pop("size_mib", None)
+    if "over" in layer:
+        layer["over"] = resolve_layer(layer["over"], f"{where}.over")
+    if "members" in layer:
+        layer["members"] = [
+            resolve_layer(m, f"{where}.members[{i}]") for i, m in enumerate(layer["members"])
+        ]
+    return layer
+
+
+def resolve_devices(devices: dict) -> dict:
+    """The allowlist with defaults made explicit (wipe_serial, allow_unstable_path)."""
+    out = {}
+    for name, dev in (devices or {}).items():
+        dev = dict(dev)
+        if "path" in dev:
+            dev.setdefault("wipe_serial", "")
+            dev.setdefault("allow_unstable_path", False)
+        out[name] = dev
+    return out
 
 
 def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
     """Resolve a validated workflow config (defaults filled) into the test box's plan."""
-    stacks = {}
-    for name, stack in config["stacks"].items():
-        stacks[name] = {**_STACK_DEFAULTS.get(stack["kind"], {}), **stack}
+    stacks = {
+        name: resolve_layer(stack, f"stacks.{name}") for name, stack in config["stacks"].items()
+    }
     plan = {
         "run": config["run"],
         "host": host,
@@ -142,6 +381,7 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         "device_size_mib": config["device_size_mib"],
         "precondition": config["precondition"],
         "baseline": config["baseline"],
+        "devices": resolve_devices(config.get("devices")),
         "stacks": stacks,
         "matrix": {k: list(v) for k, v in config["matrix"].items()},
         "fio": dict(config["fio"]),

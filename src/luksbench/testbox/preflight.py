@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from luksbench.testbox.env import plan_needs_dm, resolve_backend
+from luksbench.testbox.env import resolve_plan_backend
 
 # tool -> (Debian/Ubuntu package, Fedora package)
 PACKAGES = {
@@ -21,6 +21,12 @@ PACKAGES = {
     "fusermount3": ("fuse3", "fuse3"),
     "losetup": ("mount", "util-linux"),
     "mdadm": ("mdadm", "mdadm"),
+    "dmsetup": ("dmsetup", "device-mapper"),
+    "mkfs.ext4": ("e2fsprogs", "e2fsprogs"),
+    "mkfs.xfs": ("xfsprogs", "xfsprogs"),
+    "wipefs": ("util-linux", "util-linux"),
+    "blkdiscard": ("util-linux", "util-linux"),
+    "blkid": ("util-linux", "util-linux"),
 }
 
 
@@ -30,12 +36,28 @@ class MissingTools(RuntimeError):
 
 def required_tools(plan: dict, backend: str | None) -> dict[str, str]:
     """Tool -> why this plan needs it, for the backend that will build its stacks."""
+    from luksbench.testbox.env import _plan_layers
+    from luksbench.testbox.plan import precondition_options
+
     tools = {
         "fio": "runs every measurement",
         "cryptsetup": "runs `cryptsetup benchmark` and formats the luks stacks",
     }
+    layers = list(_plan_layers(plan))
+    kinds = {layer["kind"] for layer in layers}
     if backend == "kernel":
         tools["losetup"] = "attaches the backing files as loop devices"
+        if "md" in kinds:
+            tools["mdadm"] = "creates and stops the md (software RAID) layers"
+        if "linear" in kinds:
+            tools["dmsetup"] = "creates the dm-linear arm"
+        for fstype in sorted({lay["fstype"] for lay in layers if lay["kind"] == "fs"}):
+            tools[f"mkfs.{fstype}"] = f"makes the {fstype} filesystem of the fs layers"
+        if any("path" in dev for dev in plan.get("devices", {}).values()):
+            tools["blkid"] = "checks real disks for signatures before anything is written"
+            tools["wipefs"] = "checks real disks for signatures and wipes ours at teardown"
+        if precondition_options(plan["precondition"]).get("discard"):
+            tools["blkdiscard"] = "discards every device before the preconditioning fill"
     elif backend == "userspace":
         tools["qemu-storage-daemon"] = "exports the backing files (and decrypts luks) over FUSE"
         tools["fusermount3"] = "unmounts the FUSE exports at teardown"
@@ -62,11 +84,17 @@ def check_tools(plan: dict, path: str | None = None) -> dict:
 
     Raises :class:`MissingTools` naming each missing tool, why it is needed and how to install it.
     """
-    resolution = resolve_backend(plan["backend"], needs_dm=plan_needs_dm(plan))
+    resolution = resolve_plan_backend(plan)
     backend = resolution["selected"]
     # With no usable backend, list the tools of the one that was asked for (or userspace for auto:
     # the backend that needs no kernel support).
-    wanted = backend or (plan["backend"] if plan["backend"] != "auto" else "userspace")
+    from luksbench.testbox.env import userspace_compatible
+
+    wanted = backend or (
+        plan["backend"]
+        if plan["backend"] != "auto"
+        else ("kernel" if userspace_compatible(plan) else "userspace")
+    )
     missing = missing_tools(plan, wanted, path=path)
     if missing:
         lines = [f"missing tools for run {plan['run']!r} (backend {wanted}):"]
@@ -84,8 +112,21 @@ class NoSpace(RuntimeError):
 
 
 def scratch_space_needed(plan: dict) -> int:
-    """Bytes of backing files the plan creates (fully allocated, one per stack)."""
-    return len(plan["stacks"]) * plan["device_size_mib"] * 1024 * 1024
+    """Bytes of backing files the plan creates (fully allocated): one per stack that has its own
+    (plain, loop, luks on nothing) and one per scratch-file device."""
+    mib = 0
+    for stack in plan["stacks"].values():
+        from luksbench.testbox.plan import walk_layers
+
+        for _, layer in walk_layers(stack, ""):
+            if not isinstance(layer, dict):
+                continue
+            if layer["kind"] in ("plain", "loop") or (
+                layer["kind"] == "luks" and "over" not in layer
+            ):
+                mib += int(layer.get("size_mib") or plan["device_size_mib"])
+    mib += sum(int(d["size_mib"]) for d in plan.get("devices", {}).values() if "size_mib" in d)
+    return mib * 1024 * 1024
 
 
 def check_scratch_space(plan: dict) -> None:
@@ -97,7 +138,8 @@ def check_scratch_space(plan: dict) -> None:
     needed = scratch_space_needed(plan)
     if free < needed:
         raise NoSpace(
-            f"scratch_dir {directory} has {free // 2**20} MiB free, but {len(plan['stacks'])} "
-            f"stacks x device_size_mib {plan['device_size_mib']} need {needed // 2**20} MiB: "
-            "lower device_size_mib or point scratch_dir at a larger filesystem"
+            f"scratch_dir {directory} has {free // 2**20} MiB free, but the backing files of "
+            f"{len(plan['stacks'])} stacks (device_size_mib {plan['device_size_mib']}, devices' "
+            f"size_mib) need {needed // 2**20} MiB: lower device_size_mib / size_mib or point "
+            "scratch_dir at a larger filesystem"
         )

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from luksbench.layout import Workload, cpu_rep_path, fio_rep_path
-from luksbench.testbox import safety
+from luksbench.testbox import measure, safety
 from luksbench.testbox.env import TestboxError, log, utc_now, write_json_atomic
 from luksbench.testbox.plan import workloads
 from luksbench.testbox.stacks import load_state, pid_alive, stack_order
@@ -39,8 +39,6 @@ PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back 
 COUNTERBALANCE = (
     "ABBA across rounds: rounds 1,4,5,8,... stacks in order; rounds 2,3,6,7,... reversed"
 )
-STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 
 
 class Interrupted(BaseException):
@@ -107,32 +105,17 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
     return runs
 
 
-# --- /proc/stat ----------------------------------------------------------------------------------
+# --- /proc/stat and RAPL (sampling in luksbench.testbox.measure) --------------------------------
+
+read_proc_stat = measure.read_proc_stat
 
 
-def read_proc_stat() -> dict[str, int]:
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("cpu "):
-                values = [int(v) for v in line.split()[1:]]
-                values += [0] * (len(STAT_FIELDS) - len(values))
-                return dict(zip(STAT_FIELDS, values, strict=False))
-    raise TestboxError("/proc/stat has no aggregate cpu line")
-
-
-def cpu_sidecar(before: dict, after: dict, interval_s: float) -> dict:
-    clk = os.sysconf("SC_CLK_TCK")
-    delta = {k: (after[k] - before[k]) / clk for k in STAT_FIELDS}
-    busy = sum(delta[k] for k in BUSY_FIELDS)
-    total = sum(delta.values())
+def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None = None) -> dict:
+    """The rep's sidecar: /proc/stat deltas over the fio run and its RAPL energy (None: absent)."""
     return {
-        "interval_s": round(interval_s, 6),
-        "clk_tck": clk,
-        "cpu_count": os.cpu_count(),
-        "delta_s": {k: round(v, 6) for k, v in delta.items()},
-        "busy_s": round(busy, 6),
-        "busy_pct": round(100.0 * busy / total, 3) if total > 0 else None,
+        **measure.cpu_delta(before, after, interval_s),
         "window": "fio process lifetime (startup, ramp_time and runtime); aggregate cpu line of /proc/stat; iowait counts as idle",
+        "rapl": rapl,
     }
 
 
@@ -143,16 +126,27 @@ def fio_argv(
     plan: dict, entry: dict, stack: str, w: Workload, output: Path, io_size: int
 ) -> list[str]:
     f = plan["fio"]
+    if entry.get("device_type") == "rbd":
+        # Ceph: fio's rbd engine talks to the cluster itself (client keyring from ceph.conf).
+        rbd = plan["stacks"][stack]
+        target = [
+            "--ioengine=rbd",
+            f"--clientname={rbd.get('client', 'admin')}",
+            f"--pool={rbd['pool']}",
+            f"--rbdname={rbd['image']}",
+        ]
+    else:
+        target = [f"--filename={entry['device']}", f"--ioengine={f.get('ioengine', 'libaio')}"]
     argv = [
         "fio",
         f"--output-format={f.get('output_format', 'json+')}",
         f"--output={output}",
         f"--name={stack}-{w.id}",
-        f"--filename={entry['device']}",
+        *target[:1],
         f"--rw={w.rw}",
         f"--bs={w.bs_bytes}",
         f"--iodepth={w.iodepth}",
-        f"--ioengine={f.get('ioengine', 'libaio')}",
+        *target[1:],
         f"--direct={1 if f.get('direct', True) else 0}",
         "--time_based",
         f"--runtime={f.get('runtime_s', 3)}s",
@@ -204,11 +198,16 @@ def check_state_live(state: dict) -> None:
         problems.append("stack-up did not complete")
     for name, e in state["stacks"].items():
         dev = e.get("device")
+        if e.get("device_type") == "rbd":
+            continue  # nothing local to check; fio reports a failure to connect
         if not dev or not os.path.exists(dev):
             problems.append(f"{name}: {dev} is gone")
         elif e.get("device_type") == "block":
             if not stat.S_ISBLK(os.stat(dev).st_mode):
                 problems.append(f"{name}: {dev} is not a block device")
+        elif e.get("device_type") == "fsfile":
+            if not safety.is_mounted(e["mountpoint"]):
+                problems.append(f"{name}: filesystem {e['mountpoint']} is not mounted")
         else:
             if not safety.is_mounted(e["mountpoint"]):
                 problems.append(f"{name}: FUSE export {e['mountpoint']} is not mounted")
@@ -300,7 +299,10 @@ def run_fio(
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     interrupted: Interrupted | None = None
+    cpu_idle_baseline: dict | None = None
     try:
+        # Once per session, before any fio run: the load and power of the box doing nothing.
+        cpu_idle_baseline = measure.idle_baseline()
         for r in runs:
             w: Workload = r["workload"]
             stack = r["stack"]
@@ -367,6 +369,7 @@ def run_fio(
                 "least k repetitions (cell_repetitions)"
             ),
             "io_size_bytes": io_size,
+            "cpu_idle_baseline": cpu_idle_baseline,
             "fio": plan["fio"],
             "started": started,
             "ended": utc_now(),
@@ -437,7 +440,7 @@ def _one_run(
     proc = None
     try:
         argv = fio_argv(plan, entry, stack, w, tmp, io_size)
-        before, t0 = read_proc_stat(), time.monotonic()
+        before, rapl_before, t0 = read_proc_stat(), measure.read_rapl(), time.monotonic()
         # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
         proc = subprocess.Popen(
             argv,
@@ -448,7 +451,7 @@ def _one_run(
             start_new_session=True,
         )
         _, err = proc.communicate()
-        t1, after = time.monotonic(), read_proc_stat()
+        t1, after, rapl_after = time.monotonic(), read_proc_stat(), measure.read_rapl()
         if err.strip():
             for line in err.strip().splitlines():
                 log(f"    fio: {line}")
@@ -467,7 +470,9 @@ def _one_run(
         errs = [j.get("error") for j in doc["jobs"] if j.get("error")]
         if errs:
             return False, f"FAILED: fio job error {errs}; no rep file written"
-        sidecar = cpu_sidecar(before, after, t1 - t0)
+        sidecar = cpu_sidecar(
+            before, after, t1 - t0, measure.rapl_delta(rapl_before, rapl_after, t1 - t0)
+        )
         # The sidecar goes first: the rep file's appearance is the commit point.
         write_json_atomic(cpu_rep_path(path), sidecar, mode=0o444)
         os.chmod(tmp, 0o444)

@@ -1,17 +1,25 @@
 """Guards before the test box touches anything: names, paths, and what is already in use.
 
-Minimal for now (a later issue extends it to raw disks): every backing file lives directly in
-the plan's scratch_dir, every loop device / mapper name / FUSE mountpoint we create is named after
-the run and stack, and we refuse to start when one of those names or files is already in use.
+Scratch files: every backing file lives directly in the plan's scratch_dir, every loop device /
+mapper name / FUSE mountpoint we create is named after the run and stack, and we refuse to start
+when one of those names or files is already in use.
 
-Standard library only.
+Real disks (``devices:`` entries with a ``path``): ``check_devices`` is the allowlist's gate. A
+disk is written to only when its path is stable (``/dev/disk/by-id/...``; ``allow_unstable_path``
+for VMs and loop test disks), it is a block device, nothing has it mounted, held (dm/md/bcache),
+claimed (``O_EXCL``) or open, and it is blank or its serial is named in ``wipe_serial``.
+
+Standard library and util-linux (wipefs, blkid, lsblk, losetup) only.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -153,3 +161,486 @@ def check_free(*, mapper: str | None = None, mountpoint: Path | None = None, bac
     holders = processes_holding(backing)
     if holders:
         raise SafetyError(f"{backing} is open by pid(s) {holders} (run stack-down)")
+
+
+# --- real disks: the devices allowlist -----------------------------------------------------------
+
+# Names that keep pointing at the same disk across reboots and hot-plugging. Left out on purpose:
+# /dev/sdX, /dev/nvmeXnY, /dev/vdX and /dev/loopN (enumeration order), by-diskseq (a per-boot
+# counter), by-uuid and by-label (they name the filesystem about to be destroyed, and clones share
+# them), by-partlabel (free text, often duplicated).
+STABLE_PATH_PREFIXES = (
+    "/dev/disk/by-id/",  # model + serial or WWN: follows the disk to any port
+    "/dev/disk/by-path/",  # controller and port: stable while the hardware stays put
+    "/dev/disk/by-partuuid/",  # GPT partition UUID
+)
+
+# O_EXCL on a block device is the kernel's "claimed" check (it does not create anything).
+_EXCL_CLAIMERS = (
+    "a mounted filesystem, active swap, a device-mapper/md/bcache member, or a program such as "
+    "cryptsetup, mkfs or fio"
+)
+
+
+_FILE_KINDS = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+)
+
+
+def _which(tool: str) -> str | None:
+    return shutil.which(tool) or next(
+        (p for d in ("/usr/sbin", "/sbin") if os.access(p := f"{d}/{tool}", os.X_OK)), None
+    )
+
+
+def _run_tool(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
+    """Run a read-only probe; None when the tool is missing or hangs."""
+    tool = _which(argv[0])
+    if tool is None:
+        return None
+    try:
+        return subprocess.run(
+            [tool, *argv[1:]], capture_output=True, text=True, check=False, timeout=timeout
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def is_stable_path(path: str) -> bool:
+    """``path`` is one link directly inside a STABLE_PATH_PREFIXES directory (``..`` resolved)."""
+    norm = os.path.normpath(path)
+    for prefix in STABLE_PATH_PREFIXES:
+        rest = norm.removeprefix(prefix)
+        if rest != norm and rest and "/" not in rest:
+            return True
+    return False
+
+
+def stable_links_to(resolved: str) -> list[str]:
+    """Links in the STABLE_PATH_PREFIXES directories that point at ``resolved`` (for messages)."""
+    target = os.path.realpath(resolved)
+    found = []
+    for prefix in STABLE_PATH_PREFIXES:
+        try:
+            names = sorted(os.listdir(prefix))
+        except OSError:
+            continue
+        found += [prefix + n for n in names if os.path.realpath(prefix + n) == target]
+    return found
+
+
+def _block_rdev(resolved: str) -> int:
+    st = os.stat(resolved)
+    if not stat.S_ISBLK(st.st_mode):
+        raise SafetyError(f"{resolved} is not a block device")
+    return st.st_rdev
+
+
+def _sysfs_dir(resolved: str) -> Path:
+    """/sys/devices/.../block/<disk>[/<partition>] of a block device node."""
+    rdev = _block_rdev(resolved)
+    sysdir = Path(os.path.realpath(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}"))
+    if not (sysdir / "dev").is_file():
+        raise SafetyError(f"{resolved}: no sysfs entry for block device {_major_minor(rdev)}")
+    return sysdir
+
+
+def _major_minor(rdev: int) -> str:
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def _is_partition(sysdir: Path) -> bool:
+    return (sysdir / "partition").is_file()
+
+
+def _whole_disk(sysdir: Path) -> Path:
+    return sysdir.parent if _is_partition(sysdir) else sysdir
+
+
+def _partitions(sysdir: Path) -> list[Path]:
+    if _is_partition(sysdir):
+        return []
+    try:
+        return sorted(c for c in sysdir.iterdir() if (c / "partition").is_file())
+    except OSError:
+        return []
+
+
+def _family(sysdir: Path) -> list[Path]:
+    """The device and, for a whole disk, its partitions: what wiping it would destroy."""
+    return [sysdir, *_partitions(sysdir)]
+
+
+def _rdev_of(sysdir: Path) -> int | None:
+    text = _read(sysdir / "dev")
+    if not text or ":" not in text:
+        return None
+    major, minor = text.split(":", 1)
+    return os.makedev(int(major), int(minor))
+
+
+def _dev_node(sysdir: Path) -> str:
+    """/dev node of a sysfs block entry (DEVNAME from uevent; the kernel name otherwise)."""
+    for line in (_read(sysdir / "uevent") or "").splitlines():
+        if line.startswith("DEVNAME="):
+            return "/dev/" + line.removeprefix("DEVNAME=")
+    return f"/dev/{sysdir.name}"
+
+
+def _lsblk_field(node: str, column: str) -> str | None:
+    proc = _run_tool(["lsblk", "-dno", column, node])
+    if proc is None or proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def device_serial(resolved: str) -> str | None:
+    """What ``wipe_serial`` must name: the disk's serial (a partition's is its disk's).
+
+    Loop devices have none; their backing file's path stands in for it. For other disks the sysfs
+    serial (NVMe, virtio), then lsblk's SERIAL (what users see, from udev for SATA/SAS), then the
+    WWID; None when there is none.
+    """
+    disk = _whole_disk(_sysfs_dir(resolved))
+    if (disk / "loop").is_dir():
+        backing = _read(disk / "loop" / "backing_file")
+        return backing or None
+    for candidate in (disk / "device" / "serial", disk / "serial"):
+        if value := _read(candidate):
+            return value
+    if value := _lsblk_field(_dev_node(disk), "SERIAL"):
+        return value
+    return _read(disk / "device" / "wwid") or None
+
+
+def device_model(resolved: str) -> str | None:
+    disk = _whole_disk(_sysfs_dir(resolved))
+    if (disk / "loop").is_dir():
+        return None
+    return _read(disk / "device" / "model") or _lsblk_field(_dev_node(disk), "MODEL")
+
+
+def _signatures_of(node: str) -> list[dict]:
+    proc = _run_tool(["wipefs", "--no-act", "--json", node])
+    if proc is not None and proc.returncode == 0:
+        if not proc.stdout.strip():
+            return []  # older wipefs prints nothing for a blank device
+        try:
+            found = json.loads(proc.stdout).get("signatures", [])
+        except json.JSONDecodeError:
+            found = None
+        if found is not None:
+            return [
+                {k: s[k] for k in ("type", "offset", "uuid", "label") if s.get(k) is not None}
+                for s in found
+            ]
+    # Fallback (no wipefs, or one without --json): blkid reports the first signature only.
+    probe = _run_tool(["blkid", "-p", "-o", "export", node])
+    if probe is not None and probe.returncode == 2:
+        return []
+    if probe is not None and probe.returncode == 8:
+        return [{"type": "ambivalent (blkid -p found several signatures)", "offset": None}]
+    if probe is not None and probe.returncode == 0:
+        values = dict(
+            line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line.strip()
+        )
+        kind = values.get("TYPE") or values.get("PTTYPE") or "unknown"
+        offset = values.get("SBMAGIC_OFFSET") or values.get("PTMAGIC_OFFSET")
+        return [{"type": kind, "offset": hex(int(offset)) if offset else None}]
+    said = ((proc.stderr if proc else "") + (probe.stderr if probe else "")).strip()
+    raise SafetyError(
+        f"cannot read the signatures of {node} (wipefs and blkid failed or are missing"
+        f"{': ' + said if said else ''}); install util-linux"
+    )
+
+
+def device_signatures(resolved: str) -> list[dict]:
+    """Filesystem, RAID, LUKS and partition-table signatures (``wipefs --no-act``): a list of
+    ``{"type", "offset"[, "uuid", "label"]}``, empty when blank. For a whole disk, its
+    partitions' signatures follow, with a ``"partition"`` key."""
+    sysdir = _sysfs_dir(resolved)
+    found = _signatures_of(resolved)
+    for part in _partitions(sysdir):
+        found += [{**s, "partition": part.name} for s in _signatures_of(_dev_node(part))]
+    return found
+
+
+def _is_one_of(path: str, rdevs: set[int]) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISBLK(st.st_mode) and st.st_rdev in rdevs
+
+
+def device_mounts(resolved: str) -> list[str]:
+    """Mount points of the device or its partitions in this mount namespace, and ``[swap]`` when
+    one of them is active swap. (Mounts in other namespaces still claim the device: see
+    device_in_use.)"""
+    family = _family(_sysfs_dir(resolved))
+    rdevs = {r for r in map(_rdev_of, family) if r is not None}
+    numbers = {_major_minor(r) for r in rdevs}
+    found: list[str] = []
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        mountinfo = ""
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5:
+            continue
+        source = _unescape_mountinfo(tail[1]) if len(tail) > 1 else ""
+        # btrfs shows an anonymous 0:N in mountinfo: its source names the real device.
+        if fields[2] in numbers or (source.startswith("/dev/") and _is_one_of(source, rdevs)):
+            found.append(_unescape_mountinfo(fields[4]))
+    try:
+        swaps = Path("/proc/swaps").read_text().splitlines()[1:]
+    except OSError:
+        swaps = []
+    for line in swaps:
+        if line.split() and _is_one_of(_unescape_mountinfo(line.split()[0]), rdevs):
+            found.append("[swap]")
+    return sorted(set(found))
+
+
+def device_holders(resolved: str) -> list[str]:
+    """Kernel devices stacked on the device or its partitions (dm-N, mdN, bcacheN), from sysfs
+    ``holders/``; a dm holder is shown with its name, ``dm-0 (luks-root)``."""
+    found = set()
+    for member in _family(_sysfs_dir(resolved)):
+        try:
+            holders = os.listdir(member / "holders")
+        except OSError:
+            continue
+        for holder in holders:
+            dm_name = _read(Path("/sys/class/block") / holder / "dm" / "name")
+            found.add(f"{holder} ({dm_name})" if dm_name else holder)
+    return sorted(found)
+
+
+def processes_using_device(resolved: str) -> list[int]:
+    """PIDs with the device or one of its partitions open, by device number (whatever node name
+    they opened). Scans /proc/*/fd; needs root to see other users' processes."""
+    rdevs = {r for r in map(_rdev_of, _family(_sysfs_dir(resolved))) if r is not None}
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        fd_dir = f"/proc/{entry}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if not os.readlink(f"{fd_dir}/{fd}").startswith("/"):
+                    continue  # sockets, pipes, anon inodes
+                st = os.stat(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if stat.S_ISBLK(st.st_mode) and st.st_rdev in rdevs:
+                pids.append(int(entry))
+                break
+    return sorted(pids)
+
+
+def _process_name(pid: int) -> str:
+    return _read(Path(f"/proc/{pid}/comm")) or "?"
+
+
+def device_in_use(resolved: str) -> str | None:
+    """Why the device is busy, or None. The kernel's exclusive claim (``open(O_EXCL)`` fails with
+    EBUSY: mounted anywhere, swap, dm/md member, another O_EXCL opener), then processes that
+    have it or a partition open."""
+    reasons = []
+    try:
+        fd = os.open(resolved, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            reasons.append(f"claimed exclusively (open with O_EXCL: EBUSY) by {_EXCL_CLAIMERS}")
+        else:
+            reasons.append(f"cannot be opened ({exc.strerror})")
+    else:
+        os.close(fd)
+    pids = processes_using_device(resolved)
+    if pids:
+        reasons.append("open by " + ", ".join(f"pid {p} ({_process_name(p)})" for p in pids))
+    return "; ".join(reasons) or None
+
+
+def _queue_value(sysdir: Path, name: str) -> int | None:
+    # Partitions have no queue/: it is their disk's.
+    text = _read(_whole_disk(sysdir) / "queue" / name)
+    return int(text) if text and text.isdigit() else None
+
+
+def _describe_signatures(signatures: list[dict]) -> str:
+    parts = []
+    for s in signatures:
+        where = f" in partition {s['partition']}" if "partition" in s else ""
+        at = f" at offset {s['offset']}" if s.get("offset") else ""
+        label = f" label {s['label']!r}" if s.get("label") else ""
+        parts.append(f"{s['type']}{at}{where}{label}")
+    return ", ".join(parts)
+
+
+def check_device(name: str, spec: dict) -> dict:
+    """Refuse (SafetyError, message starting ``devices.<name>``) unless the ``devices:`` entry
+    may be written to; return what it is.
+
+    ``spec`` is ``{"path": ..., "wipe_serial": "", "allow_unstable_path": False}``. The checks
+    read only (``O_RDONLY``, ``wipefs --no-act``). They hold at the time of the check: callers
+    write to ``resolved`` and compare its ``major_minor`` right before they do.
+    """
+    where = f"devices.{name}"
+    path = spec.get("path")
+    wipe_serial = spec.get("wipe_serial") or ""
+    allow_unstable = spec.get("allow_unstable_path", False)
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise SafetyError(
+            f"{where}.path must be an absolute device path such as /dev/disk/by-id/..., "
+            f"not {path!r}"
+        )
+    if not isinstance(wipe_serial, str):
+        raise SafetyError(f"{where}.wipe_serial must be a string (the disk's serial)")
+    if not isinstance(allow_unstable, bool):
+        raise SafetyError(f"{where}.allow_unstable_path must be true or false")
+    if not allow_unstable and not is_stable_path(path):
+        links = stable_links_to(path) if os.path.exists(path) else []
+        hint = (
+            f"links to it here: {', '.join(links)}"
+            if links
+            else "see ls -l /dev/disk/by-id/ for the disk's names"
+        )
+        raise SafetyError(
+            f"{where}: path {path} is not a stable name: it can point at another disk after a "
+            f"reboot or hot-plug. Use a link under {', '.join(STABLE_PATH_PREFIXES)} ({hint}), "
+            f"or set {where}.allow_unstable_path: true (VMs, loop test disks)"
+        )
+    if not os.path.exists(path):
+        dangling = f" (a symlink to {os.readlink(path)}, missing)" if os.path.islink(path) else ""
+        raise SafetyError(
+            f"{where}: path {path} does not exist{dangling}; check the name "
+            "(ls -l /dev/disk/by-id/) and that the disk is attached"
+        )
+    resolved = os.path.realpath(path)
+    shown = path if resolved == path else f"{path} (-> {resolved})"
+    mode = os.stat(resolved).st_mode
+    if not stat.S_ISBLK(mode):
+        kind = next((what for test, what in _FILE_KINDS if test(mode)), "a special file")
+        raise SafetyError(
+            f"{where}: {shown} is {kind}, not a block device; name a disk, or use "
+            f"size_mib instead of path for a scratch file on a loop device"
+        )
+    sysdir = _sysfs_dir(resolved)
+    rdev = _block_rdev(resolved)
+    size_bytes = int(_read(sysdir / "size") or 0) * 512
+    if size_bytes == 0:
+        raise SafetyError(
+            f"{where}: {shown} has size 0 (an unattached loop device, or no medium); "
+            "attach the disk or fix the path"
+        )
+    mounts = device_mounts(resolved)
+    if mounts:
+        at = ", ".join("as swap" if m == "[swap]" else f"at {m}" for m in mounts)
+        raise SafetyError(
+            f"{where}: {shown} (or a partition of it) is mounted {at}; unmount it (umount / "
+            "swapoff) if its data may go, or name another disk"
+        )
+    holders = device_holders(resolved)
+    if holders:
+        raise SafetyError(
+            f"{where}: {shown} (or a partition of it) is held by {', '.join(holders)}: it is part "
+            "of a device-mapper, md or bcache device; take that down (dmsetup remove, cryptsetup "
+            "close, mdadm --stop) if its data may go, or name another disk"
+        )
+    busy = device_in_use(resolved)
+    if busy:
+        raise SafetyError(
+            f"{where}: {shown} is in use: {busy}; stop that first, or name another disk"
+        )
+    serial = device_serial(resolved)
+    if wipe_serial and serial is None:
+        raise SafetyError(
+            f"{where}: wipe_serial is {wipe_serial!r} but {shown} has no serial to compare it "
+            "with; clear the disk yourself (wipefs -a) after checking, and leave wipe_serial empty"
+        )
+    if wipe_serial and wipe_serial != serial:
+        raise SafetyError(
+            f"{where}: wipe_serial is {wipe_serial!r} but {shown} has serial {serial!r}: either "
+            "path names another disk than the one you confirmed (check path) or wipe_serial is "
+            "mistyped"
+        )
+    signatures = device_signatures(resolved)
+    if signatures and not wipe_serial:
+        fix = (
+            f"set {where}.wipe_serial: {serial!r} (its serial) to let luksbench overwrite it"
+            if serial is not None
+            else "it has no serial to confirm by: clear it yourself (wipefs -a) after checking"
+        )
+        raise SafetyError(
+            f"{where}: {shown} is not blank, it carries {_describe_signatures(signatures)}; "
+            f"if its data may go, {fix}"
+        )
+    disk = _whole_disk(sysdir)
+    return {
+        "name": name,
+        "path": path,
+        "resolved": resolved,
+        "kernel_name": sysdir.name,
+        "major_minor": _major_minor(rdev),
+        "is_partition": _is_partition(sysdir),
+        "whole_disk": disk.name,
+        "size_bytes": size_bytes,
+        "serial": serial,
+        "model": device_model(resolved),
+        "rotational": _queue_value(sysdir, "rotational") == 1,
+        "logical_block_size": _queue_value(sysdir, "logical_block_size"),
+        "physical_block_size": _queue_value(sysdir, "physical_block_size"),
+        "read_only": _read(sysdir / "ro") == "1",
+        "signatures": signatures,
+        "wipe_confirmed": bool(wipe_serial) and wipe_serial == serial,
+    }
+
+
+def check_devices(devices: dict[str, dict]) -> dict[str, dict]:
+    """check_device for every entry with a ``path`` (``size_mib`` entries are scratch files,
+    made by luksbench itself), then refuse two names for one disk, or a disk and its partition.
+    Returns name -> description."""
+    described: dict[str, dict] = {}
+    for name, spec in devices.items():
+        if not isinstance(spec, dict) or ("path" in spec) == ("size_mib" in spec):
+            raise SafetyError(
+                f"devices.{name} needs exactly one of 'path' (a real disk) or 'size_mib' "
+                "(a scratch file on a loop device)"
+            )
+        if "path" in spec:
+            described[name] = check_device(name, spec)
+    seen: dict[str, str] = {}
+    for name, d in described.items():
+        if d["major_minor"] in seen:
+            other = seen[d["major_minor"]]
+            raise SafetyError(
+                f"devices.{name}: {d['path']} and devices.{other} ({described[other]['path']}) "
+                f"are the same block device ({d['resolved']}, {d['major_minor']}); "
+                "name each disk once and share it between stacks by name"
+            )
+        seen[d["major_minor"]] = name
+    for name, d in described.items():
+        for other, o in described.items():
+            if d["is_partition"] and not o["is_partition"] and d["whole_disk"] == o["kernel_name"]:
+                raise SafetyError(
+                    f"devices.{name}: {d['resolved']} is a partition of devices.{other} "
+                    f"({o['resolved']}); writing one destroys the other: use one of them"
+                )
+    return described

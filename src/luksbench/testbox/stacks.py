@@ -23,30 +23,31 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
-import stat
-import struct
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from luksbench.testbox import lock, safety
+from luksbench.testbox import layers, lock, measure, safety
 from luksbench.testbox.env import (
     TestboxError,
     log,
-    plan_needs_dm,
-    resolve_backend,
+    resolve_plan_backend,
     tool_versions,
+    userspace_compatible,
     utc_now,
     write_json_atomic,
 )
+from luksbench.testbox.layers import create_backing as _create_backing
+from luksbench.testbox.layers import device_size, luks_format_argv
+from luksbench.testbox.layers import run_tool as _run
+from luksbench.testbox.layers import write_key as _write_key
+from luksbench.testbox.plan import device_uses, precondition_options, walk_layers
 
 STATE_VERSION = 1
 MIB = 1024 * 1024
@@ -60,58 +61,9 @@ USERSPACE_LUKS_NOTE = (
 # --- small helpers -------------------------------------------------------------------------------
 
 
-def _run(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a tool; raise TestboxError with its stderr on failure. Never logs key material:
-    keys only ever travel in files, so argv is safe to print."""
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except FileNotFoundError as exc:
-        raise TestboxError(f"{what}: {argv[0]} not installed") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise TestboxError(f"{what}: `{' '.join(argv)}` timed out after {timeout} s") from exc
-    if proc.returncode != 0:
-        raise TestboxError(
-            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
-        )
-    return proc
-
-
 def _qemu_escape(value: str) -> str:
     """qemu option values escape ',' as ',,'."""
     return str(value).replace(",", ",,")
-
-
-def device_size(path: str | Path) -> int:
-    """Size in bytes of a block device (BLKGETSIZE64) or regular file."""
-    st = os.stat(path)
-    if stat.S_ISBLK(st.st_mode):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
-        finally:
-            os.close(fd)
-        return struct.unpack("Q", buf)[0]
-    return st.st_size
-
-
-def loop_direct_io(loop: str) -> bool | None:
-    """Whether the loop device really does direct I/O to its backing file (``losetup -J -l``)."""
-    try:
-        proc = subprocess.run(
-            ["losetup", "-J", "-l", loop], capture_output=True, text=True, check=False, timeout=30
-        )
-        dev = json.loads(proc.stdout)["loopdevices"][0]
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, KeyError, IndexError):
-        return None
-    dio = dev.get("dio")
-    return dio if isinstance(dio, bool) else (str(dio) == "1" if dio is not None else None)
 
 
 def stack_order(plan: dict) -> list[str]:
@@ -181,44 +133,6 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 # --- command lines (pure functions; unit-tested) -------------------------------------------------
 
 
-def losetup_argv(backing: str | Path) -> list[str]:
-    return ["losetup", "--direct-io=on", "--show", "-f", str(backing)]
-
-
-def luks_format_argv(
-    cfg: dict, target: str | Path, key_file: str | Path, luks_type: str
-) -> list[str]:
-    argv = [
-        "cryptsetup",
-        "luksFormat",
-        "--batch-mode",
-        "--type",
-        luks_type,
-        "--cipher",
-        str(cfg.get("cipher", "aes-xts-plain64")),
-        "--key-size",
-        str(int(cfg.get("key_bits", 512))),
-        "--hash",
-        str(cfg.get("hash", "sha256")),
-    ]
-    if luks_type == "luks2":
-        argv += ["--sector-size", str(int(cfg.get("sector_size", 512)))]
-    argv += [
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        str(int(cfg.get("pbkdf_iterations", 1000))),
-        "--key-file",
-        str(key_file),
-        str(target),
-    ]
-    return argv
-
-
-def luks_open_argv(device: str | Path, name: str, key_file: str | Path) -> list[str]:
-    return ["cryptsetup", "open", "--type", "luks", "--key-file", str(key_file), str(device), name]
-
-
 def qsd_argv(
     *,
     kind: str,
@@ -259,23 +173,6 @@ def qsd_argv(
     return argv
 
 
-def precondition_argv(device: str | Path, size: int, ioengine: str, name: str) -> list[str]:
-    return [
-        "fio",
-        "--output-format=json",
-        f"--name={name}",
-        f"--filename={device}",
-        "--rw=write",
-        "--bs=1m",
-        "--iodepth=8",
-        f"--ioengine={ioengine}",
-        "--direct=1",
-        f"--size={size}",
-        "--numjobs=1",
-        "--group_reporting",
-    ]
-
-
 # --- QMP -----------------------------------------------------------------------------------------
 
 
@@ -314,27 +211,6 @@ def _runtime_parent() -> str | None:
     return "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else None
 
 
-def _write_key(key_dir: Path, stack: str) -> Path:
-    """A random 64-character hex passphrase (qemu secrets must be UTF-8), mode 0600, no newline."""
-    path = key_dir / f"{stack}.key"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-        f.flush()
-        os.fsync(f.fileno())
-    return path
-
-
-def _create_backing(path: Path, size: int) -> None:
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _start_daemon(entry: dict, state: dict) -> None:
     mnt = Path(entry["mountpoint"])
     mnt.touch(mode=0o600)  # FUSE exports need an existing regular file as mountpoint
@@ -358,31 +234,37 @@ def _start_daemon(entry: dict, state: dict) -> None:
         raise TestboxError(f"stack {entry['stack']}: FUSE export {mnt} is not mounted after start")
 
 
-def _precondition(entry: dict, ioengine: str) -> dict:
-    dev, size = entry["device"], entry["size_bytes"]
-    log(
-        f"  {entry['stack']}: preconditioning {size / MIB:.0f} MiB (sequential 1 MiB direct writes)"
-    )
-    t0 = time.monotonic()
-    proc = _run(
-        precondition_argv(dev, size, ioengine, f"precondition-{entry['stack']}"),
-        f"stack {entry['stack']}: precondition",
-        timeout=24 * 3600,
-    )
-    seconds = time.monotonic() - t0
-    result = {"bytes": size, "bs": "1m", "seconds": round(seconds, 3)}
-    with contextlib.suppress(ValueError, KeyError, IndexError):
-        job = json.loads(proc.stdout[proc.stdout.index("{") :])["jobs"][0]
-        result["io_bytes"] = job["write"]["io_bytes"]
-        result["bw_bytes"] = job["write"]["bw_bytes"]
-        if job.get("error"):
-            raise TestboxError(f"stack {entry['stack']}: precondition fio error {job['error']}")
-    log(f"  {entry['stack']}: preconditioned in {seconds:.1f} s")
-    return result
+def _precondition(entry: dict, ioengine: str, options: dict) -> dict:
+    """Discard (where the device allows it), fill, optionally reach steady state: measure.py."""
+    log(f"  {entry['stack']}: preconditioning {entry['size_bytes'] / MIB:.0f} MiB")
+    record = measure.precondition(entry["device"], entry["size_bytes"], options, ioengine, log=log)
+    log(f"  {entry['stack']}: preconditioned in {record['seconds']:.1f} s")
+    return record
+
+
+def _real_devices_used(plan: dict) -> dict[str, dict]:
+    """The allowlisted real disks (``devices`` entries with a path) the stacks use."""
+    used = device_uses(plan)
+    return {
+        name: spec
+        for name, spec in plan.get("devices", {}).items()
+        if "path" in spec and name in used
+    }
+
+
+def build_order(plan: dict) -> list[str]:
+    """Stacks in the order they can be built: a linear arm after the stack it covers."""
+    order = stack_order(plan)
+    late = [
+        n
+        for n in order
+        if isinstance(plan["stacks"][n], dict) and plan["stacks"][n]["kind"] == "linear"
+    ]
+    return [n for n in order if n not in late] + late
 
 
 def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
-    """Create backing files, bring every stack up, precondition, write STATE and DESCRIBE.
+    """Check every device, bring every stack up, precondition, write STATE and DESCRIBE.
 
     On any failure (or Ctrl-C) everything built so far is torn down before the error propagates.
     Returns the description.
@@ -395,7 +277,7 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
         raise TestboxError(
             f"{state_path} exists: stacks may still be up; run `luksbench testbox stack-down --state {state_path}` first"
         )
-    backend = resolve_backend(plan["backend"], needs_dm=plan_needs_dm(plan))
+    backend = resolve_plan_backend(plan)
     if backend["selected"] is None:
         raise TestboxError(f"no usable backend: {backend['reason']}")
     log(f"luksbench testbox stack-up: backend {backend['selected']} ({backend['reason']})")
@@ -406,39 +288,38 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     size = int(plan["device_size_mib"]) * MIB
     order = stack_order(plan)
     # Everything the stacks will use, checked before anything is created.
+    device_checks: dict[str, dict] = {}
+    if backend["selected"] == "kernel":
+        device_checks = safety.check_devices(_real_devices_used(plan))
     entries: dict[str, dict] = {}
     for name in order:
         cfg = plan["stacks"][name]
         kind = cfg.get("kind", "plain")
-        if kind not in ("plain", "luks"):
-            raise TestboxError(f"stack {name}: kind must be plain or luks, not {kind!r}")
-        backing = safety.check_inside(scratch / f"luksbench-{run}-{name}.img", scratch)
         entry = {
             "stack": name,
             "kind": kind,
-            "backing_file": str(backing),
-            "backing_size_bytes": size,
             "device": None,
             "device_type": None,
             "size_bytes": None,
-            "loop_device": None,
-            "mapper_name": None,
             "mountpoint": None,
-            "daemon": None,
-            "key_file": None,
         }
-        if backend["selected"] == "kernel":
-            if kind == "luks":
-                entry["mapper_name"] = safety.mapper_name(run, name)
-        else:
-            entry["mountpoint"] = str(
-                safety.check_inside(scratch / f"luksbench-{run}-{name}.fuse", scratch)
+        if backend["selected"] == "userspace":
+            if userspace_compatible({"stacks": {name: cfg}}):
+                raise TestboxError(
+                    f"stack {name}: the userspace backend builds only plain and luks arms on "
+                    f"their own backing file, not {kind}: use the kernel backend"
+                )
+            backing = safety.check_inside(scratch / f"luksbench-{run}-{name}.img", scratch)
+            entry.update(
+                backing_file=str(backing),
+                backing_size_bytes=size,
+                daemon=None,
+                key_file=None,
+                mountpoint=str(
+                    safety.check_inside(scratch / f"luksbench-{run}-{name}.fuse", scratch)
+                ),
             )
-        safety.check_free(
-            mapper=entry["mapper_name"],
-            mountpoint=Path(entry["mountpoint"]) if entry["mountpoint"] else None,
-            backing=backing,
-        )
+            safety.check_free(mountpoint=Path(entry["mountpoint"]), backing=backing)
         entries[name] = entry
 
     state = {
@@ -455,12 +336,17 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
         "order": order,
         "io_size_bytes": None,
         "stacks": entries,
+        "objects": [],  # kernel backend: the undo log (layers.KernelBuilder)
     }
     # Before anything is created: one benchmark per test box (the state file is the lock's proof).
     lock.acquire(plan, state_path)
     write_json_atomic(state_path, state, mode=0o600)
     try:
-        description = _build(plan, state, state_path, size)
+        if state["backend"] == "kernel":
+            described = _build_kernel(plan, state, state_path, device_checks)
+        else:
+            described = _build_userspace(plan, state, state_path, size)
+        description = _finish(plan, state, state_path, described)
     except BaseException as exc:
         log(f"luksbench testbox stack-up: failed ({exc!r}); tearing down what was built")
         try:
@@ -479,15 +365,108 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     return description
 
 
-def _build(plan: dict, state: dict, state_path: Path, size: int) -> dict:
+def _layer_summary(desc: dict) -> str:
+    """'luks aes-xts-plain64 on md raid0 [loop, loop]': the tree in one line."""
+    kind = desc.get("kind")
+    if kind == "luks":
+        head = f"luks {desc.get('cipher')}"
+    elif kind == "md":
+        head = f"md raid{desc.get('level')}"
+    elif kind == "fs":
+        head = f"{desc.get('fstype')} file"
+    elif kind == "raw":
+        head = f"raw {desc.get('device_name')}"
+    else:
+        head = str(kind)
+    if "members" in desc:
+        return f"{head} [{', '.join(_layer_summary(m) for m in desc['members'])}]"
+    if isinstance(desc.get("over"), dict):
+        return f"{head} on {_layer_summary(desc['over'])}"
+    return head
+
+
+def _first_luks(desc: dict) -> dict | None:
+    if desc.get("kind") == "luks":
+        return desc
+    for child in ([desc["over"]] if isinstance(desc.get("over"), dict) else []) + list(
+        desc.get("members") or []
+    ):
+        found = _first_luks(child)
+        if found:
+            return found
+    return None
+
+
+def _first_loop(desc: dict) -> dict | None:
+    if desc.get("kind") == "loop":
+        return desc
+    for child in ([desc["over"]] if isinstance(desc.get("over"), dict) else []) + list(
+        desc.get("members") or []
+    ):
+        found = _first_loop(child)
+        if found:
+            return found
+    return None
+
+
+def _build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict) -> dict:
+    if any(
+        isinstance(layer, dict) and layer["kind"] == "luks"
+        for stack in plan["stacks"].values()
+        for _, layer in walk_layers(stack, "")
+    ):
+        state["key_dir"] = str(_private_dir(Path(state["scratch_dir"]), ".luksbench-keys-"))
+    write_json_atomic(state_path, state, mode=0o600)
+
+    def save() -> None:
+        write_json_atomic(state_path, state, mode=0o600)
+
+    builder = layers.KernelBuilder(plan, state, save, device_checks)
+    described: dict[str, dict] = {}
+    for name in build_order(plan):
+        built = builder.build_stack(name)
+        entry = state["stacks"][name]
+        entry.update(
+            device=built["device"],
+            device_type=built["device_type"],
+            size_bytes=built["size_bytes"],
+            mountpoint=built.get("mountpoint"),
+        )
+        save()
+        tree = built["description"]
+        luks = _first_luks(tree) or {}
+        loop = _first_loop(tree) or {}
+        notes = [n for d in (tree, luks, loop) for n in d.get("notes", [])]
+        described[name] = {
+            "kind": plan["stacks"][name]["kind"],
+            "backend": state["backend"],
+            "layout": _layer_summary(tree),
+            "cipher": luks.get("cipher"),
+            "key_bits": luks.get("key_bits"),
+            "hash": luks.get("hash"),
+            "luks_type": luks.get("luks_type"),
+            "sector_size": luks.get("sector_size"),
+            "perf_flags": luks.get("perf_flags_applied"),
+            "backing_file": loop.get("backing_file"),
+            "loop_device": loop.get("loop_device"),
+            "loop_direct_io": loop.get("loop_direct_io"),
+            "device": built["device"],
+            "device_type": built["device_type"],
+            "device_size_bytes": built["size_bytes"],
+            "layers": tree,
+            "notes": sorted(set(notes), key=notes.index),
+        }
+    return {name: described[name] for name in state["order"]}
+
+
+def _build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dict:
     scratch = Path(state["scratch_dir"])
     needs_key = any(e["kind"] == "luks" for e in state["stacks"].values())
     if needs_key:
         state["key_dir"] = str(_private_dir(scratch, ".luksbench-keys-"))
-    if state["backend"] == "userspace":
-        state["runtime_dir"] = str(
-            _private_dir(_runtime_parent() or tempfile.gettempdir(), "luksbench-")
-        )
+    state["runtime_dir"] = str(
+        _private_dir(_runtime_parent() or tempfile.gettempdir(), "luksbench-")
+    )
     write_json_atomic(state_path, state, mode=0o600)
 
     described: dict[str, dict] = {}
@@ -507,12 +486,17 @@ def _build(plan: dict, state: dict, state_path: Path, size: int) -> dict:
         if entry["kind"] == "luks":
             luks_type = cfg.get("luks_type", "luks2")
             sector = int(cfg.get("sector_size", 512))
-            if state["backend"] == "userspace" and luks_type != "luks1":
+            if luks_type != "luks1":
                 desc["notes"].append(USERSPACE_LUKS_NOTE)
                 luks_type = "luks1"
-            if luks_type == "luks1" and sector != 512:
+            if sector != 512:
                 desc["notes"].append(f"luks1 supports only 512-byte sectors; plan asked {sector}")
                 sector = 512
+            if cfg.get("perf_flags"):
+                desc["notes"].append(
+                    f"perf flags {cfg['perf_flags']} skipped: they are dm-crypt options and the "
+                    "userspace backend does not use dm-crypt"
+                )
             entry["key_file"] = str(_write_key(Path(state["key_dir"]), name))
             write_json_atomic(state_path, state, mode=0o600)
             log(f"  {name}: luksFormat --type {luks_type} {cfg.get('cipher', 'aes-xts-plain64')}")
@@ -530,55 +514,43 @@ def _build(plan: dict, state: dict, state_path: Path, size: int) -> dict:
                 pbkdf="pbkdf2",
                 pbkdf_iterations=int(cfg.get("pbkdf_iterations", 1000)),
             )
+            dump = _run(["cryptsetup", "luksDump", str(backing)], f"stack {name}: luksDump").stdout
+            if Path(entry["key_file"]).read_text() in dump:  # luksDump prints no key: belt, braces
+                raise TestboxError(
+                    f"stack {name}: luksDump output contains key material; refusing to keep it"
+                )
+            desc["luks_dump"] = dump
         else:
             desc.update(cipher=None, key_bits=None, hash=None, luks_type=None, sector_size=None)
-
-        if state["backend"] == "kernel":
-            loop = _run(losetup_argv(backing), f"stack {name}: losetup").stdout.strip()
-            entry["loop_device"] = loop
-            write_json_atomic(state_path, state, mode=0o600)
-            dio = loop_direct_io(loop)
-            desc["loop_device"], desc["loop_direct_io"] = loop, dio
-            if dio is not True:
-                desc["notes"].append(
-                    f"{loop}: direct I/O to the backing file is {'off' if dio is False else 'unknown'} "
-                    "(filesystem without O_DIRECT?); the page cache sits under this stack"
-                )
-            log(f"  {name}: {backing.name} -> {loop} (direct I/O {'on' if dio else 'NOT on'})")
-            if entry["kind"] == "luks":
-                _run(
-                    luks_open_argv(loop, entry["mapper_name"], entry["key_file"]),
-                    f"stack {name}: cryptsetup open",
-                )
-                entry["device"] = f"/dev/mapper/{entry['mapper_name']}"
-                log(f"  {name}: {loop} -> {entry['device']} (dm-crypt)")
-            else:
-                entry["device"] = loop
-            entry["device_type"] = "block"
-        else:
-            rt = Path(state["runtime_dir"])
-            entry["daemon"] = {
-                "pid": None,
-                "qmp_socket": str(rt / f"{name}.qmp"),
-                "pidfile": str(rt / f"{name}.pid"),
-            }
-            write_json_atomic(state_path, state, mode=0o600)
-            _start_daemon(entry, state)
-            entry["device"] = entry["mountpoint"]
-            entry["device_type"] = "file"
+        rt = Path(state["runtime_dir"])
+        entry["daemon"] = {
+            "pid": None,
+            "qmp_socket": str(rt / f"{name}.qmp"),
+            "pidfile": str(rt / f"{name}.pid"),
+        }
+        write_json_atomic(state_path, state, mode=0o600)
+        _start_daemon(entry, state)
+        entry["device"] = entry["mountpoint"]
+        entry["device_type"] = "file"
         write_json_atomic(state_path, state, mode=0o600)
         entry["size_bytes"] = device_size(entry["device"])
         write_json_atomic(state_path, state, mode=0o600)
         desc.update(
+            layout="plain file (FUSE)" if entry["kind"] == "plain" else "luks1 (qemu, FUSE)",
             device=entry["device"],
             device_type=entry["device_type"],
             device_size_bytes=entry["size_bytes"],
         )
         described[name] = desc
+    return described
 
+
+def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
+    """Common span, preconditioning, and the description every run records."""
+    sizes = [e["size_bytes"] for e in state["stacks"].values() if e["device_type"] != "rbd"]
     # Every fio run touches the same span on every stack (LUKS headers make luks devices smaller).
-    io_size = min(e["size_bytes"] for e in state["stacks"].values()) // MIB * MIB
-    if io_size <= 0:
+    io_size = min(sizes) // MIB * MIB if sizes else 0
+    if sizes and io_size <= 0:
         raise TestboxError(
             f"devices are smaller than 1 MiB; raise device_size_mib (now {plan['device_size_mib']})"
         )
@@ -586,22 +558,13 @@ def _build(plan: dict, state: dict, state_path: Path, size: int) -> dict:
     write_json_atomic(state_path, state, mode=0o600)
 
     ioengine = plan["fio"].get("ioengine", "libaio")
+    options = precondition_options(plan["precondition"])
     for name in state["order"]:
         entry = state["stacks"][name]
-        if plan["precondition"]:
-            described[name]["precondition"] = _precondition(entry, ioengine)
+        if options["enabled"] and entry["device_type"] != "rbd":
+            described[name]["precondition"] = _precondition(entry, ioengine, options)
         else:
             described[name]["precondition"] = None
-        if entry["kind"] == "luks":
-            dump = _run(
-                ["cryptsetup", "luksDump", entry["backing_file"]], f"stack {name}: luksDump"
-            ).stdout
-            key = Path(entry["key_file"]).read_text()
-            if key in dump:  # belt and braces: luksDump without --dump-*-key prints no key
-                raise TestboxError(
-                    f"stack {name}: luksDump output contains key material; refusing to keep it"
-                )
-            described[name]["luks_dump"] = dump
     state["complete"] = True
     write_json_atomic(state_path, state, mode=0o600)
     return {
@@ -615,6 +578,7 @@ def _build(plan: dict, state: dict, state_path: Path, size: int) -> dict:
         "io_size_bytes": io_size,
         "io_size_note": "every fio run uses --size=io_size_bytes (smallest device, whole MiB) on every stack",
         "tools": tool_versions(),
+        "mdstat": layers.mdstat(),
         "stacks": described,
     }
 
@@ -727,10 +691,13 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
     errors: list[str] = []
 
     _kill_fio([e.get("device") for e in stacks], actions)
+    # Userspace backend (and states written before the undo log): per-stack daemons and mounts.
     for entry in stacks:
         name = entry["stack"]
         try:
-            if entry.get("mountpoint"):
+            if entry.get("daemon") is not None or (
+                entry.get("mountpoint") and entry.get("device_type") in (None, "file")
+            ):
                 _stop_daemon(entry, actions)
                 _unmount(entry["mountpoint"], name, actions)
                 if not safety.is_mounted(entry["mountpoint"]):
@@ -741,28 +708,14 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
                 and mapper.startswith(safety.MAPPER_PREFIX)
                 and os.path.exists(f"/dev/mapper/{mapper}")
             ):
-                for attempt in range(10):
-                    proc = subprocess.run(
-                        ["cryptsetup", "close", mapper], capture_output=True, text=True, check=False
-                    )
-                    if proc.returncode == 0 or not os.path.exists(f"/dev/mapper/{mapper}"):
-                        actions.append(f"{name}: cryptsetup close {mapper}")
-                        break
-                    time.sleep(0.2 * (attempt + 1))
-                else:
-                    errors.append(
-                        f"{name}: cryptsetup close {mapper} failed: {proc.stderr.strip()}"
-                    )
-            for loop in safety.loop_devices_backed_by([entry["backing_file"]]):
-                proc = subprocess.run(
-                    ["losetup", "-d", loop], capture_output=True, text=True, check=False
-                )
-                if proc.returncode == 0:
-                    actions.append(f"{name}: losetup -d {loop}")
-                else:
-                    errors.append(f"{name}: losetup -d {loop} failed: {proc.stderr.strip()}")
+                layers.undo([{"type": "crypt", "name": mapper}], actions, errors)
+            if entry.get("backing_file"):
+                layers.undo([{"type": "loop", "backing": entry["backing_file"]}], actions, errors)
         except Exception as exc:  # keep going: tear down as much as possible
             errors.append(f"{name}: {exc}")
+    # Kernel backend: every recorded object, newest first.
+    objects = state.get("objects") or []
+    layers.undo(objects, actions, errors)
 
     try:
         _shred_keys(state.get("key_dir"), actions)
@@ -770,7 +723,7 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
         errors.append(f"key directory: {exc}")
     for entry in stacks:
         try:
-            _remove_file(entry["backing_file"], f"{entry['stack']} backing file", actions)
+            _remove_file(entry.get("backing_file"), f"{entry['stack']} backing file", actions)
         except OSError as exc:
             errors.append(f"{entry['stack']}: backing file: {exc}")
     rt = state.get("runtime_dir")
@@ -781,9 +734,14 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
     # Verify.
     mounts = set(safety.mountpoints())
     ours_mounts = [
-        e["mountpoint"] for e in stacks if e.get("mountpoint") and e["mountpoint"] in mounts
+        e["mountpoint"]
+        for e in stacks
+        if e.get("mountpoint")
+        and e.get("device_type") in (None, "file")
+        and e["mountpoint"] in mounts
     ]
     markers = [e.get("mountpoint") for e in stacks] + [e.get("backing_file") for e in stacks]
+    markers += [o.get("backing") for o in objects if o["type"] == "loop"]
     procs = find_our_processes(markers) + [
         e["daemon"]["pid"]
         for e in stacks
@@ -791,28 +749,48 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
         and pid_alive(e["daemon"]["pid"])
         and any(m and m in "\0".join(_cmdline(e["daemon"]["pid"])) for m in markers)
     ]
-    loops = safety.loop_devices_backed_by([e["backing_file"] for e in stacks])
+    left = layers.leftovers(objects)
+    loops = sorted(
+        set(
+            safety.loop_devices_backed_by(
+                [e["backing_file"] for e in stacks if e.get("backing_file")]
+            )
+        )
+        | set(left["loop_devices"])
+    )
     mappers = safety.mapper_names_with_prefix(f"{safety.MAPPER_PREFIX}{run}-")
-    leftovers = [
-        p
-        for e in stacks
-        for p in (e["backing_file"], e.get("mountpoint"), e.get("key_file"))
-        if p and os.path.lexists(p)
-    ]
+    files_left = (
+        [
+            p
+            for e in stacks
+            for p in (e.get("backing_file"), e.get("key_file"))
+            if p and os.path.lexists(p)
+        ]
+        + [
+            e["mountpoint"]
+            for e in stacks
+            if e.get("mountpoint")
+            and e.get("device_type") in (None, "file")
+            and os.path.lexists(e["mountpoint"])
+        ]
+        + left["files"]
+    )
     checks = {
-        "no_mounts": not ours_mounts,
+        "no_mounts": not ours_mounts and not left["mounts"],
         "no_processes": not procs,
         "no_loop_devices": not loops,
         "no_mapper_devices": not mappers,
+        "no_md_devices": not left["md_devices"],
         "no_key_dir": not (state.get("key_dir") and os.path.exists(state["key_dir"])),
-        "no_files_left": not leftovers,
+        "no_files_left": not files_left,
     }
     details = {
-        "mounts": ours_mounts,
+        "mounts": ours_mounts + left["mounts"],
         "pids": sorted(set(procs)),
         "loop_devices": loops,
         "mapper_devices": mappers,
-        "files": leftovers,
+        "md_devices": left["md_devices"],
+        "files": files_left,
     }
     ok = all(checks.values()) and not errors
     if ok and lock.release(state_path):

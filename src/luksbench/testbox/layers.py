@@ -1,0 +1,758 @@
+"""Kernel backend: every stack is a tree of layers built from loop devices, dm-crypt, dm-linear,
+md and filesystems, on scratch files or on allowlisted disks.
+
+Layers (``kind``), top first in the config, built bottom-up here:
+
+``plain`` / ``loop``  a scratch file of the stack's own, attached with ``losetup --direct-io=on``
+``raw``               an allowlisted device itself (a real disk, or a scratch-file device's loop)
+``external``          a device prepared outside (SED, krbd, an existing mapping): used as it is
+``luks``              ``cryptsetup luksFormat`` + ``open`` (perf flags, sector size, null cipher)
+``linear``            dm-linear over the LBAs of another stack's luks payload (same region)
+``md``                ``mdadm --create --assume-clean`` RAID-0/5 over its members
+``fs``                mkfs (ext4/xfs) + mount; fio's target is a preallocated file on it
+``rbd``               nothing to build: fio's rbd engine talks to the cluster
+
+Every object is appended to the state's undo log (``state["objects"]``) *before* it is created,
+so :func:`undo` can reverse a partial build after a failure or a signal. A device named in
+``devices`` is built once and shared by every stack that names it.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import stat
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+from luksbench.testbox import safety
+from luksbench.testbox.env import TestboxError, log, run_quiet, which
+from luksbench.testbox.plan import NULL_CIPHERS
+
+MIB = 1024 * 1024
+SECTOR = 512
+BLKGETSIZE64 = 0x80081272
+# dm-crypt target versions that brought the optional parameters (kernel 4.0 and 5.9).
+PERF_FLAG_MIN_CRYPT_VERSION = {
+    "same_cpu_crypt": (1, 14, 0),
+    "submit_from_crypt_cpus": (1, 14, 0),
+    "no_read_workqueue": (1, 22, 0),
+    "no_write_workqueue": (1, 22, 0),
+}
+# Our arrays are /dev/md120 and up, skipping numbers in use: clear of the low numbers a system's
+# own arrays usually have (mdadm's automatic names count down from md127).
+MD_FIRST_MINOR = 120
+
+
+# --- small helpers -------------------------------------------------------------------------------
+
+
+def run_tool(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a tool; raise TestboxError with its stderr on failure. Never logs key material:
+    keys only ever travel in files, so argv is safe to print."""
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError as exc:
+        raise TestboxError(f"{what}: {argv[0]} not installed") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise TestboxError(f"{what}: `{' '.join(argv)}` timed out after {timeout} s") from exc
+    if proc.returncode != 0:
+        raise TestboxError(
+            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
+        )
+    return proc
+
+
+def device_size(path: str | Path) -> int:
+    """Size in bytes of a block device (BLKGETSIZE64) or regular file."""
+    st = os.stat(path)
+    if stat.S_ISBLK(st.st_mode):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
+        finally:
+            os.close(fd)
+        return struct.unpack("Q", buf)[0]
+    return st.st_size
+
+
+def loop_direct_io(loop: str) -> bool | None:
+    """Whether the loop device really does direct I/O to its backing file (``losetup -J -l``)."""
+    try:
+        proc = subprocess.run(
+            ["losetup", "-J", "-l", loop], capture_output=True, text=True, check=False, timeout=30
+        )
+        dev = json.loads(proc.stdout)["loopdevices"][0]
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, KeyError, IndexError):
+        return None
+    dio = dev.get("dio")
+    return dio if isinstance(dio, bool) else (str(dio) == "1" if dio is not None else None)
+
+
+def write_key(key_dir: Path, name: str) -> Path:
+    """A random 64-character hex passphrase (qemu secrets must be UTF-8), mode 0600, no newline."""
+    path = key_dir / f"{name}.key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def create_backing(path: Path, size: int) -> None:
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- command lines (pure functions; unit-tested) -------------------------------------------------
+
+
+def losetup_argv(backing: str | Path) -> list[str]:
+    return ["losetup", "--direct-io=on", "--show", "-f", str(backing)]
+
+
+def is_null_cipher(cipher: str) -> bool:
+    return str(cipher) in NULL_CIPHERS
+
+
+def luks_format_argv(
+    cfg: dict, target: str | Path, key_file: str | Path, luks_type: str
+) -> list[str]:
+    cipher = str(cfg.get("cipher", "aes-xts-plain64"))
+    argv = [
+        "cryptsetup",
+        "luksFormat",
+        "--batch-mode",
+        "--type",
+        luks_type,
+        "--cipher",
+        cipher,
+        "--key-size",
+        str(int(cfg.get("key_bits", 512))),
+        "--hash",
+        str(cfg.get("hash", "sha256")),
+    ]
+    if luks_type == "luks2":
+        argv += ["--sector-size", str(int(cfg.get("sector_size", 512)))]
+        if is_null_cipher(cipher):
+            # The null arm encrypts nothing; its key slot still needs a real cipher.
+            argv += ["--keyslot-cipher", "aes-xts-plain64", "--keyslot-key-size", "512"]
+    argv += [
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        str(int(cfg.get("pbkdf_iterations", 1000))),
+        "--key-file",
+        str(key_file),
+        str(target),
+    ]
+    return argv
+
+
+def luks_open_argv(
+    device: str | Path, name: str, key_file: str | Path, perf_flags: list[str] | None = None
+) -> list[str]:
+    return [
+        "cryptsetup",
+        "open",
+        "--type",
+        "luks",
+        *[f"--perf-{flag}" for flag in perf_flags or []],
+        "--key-file",
+        str(key_file),
+        str(device),
+        name,
+    ]
+
+
+def mdadm_create_argv(device: str, level: int, chunk_kib: int, members: list[str]) -> list[str]:
+    # --assume-clean: no initial resync competing with the measurements (parity is computed on
+    # write anyway); --run: no interactive confirmation.
+    return [
+        "mdadm",
+        "--create",
+        device,
+        "--run",
+        "--assume-clean",
+        "--metadata=1.2",
+        f"--level={level}",
+        f"--raid-devices={len(members)}",
+        f"--chunk={chunk_kib}",
+        *members,
+    ]
+
+
+def mkfs_argv(fstype: str, device: str) -> list[str]:
+    if fstype == "ext4":
+        # Initialise inode tables and journal now, not lazily in the background during the runs.
+        return ["mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", device]
+    if fstype == "xfs":
+        return ["mkfs.xfs", "-f", "-q", device]
+    raise TestboxError(f"unsupported fstype {fstype!r}")
+
+
+def linear_table(size_sectors: int, device: str, offset_sectors: int) -> str:
+    return f"0 {size_sectors} linear {device} {offset_sectors}"
+
+
+def dmsetup_create_argv(name: str, table: str) -> list[str]:
+    return ["dmsetup", "create", name, "--table", table]
+
+
+# --- what the kernel and cryptsetup support ------------------------------------------------------
+
+
+def crypt_target_version() -> tuple[int, ...] | None:
+    """dm-crypt target version from ``dmsetup targets`` (None when unknown)."""
+    if not which("dmsetup"):
+        return None
+    proc = run_quiet(["dmsetup", "targets"])
+    if proc is None or proc.returncode != 0:
+        return None
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if parts[:1] == ["crypt"] and len(parts) > 1:
+            with contextlib.suppress(ValueError):
+                return tuple(int(x) for x in parts[1].lstrip("v").split("."))
+    return None
+
+
+def cryptsetup_perf_flags() -> set[str]:
+    proc = run_quiet(["cryptsetup", "--help"])
+    text = proc.stdout if proc is not None else ""
+    return {flag for flag in PERF_FLAG_MIN_CRYPT_VERSION if f"--perf-{flag}" in text}
+
+
+def usable_perf_flags(
+    wanted: list[str], cryptsetup_flags: set[str], crypt_version: tuple[int, ...] | None
+) -> tuple[list[str], dict[str, str]]:
+    """Split the requested perf flags into (applied, {skipped: reason})."""
+    applied, skipped = [], {}
+    for flag in wanted:
+        need = PERF_FLAG_MIN_CRYPT_VERSION[flag]
+        if flag not in cryptsetup_flags:
+            skipped[flag] = f"this cryptsetup has no --perf-{flag}"
+        elif crypt_version is not None and crypt_version < need:
+            skipped[flag] = (
+                f"dm-crypt target v{'.'.join(map(str, crypt_version))} is older than "
+                f"v{'.'.join(map(str, need))}, which brought {flag}"
+            )
+        else:
+            applied.append(flag)
+    return applied, skipped
+
+
+def parse_cryptsetup_status(text: str) -> dict:
+    """``cryptsetup status NAME`` -> {type, cipher, keysize_bits, device, sector_size,
+    offset_sectors, size_sectors, flags}."""
+    out: dict = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition(":")
+        if not sep:
+            continue
+        key, value = key.strip().lower(), value.strip()
+        number = re.match(r"(\d+)", value)
+        if key == "offset" and number:
+            out["offset_sectors"] = int(number.group(1))
+        elif key == "size" and number:
+            out["size_sectors"] = int(number.group(1))
+        elif key == "keysize" and number:
+            out["keysize_bits"] = int(number.group(1))
+        elif key == "sector size" and number:
+            out["sector_size"] = int(number.group(1))
+        elif key in ("type", "cipher", "device", "mode", "flags"):
+            out[key] = value
+    return out
+
+
+def strip_table_keys(table: str) -> str:
+    """A ``dmsetup table`` text with every crypt target's key field replaced."""
+    lines = []
+    for line in table.splitlines():
+        fields = line.split()
+        # "<name>: <start> <len> crypt <cipher> <key> ..." or without the name prefix
+        idx = fields.index("crypt") if "crypt" in fields else -1
+        if idx >= 0 and len(fields) > idx + 2:
+            fields[idx + 2] = "<key stripped>"
+            line = " ".join(fields)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def dm_table(name: str) -> str | None:
+    proc = run_quiet(["dmsetup", "table", name]) if which("dmsetup") else None
+    if proc is None or proc.returncode != 0:
+        return None
+    return strip_table_keys(proc.stdout.strip())
+
+
+def free_md_device() -> str:
+    for minor in range(MD_FIRST_MINOR, 1 << 20):
+        if not os.path.exists(f"/sys/block/md{minor}") and not os.path.exists(f"/dev/md{minor}"):
+            return f"/dev/md{minor}"
+    raise TestboxError("no free md device number")
+
+
+def mdstat() -> str | None:
+    try:
+        return Path("/proc/mdstat").read_text()
+    except OSError:
+        return None
+
+
+# --- the builder ---------------------------------------------------------------------------------
+
+
+class KernelBuilder:
+    """Builds the plan's layer trees; records every object in ``state["objects"]`` first."""
+
+    def __init__(self, plan: dict, state: dict, save, device_checks: dict[str, dict]):
+        self.plan, self.state, self.save = plan, state, save
+        self.scratch = Path(state["scratch_dir"])
+        self.key_dir = Path(state["key_dir"]) if state.get("key_dir") else None
+        self.run = state["run"]
+        self.device_checks = device_checks  # name -> safety.check_device description
+        self.shared: dict[str, dict] = {}  # device name -> built layer
+        self.stack_luks: dict[str, dict] = {}  # stack -> its first luks layer's mapping
+        self.dm_names: set[str] = set()
+        self._perf = None
+
+    # The undo log: appended (and saved) before the object exists.
+    def record(self, obj: dict) -> dict:
+        self.state.setdefault("objects", []).append(obj)
+        self.save()
+        return obj
+
+    def _dm_name(self, stack: str) -> str:
+        base = safety.mapper_name(self.run, stack)
+        name, n = base, 1
+        while name in self.dm_names:
+            n += 1
+            name = f"{base}-{n}"
+        self.dm_names.add(name)
+        if os.path.exists(f"/dev/mapper/{name}"):
+            raise safety.SafetyError(f"device-mapper name {name} is already in use")
+        return name
+
+    def build_stack(self, name: str) -> dict:
+        """Build one stack; returns {device, device_type, size_bytes, description, ...}."""
+        top = self._build(self.plan["stacks"][name], name, top=True)
+        return top
+
+    # --- per kind ---
+
+    def _build(self, layer, stack: str, top: bool = False) -> dict:
+        if isinstance(layer, str):
+            return self._device(layer)
+        kind = layer["kind"]
+        if kind in ("plain", "loop"):
+            size = int(layer.get("size_mib") or self.plan["device_size_mib"]) * MIB
+            return self._loop_file(f"{stack}" if kind == "plain" else f"{stack}-loop", size)
+        if kind in ("raw", "external"):
+            built = self._device(layer["device"])
+            if kind == "external":
+                built = {**built, "description": {**built["description"], "kind": "external"}}
+            return built
+        if kind == "luks":
+            below = (
+                self._build(layer["over"], stack)
+                if "over" in layer
+                else self._loop_file(stack, int(self.plan["device_size_mib"]) * MIB)
+            )
+            return self._luks(layer, stack, below)
+        if kind == "linear":
+            return self._linear(layer, stack)
+        if kind == "md":
+            members = [self._build(m, stack) for m in layer["members"]]
+            return self._md(layer, stack, members)
+        if kind == "fs":
+            return self._fs(layer, stack, self._build(layer["over"], stack))
+        if kind == "rbd":
+            return {
+                "device": None,
+                "device_type": "rbd",
+                "size_bytes": None,
+                "description": {
+                    "kind": "rbd",
+                    "pool": layer["pool"],
+                    "image": layer["image"],
+                    "client": layer.get("client", "admin"),
+                    "secure_mode": layer.get("secure_mode", ""),
+                    "note": "fio's rbd engine against the user's pool/image; secure_mode is a label",
+                },
+            }
+        raise TestboxError(f"stack {stack}: unknown kind {kind!r}")
+
+    def _device(self, name: str) -> dict:
+        if name in self.shared:
+            return self.shared[name]
+        spec = self.plan["devices"][name]
+        if "size_mib" in spec:
+            built = self._loop_file(f"dev-{name}", int(spec["size_mib"]) * MIB)
+            built["description"]["device_name"] = name
+        else:
+            check = self.device_checks[name]
+            path = check["resolved"]
+            built = {
+                "device": path,
+                "device_type": "block",
+                "size_bytes": device_size(path),
+                "real_device": True,
+                "description": {"kind": "raw", "device_name": name, **check},
+            }
+        self.shared[name] = built
+        return built
+
+    def _loop_file(self, key: str, size: int) -> dict:
+        backing = safety.check_inside(
+            self.scratch / f"luksbench-{self.run}-{key}.img", self.scratch
+        )
+        safety.check_free(backing=backing)
+        self.record({"type": "backing_file", "path": str(backing)})
+        log(f"  backing file {backing} ({size // MIB} MiB, fully allocated)")
+        create_backing(backing, size)
+        obj = self.record({"type": "loop", "backing": str(backing), "device": None})
+        loop = run_tool(losetup_argv(backing), f"losetup {backing.name}").stdout.strip()
+        obj["device"] = loop
+        self.save()
+        dio = loop_direct_io(loop)
+        notes = []
+        if dio is not True:
+            notes.append(
+                f"{loop}: direct I/O to the backing file is {'off' if dio is False else 'unknown'} "
+                "(filesystem without O_DIRECT?); the page cache sits under this stack"
+            )
+        log(f"  {backing.name} -> {loop} (direct I/O {'over' if dio else 'NOT on'})")
+        return {
+            "device": loop,
+            "device_type": "block",
+            "size_bytes": device_size(loop),
+            "backing_file": str(backing),
+            "description": {
+                "kind": "loop",
+                "backing_file": str(backing),
+                "backing_size_bytes": size,
+                "loop_device": loop,
+                "loop_direct_io": dio,
+                "notes": notes,
+            },
+        }
+
+    def _wipe_later(self, built: dict) -> None:
+        """Layers we write onto a real disk are wiped again at teardown (wipefs -a), so the next
+        run finds it blank; scratch files are simply deleted."""
+        if built.get("real_device"):
+            self.record({"type": "wipe", "device": built["device"]})
+
+    def _luks(self, layer: dict, stack: str, below: dict) -> dict:
+        luks_type = layer.get("luks_type", "luks2")
+        sector = int(layer.get("sector_size", 512))
+        notes = []
+        if luks_type == "luks1" and sector != 512:
+            notes.append(f"luks1 supports only 512-byte sectors; plan asked {sector}")
+            sector = 512
+        name = self._dm_name(stack)
+        key_file = write_key(self.key_dir, name)
+        self.save()
+        cipher = layer.get("cipher", "aes-xts-plain64")
+        self._wipe_later(below)
+        log(f"  {stack}: luksFormat --type {luks_type} {cipher} on {below['device']}")
+        run_tool(
+            luks_format_argv(
+                {**layer, "sector_size": sector}, below["device"], key_file, luks_type
+            ),
+            f"stack {stack}: luksFormat",
+        )
+        if self._perf is None:
+            self._perf = (cryptsetup_perf_flags(), crypt_target_version())
+        applied, skipped = usable_perf_flags(list(layer.get("perf_flags") or []), *self._perf)
+        for flag, why in skipped.items():
+            notes.append(f"perf flag {flag} skipped: {why}")
+        self.record({"type": "crypt", "name": name})
+        run_tool(
+            luks_open_argv(below["device"], name, key_file, applied),
+            f"stack {stack}: cryptsetup open",
+        )
+        device = f"/dev/mapper/{name}"
+        status = parse_cryptsetup_status(
+            run_tool(["cryptsetup", "status", name], f"stack {stack}: cryptsetup status").stdout
+        )
+        table = dm_table(name)
+        if table is not None:
+            missing = [f for f in applied if f not in table.split()]
+            if missing:
+                notes.append(f"perf flags {missing} requested but not in the dm table")
+        dump = run_tool(["cryptsetup", "luksDump", below["device"]], f"stack {stack}: luksDump")
+        if key_file.read_text() in dump.stdout:  # luksDump without --dump-*-key prints no key
+            raise TestboxError(f"stack {stack}: luksDump output contains key material")
+        log(f"  {stack}: {below['device']} -> {device} (dm-crypt {cipher}, flags {applied})")
+        info = {
+            "mapper": name,
+            "underlying": below["device"],
+            "offset_sectors": status.get("offset_sectors"),
+            "size_sectors": status.get("size_sectors"),
+        }
+        self.stack_luks.setdefault(stack, info)
+        return {
+            "device": device,
+            "device_type": "block",
+            "size_bytes": device_size(device),
+            "description": {
+                "kind": "luks",
+                "cipher": cipher,
+                "null_cipher": is_null_cipher(cipher),
+                "key_bits": int(layer.get("key_bits", 512)),
+                "hash": layer.get("hash", "sha256"),
+                "luks_type": luks_type,
+                "luks_type_requested": layer.get("luks_type", "luks2"),
+                "sector_size": sector,
+                "pbkdf": "pbkdf2",
+                "pbkdf_iterations": int(layer.get("pbkdf_iterations", 1000)),
+                "perf_flags_requested": list(layer.get("perf_flags") or []),
+                "perf_flags_applied": applied,
+                "perf_flags_skipped": skipped,
+                "mapper": device,
+                "payload_offset_sectors": status.get("offset_sectors"),
+                "cryptsetup_status": status,
+                "dm_table": table,
+                "luks_dump": dump.stdout,
+                "notes": notes,
+                "over": below["description"],
+            },
+        }
+
+    def _linear(self, layer: dict, stack: str) -> dict:
+        luks = self.stack_luks.get(layer["like"])
+        if luks is None:
+            raise TestboxError(f"stack {stack}: stack {layer['like']!r} must be built first")
+        if luks["offset_sectors"] is None or luks["size_sectors"] is None:
+            raise TestboxError(
+                f"stack {stack}: cryptsetup status of {luks['mapper']} lacks offset/size"
+            )
+        name = self._dm_name(stack)
+        table = linear_table(luks["size_sectors"], luks["underlying"], luks["offset_sectors"])
+        self.record({"type": "dm", "name": name})
+        run_tool(dmsetup_create_argv(name, table), f"stack {stack}: dmsetup create (linear)")
+        device = f"/dev/mapper/{name}"
+        for _ in range(50):  # without udev the node may take a moment
+            if os.path.exists(device):
+                break
+            time.sleep(0.1)
+        log(f"  {stack}: {device} = dm-linear over the payload of {luks['mapper']}")
+        return {
+            "device": device,
+            "device_type": "block",
+            "size_bytes": device_size(device),
+            "description": {
+                "kind": "linear",
+                "like": layer["like"],
+                "dm_table": dm_table(name) or table,
+                "underlying": luks["underlying"],
+                "offset_sectors": luks["offset_sectors"],
+                "size_sectors": luks["size_sectors"],
+                "note": "same LBAs of the same device as the luks payload of " + layer["like"],
+            },
+        }
+
+    def _md(self, layer: dict, stack: str, members: list[dict]) -> dict:
+        device = free_md_device()
+        level, chunk = int(layer["level"]), int(layer.get("chunk_kib", 512))
+        for m in members:
+            self._wipe_later(m)
+        paths = [m["device"] for m in members]
+        self.record({"type": "md", "device": device, "members": paths})
+        log(f"  {stack}: mdadm --create {device} RAID-{level} chunk {chunk} KiB over {paths}")
+        run_tool(mdadm_create_argv(device, level, chunk, paths), f"stack {stack}: mdadm --create")
+        detail = run_quiet(["mdadm", "--detail", device])
+        return {
+            "device": device,
+            "device_type": "block",
+            "size_bytes": device_size(device),
+            "description": {
+                "kind": "md",
+                "level": level,
+                "chunk_kib": chunk,
+                "md_device": device,
+                "assume_clean": True,
+                "note": "--assume-clean: no initial resync runs during the measurements",
+                "mdstat": mdstat(),
+                "mdadm_detail": detail.stdout if detail is not None else None,
+                "members": [m["description"] for m in members],
+            },
+        }
+
+    def _fs(self, layer: dict, stack: str, below: dict) -> dict:
+        fstype = layer.get("fstype", "ext4")
+        mnt = safety.check_inside(self.scratch / f"mnt-{stack}", self.scratch)
+        if safety.is_mounted(mnt):
+            raise safety.SafetyError(f"{mnt} is already a mountpoint (run stack-down)")
+        self._wipe_later(below)
+        log(f"  {stack}: mkfs.{fstype} {below['device']}")
+        run_tool(mkfs_argv(fstype, below["device"]), f"stack {stack}: mkfs.{fstype}", timeout=3600)
+        self.record({"type": "dir", "path": str(mnt)})
+        mnt.mkdir(mode=0o700, exist_ok=True)
+        self.record({"type": "mount", "path": str(mnt)})
+        run_tool(["mount", "-t", fstype, "-o", "noatime", below["device"], str(mnt)], "mount")
+        target = mnt / "fio.dat"
+        vfs = os.statvfs(mnt)
+        room = vfs.f_bavail * vfs.f_frsize
+        size = int(layer.get("file_size_mib") or 0) * MIB or int(room * 0.9) // MIB * MIB
+        if size > room:
+            raise TestboxError(
+                f"stack {stack}: file_size_mib {size // MIB} does not fit ({room // MIB} MiB free)"
+            )
+        self.record({"type": "file", "path": str(target)})
+        create_backing(target, size)
+        log(f"  {stack}: {fstype} on {below['device']} mounted at {mnt}; target {target}")
+        return {
+            "device": str(target),
+            "device_type": "fsfile",
+            "mountpoint": str(mnt),
+            "size_bytes": size,
+            "description": {
+                "kind": "fs",
+                "fstype": fstype,
+                "mkfs": " ".join(mkfs_argv(fstype, below["device"])),
+                "mount_options": "noatime",
+                "file_size_bytes": size,
+                "fs_size_bytes": vfs.f_blocks * vfs.f_frsize,
+                "over": below["description"],
+            },
+        }
+
+
+# --- teardown ------------------------------------------------------------------------------------
+
+
+def _retry(argv: list[str], tries: int = 10) -> subprocess.CompletedProcess:
+    proc = None
+    for attempt in range(tries):
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+        if proc.returncode == 0:
+            return proc
+        time.sleep(0.2 * (attempt + 1))
+    return proc
+
+
+def undo(objects: list[dict], actions: list[str], errors: list[str]) -> None:
+    """Remove every recorded object, newest first; objects already gone are fine."""
+    for obj in reversed(objects):
+        kind = obj["type"]
+        try:
+            if kind == "mount":
+                if safety.is_mounted(obj["path"]):
+                    for argv in (["umount", obj["path"]], ["umount", "-l", obj["path"]]):
+                        if _retry(argv, 5).returncode == 0:
+                            actions.append(f"{argv[0]} {obj['path']}")
+                            break
+                    else:
+                        errors.append(f"umount {obj['path']} failed")
+            elif kind in ("file", "backing_file"):
+                if os.path.lexists(obj["path"]) and not safety.is_mounted(obj["path"]):
+                    os.unlink(obj["path"])
+                    actions.append(f"removed {obj['path']}")
+            elif kind == "dir":
+                if os.path.isdir(obj["path"]) and not safety.is_mounted(obj["path"]):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(obj["path"])
+                        actions.append(f"removed directory {obj['path']}")
+            elif kind in ("crypt", "dm"):
+                name = obj["name"]
+                if name.startswith(safety.MAPPER_PREFIX) and os.path.exists(f"/dev/mapper/{name}"):
+                    argv = (
+                        ["cryptsetup", "close", name]
+                        if kind == "crypt"
+                        else ["dmsetup", "remove", "--retry", name]
+                    )
+                    proc = _retry(argv)
+                    if proc.returncode == 0 or not os.path.exists(f"/dev/mapper/{name}"):
+                        actions.append(" ".join(argv[:2]) + f" {name}")
+                    else:
+                        errors.append(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
+            elif kind == "md":
+                dev = obj["device"]
+                if os.path.exists(f"/sys/block/{os.path.basename(dev)}/md"):
+                    proc = _retry(["mdadm", "--stop", dev])
+                    if proc.returncode == 0:
+                        actions.append(f"mdadm --stop {dev}")
+                    else:
+                        errors.append(f"mdadm --stop {dev} failed: {proc.stderr.strip()}")
+                for member in obj.get("members") or []:
+                    if os.path.exists(member):
+                        proc = subprocess.run(
+                            ["mdadm", "--zero-superblock", member],
+                            capture_output=True,
+                            text=True,
+                            check=False,
+                        )
+                        if proc.returncode == 0:
+                            actions.append(f"mdadm --zero-superblock {member}")
+            elif kind == "wipe":
+                if os.path.exists(obj["device"]):
+                    proc = subprocess.run(
+                        ["wipefs", "--all", "--quiet", obj["device"]],
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                    )
+                    if proc.returncode == 0:
+                        actions.append(f"wipefs --all {obj['device']} (our signatures)")
+                    else:
+                        errors.append(f"wipefs {obj['device']} failed: {proc.stderr.strip()}")
+            elif kind == "loop":
+                for loop in safety.loop_devices_backed_by([obj["backing"]]):
+                    proc = _retry(["losetup", "-d", loop], 5)
+                    if proc.returncode == 0:
+                        actions.append(f"losetup -d {loop}")
+                    else:
+                        errors.append(f"losetup -d {loop} failed: {proc.stderr.strip()}")
+        except Exception as exc:  # keep going: tear down as much as possible
+            errors.append(f"{kind} {obj}: {exc}")
+
+
+def leftovers(objects: list[dict]) -> dict[str, list[str]]:
+    """What of the recorded objects still exists (empty lists: all gone)."""
+    mounts = set(safety.mountpoints())
+    return {
+        "mounts": [o["path"] for o in objects if o["type"] == "mount" and o["path"] in mounts],
+        "mapper_devices": [
+            o["name"]
+            for o in objects
+            if o["type"] in ("crypt", "dm") and os.path.exists(f"/dev/mapper/{o['name']}")
+        ],
+        "md_devices": [
+            o["device"]
+            for o in objects
+            if o["type"] == "md"
+            and os.path.exists(f"/sys/block/{os.path.basename(o['device'])}/md")
+        ],
+        "loop_devices": safety.loop_devices_backed_by(
+            [o["backing"] for o in objects if o["type"] == "loop"]
+        ),
+        "files": [
+            o["path"]
+            for o in objects
+            if o["type"] in ("file", "backing_file") and os.path.lexists(o["path"])
+        ],
+    }

@@ -1,0 +1,593 @@
+"""What each run measures beside fio's JSON, and preconditioning with a steady-state gate.
+
+CPU: deltas of the aggregate ``cpu`` line of ``/proc/stat`` (busy = user + nice + system + irq +
+softirq + steal; iowait counts as idle), over a fio run and over an idle interval (the baseline the
+analysis can subtract).
+
+Energy: RAPL counters under ``/sys/class/powercap/intel-rapl:*`` (Intel, and AMD on kernels whose
+rapl driver covers it). Since Linux 5.10 ``energy_uj`` is readable by root only; when the counters
+are absent or unreadable every reading is ``None`` and nothing fails.
+
+Preconditioning, after the SNIA Solid State Storage Performance Test Specification: discard the
+device, fill it sequentially (128 KiB writes, twice its capacity), then run steady-state rounds
+(4 KiB random writes by default) until the last ``window`` rounds are steady: their range is
+within ``range_pct`` % of their mean and the least-squares line through them moves by at most
+``slope_pct`` % of the mean across the window. The command lines are pure functions; only
+:func:`precondition` runs anything.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from luksbench.testbox.env import TestboxError
+from luksbench.testbox.env import log as default_log
+from luksbench.testbox.plan import PRECONDITION_DEFAULTS
+
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
+POWERCAP_ROOT = "/sys/class/powercap"
+
+# --- CPU: /proc/stat -----------------------------------------------------------------------------
+
+
+def read_proc_stat(path: str | Path = "/proc/stat") -> dict[str, int]:
+    """The aggregate ``cpu`` line of /proc/stat in clock ticks, keyed by :data:`STAT_FIELDS`."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith("cpu "):
+                values = [int(v) for v in line.split()[1 : len(STAT_FIELDS) + 1]]
+                values += [0] * (len(STAT_FIELDS) - len(values))
+                return dict(zip(STAT_FIELDS, values, strict=True))
+    raise TestboxError(f"{path} has no aggregate cpu line")
+
+
+def cpu_delta(before: dict, after: dict, interval_s: float) -> dict:
+    """CPU time spent between two :func:`read_proc_stat` readings, in seconds (all CPUs summed).
+
+    ``busy_pct`` is busy time over all time counted (100 % = every CPU busy)."""
+    clk = os.sysconf("SC_CLK_TCK")
+    delta = {k: (after[k] - before[k]) / clk for k in STAT_FIELDS}
+    busy = sum(delta[k] for k in BUSY_FIELDS)
+    total = sum(delta.values())
+    return {
+        "interval_s": round(interval_s, 6),
+        "clk_tck": clk,
+        "cpu_count": os.cpu_count(),
+        "delta_s": {k: round(v, 6) for k, v in delta.items()},
+        "busy_s": round(busy, 6),
+        "busy_pct": round(100.0 * busy / total, 3) if total > 0 else None,
+    }
+
+
+def idle_baseline(seconds: float = 2.0, rapl_root: str | Path = POWERCAP_ROOT) -> dict:
+    """CPU (and RAPL energy, when readable) over ``seconds`` of doing nothing: the box's own load.
+
+    Same fields as the per-rep CPU sidecar; taken once per run-fio session, before its first fio
+    run, so a busy box (a stray process, writeback after preconditioning) shows up in the record."""
+    before, rapl_before, t0 = read_proc_stat(), read_rapl(rapl_root), time.monotonic()
+    time.sleep(seconds)
+    t1, after, rapl_after = time.monotonic(), read_proc_stat(), read_rapl(rapl_root)
+    return {
+        **cpu_delta(before, after, t1 - t0),
+        "window": (
+            f"idle interval of {seconds:g} s before the first fio run of the session; aggregate "
+            "cpu line of /proc/stat; iowait counts as idle"
+        ),
+        "rapl": rapl_delta(rapl_before, rapl_after, t1 - t0),
+    }
+
+
+# --- energy: RAPL --------------------------------------------------------------------------------
+
+
+def _read_int(path: Path) -> int:
+    return int(path.read_text().strip())
+
+
+def read_rapl(root: str | Path = POWERCAP_ROOT) -> list[dict] | None:
+    """One reading of every RAPL zone (``intel-rapl:N`` packages and ``intel-rapl:N:M`` subzones).
+
+    Each: zone, name (package-0, core, uncore, dram, psys), energy_uj, max_energy_range_uj.
+    None when there are no zones or none is readable (non-root on Linux >= 5.10, VMs)."""
+    root = Path(root)
+    try:
+        zone_dirs = sorted(p for p in root.glob("intel-rapl:*") if p.is_dir())
+    except OSError:
+        return None
+    zones = []
+    for d in zone_dirs:
+        try:
+            zones.append(
+                {
+                    "zone": d.name,
+                    "name": (d / "name").read_text().strip(),
+                    "energy_uj": _read_int(d / "energy_uj"),
+                    "max_energy_range_uj": _read_int(d / "max_energy_range_uj"),
+                }
+            )
+        except (OSError, ValueError):
+            continue  # unreadable zone: leave it out rather than guess
+    return zones or None
+
+
+def rapl_unavailable_reason(root: str | Path = POWERCAP_ROOT) -> str | None:
+    """Why :func:`read_rapl` returns None here (None when it does not)."""
+    root = Path(root)
+    zone_dirs = sorted(root.glob("intel-rapl:*")) if root.is_dir() else []
+    if not zone_dirs:
+        return f"no RAPL zones under {root} (no intel_rapl/powercap driver, or a VM)"
+    if read_rapl(root) is None:
+        why = "unreadable"
+        try:
+            (zone_dirs[0] / "energy_uj").read_text()
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        return f"RAPL counters under {root} are not readable ({why}; root only since Linux 5.10)"
+    return None
+
+
+def rapl_delta(
+    before: list[dict] | None, after: list[dict] | None, interval_s: float
+) -> dict | None:
+    """Energy per zone between two :func:`read_rapl` readings, in joules and watts.
+
+    A counter that went down wrapped once: ``max_energy_range_uj`` is added (``wrapped: true``).
+    More than one wrap within the interval cannot be seen (the range is ~262 kJ on most packages,
+    about 45 minutes at 100 W). ``package_joules`` sums the top-level ``package-*`` zones (their
+    core/uncore/dram subzones are parts of them, psys is the whole platform); None without any.
+    Returns None when either reading is None or they share no zone."""
+    if before is None or after is None:
+        return None
+    previous = {z["zone"]: z for z in before}
+    zones = []
+    for z in after:
+        b = previous.get(z["zone"])
+        if b is None:
+            continue
+        delta_uj = z["energy_uj"] - b["energy_uj"]
+        wrapped = delta_uj < 0
+        if wrapped:
+            delta_uj += z["max_energy_range_uj"]
+        joules = delta_uj / 1e6
+        zones.append(
+            {
+                "zone": z["zone"],
+                "name": z["name"],
+                "joules": round(joules, 6),
+                "watts": round(joules / interval_s, 6) if interval_s > 0 else None,
+                "wrapped": wrapped,
+            }
+        )
+    if not zones:
+        return None
+    packages = [z for z in zones if z["name"].startswith("package") and z["zone"].count(":") == 1]
+    package_joules = sum(z["joules"] for z in packages) if packages else None
+    return {
+        "interval_s": round(interval_s, 6),
+        "zones": zones,
+        "package_joules": round(package_joules, 6) if package_joules is not None else None,
+        "package_watts": (
+            round(package_joules / interval_s, 6)
+            if package_joules is not None and interval_s > 0
+            else None
+        ),
+        "source": "/sys/class/powercap intel-rapl energy_uj",
+    }
+
+
+# --- preconditioning: command lines --------------------------------------------------------------
+
+# One set of defaults for the schema's documentation, the plan and the test box.
+_BOOL_OPTS = ("enabled", "discard", "steady_state")
+_INT_OPTS = {"fill_passes": 1, "ss_max_rounds": 1, "ss_window": 2, "ss_iodepth": 1}
+_NUMBER_OPTS = {"ss_round_s": 1, "ss_range_pct": 0, "ss_slope_pct": 0}
+_STR_OPTS = ("block_size", "ss_rw", "ss_bs")
+SS_RW = ("randwrite", "write", "randrw", "rw", "randread", "read")
+
+
+def blkdiscard_argv(device: str | Path) -> list[str]:
+    """Discard every sector. No ``--force``: blkdiscard then opens the device exclusively, so it
+    refuses a device that is mounted or held by another kernel subsystem."""
+    return ["blkdiscard", str(device)]
+
+
+def fill_argv(
+    device: str | Path,
+    size_bytes: int,
+    passes: int = 2,
+    bs: str = "128k",
+    ioengine: str = "libaio",
+    *,
+    iodepth: int = 32,
+    name: str = "precondition-fill",
+) -> list[str]:
+    """Sequential direct writes over ``size_bytes``, ``passes`` times (SNIA: 2x capacity)."""
+    return [
+        "fio",
+        "--output-format=json",
+        f"--name={name}",
+        f"--filename={device}",
+        "--rw=write",
+        f"--bs={bs}",
+        f"--iodepth={iodepth}",
+        f"--ioengine={ioengine}",
+        "--direct=1",
+        f"--size={size_bytes}",
+        f"--loops={passes}",
+        "--numjobs=1",
+        "--group_reporting",
+    ]
+
+
+def steady_state_round_argv(
+    device: str | Path,
+    size_bytes: int,
+    round_s: float,
+    *,
+    rw: str = "randwrite",
+    bs: str = "4k",
+    iodepth: int = 32,
+    ioengine: str = "libaio",
+    deviation_pct: float = 10.0,
+    name: str = "precondition-ss",
+) -> list[str]:
+    """One steady-state round: ``round_s`` seconds of ``rw`` over the whole device, JSON output.
+
+    Fio's own steady-state tracking (``--steadystate=iops:<deviation_pct>%`` over the whole round)
+    makes fio record the per-second IOPS of the round in its JSON; its window only fills at the
+    end of the round, so it never cuts a round short. The gate across rounds is
+    :func:`snia_steady_state`. Random offsets differ per round (``randrepeat=0``) and cover the
+    device uniformly (``norandommap``), as SNIA's random writes do."""
+    seconds = max(1, round(round_s))
+    return [
+        "fio",
+        "--output-format=json",
+        f"--name={name}",
+        f"--filename={device}",
+        f"--rw={rw}",
+        f"--bs={bs}",
+        f"--iodepth={iodepth}",
+        f"--ioengine={ioengine}",
+        "--direct=1",
+        f"--size={size_bytes}",
+        "--time_based",
+        f"--runtime={seconds}s",
+        "--randrepeat=0",
+        "--norandommap",
+        f"--steadystate=iops:{deviation_pct:g}%",
+        f"--steadystate_duration={seconds}s",
+        "--numjobs=1",
+        "--group_reporting",
+    ]
+
+
+# --- preconditioning: the steady-state gate ------------------------------------------------------
+
+
+def snia_steady_state(
+    values: list[float], window: int = 5, range_pct: float = 20.0, slope_pct: float = 10.0
+) -> dict:
+    """SNIA PTS steady-state check over the last ``window`` rounds of ``values`` (e.g. IOPS).
+
+    Steady when both hold for the window:
+    - range: max - min <= ``range_pct`` % of the window mean;
+    - slope: the least-squares line through (round, value) moves by at most ``slope_pct`` % of the
+      mean across the window, i.e. ``|slope| * (window - 1) <= slope_pct/100 * mean``.
+    Returns every number used and ``steady``; fewer than ``window`` rounds is not steady."""
+    if window < 2:
+        raise ValueError(f"window must be at least 2, not {window}")
+    values = [float(v) for v in values]
+    result: dict = {
+        "rounds": len(values),
+        "window": window,
+        "range_pct_limit": range_pct,
+        "slope_pct_limit": slope_pct,
+        "first_round": None,
+        "window_values": None,
+        "mean": None,
+        "range": None,
+        "range_limit": None,
+        "range_ok": False,
+        "slope": None,
+        "intercept": None,
+        "excursion": None,
+        "excursion_limit": None,
+        "slope_ok": False,
+        "steady": False,
+        "reason": None,
+    }
+    if len(values) < window:
+        result["reason"] = f"{len(values)} round(s), the window needs {window}"
+        return result
+    w = values[-window:]
+    mean = sum(w) / window
+    x_mean = (window - 1) / 2
+    sxx = sum((i - x_mean) ** 2 for i in range(window))
+    slope = sum((i - x_mean) * (v - mean) for i, v in enumerate(w)) / sxx
+    spread = max(w) - min(w)
+    excursion = abs(slope) * (window - 1)
+    result.update(
+        first_round=len(values) - window + 1,
+        window_values=w,
+        mean=mean,
+        range=spread,
+        range_limit=range_pct / 100 * mean,
+        slope=slope,
+        intercept=mean - slope * x_mean,
+        excursion=excursion,
+        excursion_limit=slope_pct / 100 * mean,
+    )
+    if mean <= 0:
+        result["reason"] = "window mean is not positive"
+        return result
+    result["range_ok"] = spread <= result["range_limit"]
+    result["slope_ok"] = excursion <= result["excursion_limit"]
+    result["steady"] = result["range_ok"] and result["slope_ok"]
+    failed = []
+    if not result["range_ok"]:
+        failed.append(f"range {100 * spread / mean:.1f}% of mean > {range_pct:g}%")
+    if not result["slope_ok"]:
+        failed.append(f"slope excursion {100 * excursion / mean:.1f}% of mean > {slope_pct:g}%")
+    result["reason"] = "; ".join(failed) if failed else "range and slope within limits"
+    return result
+
+
+# --- preconditioning: running it -----------------------------------------------------------------
+
+
+def precondition_options(opts: dict | None) -> dict:
+    """``opts`` over :data:`PRECONDITION_DEFAULTS`; TestboxError naming a bad or unknown key."""
+    opts = dict(opts or {})
+    unknown = sorted(set(opts) - set(PRECONDITION_DEFAULTS))
+    if unknown:
+        raise TestboxError(
+            f"precondition: unknown option(s) {unknown}; known: {sorted(PRECONDITION_DEFAULTS)}"
+        )
+    merged = {**PRECONDITION_DEFAULTS, **opts}
+    for key in _BOOL_OPTS:
+        if not isinstance(merged[key], bool):
+            raise TestboxError(f"precondition.{key} must be true or false, not {merged[key]!r}")
+    for key, low in _INT_OPTS.items():
+        v = merged[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise TestboxError(f"precondition.{key} must be an integer >= {low}, not {v!r}")
+    for key, low in _NUMBER_OPTS.items():
+        v = merged[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < low:
+            raise TestboxError(f"precondition.{key} must be a number >= {low}, not {v!r}")
+    for key in _STR_OPTS:
+        if not isinstance(merged[key], str) or not merged[key]:
+            raise TestboxError(f"precondition.{key} must be a non-empty string")
+    if merged["ss_rw"] not in SS_RW:
+        raise TestboxError(f"precondition.ss_rw must be one of {SS_RW}, not {merged['ss_rw']!r}")
+    if merged["ss_max_rounds"] < merged["ss_window"]:
+        raise TestboxError(
+            f"precondition.ss_max_rounds ({merged['ss_max_rounds']}) is smaller than "
+            f"precondition.ss_window ({merged['ss_window']}): the gate could never pass"
+        )
+    return merged
+
+
+def discard_support(device: str | Path) -> tuple[bool, str]:
+    """(supported, why not): a block device whose queue advertises discard (discard_max_bytes)."""
+    try:
+        st = os.stat(device)
+    except OSError as exc:
+        return False, f"cannot stat {device}: {exc.strerror}"
+    if not stat.S_ISBLK(st.st_mode):
+        return False, f"{device} is not a block device"
+    sys_dir = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+    queue = sys_dir / "queue"
+    if not queue.is_dir():  # a partition: the queue belongs to its disk
+        queue = sys_dir.resolve().parent / "queue"
+    try:
+        max_bytes = _read_int(queue / "discard_max_bytes")
+    except (OSError, ValueError) as exc:
+        return False, f"cannot read {queue / 'discard_max_bytes'}: {exc}"
+    if max_bytes == 0:
+        return False, f"{device} advertises no discard (queue/discard_max_bytes is 0)"
+    with_holders = sorted(os.listdir(sys_dir / "holders")) if (sys_dir / "holders").is_dir() else []
+    if with_holders:
+        # Another stack's layer (dm-crypt, dm-linear) sits on this device: discarding it would
+        # erase that layer's header and data too, and blkdiscard's exclusive open fails anyway.
+        return False, f"{device} is held by {', '.join(with_holders)} (a layer of another stack)"
+    return True, ""
+
+
+def _run_tool(argv: list[str], what: str, timeout: float) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError as exc:
+        raise TestboxError(f"{what}: {argv[0]} not installed") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise TestboxError(f"{what}: `{' '.join(argv)}` timed out after {timeout:g} s") from exc
+    if proc.returncode != 0:
+        raise TestboxError(
+            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: "
+            f"{(proc.stderr or proc.stdout).strip()}"
+        )
+    return proc
+
+
+def _fio_job(proc: subprocess.CompletedProcess, what: str) -> dict:
+    """The single job of fio's JSON output; TestboxError when unreadable or the job failed."""
+    text = proc.stdout
+    try:
+        job = json.loads(text[text.index("{") :])["jobs"][0]
+    except (ValueError, KeyError, IndexError) as exc:
+        raise TestboxError(
+            f"{what}: fio output unreadable ({exc}); stderr: {proc.stderr.strip()}"
+        ) from exc
+    if job.get("error"):
+        raise TestboxError(f"{what}: fio job error {job['error']}; stderr: {proc.stderr.strip()}")
+    return job
+
+
+def _io(job: dict) -> dict:
+    dirs = [job.get(d, {}) for d in ("read", "write")]
+    return {
+        "iops": round(sum(d.get("iops", 0.0) for d in dirs), 3),
+        "bw_bytes": sum(d.get("bw_bytes", 0) for d in dirs),
+        "io_bytes": sum(d.get("io_bytes", 0) for d in dirs),
+    }
+
+
+def precondition(
+    device: str | Path,
+    size_bytes: int,
+    opts: dict | None,
+    ioengine: str = "libaio",
+    log: Callable[[str], None] = default_log,
+) -> dict:
+    """Precondition ``device`` (an existing block device or file): discard, fill, steady state.
+
+    Destroys the device's contents. Discard runs when ``opts["discard"]`` and the device supports
+    it; otherwise the record says ``"discard unsupported: <why>"``. Steady-state rounds run until
+    :func:`snia_steady_state` passes or ``ss_max_rounds`` rounds ran; not reaching steady state is
+    recorded (``steady_state.steady: false``), not raised: the caller decides. Raises TestboxError
+    with the tool's stderr when a tool fails. Returns the record (options, every round's IOPS, the
+    window check, seconds per phase)."""
+    o = precondition_options(opts)
+    device = str(device)
+    try:
+        mode = os.stat(device).st_mode
+    except OSError as exc:
+        # fio would create a missing file (even its directories): a mistyped /dev path would
+        # fill RAM-backed /dev instead of failing.
+        raise TestboxError(f"precondition: {device}: {exc.strerror}") from exc
+    if not (stat.S_ISBLK(mode) or stat.S_ISREG(mode)):
+        raise TestboxError(f"precondition: {device} is neither a block device nor a file")
+    t_start = time.monotonic()
+    record: dict = {
+        "device": device,
+        "size_bytes": int(size_bytes),
+        "ioengine": ioengine,
+        "options": o,
+        "discard": None,
+        "fill": None,
+        "steady_state": None,
+        "seconds": None,
+    }
+    if not o["enabled"]:
+        record["seconds"] = 0.0
+        return record
+
+    if o["discard"]:
+        supported, why = discard_support(device)
+        if supported:
+            argv = blkdiscard_argv(device)
+            t0 = time.monotonic()
+            try:
+                _run_tool(argv, f"precondition {device}: discard", timeout=3600)
+            except TestboxError as exc:
+                if "not supported" not in str(exc):
+                    raise
+                supported, why = False, str(exc)
+            else:
+                record["discard"] = {
+                    "status": "done",
+                    "argv": argv,
+                    "seconds": round(time.monotonic() - t0, 3),
+                }
+                log(f"  {device}: discarded in {record['discard']['seconds']:.1f} s")
+        if not supported:
+            record["discard"] = {"status": f"discard unsupported: {why}"}
+            log(f"  {device}: discard unsupported: {why}")
+    else:
+        record["discard"] = {"status": "not requested"}
+
+    passes, bs = o["fill_passes"], o["block_size"]
+    argv = fill_argv(device, size_bytes, passes, bs, ioengine)
+    log(f"  {device}: filling {passes} x {size_bytes / 2**20:.0f} MiB (sequential {bs} writes)")
+    t0 = time.monotonic()
+    job = _fio_job(
+        _run_tool(argv, f"precondition {device}: fill", timeout=7 * 24 * 3600),
+        f"precondition {device}: fill",
+    )
+    io = _io(job)
+    record["fill"] = {
+        "argv": argv,
+        "passes": passes,
+        "block_size": bs,
+        "io_bytes": io["io_bytes"],
+        "bw_bytes": io["bw_bytes"],
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    log(f"  {device}: filled in {record['fill']['seconds']:.1f} s")
+
+    if o["steady_state"]:
+        record["steady_state"] = _steady_state_rounds(device, size_bytes, o, ioengine, log)
+    record["seconds"] = round(time.monotonic() - t_start, 3)
+    return record
+
+
+def _steady_state_rounds(
+    device: str, size_bytes: int, o: dict, ioengine: str, log: Callable[[str], None]
+) -> dict:
+    rounds: list[dict] = []
+    check = snia_steady_state([], o["ss_window"], o["ss_range_pct"], o["ss_slope_pct"])
+    t0 = time.monotonic()
+    argv = steady_state_round_argv(
+        device,
+        size_bytes,
+        o["ss_round_s"],
+        rw=o["ss_rw"],
+        bs=o["ss_bs"],
+        iodepth=o["ss_iodepth"],
+        ioengine=ioengine,
+        deviation_pct=o["ss_range_pct"] / 2,
+    )
+    for n in range(1, o["ss_max_rounds"] + 1):
+        what = f"precondition {device}: steady-state round {n}"
+        t_round = time.monotonic()
+        job = _fio_job(_run_tool(argv, what, timeout=o["ss_round_s"] + 600), what)
+        fio_ss = job.get("steadystate") or {}
+        rounds.append(
+            {
+                "round": n,
+                **_io(job),
+                "seconds": round(time.monotonic() - t_round, 3),
+                "per_second_iops": (fio_ss.get("data") or {}).get("iops"),
+                "fio_steadystate": {
+                    k: fio_ss.get(k) for k in ("ss", "attained", "criterion", "max_deviation")
+                },
+            }
+        )
+        check = snia_steady_state(
+            [r["iops"] for r in rounds], o["ss_window"], o["ss_range_pct"], o["ss_slope_pct"]
+        )
+        log(
+            f"  {device}: steady-state round {n}: {rounds[-1]['iops']:.0f} IOPS ({check['reason']})"
+        )
+        if check["steady"]:
+            break
+    verdict = (
+        f"steady after {len(rounds)} rounds (rounds {check['first_round']}-{len(rounds)})"
+        if check["steady"]
+        else f"not steady after {len(rounds)} rounds (max_rounds): {check['reason']}"
+    )
+    log(f"  {device}: {verdict}")
+    return {
+        "argv": argv,
+        "rounds": rounds,
+        "check": check,
+        "steady": check["steady"],
+        "verdict": verdict,
+        "seconds": round(time.monotonic() - t0, 3),
+    }

@@ -1,0 +1,316 @@
+"""The storage and system facts a result depends on, captured once per host into env.json.
+
+Block devices (``lsblk -J -O``, each queue's I/O scheduler and limits), disk identity
+(``nvme id-ctrl``, ``smartctl -i``) when those tools are installed, CPU frequency governors,
+the kernel command line, CPU vulnerability mitigations, ``/proc/mdstat``, the device-mapper table
+with every crypt key stripped, and ``cryptsetup status`` of luksbench's own mappings.
+
+A missing tool or file is recorded with the reason (``{"status": "absent", "reason": ...}``),
+never an error: this runs on whatever box it is given. Nothing here writes to a device, and
+nothing here may put key material into env.json (see :func:`strip_dm_table_keys`).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from luksbench.testbox.env import which
+from luksbench.testbox.measure import POWERCAP_ROOT, rapl_unavailable_reason, read_rapl
+
+KEY_STRIPPED = "<key stripped>"
+TOOL_TIMEOUT_S = 30
+PROBE_TOOLS = ("lsblk", "nvme", "smartctl", "dmsetup", "cryptsetup")
+# Queue attributes that change how a device performs (the scheduler is parsed separately).
+QUEUE_ATTRS = (
+    "rotational",
+    "logical_block_size",
+    "physical_block_size",
+    "nr_requests",
+    "max_sectors_kb",
+    "read_ahead_kb",
+    "discard_max_bytes",
+    "write_cache",
+    "nomerges",
+    "rq_affinity",
+    "add_random",
+)
+# dm-integrity optional arguments that carry a key: "<name>:<algorithm>:<key>".
+_INTEGRITY_KEY_ARG = re.compile(r"^((?:internal_hash|journal_crypt|journal_mac):[^:]+):.+$")
+_NUMBER = re.compile(r"^\d+$")
+
+
+# --- dm tables -----------------------------------------------------------------------------------
+
+
+def _target_index(tokens: list[str]) -> int | None:
+    """Index of ``<start>`` in a table line: 0, or 1 after dmsetup's ``<name>:`` prefix."""
+    for i in (0, 1):
+        if (
+            len(tokens) >= i + 3
+            and _NUMBER.match(tokens[i])
+            and _NUMBER.match(tokens[i + 1])
+            and (i == 0 or tokens[0].endswith(":"))
+        ):
+            return i
+    return None
+
+
+def _strip_line(line: str) -> str:
+    tokens = line.split()
+    i = _target_index(tokens)
+    target = tokens[i + 2] if i is not None else None
+    if target == "crypt":
+        if len(tokens) < i + 5:
+            return " ".join(tokens[: i + 3]) + " <crypt arguments withheld: unparsed>"
+        tokens[i + 4] = KEY_STRIPPED
+        return " ".join(tokens)
+    if target == "integrity":
+        return " ".join(_INTEGRITY_KEY_ARG.sub(rf"\1:{KEY_STRIPPED}", t) for t in tokens)
+    if target is None and "crypt" in line:
+        # A line we cannot parse that mentions crypt could hold a key: keep only that it existed.
+        return "<line withheld: mentions crypt but is not a parsable table line>"
+    return line
+
+
+def strip_dm_table_keys(text: str) -> str:
+    """``dmsetup table`` output with every key removed.
+
+    In a ``crypt`` target line (``<start> <len> crypt <cipher> <key> <iv_offset> <dev> <offset>
+    [<#opts> <opts>...]``, optionally prefixed ``<name>: ``) the key field becomes
+    ``<key stripped>`` whatever its form: a hex key, ``-`` (empty key), and keyring references
+    such as ``:64:logon:cryptsetup:<uuid>-d0`` alike (a keyring reference is not the key, but it
+    names where the key lives; env.json needs neither). In ``integrity`` target lines the key
+    part of ``internal_hash``, ``journal_crypt`` and ``journal_mac`` arguments is stripped too.
+    Other targets are kept as they are; a line that mentions crypt but does not parse as a table
+    line is withheld entirely. Line structure is preserved; whitespace within a changed line is
+    normalised to single spaces."""
+    return "\n".join(_strip_line(line) for line in text.splitlines()) + (
+        "\n" if text.endswith("\n") else ""
+    )
+
+
+# --- running tools -------------------------------------------------------------------------------
+
+
+def _absent(reason: str) -> dict:
+    return {"status": "absent", "reason": reason}
+
+
+def _tool(argv: list[str], parse_json: bool = False, ok_codes: tuple[int, ...] = (0,)) -> dict:
+    """Run a read-only probe; the record says what ran and what came back (never raises)."""
+    path = which(argv[0])
+    if path is None:
+        return _absent(f"{argv[0]} not installed")
+    try:
+        proc = subprocess.run(
+            [path, *argv[1:]],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=TOOL_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"status": "failed", "argv": argv, "error": str(exc)}
+    rec: dict = {"status": "ok", "argv": argv, "exit": proc.returncode}
+    if proc.returncode not in ok_codes:
+        rec["status"] = "failed"
+        rec["stderr"] = proc.stderr.strip()
+    if parse_json:
+        try:
+            rec["data"] = json.loads(proc.stdout)
+        except json.JSONDecodeError as exc:
+            rec["status"] = "failed"
+            rec["error"] = f"output is not JSON: {exc}"
+            rec["stdout"] = proc.stdout[:4000]
+    else:
+        rec["text"] = proc.stdout
+    return rec
+
+
+def _read(path: str | Path) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+# --- block devices -------------------------------------------------------------------------------
+
+
+def parse_scheduler(text: str) -> dict:
+    """``/sys/block/X/queue/scheduler`` -> selected (the one in brackets) and available."""
+    names = text.split()
+    selected = next((n[1:-1] for n in names if n.startswith("[") and n.endswith("]")), None)
+    return {"selected": selected, "available": [n.strip("[]") for n in names]}
+
+
+def block_queues(sys_block: str | Path = "/sys/block") -> dict:
+    """Every block device's scheduler and queue limits, keyed by kernel name."""
+    out = {}
+    root = Path(sys_block)
+    for dev in sorted(root.iterdir()) if root.is_dir() else []:
+        queue = dev / "queue"
+        sched = _read(queue / "scheduler")
+        entry: dict = {"scheduler": parse_scheduler(sched) if sched is not None else None}
+        for attr in QUEUE_ATTRS:
+            entry[attr] = _read(queue / attr)
+        slaves = dev / "slaves"
+        if slaves.is_dir():
+            entry["slaves"] = sorted(p.name for p in slaves.iterdir())
+        out[dev.name] = entry
+    return out
+
+
+def disk_of_path(path: str | Path) -> dict:
+    """The block device holding the file system of ``path`` (its nearest existing ancestor)."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    st_dev = os.stat(p).st_dev
+    majmin = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    sys_dir = Path(f"/sys/dev/block/{majmin}")
+    if not sys_dir.exists():
+        return {"path": str(path), "dev": majmin, "block_device": None, "disk": None}
+    real = sys_dir.resolve()
+    disk = real.parent.name if (real / "partition").exists() else real.name
+    return {"path": str(path), "dev": majmin, "block_device": real.name, "disk": disk}
+
+
+def _disks_from_lsblk(lsblk: dict) -> list[str]:
+    """Whole physical-looking disks lsblk lists (not zram/ram, which say nothing about storage)."""
+    devices = (lsblk.get("data") or {}).get("blockdevices") or []
+    return [
+        d["path"]
+        for d in devices
+        if d.get("type") == "disk"
+        and d.get("path")
+        and not str(d.get("name", "")).startswith(("zram", "ram"))
+    ]
+
+
+def identify_devices(devices: list[str]) -> dict:
+    """``nvme id-ctrl -o json`` (nvme devices) and ``smartctl -i -j`` per device."""
+    out = {}
+    for dev in devices:
+        real = os.path.realpath(dev)
+        entry: dict = {"resolved": real}
+        if not os.path.exists(real):
+            entry["error"] = f"{dev} does not exist"
+            out[dev] = entry
+            continue
+        if os.path.basename(real).startswith("nvme"):
+            entry["nvme_id_ctrl"] = _tool(["nvme", "id-ctrl", "-o", "json", real], parse_json=True)
+        # smartctl's exit status is a bit mask; bits 0-1 are command-line/open failures.
+        entry["smartctl"] = _tool(
+            ["smartctl", "-i", "-j", real],
+            parse_json=True,
+            ok_codes=tuple(c for c in range(256) if not c & 0b11),
+        )
+        out[dev] = entry
+    return out
+
+
+# --- CPU -----------------------------------------------------------------------------------------
+
+
+def cpufreq(sys_cpu: str | Path = "/sys/devices/system/cpu") -> dict:
+    """Frequency governor and driver of each CPU, plus turbo/boost switches where the driver has them."""
+    root = Path(sys_cpu)
+    governors = {}
+    drivers = set()
+    for cpu in sorted(root.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:])):
+        gov = _read(cpu / "cpufreq" / "scaling_governor")
+        if gov is not None:
+            governors[cpu.name] = gov
+            drivers.add(_read(cpu / "cpufreq" / "scaling_driver"))
+    if not governors:
+        return _absent(f"no cpufreq under {root} (no frequency scaling driver, or a VM)")
+    return {
+        "status": "ok",
+        "governors": governors,
+        "governors_in_use": sorted(set(governors.values())),
+        "drivers": sorted(d for d in drivers if d),
+        "intel_pstate_status": _read(root / "intel_pstate" / "status"),
+        "intel_pstate_no_turbo": _read(root / "intel_pstate" / "no_turbo"),
+        "cpufreq_boost": _read(root / "cpufreq" / "boost"),
+    }
+
+
+def cpu_vulnerabilities(vuln_dir: str | Path = "/sys/devices/system/cpu/vulnerabilities") -> dict:
+    root = Path(vuln_dir)
+    if not root.is_dir():
+        return _absent(f"{root} not present")
+    return {p.name: _read(p) for p in sorted(root.iterdir())}
+
+
+# --- device-mapper -------------------------------------------------------------------------------
+
+
+def dm_table() -> dict:
+    """``dmsetup table`` with keys stripped. Only where /dev/mapper/control exists: dmsetup would
+    otherwise create the node as a side effect."""
+    if not os.path.exists("/dev/mapper/control"):
+        return _absent("no /dev/mapper/control (no device-mapper in this kernel)")
+    rec = _tool(["dmsetup", "table"])
+    if "text" in rec:
+        rec["text"] = strip_dm_table_keys(rec["text"])
+        rec["keys"] = "every crypt/integrity key field replaced by " + KEY_STRIPPED
+    if "stderr" in rec:
+        rec["stderr"] = strip_dm_table_keys(rec["stderr"])
+    return rec
+
+
+def luksbench_mappings(mapper_dir: str | Path = "/dev/mapper") -> dict:
+    """``cryptsetup status`` of every /dev/mapper/luksbench-* mapping (it prints no key)."""
+    root = Path(mapper_dir)
+    names = sorted(p.name for p in root.glob("luksbench-*")) if root.is_dir() else []
+    return {name: _tool(["cryptsetup", "status", name]) for name in names}
+
+
+# --- all -----------------------------------------------------------------------------------------
+
+
+def capture_system(
+    devices: list[str] | None = None,
+    paths: list[str] | None = None,
+    powercap_root: str | Path = POWERCAP_ROOT,
+) -> dict:
+    """Storage and system facts of this machine (no key material; read-only).
+
+    ``devices``: block devices to identify with nvme-cli/smartctl (the disks under test); None
+    identifies every whole disk lsblk lists. ``paths``: directories (e.g. the scratch directory
+    holding loop-device backing files) whose underlying disk is recorded."""
+    lsblk = _tool(["lsblk", "-J", "-O"], parse_json=True)
+    if devices is None:
+        devices = _disks_from_lsblk(lsblk)
+    rapl = read_rapl(powercap_root)
+    mdstat = _read("/proc/mdstat")
+    return {
+        "tools": {t: which(t) for t in PROBE_TOOLS},
+        "lsblk": lsblk,
+        "block_queues": block_queues(),
+        "paths": [disk_of_path(p) for p in paths or []],
+        "identify": identify_devices(devices),
+        "cpufreq": cpufreq(),
+        "cmdline": _read("/proc/cmdline"),
+        "cpu_vulnerabilities": cpu_vulnerabilities(),
+        "mdstat": (
+            {"status": "ok", "text": mdstat}
+            if mdstat is not None
+            else _absent("no /proc/mdstat (no MD RAID in this kernel)")
+        ),
+        "dm_table": dm_table(),
+        "cryptsetup_status": luksbench_mappings(),
+        "rapl": (
+            {"status": "ok", "zones": [{"zone": z["zone"], "name": z["name"]} for z in rapl]}
+            if rapl
+            else _absent(rapl_unavailable_reason(powercap_root) or "no RAPL reading")
+        ),
+    }
