@@ -14,6 +14,7 @@ declare -A debian_package=(
   [cryptsetup]=cryptsetup-bin
   [qemu-storage-daemon]=qemu-system-common
   [fusermount3]=fuse3
+  [mkfs.xfs]=xfsprogs  # fs layers (xfs); ext4's e2fsprogs is in every Debian base system
   [chromium]=chromium  # the test suite opens the generated HTML paper in headless chromium
 )
 missing_packages=()

@@ -80,6 +80,67 @@ def _cmd_loss(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from luksbench import compare
+
+    try:
+        a = compare.load_run(args.run_a, args.processed_root, args.raw_root)
+        b = compare.load_run(args.run_b, args.processed_root, args.raw_root)
+        table = compare.compare_runs(
+            a,
+            b,
+            hosts=args.host,
+            stacks=args.stack,
+            metrics=args.metric,
+            confidence=args.confidence,
+            equivalence_margin_pct=args.equivalence_margin,
+            unpaired=args.unpaired,
+        )
+        differences = compare.env_differences(a, b, compare.host_pairs(a, b, args.host))
+        out = compare.write_compare(table, Path(args.out), a, b, differences)
+    except (compare.CompareError, FileNotFoundError, ValueError) as exc:
+        print(f"luksbench compare: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(out["md"].read_text())
+    counts = table["outcome"].value_counts()
+    print(
+        f"luksbench compare: {len(table)} rows: "
+        + ", ".join(f"{counts[k]} {k}" for k in counts.index)
+        + f"; written to {', '.join(str(p) for p in out.values())}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    import socket
+
+    from luksbench.testbox.plan import PlanError, load_plan, plan_from_config
+    from luksbench.testbox.planview import describe_plan
+
+    try:
+        if args.plan:
+            plan = load_plan(Path(args.plan))
+        else:
+            from luksbench.profiles import ProfileError, load_config
+
+            try:
+                config = load_config(Path(args.workdir), args.configfile)
+            except ProfileError as exc:
+                raise PlanError(str(exc)) from exc
+            host = args.host or config["host"] or socket.gethostname().split(".")[0]
+            scratch = Path(args.workdir) / config["scratch_dir"] / config["run"] / host
+            plan = plan_from_config(config, host, scratch)
+    except (PlanError, OSError) as exc:
+        print(f"luksbench plan: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # schema validation errors name the key
+        print(f"luksbench plan: invalid config: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(describe_plan(plan, check_devices=args.check_devices)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +178,60 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave flagged pairs out of the estimates (they are always counted in n_outliers)",
     )
     loss.set_defaults(func=_cmd_loss)
+
+    comp = commands.add_parser(
+        "compare",
+        help="change per cell and stack from run A to run B (two kernels, hosts, settings)",
+        description="Change of bandwidth, IOPS, p99 latency and CPU per GiB from run A to run B, "
+        "per cell and stack, with confidence intervals (paired by repetition only when the runs "
+        "were measured side by side, else Welch) and Benjamini-Hochberg verdicts. Writes "
+        "compare.parquet, .csv, .md and a figure to --out; prints the Markdown.",
+    )
+    comp.add_argument(
+        "run_a", metavar="RUN_A", help="data/processed/<run>, data/raw/<run> or a name"
+    )
+    comp.add_argument("run_b", metavar="RUN_B")
+    comp.add_argument(
+        "--host",
+        action="append",
+        metavar="HOST[=HOST_B]",
+        help="compare this host (or host HOST of A with HOST_B of B); repeatable; default: the "
+        "hosts both runs have, or their only hosts",
+    )
+    comp.add_argument("--stack", action="append", help="only these stacks (repeatable)")
+    comp.add_argument(
+        "--metric",
+        action="append",
+        help="bw_bytes, iops, clat_p99_ns, busy_cpu_s_per_gib (default) or any loss-table metric",
+    )
+    comp.add_argument("--confidence", type=float, default=0.95)
+    comp.add_argument("--equivalence-margin", type=float, default=2.0, metavar="PCT")
+    comp.add_argument(
+        "--unpaired", action="store_true", help="never pair repetitions (always Welch)"
+    )
+    comp.add_argument("--out", required=True, metavar="DIR", help="folder for the outputs")
+    comp.add_argument("--processed-root", type=Path, default=Path("data/processed"))
+    comp.add_argument("--raw-root", type=Path, default=Path("data/raw"))
+    comp.set_defaults(func=_cmd_compare)
+
+    plan = commands.add_parser(
+        "plan",
+        help="print what a run will do (matrix, every destructive action) before anything runs",
+        description="Print the plan of a run: stacks and their layers, every destructive action "
+        "in order (which scratch files and which allowlisted disks are written), the matrix and "
+        "the fio time. Reads the workflow config like `snakemake --configfile F` would, or a "
+        "plan.json written by the workflow. Touches nothing.",
+    )
+    plan.add_argument("--configfile", action="append", type=Path, help="as for snakemake")
+    plan.add_argument("--plan", help="a plan.json instead of the config")
+    plan.add_argument("--host", help="host name (default: config host, else this machine)")
+    plan.add_argument("--workdir", default=".", help="the workflow directory (default: .)")
+    plan.add_argument(
+        "--check-devices",
+        action="store_true",
+        help="also check each real disk now (read-only: stable path, mounts, holders, signatures)",
+    )
+    plan.set_defaults(func=_cmd_plan)
 
     from luksbench.testbox.cli import add_testbox_commands
 

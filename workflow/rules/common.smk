@@ -7,12 +7,19 @@ from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
+from luksbench.profiles import apply_profile
 from luksbench.testbox.plan import plan_from_config, write_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
 
 min_version("8.0")
 
 
+# A study profile (config key `profile`) replaces config/config.yaml as the base; the user's own
+# --configfile/--config keys (Snakemake's overwrite_config) go on top of it.
+_profiled = apply_profile(config, workflow.config_settings.overwrite_config, Path("config/profiles"))
+if _profiled is not config:
+    config.clear()
+    config.update(_profiled)
 validate(config, schema="../schemas/config.schema.yaml")
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
@@ -155,3 +162,21 @@ def plan_cells(wildcards):
 
 def variant_stacks(wildcards):
     return [name for name in config["stacks"] if name != config["baseline"]]
+
+
+def _is_dry_run():
+    try:
+        if workflow.dryrun:
+            return True
+    except AttributeError:  # no executor yet while the Snakefile is parsed
+        pass
+    return any(arg in ("-n", "--dry-run", "--dryrun") for arg in sys.argv[1:])
+
+
+# The plan of the run measured here, resolved now: a config error (an unknown device, a stack on
+# a device that md claims, ...) stops every invocation before anything runs, naming the key.
+MEASURED_PLAN = plan_from_config(config, HOST, Path(SCRATCH) / RUN / HOST)
+if _is_dry_run():
+    from luksbench.testbox.planview import describe_plan
+
+    print("\n".join(describe_plan(MEASURED_PLAN)), file=sys.stderr)

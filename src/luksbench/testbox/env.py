@@ -241,7 +241,9 @@ def _plan_layers(plan: dict):
 
 def plan_md_levels(plan: dict) -> tuple[int, ...]:
     """RAID levels the plan's md layers use (empty: no MD needed)."""
-    return tuple(sorted({int(lay["level"]) for lay in _plan_layers(plan) if lay["kind"] == "md"}))
+    return tuple(
+        sorted({int(lay.get("level", 0)) for lay in _plan_layers(plan) if lay["kind"] == "md"})
+    )
 
 
 def userspace_compatible(plan: dict) -> list[str]:

@@ -577,7 +577,7 @@ class KernelBuilder:
 
     def _md(self, layer: dict, stack: str, members: list[dict]) -> dict:
         device = free_md_device()
-        level, chunk = int(layer["level"]), int(layer.get("chunk_kib", 512))
+        level, chunk = int(layer.get("level", 0)), int(layer.get("chunk_kib", 512))
         for m in members:
             self._wipe_later(m)
         paths = [m["device"] for m in members]

@@ -162,7 +162,9 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
         return
     kind = layer["kind"]
 
-    def need(key: str, allowed=None):
+    def need(key: str, allowed=None, default=None):
+        if key not in layer and default is not None:
+            return
         if key not in layer:
             raise PlanError(f"{source}: {where}.{key} is required for kind {kind}")
         if allowed is not None and layer[key] not in allowed:
@@ -180,14 +182,15 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
             )
     elif kind in ("fs",):
         need("over")
-        need("fstype", ("ext4", "xfs"))
+        need("fstype", ("ext4", "xfs"), FS_DEFAULTS["fstype"])
     elif kind == "md":
-        need("level", (0, 5))
+        need("level", (0, 5), MD_DEFAULTS["level"])
         members = layer.get("members") or []
-        least = 3 if layer["level"] == 5 else 2
+        level = layer.get("level", MD_DEFAULTS["level"])
+        least = 3 if level == 5 else 2
         if len(members) < least:
             raise PlanError(
-                f"{source}: {where}.members: RAID-{layer['level']} needs at least {least} "
+                f"{source}: {where}.members: RAID-{level} needs at least {least} "
                 f"members, not {len(members)}"
             )
         chunk = int(layer.get("chunk_kib", 512))
@@ -200,8 +203,8 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
             raise PlanError(
                 f"{source}: {where}.perf_flags: {bad} not among {', '.join(PERF_FLAGS)}"
             )
-        need("sector_size", (512, 4096))
-        need("luks_type", ("luks1", "luks2"))
+        need("sector_size", (512, 4096), LUKS_DEFAULTS["sector_size"])
+        need("luks_type", ("luks1", "luks2"), LUKS_DEFAULTS["luks_type"])
     elif kind == "linear":
         need("like", sorted(plan["stacks"]))
         if luks_layer(plan, layer["like"]) is None:

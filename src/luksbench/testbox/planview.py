@@ -1,0 +1,143 @@
+"""What a plan will do, in words, before anything runs: ``luksbench plan`` and the dry run.
+
+Lists the matrix (every cell and stack, the number of fio runs and the time they take) and every
+destructive action in the order stack-up takes them: which scratch files and loop devices are
+created, and which allowlisted disks are written by luksFormat, mdadm, mkfs, discard, the
+preconditioning fill and fio. With ``check_devices``, each real disk is also checked now (stable
+path, mounts, holders, use, signatures), read-only.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from luksbench.testbox import safety
+from luksbench.testbox.plan import precondition_options, walk_layers, workloads
+
+
+def layer_layout(layer, devices: dict) -> str:
+    """One line for a layer tree as configured, e.g. ``luks aes-xts-plain64 over md raid0 [d0, d1]``."""
+    if isinstance(layer, str):
+        dev = devices.get(layer, {})
+        return f"{layer} ({dev['path']})" if "path" in dev else f"{layer} (scratch file)"
+    kind = layer["kind"]
+    if kind in ("plain", "loop"):
+        return f"{kind} (own scratch file)"
+    if kind == "luks":
+        head = f"luks {layer.get('cipher')} {layer.get('luks_type')}"
+        if int(layer.get("sector_size", 512)) != 512:
+            head += f" sector {layer['sector_size']}"
+        if layer.get("perf_flags"):
+            head += f" flags {','.join(layer['perf_flags'])}"
+    elif kind == "md":
+        head = f"md raid{layer.get('level', 0)} chunk {layer.get('chunk_kib')}K"
+    elif kind == "fs":
+        head = f"{layer.get('fstype', 'ext4')} file"
+    elif kind in ("raw", "external"):
+        return f"{kind} {layer_layout(layer['device'], devices)}"
+    elif kind == "linear":
+        return f"dm-linear over the luks payload region of stack {layer['like']}"
+    elif kind == "rbd":
+        return f"rbd {layer['pool']}/{layer['image']} (client {layer.get('client', 'admin')})"
+    if "members" in layer:
+        return f"{head} [{', '.join(layer_layout(m, devices) for m in layer['members'])}]"
+    if "over" in layer:
+        return f"{head} over {layer_layout(layer['over'], devices)}"
+    return f"{head} over its own scratch file"
+
+
+def _actions(plan: dict, name: str) -> list[str]:
+    """Destructive actions of one stack, bottom-up."""
+    devices = plan.get("devices", {})
+    run = plan["run"]
+    out: list[str] = []
+
+    def target(ref) -> str:
+        if isinstance(ref, str):
+            dev = devices[ref]
+            return f"DISK devices.{ref} {dev['path']}" if "path" in dev else f"loop over {ref}"
+        return f"the {ref['kind']} layer"
+
+    for _, layer in reversed(list(walk_layers(plan["stacks"][name], name))):
+        if not isinstance(layer, dict):
+            continue
+        kind = layer["kind"]
+        if kind in ("plain", "loop") or (kind == "luks" and "over" not in layer):
+            out.append(
+                f"create scratch file luksbench-{run}-{name}.img "
+                f"({layer.get('size_mib') or plan['device_size_mib']} MiB) and a loop device"
+            )
+        if kind == "luks":
+            below = target(layer["over"]) if "over" in layer else "its scratch file"
+            out.append(f"luksFormat {below} (destroys its data), cryptsetup open")
+        elif kind == "md":
+            members = ", ".join(target(m) for m in layer["members"])
+            out.append(
+                f"mdadm --create RAID-{layer.get('level', 0)} over {members} (destroys their data)"
+            )
+        elif kind == "fs":
+            out.append(
+                f"mkfs.{layer.get('fstype', 'ext4')} {target(layer['over'])} (destroys its data), mount"
+            )
+        elif kind == "linear":
+            out.append(f"dmsetup create dm-linear over the luks payload of stack {layer['like']}")
+        elif kind in ("raw", "external"):
+            out.append(f"fio writes directly to {target(layer['device'])}")
+    return out
+
+
+def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
+    """The plan in lines: header with the run count, stacks, destructive actions, cells."""
+    cells = workloads(plan)
+    stacks = list(plan["stacks"])
+    reps = int(plan["repetitions"])
+    runs = len(cells) * len(stacks) * reps
+    fio = plan["fio"]
+    seconds = runs * (int(fio.get("runtime_s", 0)) + int(fio.get("ramp_time_s", 0)))
+    rep_word = "repetitions" + (" (adaptive pilot)" if plan.get("adaptive") else "")
+    lines = [
+        f"luksbench plan: run {plan['run']} on {plan['host']}: {len(stacks)} stacks x "
+        f"{len(cells)} cells x {reps} {rep_word} = {runs} fio runs",
+        f"  fio time: {seconds / 3600:.1f} h ({seconds} s of runtime + ramp), backend "
+        f"{plan['backend']}, baseline {plan['baseline']}",
+    ]
+    devices = plan.get("devices", {})
+    for name in stacks:
+        lines.append(f"  stack {name}: {layer_layout(plan['stacks'][name], devices)}")
+    for name, dev in devices.items():
+        if "path" in dev:
+            lines.append(f"  device {name}: {dev['path']} (real disk: WILL BE OVERWRITTEN)")
+        else:
+            lines.append(f"  device {name}: scratch file of {dev['size_mib']} MiB on a loop device")
+    lines.append("  destructive actions, in order:")
+    for name in stacks:
+        for action in _actions(plan, name):
+            lines.append(f"    {name}: {action}")
+    pre = precondition_options(plan["precondition"])
+    if pre["enabled"]:
+        what = ["blkdiscard" if pre["discard"] else None, f"{pre['fill_passes']}x sequential fill"]
+        if pre["steady_state"]:
+            what.append("steady-state rounds")
+        lines.append(
+            f"    every stack: precondition ({', '.join(w for w in what if w)}) of its top device"
+        )
+    lines.append("    every stack: fio writes in the write cells of the matrix")
+    lines.append(
+        "    stack-down: close, stop and remove all of it; wipefs our signatures off real disks"
+    )
+    if check_devices:
+        real = {n: d for n, d in devices.items() if "path" in d}
+        for name, spec in real.items():
+            try:
+                desc = safety.check_device(name, spec)
+            except safety.SafetyError as exc:
+                lines.append(f"  REFUSED {exc}")
+            else:
+                lines.append(
+                    f"  checked devices.{name}: {desc['resolved']} serial {desc.get('serial')} "
+                    f"{desc['size_bytes'] / 2**30:.1f} GiB, "
+                    + ("blank" if not desc["signatures"] else "signatures confirmed by wipe_serial")
+                )
+    for w in cells:
+        lines.append(f"  cell {w.id}")
+    return lines
