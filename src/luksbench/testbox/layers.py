@@ -36,6 +36,7 @@ from pathlib import Path
 from luksbench.testbox import safety
 from luksbench.testbox.env import TestboxError, log, run_quiet, which
 from luksbench.testbox.plan import NULL_CIPHERS
+from luksbench.testbox.sysinfo import strip_dm_table_keys
 
 MIB = 1024 * 1024
 SECTOR = 512
@@ -286,25 +287,11 @@ def parse_cryptsetup_status(text: str) -> dict:
     return out
 
 
-def strip_table_keys(table: str) -> str:
-    """A ``dmsetup table`` text with every crypt target's key field replaced."""
-    lines = []
-    for line in table.splitlines():
-        fields = line.split()
-        # "<name>: <start> <len> crypt <cipher> <key> ..." or without the name prefix
-        idx = fields.index("crypt") if "crypt" in fields else -1
-        if idx >= 0 and len(fields) > idx + 2:
-            fields[idx + 2] = "<key stripped>"
-            line = " ".join(fields)
-        lines.append(line)
-    return "\n".join(lines)
-
-
 def dm_table(name: str) -> str | None:
     proc = run_quiet(["dmsetup", "table", name]) if which("dmsetup") else None
     if proc is None or proc.returncode != 0:
         return None
-    return strip_table_keys(proc.stdout.strip())
+    return strip_dm_table_keys(proc.stdout.strip())
 
 
 def free_md_device() -> str:

@@ -323,6 +323,7 @@ SCHEMA_LAYER_DEFAULTS = {
     "size_mib": 0,
     "client": "admin",
     "secure_mode": "",
+    "optional": False,
 }
 
 
@@ -340,7 +341,10 @@ def resolve_layer(spec, where: str):
     for key, value in spec.items():
         if key == "kind":
             continue
-        if key in KIND_KEYS[kind]:
+        if key == "optional":  # any stack may be optional; False (the default) is not kept
+            if value:
+                layer[key] = True
+        elif key in KIND_KEYS[kind]:
             layer[key] = value
         elif key not in SCHEMA_LAYER_DEFAULTS or value != SCHEMA_LAYER_DEFAULTS[key]:
             raise PlanError(

@@ -198,7 +198,7 @@ def check_state_live(state: dict) -> None:
         problems.append("stack-up did not complete")
     for name, e in state["stacks"].items():
         dev = e.get("device")
-        if e.get("device_type") == "rbd":
+        if e.get("unavailable") or e.get("device_type") == "rbd":
             continue  # nothing local to check; fio reports a failure to connect
         if not dev or not os.path.exists(dev):
             problems.append(f"{name}: {dev} is gone")
@@ -277,7 +277,15 @@ def run_fio(
         unknown = sorted(set(targets) - {w.id for w in workloads(plan)})
         if unknown:
             log(f"luksbench testbox run-fio: warning: targets for cells not in the plan: {unknown}")
-    runs = schedule(plan, targets)
+    # Optional stacks that could not be built here (stack-up recorded why) are not measured.
+    unavailable = {n: e["unavailable"] for n, e in state["stacks"].items() if e.get("unavailable")}
+    measured_plan = {
+        **plan,
+        "stacks": {n: s for n, s in plan["stacks"].items() if n not in unavailable},
+    }
+    for name, why in unavailable.items():
+        log(f"luksbench testbox run-fio: stack {name} unavailable here, not measured: {why}")
+    runs = schedule(measured_plan, targets)
     reps = cell_repetitions(plan, targets)
     total = len(runs)
     width = len(str(total))
@@ -288,7 +296,7 @@ def run_fio(
     )
     log(
         f"luksbench testbox run-fio: {total} fio runs ({len(workloads(plan))} cells x "
-        f"{len(state['stacks'])} stacks x {rep_text}), backend {state['backend']}"
+        f"{len(measured_plan['stacks'])} stacks x {rep_text}), backend {state['backend']}"
     )
     done: list[dict] = []
     failed: list[str] = []
@@ -360,7 +368,8 @@ def run_fio(
             "backend": state["backend"],
             "backend_reason": state["backend_reason"],
             "baseline": plan["baseline"],
-            "stacks": stack_order(plan),
+            "stacks": stack_order(measured_plan),
+            "unavailable_stacks": unavailable,
             "cells": [w.id for w in workloads(plan)],
             "pairing": PAIRING,
             "counterbalance": COUNTERBALANCE,

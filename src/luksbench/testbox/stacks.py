@@ -47,7 +47,7 @@ from luksbench.testbox.layers import create_backing as _create_backing
 from luksbench.testbox.layers import device_size, luks_format_argv
 from luksbench.testbox.layers import run_tool as _run
 from luksbench.testbox.layers import write_key as _write_key
-from luksbench.testbox.plan import device_uses, precondition_options, walk_layers
+from luksbench.testbox.plan import device_uses, luks_layer, precondition_options, walk_layers
 
 STATE_VERSION = 1
 MIB = 1024 * 1024
@@ -424,8 +424,16 @@ def _build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict
     builder = layers.KernelBuilder(plan, state, save, device_checks)
     described: dict[str, dict] = {}
     for name in build_order(plan):
-        built = builder.build_stack(name)
         entry = state["stacks"][name]
+        mark = len(state["objects"])
+        try:
+            built = builder.build_stack(name)
+        except (TestboxError, safety.SafetyError) as exc:
+            if not plan["stacks"][name].get("optional") or name == plan["baseline"]:
+                raise
+            described[name] = _unavailable(name, plan, state, builder, mark, exc)
+            save()
+            continue
         entry.update(
             device=built["device"],
             device_type=built["device_type"],
@@ -457,6 +465,29 @@ def _build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict
             "notes": sorted(set(notes), key=notes.index),
         }
     return {name: described[name] for name in state["order"]}
+
+
+def _unavailable(name: str, plan: dict, state: dict, builder, mark: int, exc: Exception) -> dict:
+    """An optional stack that cannot be built here: undo its objects, record why."""
+    actions: list[str] = []
+    errors: list[str] = []
+    layers.undo(state["objects"][mark:], actions, errors)
+    if errors:
+        raise TestboxError(f"stack {name}: could not be built ({exc}) nor undone: {errors}")
+    del state["objects"][mark:]
+    # shared devices first built for this stack are gone again
+    builder.shared = {k: v for k, v in builder.shared.items() if os.path.exists(v["device"])}
+    builder.stack_luks.pop(name, None)
+    reason = str(exc)
+    state["stacks"][name]["unavailable"] = reason
+    log(f"  {name}: UNAVAILABLE here, left out of the run: {reason}")
+    return {
+        "kind": plan["stacks"][name]["kind"],
+        "backend": state["backend"],
+        "unavailable": reason,
+        "cipher": (luks_layer(plan, name) or {}).get("cipher"),
+        "notes": [f"optional stack not built here: {reason}"],
+    }
 
 
 def _build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dict:
@@ -547,7 +578,8 @@ def _build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> di
 
 def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
     """Common span, preconditioning, and the description every run records."""
-    sizes = [e["size_bytes"] for e in state["stacks"].values() if e["device_type"] != "rbd"]
+    live = {n: e for n, e in state["stacks"].items() if not e.get("unavailable")}
+    sizes = [e["size_bytes"] for e in live.values() if e["device_type"] != "rbd"]
     # Every fio run touches the same span on every stack (LUKS headers make luks devices smaller).
     io_size = min(sizes) // MIB * MIB if sizes else 0
     if sizes and io_size <= 0:
@@ -561,6 +593,8 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
     options = precondition_options(plan["precondition"])
     for name in state["order"]:
         entry = state["stacks"][name]
+        if entry.get("unavailable"):
+            continue
         if options["enabled"] and entry["device_type"] != "rbd":
             described[name]["precondition"] = _precondition(entry, ioengine, options)
         else:
