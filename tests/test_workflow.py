@@ -125,6 +125,45 @@ def test_a_malformed_config_is_refused_naming_the_key(override, named):
     assert named in result.stderr + result.stdout
 
 
+@pytest.mark.parametrize(
+    ("config_text", "named"),
+    [
+        # a stack on a disk that is not in the allowlist: names the key and the allowlist
+        (
+            "devices: {d0: {size_mib: 64}}\nstacks:\n  plain: {kind: plain}\n"
+            "  luks: {kind: luks, over: sdb}\n",
+            "stacks.luks.over: device 'sdb' is not in devices (the allowlist: ['d0'])",
+        ),
+        # a real disk by an unstable name is refused by the schema before any check
+        ("devices: {d0: {path: sdb}}\n", "devices"),
+        # md claims its members: a raw arm on the same disk is refused
+        (
+            "devices: {d0: {size_mib: 64}, d1: {size_mib: 64}}\nbaseline: raw\n"
+            "analysis: {variant: raid0}\nstacks:\n  raw: {kind: raw, device: d0}\n"
+            "  raid0: {kind: md, members: [d0, d1]}\n",
+            "claim(s) it exclusively",
+        ),
+        ("stacks:\n  plain: {kind: plain}\n  luks: {kind: luks, level: 5}\n", "stacks.luks.level"),
+        ("profile: nope\n", "config key 'profile': no profile 'nope'"),
+    ],
+)
+def test_a_bad_device_or_stack_is_refused_before_anything_runs(tmp_path, config_text, named):
+    config = tmp_path / "bad.yaml"
+    config.write_text(config_text)
+    result = snakemake("-n", "all", "--configfile", str(config))
+    assert result.returncode != 0
+    assert named in result.stderr + result.stdout
+    assert "luksbench plan:" not in result.stderr  # stopped before the plan was even shown
+
+
+def test_the_dry_run_lists_the_matrix_and_the_destructive_actions():
+    result = snakemake("-n", "all")
+    assert result.returncode == 0, result.stderr
+    assert "2 stacks x 16 cells x 3 repetitions = 96 fio runs" in result.stderr
+    assert "luks: luksFormat its scratch file (destroys its data)" in result.stderr
+    assert "  cell randwrite-4k-qd32" in result.stderr
+
+
 def test_a_bad_block_size_is_refused(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("matrix:\n  bs: [4k, huge]\n")
