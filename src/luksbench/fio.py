@@ -192,10 +192,24 @@ def load_fio_document(path: Path, warn: Warn = _warn_on_stderr) -> dict:
 def _job_entries(doc: dict) -> list[tuple[int, dict, str]]:
     """(index in the document's list, job entry, host) for every per-job entry of a fio document."""
     if isinstance(doc.get("client_stats"), list):
-        return [
-            (index, entry, str(entry.get("hostname", "")))
+        entries = [
+            (index, entry)
             for index, entry in enumerate(doc["client_stats"])
             if isinstance(entry, dict) and entry.get("jobname") != ALL_CLIENTS_JOBNAME
+        ]
+        # Several servers on one host (distinct ports) would share a hostname: add the port.
+        names = {str(e.get("hostname", "")) for _, e in entries}
+        ports = {(str(e.get("hostname", "")), e.get("port")) for _, e in entries}
+        with_port = len(ports) > len(names)
+        return [
+            (
+                index,
+                entry,
+                f"{entry.get('hostname', '')}:{entry.get('port')}"
+                if with_port and entry.get("port") is not None
+                else str(entry.get("hostname", "")),
+            )
+            for index, entry in entries
         ]
     return [
         (index, entry, "") for index, entry in enumerate(doc["jobs"]) if isinstance(entry, dict)

@@ -89,6 +89,14 @@ def check_plan(plan: dict, source: str = "plan") -> None:
         if not plan["matrix"].get(key):
             raise PlanError(f"{source}: matrix.{key} must be a non-empty list")
     check_stacks(plan, source)
+    fleet = plan.get("fleet")
+    if fleet is not None:
+        hosts = fleet.get("hosts") or []
+        if fleet.get("mode") == "clients" and not hosts:
+            raise PlanError(f"{source}: fleet.hosts must list the fio servers for mode clients")
+        names = [h.get("name") for h in hosts]
+        if len(set(names)) != len(names):
+            raise PlanError(f"{source}: fleet.hosts names must be unique, not {names}")
     adaptive = plan.get("adaptive")
     if adaptive is not None:
         if not isinstance(adaptive, dict):
@@ -262,7 +270,15 @@ def workloads(plan: dict) -> list[Workload]:
 # Keys whose change makes new repetitions incomparable with the ones already measured in a run.
 # Not in here on purpose: repetitions, seed, matrix (extending a run) and adaptive (the design of
 # how many repetitions, not how each is measured).
-_MEASUREMENT_KEYS = ("backend", "device_size_mib", "precondition", "stacks", "fio", "devices")
+_MEASUREMENT_KEYS = (
+    "backend",
+    "device_size_mib",
+    "precondition",
+    "stacks",
+    "fio",
+    "devices",
+    "fleet",
+)
 LUKS_DEFAULTS = {
     "cipher": "aes-xts-plain64",
     "key_bits": 512,
@@ -395,6 +411,11 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         "repetitions": config["repetitions"],
         "seed": config["seed"],
     }
+    fleet = config.get("fleet") or {}
+    if fleet.get("mode", "local") == "clients":
+        # fio runs on every listed server at once (fio --client); the stacks' paths must be valid
+        # on each of them (rbd images, shared devices, or servers on this machine).
+        plan["fleet"] = {"mode": "clients", "hosts": [dict(h) for h in fleet.get("hosts") or []]}
     adaptive = config.get("adaptive") or {}
     if adaptive.get("enabled"):
         # Stage 1 measures the pilot; stage 2 (run-fio --targets) tops each cell up to its target.

@@ -23,6 +23,7 @@ import json
 import os
 import random
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -159,19 +160,88 @@ def fio_argv(
     return argv
 
 
+def fleet_clients(plan: dict) -> list[dict]:
+    """The fio servers every run is sent to (fleet mode ``clients``); empty: fio runs here."""
+    fleet = plan.get("fleet") or {}
+    return list(fleet.get("hosts") or []) if fleet.get("mode") == "clients" else []
+
+
+# Options that stay on the client's command line; every other one goes to the job file.
+_CLIENT_SIDE = ("--output-format=", "--output=")
+
+
+def client_argv(
+    local_argv: list[str], job_path: Path, clients: list[dict]
+) -> tuple[list[str], str]:
+    """fio's client/server form of a local fio command line: (argv, job file text).
+
+    One ``--client`` per server, so all of them run the job at the same time (many clients
+    loading one shared target); the JSON then has one ``client_stats`` entry per server."""
+    job_lines, client_side = [], []
+    for arg in local_argv[1:]:
+        if arg.startswith(_CLIENT_SIDE):
+            client_side.append(arg)
+        elif arg.startswith("--name="):
+            job_lines.insert(0, f"[{arg.split('=', 1)[1]}]")
+        else:
+            job_lines.append(arg[2:])
+    # Each --client names its own job file: with one job file after several --client options,
+    # fio 3.33 sends the job to one server only.
+    servers = [
+        arg
+        for c in clients
+        for arg in (f"--client=ip:{c['address']},{int(c.get('port', 8765))}", str(job_path))
+    ]
+    return ["fio", *client_side, *servers], "\n".join(job_lines) + "\n"
+
+
+def check_servers(clients: list[dict], timeout: float = 5.0) -> None:
+    """Every fio server answers on its port, or TestboxError names the ones that do not."""
+    down = []
+    for c in clients:
+        try:
+            with socket.create_connection((c["address"], int(c.get("port", 8765))), timeout):
+                pass
+        except OSError as exc:
+            down.append(
+                f"{c['name']} ({c['address']}:{c.get('port', 8765)}: {exc.strerror or exc})"
+            )
+    if down:
+        raise TestboxError(
+            "fio servers not reachable: "
+            + "; ".join(down)
+            + " (start `fio --server=ip:<address>,<port>` on each host)"
+        )
+
+
 def parse_fio_output(text: str) -> dict:
     """fio's JSON document (fio may print warnings before it); raises ValueError."""
     start = text.find("{")
     if start < 0:
         raise ValueError("no JSON object in fio output")
     doc = json.loads(text[start:])
-    if not doc.get("jobs"):
+    if not (doc.get("jobs") or doc.get("client_stats")):
         raise ValueError("fio output has no jobs")
     return doc
 
 
+def job_entries(doc: dict) -> list[dict]:
+    """Per-job entries: ``jobs``, or in client/server output every server's (not the sum)."""
+    if doc.get("client_stats"):
+        return [e for e in doc["client_stats"] if e.get("jobname") != "All clients"]
+    return doc["jobs"]
+
+
 def _summary(doc: dict) -> str:
-    job = doc["jobs"][0]
+    entries = job_entries(doc)
+    if len(entries) > 1:
+        per_host = ", ".join(
+            f"{e.get('hostname')}:{e.get('port')} "
+            f"{sum(e.get(d, {}).get('bw_bytes', 0) for d in ('read', 'write', 'trim')) / 2**20:.1f}"
+            for e in entries
+        )
+        return f"MiB/s per server: {per_host}"
+    job = entries[0]
     bw = sum(job.get(d, {}).get("bw_bytes", 0) for d in ("read", "write", "trim"))
     iops = sum(job.get(d, {}).get("iops", 0.0) for d in ("read", "write", "trim"))
     iops_s = f"{iops / 1000:.1f}k" if iops >= 1000 else f"{iops:.0f}"
@@ -260,6 +330,8 @@ def run_fio(
             f"but the plan is run {plan['run']!r} with stacks {sorted(plan['stacks'])}"
         )
     check_state_live(state)
+    if fleet_clients(plan):
+        check_servers(fleet_clients(plan))
     raw_host_dir = Path(raw_host_dir).resolve()
     raw_dir, host = raw_host_dir.parent, raw_host_dir.name
     if host != plan["host"]:
@@ -368,6 +440,7 @@ def run_fio(
             "backend": state["backend"],
             "backend_reason": state["backend_reason"],
             "baseline": plan["baseline"],
+            "fleet": plan.get("fleet"),
             "stacks": stack_order(measured_plan),
             "unavailable_stacks": unavailable,
             "cells": [w.id for w in workloads(plan)],
@@ -449,6 +522,11 @@ def _one_run(
     proc = None
     try:
         argv = fio_argv(plan, entry, stack, w, tmp, io_size)
+        clients = fleet_clients(plan)
+        if clients:
+            job = tmp.with_suffix(".job.tmp")  # matched by the stale-file glob above
+            argv, job_text = client_argv(argv, job, clients)
+            job.write_text(job_text)
         before, rapl_before, t0 = read_proc_stat(), measure.read_rapl(), time.monotonic()
         # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
         proc = subprocess.Popen(
@@ -476,7 +554,7 @@ def _one_run(
             doc = parse_fio_output(text)
         except ValueError as exc:
             return False, f"FAILED: fio output unreadable ({exc}); no rep file written"
-        errs = [j.get("error") for j in doc["jobs"] if j.get("error")]
+        errs = [j.get("error") for j in job_entries(doc) if j.get("error")]
         if errs:
             return False, f"FAILED: fio job error {errs}; no rep file written"
         sidecar = cpu_sidecar(
@@ -500,3 +578,4 @@ def _one_run(
         raise
     finally:
         tmp.unlink(missing_ok=True)
+        tmp.with_suffix(".job.tmp").unlink(missing_ok=True)

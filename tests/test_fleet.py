@@ -1,0 +1,177 @@
+"""fio's client/server mode for real: two fio servers on 127.0.0.1, every run sent to both at once,
+per-server results in one raw file, parsed per host."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from luksbench.fio import parse_fio_file
+from luksbench.testbox.env import TestboxError
+from luksbench.testbox.plan import PlanError, check_plan
+from luksbench.testbox.runner import check_servers, client_argv
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fio_servers(tmp_path):
+    """Two `fio --server` daemons on 127.0.0.1 (stopped afterwards)."""
+    servers = []
+    for i in (1, 2):
+        port, pidfile = free_port(), tmp_path / f"fio-server{i}.pid"
+        subprocess.run(
+            ["fio", f"--server=ip:127.0.0.1,{port}", f"--daemonize={pidfile}"], check=True
+        )
+        servers.append(
+            {"name": f"client{i}", "address": "127.0.0.1", "port": port, "pidfile": pidfile}
+        )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            check_servers(servers, timeout=1)
+            break
+        except TestboxError:
+            time.sleep(0.2)
+    yield [{k: v for k, v in s.items() if k != "pidfile"} for s in servers]
+    for s in servers:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(s["pidfile"].read_text()), 15)
+
+
+def test_client_argv_moves_job_options_into_a_job_file(tmp_path):
+    local = [
+        "fio",
+        "--output-format=json+",
+        "--output=/r/rep1.json.tmp",
+        "--name=plain-read-4k-qd1",
+        "--filename=/dev/loop3",
+        "--rw=read",
+        "--bs=4096",
+        "--time_based",
+        "--runtime=2s",
+    ]
+    argv, job = client_argv(
+        local,
+        tmp_path / "j.fio",
+        [{"name": "a", "address": "10.0.0.1"}, {"name": "b", "address": "10.0.0.2", "port": 9000}],
+    )
+    assert argv == [
+        "fio",
+        "--output-format=json+",
+        "--output=/r/rep1.json.tmp",
+        "--client=ip:10.0.0.1,8765",
+        str(tmp_path / "j.fio"),
+        "--client=ip:10.0.0.2,9000",
+        str(tmp_path / "j.fio"),
+    ]
+    assert job.splitlines() == [
+        "[plain-read-4k-qd1]",
+        "filename=/dev/loop3",
+        "rw=read",
+        "bs=4096",
+        "time_based",
+        "runtime=2s",
+    ]
+
+
+def test_unreachable_servers_are_named():
+    port = free_port()  # nothing listens there
+    with pytest.raises(
+        TestboxError, match=rf"fio servers not reachable: ghost \(127\.0\.0\.1:{port}"
+    ):
+        check_servers([{"name": "ghost", "address": "127.0.0.1", "port": port}], timeout=1)
+
+
+def test_fleet_clients_needs_hosts():
+    plan = {
+        "run": "x",
+        "host": "h",
+        "backend": "kernel",
+        "scratch_dir": "/srv/x/y",
+        "device_size_mib": 64,
+        "precondition": False,
+        "baseline": "a",
+        "stacks": {"a": {"kind": "loop"}, "b": {"kind": "loop"}},
+        "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
+        "fio": {},
+        "repetitions": 1,
+        "seed": 1,
+        "fleet": {"mode": "clients", "hosts": []},
+    }
+    with pytest.raises(PlanError, match=r"fleet\.hosts must list the fio servers"):
+        check_plan(plan)
+
+
+@pytest.mark.device
+def test_every_run_goes_to_both_servers_and_parses_per_host(tmp_path, fio_servers):
+    run = f"fl{os.getpid()}"
+    plan = {
+        "run": run,
+        "host": "coord",
+        "backend": "kernel",
+        "scratch_dir": str(tmp_path / "scratch"),
+        "device_size_mib": 64,
+        "precondition": False,
+        "baseline": "plain",
+        "stacks": {"plain": {"kind": "loop"}, "other": {"kind": "loop"}},
+        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [4]},
+        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+        "repetitions": 2,
+        "seed": 1,
+        "fleet": {"mode": "clients", "hosts": fio_servers},
+    }
+    check_plan(plan)
+    plan_path, state = tmp_path / "plan.json", tmp_path / "state.json"
+    plan_path.write_text(json.dumps(plan))
+
+    def tb(*args):
+        proc = subprocess.run(
+            [sys.executable, "-m", "luksbench.cli", "testbox", *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    tb("stack-up", "--plan", plan_path, "--state", state, "--describe", tmp_path / "s.json")
+    host_dir = tmp_path / "raw" / run / "coord"
+    try:
+        out = tb(
+            "run-fio",
+            "--plan",
+            plan_path,
+            "--state",
+            state,
+            "--raw-host-dir",
+            host_dir,
+            "--manifest",
+            tmp_path / "m.json",
+        )
+    finally:
+        tb("stack-down", "--state", state)
+    assert "MiB/s per server" in out.stderr
+    manifest = json.loads((tmp_path / "m.json").read_text())
+    assert manifest["complete"] and manifest["fleet"]["hosts"] == fio_servers
+    for stack in ("plain", "other"):
+        for rep in (1, 2):
+            path = host_dir / "fio" / stack / "randread-4k-qd4" / f"rep{rep}.json"
+            rows = parse_fio_file(path)
+            hosts = sorted(r["host"] for r in rows)
+            assert hosts == sorted(f"127.0.0.1:{s['port']}" for s in fio_servers)
+            assert all(r["iops"] > 0 and r["rw"] == "randread" for r in rows)
+    assert not list(Path(host_dir).rglob("*.job.tmp"))
