@@ -66,6 +66,29 @@ def run_quiet(argv: list[str], timeout: float = 30) -> subprocess.CompletedProce
         return None
 
 
+def run_tool(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a tool; raise TestboxError with its stderr on failure. Never logs key material:
+    keys only ever travel in files, so argv is safe to print."""
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError as exc:
+        raise TestboxError(f"{what}: {argv[0]} not installed") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise TestboxError(f"{what}: `{' '.join(argv)}` timed out after {timeout} s") from exc
+    if proc.returncode != 0:
+        raise TestboxError(
+            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
+        )
+    return proc
+
+
 def which(tool: str) -> str | None:
     return shutil.which(tool) or next(
         (p for d in ("/usr/sbin", "/sbin") if os.access(p := f"{d}/{tool}", os.X_OK)), None

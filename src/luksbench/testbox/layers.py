@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from luksbench.testbox import safety
-from luksbench.testbox.env import TestboxError, log, run_quiet, which
+from luksbench.testbox.env import TestboxError, log, run_quiet, run_tool, which
 from luksbench.testbox.plan import NULL_CIPHERS
 from luksbench.testbox.sysinfo import strip_dm_table_keys
 
@@ -54,29 +54,6 @@ MD_FIRST_MINOR = 120
 
 
 # --- small helpers -------------------------------------------------------------------------------
-
-
-def run_tool(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a tool; raise TestboxError with its stderr on failure. Never logs key material:
-    keys only ever travel in files, so argv is safe to print."""
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except FileNotFoundError as exc:
-        raise TestboxError(f"{what}: {argv[0]} not installed") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise TestboxError(f"{what}: `{' '.join(argv)}` timed out after {timeout} s") from exc
-    if proc.returncode != 0:
-        raise TestboxError(
-            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
-        )
-    return proc
 
 
 def device_size(path: str | Path) -> int:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from luksbench.testbox.env import TestboxError
+from luksbench.testbox.env import TestboxError, run_tool
 from luksbench.testbox.env import log as default_log
 from luksbench.testbox.plan import PRECONDITION_DEFAULTS
 
@@ -403,28 +403,6 @@ def discard_support(device: str | Path) -> tuple[bool, str]:
     return True, ""
 
 
-def _run_tool(argv: list[str], what: str, timeout: float) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except FileNotFoundError as exc:
-        raise TestboxError(f"{what}: {argv[0]} not installed") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise TestboxError(f"{what}: `{' '.join(argv)}` timed out after {timeout:g} s") from exc
-    if proc.returncode != 0:
-        raise TestboxError(
-            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: "
-            f"{(proc.stderr or proc.stdout).strip()}"
-        )
-    return proc
-
-
 def _fio_job(proc: subprocess.CompletedProcess, what: str) -> dict:
     """The single job of fio's JSON output; TestboxError when unreadable or the job failed."""
     text = proc.stdout
@@ -494,7 +472,7 @@ def precondition(
             argv = blkdiscard_argv(device)
             t0 = time.monotonic()
             try:
-                _run_tool(argv, f"precondition {device}: discard", timeout=3600)
+                run_tool(argv, f"precondition {device}: discard", timeout=3600)
             except TestboxError as exc:
                 if "not supported" not in str(exc):
                     raise
@@ -517,7 +495,7 @@ def precondition(
     log(f"  {device}: filling {passes} x {size_bytes / 2**20:.0f} MiB (sequential {bs} writes)")
     t0 = time.monotonic()
     job = _fio_job(
-        _run_tool(argv, f"precondition {device}: fill", timeout=7 * 24 * 3600),
+        run_tool(argv, f"precondition {device}: fill", timeout=7 * 24 * 3600),
         f"precondition {device}: fill",
     )
     io = _io(job)
@@ -556,7 +534,7 @@ def _steady_state_rounds(
     for n in range(1, o["ss_max_rounds"] + 1):
         what = f"precondition {device}: steady-state round {n}"
         t_round = time.monotonic()
-        job = _fio_job(_run_tool(argv, what, timeout=o["ss_round_s"] + 600), what)
+        job = _fio_job(run_tool(argv, what, timeout=o["ss_round_s"] + 600), what)
         fio_ss = job.get("steadystate") or {}
         rounds.append(
             {

@@ -43,9 +43,9 @@ from luksbench.testbox.env import (
     utc_now,
     write_json_atomic,
 )
+from luksbench.testbox.env import run_tool as _run
 from luksbench.testbox.layers import create_backing as _create_backing
 from luksbench.testbox.layers import device_size, luks_format_argv
-from luksbench.testbox.layers import run_tool as _run
 from luksbench.testbox.layers import write_key as _write_key
 from luksbench.testbox.plan import device_uses, luks_layer, precondition_options, walk_layers
 
