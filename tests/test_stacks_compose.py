@@ -383,3 +383,34 @@ def test_an_optional_stack_that_cannot_be_built_is_left_out_with_its_reason(tmp_
     finally:
         tb("stack-down", "--state", state)
     assert not ours_left(doc)
+
+
+@pytest.mark.parametrize(
+    ("stacks", "message"),
+    [
+        # one LUKS header per device
+        (
+            {"a": {"kind": "luks", "over": "d0"}, "b": {"kind": "luks", "over": "d0"}},
+            "carries two luks layers",
+        ),
+        # a device under an md member's luks layer belongs to that array alone
+        (
+            {
+                "raw": {"kind": "raw", "device": "d0"},
+                "r0": {"kind": "md", "members": [{"kind": "luks", "over": "d0"}, "d1"]},
+            },
+            r"stacks\.r0\.members\[0\]\.over claim\(s\) it exclusively",
+        ),
+        # fio on a device under a mounted filesystem's luks layer would corrupt it
+        (
+            {
+                "raw": {"kind": "raw", "device": "d0"},
+                "fs": {"kind": "fs", "over": {"kind": "luks", "over": "d0"}},
+            },
+            r"stacks\.fs\.over\.over claim\(s\) it exclusively",
+        ),
+    ],
+)
+def test_devices_below_exclusive_layers_are_not_shared(stacks, message):
+    with pytest.raises(PlanError, match=message):
+        check_plan(bare_plan(stacks, {f"d{i}": {"size_mib": 64} for i in range(2)}))

@@ -121,21 +121,30 @@ def walk_layers(layer, where: str):
 
 
 def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
-    """Device name -> [(where, how)] for every reference in the stacks; ``how`` is the consumer:
-    ``md`` and ``fs`` claim a device exclusively, ``dm`` (luks, linear) and ``fio`` do not."""
+    """Device name -> [(where, how)] for every reference in the stacks.
+
+    ``how`` is the consumer: ``md`` and ``fs`` claim a device exclusively — and so does anything
+    below them (a luks member of an md array is exclusive to that array's stack); ``luks``,
+    ``linear`` (dm) and ``fio`` (raw/external arms) do not."""
     uses: dict[str, list[tuple[str, str]]] = {}
+
+    def walk(layer, where: str, exclusive: str | None) -> None:
+        if not isinstance(layer, dict):
+            return
+        kind = layer["kind"]
+        below_exclusive = exclusive or (kind if kind in ("md", "fs") else None)
+        if kind in ("raw", "external") and "device" in layer:
+            uses.setdefault(layer["device"], []).append((where, exclusive or "fio"))
+        children = [(layer["over"], f"{where}.over")] if "over" in layer else []
+        children += [(m, f"{where}.members[{i}]") for i, m in enumerate(layer.get("members") or [])]
+        for child, child_where in children:
+            if isinstance(child, str):
+                uses.setdefault(child, []).append((child_where, below_exclusive or kind))
+            else:
+                walk(child, child_where, below_exclusive)
+
     for name, stack in plan["stacks"].items():
-        for where, layer in walk_layers(stack, f"stacks.{name}"):
-            if not isinstance(layer, dict):
-                continue
-            if layer["kind"] in ("raw", "external") and "device" in layer:
-                uses.setdefault(layer["device"], []).append((where, "fio"))
-            if isinstance(layer.get("over"), str):
-                how = {"luks": "dm", "linear": "dm", "fs": "fs"}.get(layer["kind"], layer["kind"])
-                uses.setdefault(layer["over"], []).append((f"{where}.over", how))
-            for i, member in enumerate(layer.get("members") or []):
-                if isinstance(member, str):
-                    uses.setdefault(member, []).append((f"{where}.members[{i}]", "md"))
+        walk(stack, f"stacks.{name}", None)
     return uses
 
 
@@ -247,6 +256,12 @@ def check_stacks(plan: dict, source: str = "plan") -> None:
             raise PlanError(f"{source}: stacks.{name} must be a layer object, not a device name")
     for dev, uses in device_uses(plan).items():
         exclusive = [w for w, how in uses if how in ("md", "fs")]
+        luks = [w for w, how in uses if how == "luks"]
+        if len(luks) > 1:
+            raise PlanError(
+                f"{source}: devices.{dev} carries two luks layers ({', '.join(luks)}): a device "
+                "holds one LUKS header; give each luks layer its own device"
+            )
         if exclusive and len(uses) > 1:
             raise PlanError(
                 f"{source}: devices.{dev} is used by {', '.join(w for w, _ in uses)}; "
