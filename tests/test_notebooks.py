@@ -34,9 +34,10 @@ DEFAULTS = {
     "variant": "luks",
     "confidence": 0.95,
     "strict": False,
+    "workers": 2,
 }
 PARAMS = {
-    "01-ingest": {"run", "raw_dir", "processed_dir", "strict"},
+    "01-ingest": {"run", "raw_dir", "processed_dir", "strict", "workers"},
     "02-loss": {
         "processed_dir",
         "baseline",
@@ -53,6 +54,7 @@ PARAMS = {
         "baseline",
         "variant",
         "confidence",
+        "workers",
     },
     "04-paper": {
         "run",

@@ -42,6 +42,7 @@ def test_figures_written_with_provenance(figures, processed):
         | {f"heatmap-{h}-{m}" for h in hosts for m in ("bw_bytes", "clat_p99_ns")}
         | {f"ceiling-{h}" for h in hosts}
         | {f"cpu-tum-direct2-{m}" for m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")}
+        | {f"hosts-{m}" for m in ("bw_bytes", "clat_p99_ns")}  # the two boxes side by side
     )
     assert set(figures) == expected
     for name, (png, svg) in figures.items():

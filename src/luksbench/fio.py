@@ -197,16 +197,21 @@ def _job_entries(doc: dict) -> list[tuple[int, dict, str]]:
             for index, entry in enumerate(doc["client_stats"])
             if isinstance(entry, dict) and entry.get("jobname") != ALL_CLIENTS_JOBNAME
         ]
+
         # Several servers on one host (distinct ports) would share a hostname: add the port.
+        def port(entry: dict) -> int | None:
+            value = entry.get("port")
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
         names = {str(e.get("hostname", "")) for _, e in entries}
-        ports = {(str(e.get("hostname", "")), e.get("port")) for _, e in entries}
+        ports = {(str(e.get("hostname", "")), port(e)) for _, e in entries}
         with_port = len(ports) > len(names)
         return [
             (
                 index,
                 entry,
-                f"{entry.get('hostname', '')}:{entry.get('port')}"
-                if with_port and entry.get("port") is not None
+                f"{entry.get('hostname', '')}:{port(entry)}"
+                if with_port and port(entry) is not None
                 else str(entry.get("hostname", "")),
             )
             for index, entry in entries

@@ -2,10 +2,14 @@
 
 ``fio_table``         one row per fio job x direction, the parser's columns plus where the file sits
                       in the raw layout (run, host, stack, workload, rep) and its CPU sidecar.
+                      ``host`` is the box that measured: the layout's ``<host>`` folder, or for
+                      fio client/server (fleet) results each fio server, named as in the plan.
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
 ``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
-``write_processed``   all of the above as ``<processed_dir>/{fio,cryptsetup,env,stacks}.parquet``.
+``schedule_table``    one row per fio run of every session's manifest: when it ran, in which round.
+``write_processed``   all of the above as ``<processed_dir>/<table>.parquet`` (:data:`PROCESSED_FILES`);
+                      incremental (only new or changed raw files are parsed) and parallel.
 
 Strict by design: every raw file that cannot be read, does not follow the layout, or holds a failed
 fio job is collected and reported in one :class:`IngestError` that names each file and why. Raw is
@@ -16,14 +20,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from luksbench.adaptive import read_targets
-from luksbench.layout import LayoutError, cpu_rep_path, iter_rep_files, parse_rep_path
+from luksbench.layout import LayoutError, RepPath, Workload, cpu_rep_path
 
 GIB = 2**30
 
@@ -41,6 +47,9 @@ FIO_DERIVED_COLUMNS = [
     # adaptive design (<host>/fio/targets.json); NaN / missing for a fixed design
     "target_pairs",
     "hit_cap",
+    # the raw layout's <host> folder the file sits in; differs from ``host`` only for fio
+    # client/server (fleet) results, where ``host`` is the fio server that measured
+    "host_dir",
 ]
 
 ENV_COLUMNS = [
@@ -76,6 +85,7 @@ PROCESSED_FILES = (
     "cryptsetup.parquet",
     "env.parquet",
     "stacks.parquet",
+    "schedule.parquet",
     "problems.parquet",
 )
 
@@ -210,7 +220,226 @@ def _job_slots(rows: list[dict]) -> dict[str, int]:
     return slots
 
 
-def fio_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
+#: files parsed per task of the process pool (large enough to amortise pickling, small enough to
+#: balance two workers)
+CHUNK_FILES = 500
+#: below this many files to parse, a process pool costs more than it saves
+PARALLEL_MIN_FILES = 1000
+#: the incremental-ingest cache, inside the processed folder (never inside raw)
+CACHE_DIRNAME = ".ingest-cache"
+#: bump when the cache's files change shape; code changes are caught by the source digest
+CACHE_FORMAT = 1
+
+
+def default_workers() -> int:
+    """Worker processes for parsing: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+_REP_NAME = re.compile(r"^rep(?P<rep>\d+)\.json$")
+_SIDECAR_OR_REP = re.compile(r"^rep\d+(\.cpu)?\.json$")
+
+
+def _rep_of_key(key: str) -> RepPath:
+    """What ``<host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json`` (a path inside the run folder,
+    as :func:`_list_fio_folder` found it) says; LayoutError for a folder that is no workload id."""
+    host, _fio, stack, workload, name = key.split("/")
+    return RepPath(host, stack, Workload.from_id(workload), int(_REP_NAME.match(name)["rep"]))
+
+
+def _ingest_rep_file(raw_dir: Path, key: str, run: str) -> tuple[list[dict], list, list]:
+    """(records, problems, notes) of one ``rep<k>.json`` and its CPU sidecar.
+
+    Records carry everything but the adaptive design's columns (per host, added later) and
+    ``_row``, their position in the file (row order of the table)."""
+    from luksbench.fio import FioParseError, parse_fio_file
+
+    path = raw_dir / key
+    problems: list[tuple[Path, str]] = []
+    notes: list[tuple[Path, str]] = []
+    try:
+        rep = _rep_of_key(key)
+    except LayoutError as exc:
+        return [], [(path, str(exc))], notes
+    try:
+        rows = parse_fio_file(path, warn=lambda message: notes.append((path, message)))
+    except FioParseError as exc:
+        return [], [(path, str(exc))], notes
+    except (OSError, ValueError) as exc:  # parser bug or unreadable file: still name the file
+        return [], [(path, f"{type(exc).__name__}: {exc}")], notes
+    reason = _check_rows(rows, rep)
+    if reason:
+        return [], [(path, reason)], notes
+    cpu_path = cpu_rep_path(path)
+    cpu = dict(_NO_CPU)
+    if cpu_path.exists():
+        try:
+            cpu = read_cpu_sidecar(cpu_path)
+        except ValueError as exc:
+            return [], [(cpu_path, str(exc))], notes
+    file_gib = sum(float(r.get("io_bytes") or 0) for r in rows) / GIB
+    slots = _job_slots(rows)
+    records = []
+    for i, r in enumerate(rows):
+        rec = {"fio_hostname" if k == "host" else k: v for k, v in r.items()}
+        rec.update(
+            file=key,
+            run=run,
+            host=rep.host,
+            stack=rep.stack,
+            workload=rep.workload.id,
+            rep=rep.rep,
+            job_slot=slots[r.get("job")],
+            io_gib=float(r.get("io_bytes") or 0) / GIB,
+            **cpu,
+        )
+        rec["busy_cpu_s_per_gib"] = cpu["busy_cpu_s"] / file_gib if file_gib > 0 else math.nan
+        rec["sys_cpu_s_per_gib"] = cpu["sys_cpu_s"] / file_gib if file_gib > 0 else math.nan
+        rec["_row"] = i
+        records.append(rec)
+    return records, problems, notes
+
+
+#: columns of the per-file part of the table: all but those added per host when assembling
+_DESIGN_COLUMNS = ("target_pairs", "hit_cap", "host_dir")
+#: CPU columns from the sidecar: /proc/stat of the machine running the fio *client*
+_CPU_COLUMNS = (
+    "busy_cpu_s",
+    "busy_cpu_pct",
+    "sys_cpu_s",
+    "cpu_interval_s",
+    "busy_cpu_s_per_gib",
+    "sys_cpu_s_per_gib",
+)
+
+
+def _rows_frame(records: list[dict]) -> pd.DataFrame:
+    """Typed rows of some files (with ``_key``/``_row`` for ordering); see :func:`_fio_dtypes`."""
+    columns = [c for c in fio_columns() if c not in _DESIGN_COLUMNS] + ["_key", "_row"]
+    extra = sorted({k for rec in records for k in rec} - set(columns))
+    df = pd.DataFrame.from_records(records, columns=columns + extra)
+    df["_row"] = df["_row"].astype("int64")
+    return _fio_dtypes(df)
+
+
+def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """Worker task: parse the files ``raw_dir/<key>``; returns their typed rows and, per key, the
+    file's problems and notes (paths relative to ``raw_dir``)."""
+    raw = Path(raw_dir)
+    run = run_name(raw)
+    records: list[dict] = []
+    results: dict[str, dict] = {}
+    for key in keys:
+        recs, problems, notes = _ingest_rep_file(raw, key, run)
+        for rec in recs:
+            rec["_key"] = key
+        records += recs
+        results[key] = {
+            "problems": [(_key_of(p, raw), why) for p, why in problems],
+            "notes": [(_key_of(p, raw), why) for p, why in notes],
+        }
+    return _rows_frame(records), results
+
+
+def _key_of(path: Path, raw_dir: Path) -> str:
+    """A path inside the run folder as the cache's key (relative, not resolved)."""
+    try:
+        return Path(path).relative_to(raw_dir).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _parse_files(
+    raw_dir: Path, keys: list[str], workers: int
+) -> tuple[list[pd.DataFrame], dict[str, dict]]:
+    """Parse ``keys`` in chunks, with a process pool of ``workers`` when it pays off."""
+    chunks = [keys[i : i + CHUNK_FILES] for i in range(0, len(keys), CHUNK_FILES)]
+    frames: list[pd.DataFrame] = []
+    results: dict[str, dict] = {}
+    if workers > 1 and len(keys) >= PARALLEL_MIN_FILES:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        # fork: workers start with luksbench already imported and never re-run the caller's
+        # main module (spawn and forkserver do: a script or notebook without a __main__ guard
+        # would run again in every worker). The workers only read files and build DataFrames.
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        try:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                done = pool.map(_ingest_chunk, [str(raw_dir)] * len(chunks), chunks)
+                for frame, res in done:
+                    frames.append(frame)
+                    results.update(res)
+            return frames, results
+        except BrokenProcessPool as exc:  # e.g. a worker killed for memory: parse here instead
+            print(
+                f"ingest: parallel parsing failed ({exc}); parsing in one process", file=sys.stderr
+            )
+            frames, results = [], {}
+    for chunk in chunks:
+        frame, res = _ingest_chunk(str(raw_dir), chunk)
+        frames.append(frame)
+        results.update(res)
+    return frames, results
+
+
+def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
+    """(rep files, stray JSON files) under ``<host>/fio/<stack>/<workload>/``, as paths inside the
+    run folder in :func:`luksbench.layout.iter_rep_files`' order (the order of the table's rows).
+
+    One directory walk for both (``os.scandir``: a run of 100,000 results is listed in well under a
+    second); rep files are ``rep<k>.json``, strays are other ``*.json`` files that are neither a
+    result nor its ``rep<k>.cpu.json`` sidecar."""
+    reps: list[str] = []
+    strays: list[str] = []
+
+    def subdirs(path: str) -> list[str]:
+        try:
+            with os.scandir(path) as it:
+                return [e.name for e in it if e.is_dir()]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    root = str(raw_dir)
+    for host in subdirs(root):
+        fio = f"{root}/{host}/fio"
+        for stack in subdirs(fio):
+            for workload in subdirs(f"{fio}/{stack}"):
+                folder = f"{fio}/{stack}/{workload}"
+                with os.scandir(folder) as it:
+                    entries = [(e.name, e.is_file()) for e in it]
+                for name, is_file in entries:
+                    key = f"{host}/fio/{stack}/{workload}/{name}"
+                    if _REP_NAME.match(name):
+                        reps.append(key)
+                    elif is_file and name.endswith(".json") and not _SIDECAR_OR_REP.match(name):
+                        strays.append(key)
+    # pathlib orders paths by their parts: the same order as iter_rep_files' sorted() of Paths
+    reps.sort(key=lambda k: k.split("/"))
+    strays.sort(key=lambda k: k.split("/"))
+    return reps, strays
+
+
+def _stat_key(path: str) -> tuple[int, int, int]:
+    """(size, mtime in ns, inode) of a file, (-1, -1, -1) when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (-1, -1, -1)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def fio_table(
+    raw_dir: Path,
+    strict: bool = True,
+    cache_dir: Path | None = None,
+    workers: int | None = None,
+) -> pd.DataFrame:
     """All fio results of one run folder as one tidy table (one row per job x direction).
 
     Columns: :func:`fio_columns`. ``rep`` is the pair index (rep k of every stack forms pair k),
@@ -221,17 +450,20 @@ def fio_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 
     With ``strict`` (default) any bad file raises :class:`IngestError` listing every bad file; with
     ``strict=False`` bad files are left out and listed in ``df.attrs["problems"]``.
-    """
-    from luksbench.fio import FioParseError, parse_fio_file
 
+    ``cache_dir``: incremental ingest. Each raw file's rows (or its problems) are kept there,
+    keyed by the file's path, size, mtime and inode and those of its CPU sidecar; a later call
+    parses only files that are new or changed and reuses the rest (the cache is dropped whole when
+    the parser code changes). The table is the same as without a cache. ``workers``: processes
+    that parse in parallel (default: the CPUs available; 1 = in this process).
+    """
     raw_dir = Path(raw_dir)
     host_dirs(raw_dir)  # existence check
-    run = run_name(raw_dir)
-    columns = fio_columns()
+    workers = default_workers() if workers is None else max(1, int(workers))
     problems: list[tuple[Path, str]] = []
-    notes: list[tuple[Path, str]] = []  # used, but worth a look (e.g. several JSON documents)
-    records: list[dict] = []
+    notes: list[tuple[Path, str]] = []
     targets: dict[str, dict] = {}
+    fleets: dict[str, dict[str, str]] = {}
     for hdir in host_dirs(raw_dir):
         tpath = hdir / "fio" / "targets.json"
         if tpath.exists():
@@ -239,79 +471,225 @@ def fio_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                 targets[hdir.name] = read_targets(tpath)
             except ValueError as exc:
                 problems.append((tpath, str(exc)))
+        fleets[hdir.name] = fleet_names(hdir)
 
-    for path in _stray_fio_files(raw_dir):
+    keys, strays = _list_fio_folder(raw_dir)
+    for key in strays:
         problems.append(
-            (path, "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json")
+            (raw_dir / key, "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json")
         )
+    root = str(raw_dir)
+    stats = {
+        k: (*_stat_key(f"{root}/{k}"), *_stat_key(f"{root}/{k[: -len('.json')]}.cpu.json"))
+        for k in keys
+    }
 
-    for path in iter_rep_files(raw_dir):
-        try:
-            rep = parse_rep_path(path, raw_dir)
-        except LayoutError as exc:
-            problems.append((path, str(exc)))
-            continue
-        try:
-            rows = parse_fio_file(
-                path, warn=lambda message, path=path: notes.append((path, message))
-            )
-        except FioParseError as exc:
-            problems.append((path, str(exc)))
-            continue
-        except (OSError, ValueError) as exc:  # parser bug or unreadable file: still name the file
-            problems.append((path, f"{type(exc).__name__}: {exc}"))
-            continue
-        reason = _check_rows(rows, rep)
-        if reason:
-            problems.append((path, reason))
-            continue
-        cpu_path = cpu_rep_path(path)
-        cpu = dict(_NO_CPU)
-        if cpu_path.exists():
-            try:
-                cpu = read_cpu_sidecar(cpu_path)
-            except ValueError as exc:
-                problems.append((cpu_path, str(exc)))
-                continue
-        file_gib = sum(float(r.get("io_bytes") or 0) for r in rows) / GIB
-        slots = _job_slots(rows)
-        target, hit_cap = targets.get(rep.host, {}).get(rep.workload.id, (None, None))
-        for r in rows:
-            rec = {"fio_hostname" if k == "host" else k: v for k, v in r.items()}
-            rec.update(
-                file=_relative(path, raw_dir),
-                run=run,
-                host=rep.host,
-                stack=rep.stack,
-                workload=rep.workload.id,
-                rep=rep.rep,
-                job_slot=slots[r.get("job")],
-                io_gib=float(r.get("io_bytes") or 0) / GIB,
-                **cpu,
-            )
-            rec["busy_cpu_s_per_gib"] = cpu["busy_cpu_s"] / file_gib if file_gib > 0 else math.nan
-            rec["sys_cpu_s_per_gib"] = cpu["sys_cpu_s"] / file_gib if file_gib > 0 else math.nan
-            rec["target_pairs"], rec["hit_cap"] = target, hit_cap
-            records.append(rec)
+    cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
+    frames: list[pd.DataFrame] = []
+    results: dict[str, dict] = {}
+    todo = keys
+    if cache is not None:
+        cached_rows, cached_results = cache.load(stats)
+        if len(cached_rows):
+            frames.append(cached_rows)
+        results.update(cached_results)
+        todo = [k for k in keys if k not in cached_results]
+    new_frames, new_results = _parse_files(raw_dir, todo, workers)
+    frames += new_frames
+    results.update(new_results)
+    if cache is not None and (todo or set(cache.keys) != set(keys)):
+        cache.save(stats, frames, results)
 
+    for key in keys:
+        res = results[key]
+        problems += [(raw_dir / k, why) for k, why in res["problems"]]
+        notes += [(raw_dir / k, why) for k, why in res["notes"]]
     if problems and strict:
         raise IngestError(raw_dir, problems)
-    extra = sorted({k for rec in records for k in rec} - set(columns))
-    df = pd.DataFrame.from_records(records, columns=columns + extra)
-    df = _fio_dtypes(df)
+    df = _assemble(frames, keys, targets, fleets)
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
     df.attrs["notes"] = [(str(p), why) for p, why in notes]
+    # how the table was made: files parsed now vs rows reused from the cache
+    df.attrs["ingest"] = {"files": len(keys), "parsed": len(todo), "reused": len(keys) - len(todo)}
     return df
 
 
-def _stray_fio_files(raw_dir: Path) -> Iterable[Path]:
-    """JSON files in a workload folder that are neither rep<k>.json nor rep<k>.cpu.json."""
-    import re
+def _assemble(
+    frames: list[pd.DataFrame], keys: list[str], targets: dict, fleets: dict | None = None
+) -> pd.DataFrame:
+    """One table from the per-chunk frames: raw-layout file order, then row order in the file;
+    the adaptive design's columns per host and workload; fio client/server rows renamed to their
+    server (:func:`fleet_names`); the same types however it was split."""
+    columns = fio_columns()
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        df = pd.DataFrame.from_records([], columns=columns)
+        return _fio_dtypes(df)
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
+    # position of each row's file in the listing (-1: no longer there); hash lookups on plain
+    # objects, not element-wise over Arrow strings
+    pos = pd.Index(keys).get_indexer(df["_key"].to_numpy(dtype=object))
+    df = (
+        df.assign(_pos=pos)[pos >= 0]
+        .sort_values(["_pos", "_row"], kind="stable")
+        .reset_index(drop=True)
+    )
+    design = [(h, w, t, cap) for h, ts in targets.items() for w, (t, cap) in ts.items()]
+    if design:
+        lookup = pd.DataFrame(design, columns=["host", "workload", "target_pairs", "hit_cap"])
+        cells = pd.MultiIndex.from_frame(lookup[["host", "workload"]].astype(object))
+        at = cells.get_indexer(
+            pd.MultiIndex.from_arrays(
+                [df["host"].to_numpy(dtype=object), df["workload"].to_numpy(dtype=object)]
+            )
+        )
+        found = at >= 0
+        target = np.full(len(df), None, dtype=object)
+        cap = np.full(len(df), None, dtype=object)
+        target[found] = lookup["target_pairs"].to_numpy(dtype=object)[at[found]]
+        cap[found] = lookup["hit_cap"].to_numpy(dtype=object)[at[found]]
+    else:  # fixed design: no targets.json anywhere
+        target = cap = np.full(len(df), None, dtype=object)
+    df["target_pairs"] = pd.Series(target, dtype="object", index=df.index)
+    df["hit_cap"] = pd.Series(cap.copy(), dtype="object", index=df.index)
+    df["host_dir"] = df["host"]
+    # fio client/server output: every server's entry is its own host (the parser names it);
+    # the CPU sidecar measured the client here, not the servers doing the I/O: no CPU values
+    server = df["fio_hostname"].to_numpy(dtype=object)
+    remote = np.array([isinstance(x, str) and x != "" for x in server], dtype=bool)
+    if remote.any():
+        names = (fleets or {}).copy()
+        host_dir = df["host_dir"].to_numpy(dtype=object)
+        hosts = df["host"].to_numpy(dtype=object).copy()
+        hosts[remote] = [
+            names.get(d, {}).get(x, x)
+            for d, x in zip(host_dir[remote], server[remote], strict=True)
+        ]
+        df["host"] = pd.array(hosts, dtype="string")
+        for col in _CPU_COLUMNS:
+            df[col] = df[col].mask(remote)
+    extra = sorted(set(df.columns) - set(columns) - {"_key", "_row", "_pos"})
+    df = df[columns + extra]
+    return _fio_dtypes(df)
 
-    ok = re.compile(r"^rep\d+(\.cpu)?\.json$")
-    for path in sorted(Path(raw_dir).glob("*/fio/*/*/*")):
-        if path.is_file() and not ok.match(path.name) and path.suffix == ".json":
-            yield path
+
+def _fleet_servers(host_dir: Path) -> list[dict]:
+    """The fio servers of a host's fleet run (``fleet.hosts`` of its manifest), or []."""
+    try:
+        manifest = json.loads((Path(host_dir) / "fio" / "manifest.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    fleet = manifest.get("fleet") if isinstance(manifest, dict) else None
+    if not isinstance(fleet, dict) or fleet.get("mode") != "clients":
+        return []
+    return [h for h in fleet.get("hosts") or [] if isinstance(h, dict) and h.get("name")]
+
+
+def fleet_names(host_dir: Path) -> dict[str, str]:
+    """fio server (as the parser names it: ``address`` or ``address:port``) -> the host name the
+    plan gave it, from ``<host>/fio/manifest.json``'s ``fleet`` record (fio client/server mode);
+    empty for a local run or an unreadable manifest (then the parser's name is used)."""
+    servers = _fleet_servers(host_dir)
+    out: dict[str, str] = {}
+    addresses = [str(h.get("address")) for h in servers]
+    for h in servers:
+        address = str(h.get("address"))
+        out[f"{address}:{h.get('port', 8765)}"] = str(h["name"])
+        if addresses.count(address) == 1:
+            out[address] = str(h["name"])
+    return out
+
+
+def _json_list(text: str) -> list:
+    """A cached problems/notes list (most files have none: skip the JSON parser for those)."""
+    return [] if text == "[]" else [tuple(x) for x in json.loads(text)]
+
+
+class _IngestCache:
+    """Per-file results of earlier ingests of one run folder (see :func:`fio_table`).
+
+    ``files.parquet``: one row per raw file: key (path in the run folder), size, mtime_ns and inode
+    of the file and of its CPU sidecar, problems and notes (JSON). ``rows.parquet``: the typed rows
+    of every file with ``_key``/``_row``. ``meta.json``: format and a digest of the parser code.
+    """
+
+    STAT_COLUMNS = ("size", "mtime_ns", "ino", "cpu_size", "cpu_mtime_ns", "cpu_ino")
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.keys: list[str] = []
+
+    @staticmethod
+    def code_digest() -> str:
+        import hashlib
+
+        import luksbench
+
+        h = hashlib.sha256(f"format {CACHE_FORMAT}; pandas {pd.__version__}".encode())
+        here = Path(luksbench.__file__).parent
+        for name in ("ingest.py", "fio.py", "layout.py", "adaptive.py"):
+            h.update((here / name).read_bytes())
+        return h.hexdigest()
+
+    def load(self, stats: dict[str, tuple]) -> tuple[pd.DataFrame, dict[str, dict]]:
+        """Rows and results of the files whose stat key is unchanged (others: parse again)."""
+        meta, files, rows = (self.path / n for n in ("meta.json", "files.parquet", "rows.parquet"))
+        try:
+            ok = json.loads(meta.read_text()).get("code") == self.code_digest()
+            table = pd.read_parquet(files) if ok else None
+        except (OSError, ValueError):
+            ok, table = False, None
+        if not ok or table is None:
+            return pd.DataFrame(), {}
+        self.keys = list(table["key"])
+        cols = list(self.STAT_COLUMNS)
+        same = [
+            k
+            for k, st in zip(
+                table["key"], table[cols].itertuples(index=False, name=None), strict=True
+            )
+            if stats.get(k) == tuple(int(v) for v in st)
+        ]
+        reused = table.set_index("key").loc[same]
+        results = {
+            k: {"problems": _json_list(p), "notes": _json_list(n)}
+            for k, p, n in zip(reused.index, reused["problems"], reused["notes"], strict=True)
+        }
+        try:
+            cached = pd.read_parquet(rows) if rows.exists() else pd.DataFrame()
+        except (OSError, ValueError):
+            return pd.DataFrame(), {}
+        if len(cached) and len(same) < len(table):
+            keep = pd.Index(same).get_indexer(cached["_key"].to_numpy(dtype=object)) >= 0
+            cached = cached[keep]
+        return cached, results
+
+    def save(self, stats: dict[str, tuple], frames: list[pd.DataFrame], results: dict) -> None:
+        """Write the cache for the files of ``stats`` (replacing it atomically, file by file)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        keys = list(stats)
+        table = pd.DataFrame(
+            [(k, *stats[k]) for k in keys], columns=["key", *self.STAT_COLUMNS]
+        ).astype({c: "int64" for c in self.STAT_COLUMNS})
+        table["problems"] = [json.dumps(results[k]["problems"]) for k in keys]
+        table["notes"] = [json.dumps(results[k]["notes"]) for k in keys]
+        frames = [f for f in frames if len(f)]
+        rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames or [None])[0]
+        if rows is not None:
+            keep = pd.Index(keys).get_indexer(rows["_key"].to_numpy(dtype=object)) >= 0
+            rows = _fio_dtypes(rows[keep].reset_index(drop=True))
+        for name, df in (("rows.parquet", rows), ("files.parquet", table)):
+            tmp = self.path / f".{name}.tmp"
+            if df is None:
+                (self.path / name).unlink(missing_ok=True)
+                continue
+            df.attrs = {}
+            df.to_parquet(tmp, index=False)
+            tmp.replace(self.path / name)
+        tmp = self.path / ".meta.json.tmp"
+        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "code": self.code_digest()}))
+        tmp.replace(self.path / "meta.json")
+        self.keys = keys
 
 
 def _fio_dtypes(df: pd.DataFrame) -> pd.DataFrame:
@@ -332,11 +710,26 @@ def _fio_dtypes(df: pd.DataFrame) -> pd.DataFrame:
     return _typed(df, text_cols=text, bool_cols=("hit_cap",))
 
 
+_STRING = pd.StringDtype()
+
+
 def _typed(df: pd.DataFrame, text_cols=(), bool_cols=()) -> pd.DataFrame:
     """Stable parquet types: text -> string, bools -> boolean, numbers (None = missing) -> float64,
     whatever the values of this particular run happen to be (an all-missing column stays typed)."""
     for col in df.columns:
         if df[col].dtype.kind in "iuf" or col in ("rep", "job_slot"):
+            continue
+        # already typed by an earlier pass (chunks of a parallel or incremental ingest): the same
+        # outcome as below, without looking at every value again
+        if (
+            df[col].dtype == _STRING  # what the branch below makes (pandas' default str differs)
+            and col not in bool_cols
+            and (col in text_cols or df[col].notna().any())
+        ):
+            continue
+        if isinstance(df[col].dtype, pd.BooleanDtype) and (
+            col in bool_cols or df[col].notna().any()
+        ):
             continue
         values = df[col].dropna()
         if col in bool_cols or (len(values) and values.map(lambda v: isinstance(v, bool)).all()):
@@ -479,6 +872,10 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     """One row per host: key facts of ``env.json`` flattened (columns :data:`ENV_COLUMNS`).
 
     ``env_json`` keeps the whole document as text. A host without env.json gets a row of NaNs.
+    The fio servers of a fleet run (fio client/server mode, :func:`fleet_names`) get a row each
+    too: they are hosts of the results, but only the coordinating host captured its environment,
+    so their facts are unknown except the backend (the stacks were built by the coordinator) and
+    ``env_json`` records the server and its coordinator.
     """
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
@@ -488,14 +885,23 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
         env = _read_json(path, problems) if path.exists() else {}
         if env is None:
             continue
+        facts = env_facts(env)
         records.append(
-            {
-                "run": run,
-                "host": host.name,
-                **env_facts(env),
-                "env_json": json.dumps(env, sort_keys=True),
-            }
+            {"run": run, "host": host.name, **facts, "env_json": json.dumps(env, sort_keys=True)}
         )
+        for server in _fleet_servers(host):
+            records.append(
+                {
+                    "run": run,
+                    "host": server["name"],
+                    "hostname": f"{server.get('address')}:{server.get('port', 8765)}",
+                    "backend": facts["backend"],
+                    "backend_reason": facts["backend_reason"],
+                    "env_json": json.dumps(
+                        {"fleet_server": server, "coordinator": host.name}, sort_keys=True
+                    ),
+                }
+            )
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = pd.DataFrame.from_records(records, columns=ENV_COLUMNS)
@@ -552,28 +958,132 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     return df
 
 
+# --------------------------------------------------------------------------------------- schedule
+
+SCHEDULE_COLUMNS = [
+    "run",
+    "host",
+    "session",
+    "session_started",
+    "session_ended",
+    "seed",
+    "index",
+    "round",
+    "rep",
+    "stack",
+    "workload",
+    "position_in_cell",
+    "started",
+    "ended",
+    "status",
+]
+
+
+def session_records(hdir: Path) -> list[tuple[Path, str]]:
+    """(manifest file, session name) of every session of a host: the write-once copies in
+    ``fio/sessions/`` when there are any, else ``fio/manifest.json`` (and the adaptive pilot's)."""
+    fio = hdir / "fio"
+    sessions = sorted((fio / "sessions").glob("*.json")) if (fio / "sessions").is_dir() else []
+    if sessions:
+        return [(p, p.stem) for p in sessions]
+    return [(p, p.stem) for p in (fio / "pilot-manifest.json", fio / "manifest.json") if p.exists()]
+
+
+def _timestamp(value):
+    """An ISO time of a manifest as a UTC timestamp (NaT when missing or malformed)."""
+    if not isinstance(value, str) or not value:
+        return pd.NaT
+    try:
+        ts = pd.Timestamp(value)
+    except (ValueError, TypeError):
+        return pd.NaT
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+
+
+def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
+    """When each fio result was measured: one row per run of every session's manifest
+    (columns :data:`SCHEDULE_COLUMNS`; results a session found already there are not repeated).
+
+    ``session`` names the session (its record in ``fio/sessions/``), ``round`` is the round of the
+    counterbalanced schedule, ``started``/``ended`` bracket the fio process (UTC). It says whether
+    two results were measured side by side (``luksbench compare`` pairs only those) and how much of
+    a session's wall time was fio (``benchmarks/harness_overhead.py``).
+    """
+    raw_dir = Path(raw_dir)
+    run = run_name(raw_dir)
+    records, problems = [], []
+    for hdir in host_dirs(raw_dir):
+        for path, session in session_records(hdir):
+            manifest = _read_json(path, problems)
+            if manifest is None:
+                continue
+            runs = manifest.get("runs") or []
+            if not isinstance(runs, list):
+                problems.append((path, "manifest: 'runs' must be a list"))
+                continue
+            for entry in runs:
+                if not isinstance(entry, dict) or entry.get("skipped_existing"):
+                    continue
+                records.append(
+                    {
+                        "run": run,
+                        "host": hdir.name,
+                        "session": session,
+                        "session_started": _timestamp(manifest.get("started")),
+                        "session_ended": _timestamp(manifest.get("ended")),
+                        "seed": manifest.get("seed"),
+                        **{k: entry.get(k) for k in ("index", "round", "rep", "stack")},
+                        "workload": entry.get("workload"),
+                        "position_in_cell": entry.get("position_in_cell"),
+                        "started": _timestamp(entry.get("started")),
+                        "ended": _timestamp(entry.get("ended")),
+                        "status": entry.get("status"),
+                    }
+                )
+    if problems and strict:
+        raise IngestError(raw_dir, problems)
+    df = pd.DataFrame.from_records(records, columns=SCHEDULE_COLUMNS)
+    for col in SCHEDULE_COLUMNS:
+        if col in ("session_started", "session_ended", "started", "ended"):
+            df[col] = pd.to_datetime(df[col], utc=True).astype("datetime64[ns, UTC]")
+        elif col in ("seed", "index", "round", "rep", "position_in_cell"):
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+        else:
+            df[col] = df[col].astype("string")
+    df.attrs["problems"] = [(str(p), why) for p, why in problems]
+    return df
+
+
 # ------------------------------------------------------------------------------------- processed
 
 
 PROBLEMS_COLUMNS = ["file", "severity", "reason"]
 
 
-def ingest_run(raw_dir: Path, strict: bool = False) -> dict[str, pd.DataFrame]:
-    """All tables of one run folder: {"fio", "cryptsetup", "env", "stacks", "problems"}.
+def ingest_run(
+    raw_dir: Path,
+    strict: bool = False,
+    cache_dir: Path | None = None,
+    workers: int | None = None,
+) -> dict[str, pd.DataFrame]:
+    """All tables of one run folder: {"fio", "cryptsetup", "env", "stacks", "schedule",
+    "problems"}.
 
     A bad raw file (truncated, empty, text only, not fio output, NaN or negative values, a failed
     fio job, in the wrong place) is left out and listed in the "problems" table with the reason
     (severity "excluded"); files used with a caveat (several JSON documents: the last counts) are
     listed as "note". With ``strict`` any excluded file raises one :class:`IngestError` naming
-    every bad file instead. Nothing bad becomes a value in a table.
+    every bad file instead. Nothing bad becomes a value in a table. ``cache_dir``/``workers``:
+    incremental and parallel parsing of the fio results (:func:`fio_table`).
     """
     raw_dir = Path(raw_dir)
     tables, problems, notes = {}, [], []
     for name, func in (
-        ("fio", fio_table),
+        ("fio", lambda r, strict: fio_table(r, strict, cache_dir=cache_dir, workers=workers)),
         ("cryptsetup", cryptsetup_table),
         ("env", env_table),
         ("stacks", stacks_table),
+        ("schedule", schedule_table),
     ):
         table = func(raw_dir, strict=False)
         problems += table.attrs.get("problems", [])
@@ -582,25 +1092,47 @@ def ingest_run(raw_dir: Path, strict: bool = False) -> dict[str, pd.DataFrame]:
     if problems and strict:
         raise IngestError(raw_dir, [(Path(p), why) for p, why in problems])
     records = [(p, "excluded", why) for p, why in problems] + [(p, "note", why) for p, why in notes]
+    prefix = f"{raw_dir}/"  # the paths are raw_dir / <path inside the run>: no resolve() needed
     tables["problems"] = pd.DataFrame.from_records(
-        [(_relative(Path(p), raw_dir), sev, why) for p, sev, why in records],
+        [
+            (p[len(prefix) :] if p.startswith(prefix) else _relative(Path(p), raw_dir), sev, why)
+            for p, sev, why in records
+        ],
         columns=PROBLEMS_COLUMNS,
     ).astype("string")
     return tables
 
 
-def write_processed(raw_dir: Path, processed_dir: Path, strict: bool = False) -> dict[str, Path]:
-    """Ingest ``raw_dir`` and write ``<processed_dir>/{fio,cryptsetup,env,stacks,problems}.parquet``.
+def write_processed(
+    raw_dir: Path,
+    processed_dir: Path,
+    strict: bool = False,
+    incremental: bool = True,
+    workers: int | None = None,
+) -> dict[str, Path]:
+    """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` for every table of
+    :func:`ingest_run` (:data:`PROCESSED_FILES`).
 
     Returns {table name: path}. Every excluded file and every note is also printed on stderr,
     naming the file and why. Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only).
+    ``incremental`` (default): parse only raw files that are new or changed since the last call,
+    with the cache in ``<processed_dir>/.ingest-cache/``; the tables are the same as a full
+    ingest's. ``workers``: parallel parsing processes (default: the CPUs available).
     """
     raw_dir, processed_dir = Path(raw_dir).resolve(), Path(processed_dir).resolve()
     if processed_dir == raw_dir or raw_dir in processed_dir.parents:
         raise ValueError(
             f"processed_dir {processed_dir} is inside raw_dir {raw_dir}: raw is read-only"
         )
-    tables = ingest_run(raw_dir, strict=strict)
+    cache_dir = processed_dir / CACHE_DIRNAME if incremental else None
+    tables = ingest_run(raw_dir, strict=strict, cache_dir=cache_dir, workers=workers)
+    done = tables["fio"].attrs.get("ingest", {})
+    if incremental and done:
+        print(
+            f"ingest: {done['files']} fio results: {done['parsed']} parsed, "
+            f"{done['reused']} unchanged (from {cache_dir})",
+            file=sys.stderr,
+        )
     for row in tables["problems"].itertuples():
         print(f"ingest: {row.severity}: {raw_dir / row.file}: {row.reason}", file=sys.stderr)
     processed_dir.mkdir(parents=True, exist_ok=True)
@@ -618,7 +1150,7 @@ def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:
     """The parquet files written by :func:`write_processed` (plus loss.parquet when present)."""
     processed_dir = Path(processed_dir)
     out = {}
-    for name in ("fio", "cryptsetup", "env", "stacks", "problems", "loss"):
+    for name in ("fio", "cryptsetup", "env", "stacks", "schedule", "problems", "loss"):
         path = processed_dir / f"{name}.parquet"
         if path.exists():
             out[name] = pd.read_parquet(path)

@@ -149,6 +149,8 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
                 "backend_short": short,
                 "backend_long": long,
                 "backend_reason": fmt_text(row["backend_reason"]),
+                # a fio server of a fleet run: results, but no environment capture of its own
+                "coordinator": _env_dict(row["env_json"]).get("coordinator"),
             }
         )
     return hosts
@@ -261,6 +263,59 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
     return sections
 
 
+def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
+    """Several hosts: what the paper says about them, and one row per host and variant (bandwidth
+    loss: cells, significant, median, worst with its interval). Empty for a single host."""
+    names = sorted(losses["host"].dropna().unique())
+    if len(names) < 2:
+        return {"present": False, "rows": []}
+    facts = {h["host"]: h for h in hosts}
+    rows = []
+    for (host, variant), g in losses[losses["metric"] == "bw_bytes"].groupby(
+        ["host", "variant"], sort=True
+    ):
+        sig = g[(g["verdict"] == "significant") & (g["effect_pct"] > 0)]
+        worst = sig.loc[sig["effect_pct"].idxmax()] if len(sig) else None
+        h = facts.get(host, {})
+        rows.append(
+            {
+                "host": host,
+                "variant": variant,
+                "backend": h.get("backend", "n/a"),
+                "kernel": h.get("kernel", "n/a"),
+                "cpu": h.get("cpu_model", "n/a"),
+                "cells": len(g),
+                "significant": len(sig),
+                "median": fmt_pct(g["effect_pct"].median()),
+                "worst": f"{_cell_words(worst, False)}: {_effect_ci(worst)}"
+                if worst is not None
+                else "none significant",
+            }
+        )
+    pair = f"`luksbench compare {run} {run} --host {names[0]}={names[1]} --out DIR`"
+    coordinators = sorted({h["coordinator"] for h in hosts if h.get("coordinator")})
+    what = (
+        "the fio servers of a fleet run (fio client/server mode, coordinated from "
+        + ", ".join(f"`{c}`" for c in coordinators)
+        + "): every repetition ran on all of them at once against the same stacks, and each "
+        "server's results are its own"
+        if coordinators
+        else "separate test boxes, each measured with its own stacks"
+    )
+    return {
+        "present": True,
+        "text": (
+            f"This run has {len(names)} hosts ({', '.join(f'`{n}`' for n in names)}): {what}. "
+            "Every host's stacks are compared only "
+            "with that host's own baseline; pairs never cross hosts (repetition k on one host is "
+            "never paired with repetition k on another). The Benjamini-Hochberg adjustment runs "
+            "over the rows of all hosts together. Whether two hosts differ is a different "
+            f"question, with its own intervals: {pair}."
+        ),
+        "rows": rows,
+    }
+
+
 def _cryptsetup(cs: pd.DataFrame) -> dict:
     if cs.empty:
         return {"present": False, "ciphers": [], "pbkdf": [], "failures": []}
@@ -365,7 +420,7 @@ def tldr_sentences(
         bw = lv[lv["metric"] == "bw_bytes"] if (lv["metric"] == "bw_bytes").any() else lv
         heading = METRIC_UNITS.get(str(bw["metric"].iloc[0]), ("loss",))[0].lower()
         n_cells = len(bw)
-        host_names = ", ".join(f"`{h['host']}`" for h in hosts)
+        host_names = ", ".join(f"`{h}`" for h in sorted(lv["host"].dropna().unique()))
         out.append(
             f"`{variant}` against `{baseline}` on {host_names}, "
             f"measured with {' / '.join(backends)}: {n_cells} cells, "
@@ -757,6 +812,12 @@ FIGURE_FAMILIES = {
         "Cost per cell",
         "Effect per cell and metric with its interval; colour = verdict.",
     ),
+    "hosts": (
+        "Hosts side by side",
+        "Each test box's effect per cell with its interval, one colour per host. Every host is "
+        "compared with its own baseline from its own pairs; the hosts are set beside each other, "
+        "not pooled.",
+    ),
 }
 
 
@@ -771,6 +832,8 @@ def _figure_caption(stem: str) -> str:
         return METRIC_UNITS.get(rest.split("-")[-1], (rest,))[0] + (
             ": loss heatmap" if kind == "heatmap" else ": CPU cost by block size"
         )
+    if kind == "hosts":
+        return METRIC_UNITS.get(rest, (rest,))[0] + ": hosts side by side"
     if kind == "latency":
         return f"{rest}: completion-latency percentiles" + (
             f" ({rw_words(rest)})" if rest in ("read", "write", "randread", "randwrite") else ""
@@ -909,6 +972,7 @@ def paper_context(
         "confidence_pct": fmt_num(100 * confidence, 0),
         "tldr": " ".join(tldr_sentences(losses, cpu, hosts, baseline, matrix)),
         "recommendation": recommendation(losses, hosts),
+        "host_summary": host_summary(losses, hosts, run),
         "hosts": hosts,
         "stacks": _stacks(stacks, baseline, variant),
         "matrix": matrix,

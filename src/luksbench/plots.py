@@ -9,6 +9,8 @@
 ``cipher_figure``      ``cryptsetup benchmark`` cipher throughput bars.
 ``ceiling_figure``     measured encrypted bandwidth under the crypto ceiling (cipher speed x CPUs),
                        or, when the cipher benchmark is unavailable, the reason written on the figure.
+``hosts_figure``       several test boxes side by side: effect per cell and host with its interval.
+``compare_figure``     ``luksbench compare``: change from run A to run B per cell with its interval.
 ``save_figure``        PNG (provenance as text chunks) + SVG (provenance in the metadata), both
                        free of timestamps so re-renders are byte-stable.
 ``make_figures``       all of the above for one processed run folder.
@@ -80,19 +82,25 @@ def _provenance_text(provenance: dict) -> dict[str, str]:
     }
 
 
+def figure_paths(path: Path) -> list[Path]:
+    """``[<path>.png, <path>.svg]`` (a .png/.svg suffix of ``path`` is dropped first; other dots,
+    e.g. in a host name, stay part of the name)."""
+    path = Path(path)
+    if path.suffix in (".png", ".svg"):
+        path = path.with_suffix("")
+    return [path.parent / f"{path.name}.png", path.parent / f"{path.name}.svg"]
+
+
 def save_figure(fig: matplotlib.figure.Figure, path: Path, provenance: dict) -> list[Path]:
     """Write ``<path>.png`` and ``<path>.svg`` (``path`` without suffix); returns both paths.
 
     PNG: every provenance key becomes a tEXt chunk (plus ``Software``/``Title``). SVG: the provenance
     as JSON in ``Description``, no date, fixed hash salt.
     """
-    path = Path(path)
-    if path.suffix in (".png", ".svg"):
-        path = path.with_suffix("")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    png, svg = figure_paths(path)
+    png.parent.mkdir(parents=True, exist_ok=True)
     text = _provenance_text(provenance)
-    title = text.get("title", path.name)
-    png, svg = path.with_suffix(".png"), path.with_suffix(".svg")
+    title = text.get("title", png.stem)
     with plt.rc_context({"svg.hashsalt": "luksbench"}):
         fig.savefig(png, dpi=DPI, bbox_inches="tight", metadata={**text, "Title": title})
         fig.savefig(
@@ -407,6 +415,94 @@ def loss_heatmap(
     )
     if mesh is not None:
         fig.colorbar(mesh, ax=axes, label=f"{kind} (%)", shrink=0.8)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ hosts
+
+#: metrics that get a hosts-side-by-side figure in a run with several hosts
+HOSTS_METRICS = ("bw_bytes", "clat_p99_ns")
+#: the hosts figure's axis stops at -this % (intervals reaching further are labelled at the edge)
+HOSTS_AXIS_MIN_PCT = 100.0
+
+
+def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.figure.Figure:
+    """Several test boxes side by side: the effect per cell (rows) with its interval, one colour
+    per host (dodged), one panel per variant stack. Each host's effect comes from its own pairs
+    only; the figure sets them beside each other, it does not pool them."""
+    house_style()
+    df = losses[losses["metric"] == metric].copy()
+    if df.empty or df["host"].nunique() < 2:
+        raise ValueError(f"need {metric} rows of at least two hosts")
+    multi_job = df.groupby(["host", "workload"])["job_slot"].nunique().max() > 1
+    df["_multi_job"] = bool(multi_job)
+    df["cell"] = df.apply(cell_label, axis=1)
+    order = {rw: i for i, rw in enumerate(RW_ORDER)}
+    df["_o"] = df["rw"].map(lambda r: order.get(r, len(order)))
+    cells = list(
+        dict.fromkeys(
+            df.sort_values(["_o", "bs_bytes", "iodepth", "job_slot", "direction"])["cell"]
+        )
+    )
+    hosts = sorted(df["host"].unique())
+    variants = list(dict.fromkeys(df["variant"]))
+    colors = dict(zip(hosts, sns.color_palette(n_colors=len(hosts)), strict=True))
+    step = 0.7 / len(hosts)
+    fig, axes = plt.subplots(
+        1,
+        len(variants),
+        figsize=(4.2 * len(variants) + 2.2, 0.45 * len(cells) + 1.8),
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
+    )
+    kind = str(df["effect"].iloc[0])
+    for ax, variant in zip(axes[0], variants, strict=True):
+        sub = df[df["variant"] == variant]
+        for k, host in enumerate(hosts):
+            h = sub[sub["host"] == host]
+            y = h["cell"].map({c: i for i, c in enumerate(cells)}).to_numpy(float)
+            y = y + (k - (len(hosts) - 1) / 2) * step
+            eff = h["effect_pct"].to_numpy(float)
+            err = np.vstack(
+                [
+                    np.nan_to_num(eff - h["ci_low"].to_numpy(float)),
+                    np.nan_to_num(h["ci_high"].to_numpy(float) - eff),
+                ]
+            )
+            ax.errorbar(eff, y, xerr=err, fmt="o", capsize=2, color=colors[host], label=host)
+            sig = (h["verdict"] == "significant").to_numpy(bool)
+            ax.scatter(eff[sig], y[sig], s=70, facecolors="none", edgecolors="black", zorder=3)
+            # an interval far below -100 % (a noisy cell, the variant maybe faster) would squash
+            # every other cell: cut the axis there and write the bound at the edge
+            for yy, lo in zip(y, h["ci_low"].to_numpy(float), strict=True):
+                if np.isfinite(lo) and lo < -HOSTS_AXIS_MIN_PCT:
+                    ax.annotate(
+                        f"\u25c0 {lo:,.0f}",
+                        (-HOSTS_AXIS_MIN_PCT, yy),
+                        xytext=(2, 0),
+                        textcoords="offset points",
+                        va="center",
+                        fontsize="x-small",
+                        color=colors[host],
+                    )
+        low = float(np.nanmin(sub[["ci_low", "effect_pct"]].to_numpy(float)))
+        high = float(np.nanmax(sub[["ci_high", "effect_pct"]].to_numpy(float)))
+        span = max(high, 0) - max(min(low, 0), -HOSTS_AXIS_MIN_PCT)
+        ax.set_xlim(max(min(low, 0), -HOSTS_AXIS_MIN_PCT) - 0.05 * span, max(high, 0) + 0.05 * span)
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_yticks(range(len(cells)), cells)
+        ax.set_ylim(len(cells) - 0.5, -0.5)
+        ax.set_xlabel(f"{kind} (%)")
+        ax.set_title(f"{variant} vs {sub['baseline'].iloc[0]}", fontsize="medium")
+    conf = float(df["confidence"].iloc[0])
+    fig.suptitle(
+        f"{metric_label(metric).split(' (')[0]} {kind} per host, {conf:.0%} CI\n"
+        "each host paired with its own baseline; black ring = significant (BH-adjusted)",
+        fontsize="medium",
+    )
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="host", loc="outside lower center", ncols=len(hosts))
     return fig
 
 
@@ -745,6 +841,122 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
+# ---------------------------------------------------------------------------------------- compare
+
+OUTCOME_COLORS = {
+    "better": "#27ae60",
+    "worse": "#c0392b",
+    "same": "#2980b9",
+    "unclear": "#7f8c8d",
+    "insufficient": "#bdc3c7",
+    "only in A": "#bdc3c7",
+    "only in B": "#bdc3c7",
+}
+
+
+_RATIO_TICKS = (0.01, 0.1, 0.25, 0.5, 0.8, 1.0, 1.25, 2.0, 4.0, 10.0, 100.0)
+
+
+def _pct_label(ratio: float) -> str:
+    return "0" if ratio == 1 else f"{100 * (ratio - 1):+.0f} %"
+
+
+def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
+    """``luksbench compare``: change from run A to run B in % per cell and stack (seaborn points,
+    interval as a line), one panel per metric; colour = outcome (better / worse by the metric's
+    direction, same = equivalent, unclear); zero line = no change."""
+    house_style()
+    metrics = list(metrics) if metrics is not None else list(dict.fromkeys(table["metric"]))
+    df = table[table["metric"].isin(metrics) & table["change_pct"].notna()].copy()
+    if df.empty:
+        raise ValueError("nothing to draw: no cell has a value on both sides")
+    multi_host = df[["host_a", "host_b"]].drop_duplicates().shape[0] > 1
+    multi_stack = df["stack"].nunique() > 1
+    df["_multi_job"] = bool(df.groupby(["host_a", "workload"])["job_slot"].nunique().max() > 1)
+
+    def label(r) -> str:
+        text = cell_label(r)
+        if multi_stack:
+            text = f"{r['stack']}: {text}"
+        if multi_host:
+            host = r["host_a"] if r["host_a"] == r["host_b"] else f"{r['host_a']}/{r['host_b']}"
+            text = f"{host}: {text}"
+        return text
+
+    df["cell"] = df.apply(label, axis=1)
+    cells = list(
+        dict.fromkeys(
+            df.sort_values(["host_a", "stack", "rw", "bs_bytes", "iodepth", "job_slot"])["cell"]
+        )
+    )
+    y = {c: i for i, c in enumerate(cells)}
+    df["y"] = df["cell"].map(y)
+    fig, axes = plt.subplots(
+        1,
+        len(metrics),
+        figsize=(3.4 * len(metrics) + 2.0, 0.38 * len(cells) + 1.8),
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
+    )
+    present = [o for o in OUTCOME_COLORS if (df["outcome"] == o).any()]
+    # ratio B/A on a log axis: +100 % and -50 % are the same distance from "no change", and one
+    # very noisy cell does not squash the others; ticks read as percent change
+    df["ratio_b_a"] = 1 + df["change_pct"] / 100
+    df["lo"], df["hi"] = 1 + df["ci_low"] / 100, 1 + df["ci_high"] / 100
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        sub = df[df["metric"] == metric]
+        ax.hlines(
+            sub["y"],
+            sub["lo"].fillna(sub["ratio_b_a"]),
+            sub["hi"].fillna(sub["ratio_b_a"]),
+            colors=[OUTCOME_COLORS.get(o, "black") for o in sub["outcome"]],
+            linewidth=1.6,
+        )
+        sns.scatterplot(
+            data=sub,
+            x="ratio_b_a",
+            y="y",
+            hue="outcome",
+            hue_order=present,
+            palette=OUTCOME_COLORS,
+            style="design",
+            style_order=["paired", "welch"],
+            s=45,
+            ax=ax,
+            legend=ax is axes[0][-1],
+            zorder=3,
+        )
+        ax.axvline(1, color="black", linewidth=0.8)
+        ax.set_xscale("log")
+        values = pd.concat([sub["lo"], sub["hi"], sub["ratio_b_a"]]).dropna()
+        lo, hi = min(float(values.min()), 0.9), max(float(values.max()), 1.1)
+        ticks = [t for t in _RATIO_TICKS if lo / 1.05 <= t <= hi * 1.05]
+        if len(ticks) > 5:  # wide intervals: every other tick, always keeping "no change"
+            ticks = sorted({1.0, *ticks[::2]})
+        ax.set_xticks(ticks, [_pct_label(t) for t in ticks], rotation=45, ha="right")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlim(lo / 1.1, hi * 1.1)
+        ax.set_xlabel("change B vs A (%, log scale)")
+        ax.set_ylabel("")
+        ax.set_title(metric_label(metric).split(" (")[0])
+        ax.set_yticks(range(len(cells)), cells)
+        ax.set_ylim(len(cells) - 0.5, -0.5)
+    legend = axes[0][-1].get_legend()
+    if legend is not None:
+        handles, labels = axes[0][-1].get_legend_handles_labels()
+        legend.remove()
+        fig.legend(handles, labels, loc="outside right upper")
+    conf = float(df["confidence"].iloc[0])
+    run_a, run_b = df["run_a"].iloc[0], df["run_b"].iloc[0]
+    fig.suptitle(
+        f"{run_b} (B) vs {run_a} (A): change per cell, {conf:.0%} CI\n"
+        "green better, red worse (by the metric's direction), blue equivalent, grey unclear",
+        fontsize="medium",
+    )
+    return fig
+
+
 # ----------------------------------------------------------------------------------------- driver
 
 
@@ -761,15 +973,17 @@ def make_figures(
     confidence: float = 0.95,
     raw_dir: Path | None = None,
     notebook: str | None = None,
+    workers: int | None = None,
 ) -> dict[str, list[Path]]:
     """All figures of one run. Returns {name: [png, svg]}.
 
     Names (``<host>-`` after the kind when the run has several hosts):
     ``throughput-<rw>-<metric>`` (bw_bytes, iops), ``loss``, ``heatmap-<metric>`` (bandwidth
-    and p99 latency), ``latency-<rw>`` (json+ histograms from ``raw_dir``; none without raw_dir or
+    and p99 latency), ``hosts-<metric>`` (several hosts only: the hosts side by side), ``latency-<rw>`` (json+ histograms from ``raw_dir``; none without raw_dir or
     histograms), ``cpu-<metric>`` (busy / system CPU s per GiB; none without CPU sidecars),
     ``ciphers`` (only when cipher rows exist) and ``ceiling`` (always, per host: the ceiling or why
     there is none). ``notebook`` names the notebook that made them, for the provenance.
+    ``workers``: processes drawing in parallel (default: the CPUs available; 1 = here).
     """
     from luksbench import report
     from luksbench.ingest import read_processed
@@ -792,18 +1006,21 @@ def make_figures(
     facts = report.provenance_facts(env, notebook)
     stacks = report.stack_order(fio["stack"].dropna().unique(), baseline, variant)
     losses = report.variant_losses(fio, loss, baseline, variant, confidence=confidence)
-    out: dict[str, list[Path]] = {}
     hosts = sorted(fio["host"].unique())
     multi = len(hosts) > 1
 
-    def emit(name, fig, func, **params):
-        out[name] = save_figure(
-            fig, figures_dir / name, _provenance(run, name, func, sources, facts, **params)
-        )
-        plt.close(fig)
+    tasks: list[tuple[str, str, object, dict]] = []  # (name, drawing function, build, params)
+
+    def emit(name, build, func, **params):
+        """Queue a figure: ``build()`` draws it (later, maybe in a worker process)."""
+        tasks.append((name, func, build, params))
 
     def named(kind, host, *rest):
         return "-".join([kind, *([host] if multi else []), *[r for r in rest if r]])
+
+    def retitled(fig, title: str):
+        fig.suptitle(title, fontsize="medium")
+        return fig
 
     lat = (
         report.latency_table(fio, raw_dir)
@@ -823,13 +1040,14 @@ def make_figures(
         prefix = f"{host}: " if multi else ""
         for rw in sorted(one["rw"].dropna().unique()):
             for metric in ("bw_bytes", "iops"):
-                name = named("throughput", host, rw, metric)
-                fig = throughput_figure(one, rw, metric, stacks=stacks, confidence=confidence)
-                if multi:
-                    fig.suptitle(prefix + fig.get_suptitle(), fontsize="medium")
+
+                def build(one=one, rw=rw, metric=metric, prefix=prefix):
+                    fig = throughput_figure(one, rw, metric, stacks=stacks, confidence=confidence)
+                    return retitled(fig, prefix + fig.get_suptitle()) if multi else fig
+
                 emit(
-                    name,
-                    fig,
+                    named("throughput", host, rw, metric),
+                    build,
                     "luksbench.plots.throughput_figure",
                     host=host,
                     rw=rw,
@@ -837,23 +1055,42 @@ def make_figures(
                 )
             lat_one = lat[(lat["host"] == host) & (lat["rw"] == rw)]
             if len(lat_one):
-                fig = latency_figure(lat_one, rw, stacks=stacks, host=host if multi else None)
-                emit(named("latency", host, rw), fig, "luksbench.plots.latency_figure", rw=rw)
+                emit(
+                    named("latency", host, rw),
+                    lambda lat_one=lat_one, rw=rw, host=host: latency_figure(
+                        lat_one, rw, stacks=stacks, host=host if multi else None
+                    ),
+                    "luksbench.plots.latency_figure",
+                    rw=rw,
+                )
         for metric in [m for m in HEATMAP_METRICS if m in set(losses["metric"])]:
-            fig = loss_heatmap(losses, metric, host=host)
-            if not multi:
-                fig.suptitle(fig.get_suptitle().removeprefix(f"{host}: "), fontsize="medium")
-            emit(named("heatmap", host, metric), fig, "luksbench.plots.loss_heatmap", metric=metric)
+
+            def build(metric=metric, host=host):
+                fig = loss_heatmap(losses, metric, host=host)
+                if multi:
+                    return fig
+                return retitled(fig, fig.get_suptitle().removeprefix(f"{host}: "))
+
+            emit(
+                named("heatmap", host, metric), build, "luksbench.plots.loss_heatmap", metric=metric
+            )
         for metric in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib"):
             if metric in one and pd.to_numeric(one[metric], errors="coerce").notna().any():
-                fig = cpu_figure(one, metric, stacks, confidence, host=host if multi else None)
-                emit(named("cpu", host, metric), fig, "luksbench.plots.cpu_figure", metric=metric)
+                emit(
+                    named("cpu", host, metric),
+                    lambda one=one, metric=metric, host=host: cpu_figure(
+                        one, metric, stacks, confidence, host=host if multi else None
+                    ),
+                    "luksbench.plots.cpu_figure",
+                    metric=metric,
+                )
         host_ceilings = [c for c in ceilings if c["host"] == host]
         if host_ceilings and one["stack"].isin([c["stack"] for c in host_ceilings]).any():
-            fig = ceiling_figure(one, host_ceilings, confidence, host=host if multi else None)
             emit(
                 named("ceiling", host),
-                fig,
+                lambda one=one, host_ceilings=host_ceilings, host=host: ceiling_figure(
+                    one, host_ceilings, confidence, host=host if multi else None
+                ),
                 "luksbench.plots.ceiling_figure",
                 ceilings=[
                     {k: c.get(k) for k in ("stack", "read_ceiling_mib_s", "write_ceiling_mib_s")}
@@ -861,15 +1098,87 @@ def make_figures(
                     for c in host_ceilings
                 ],
             )
+    if multi:  # the test boxes side by side (each with its own pairs)
+        for metric in [m for m in HOSTS_METRICS if m in set(losses["metric"])]:
+            emit(
+                f"hosts-{metric}",
+                lambda metric=metric: hosts_figure(losses, metric),
+                "luksbench.plots.hosts_figure",
+                metric=metric,
+                hosts=hosts,
+            )
     if (
         len(cryptsetup)
         and (
             (cryptsetup["kind"] == "cipher") & cryptsetup["available"].fillna(False).astype(bool)
         ).any()
     ):
-        emit("ciphers", cipher_figure(cryptsetup), "luksbench.plots.cipher_figure")
-    emit("loss", loss_figure(loss), "luksbench.plots.loss_figure")
-    return out
+        emit("ciphers", lambda: cipher_figure(cryptsetup), "luksbench.plots.cipher_figure")
+    emit("loss", lambda: loss_figure(loss), "luksbench.plots.loss_figure")
+
+    def draw(task) -> list[Path]:
+        name, func, build, params = task
+        fig = build()
+        try:
+            return save_figure(
+                fig, figures_dir / name, _provenance(run, name, func, sources, facts, **params)
+            )
+        finally:
+            plt.close(fig)
+
+    return dict(_draw_all(tasks, draw, workers, figures_dir))
+
+
+def _draw_all(
+    tasks: list, draw, workers: int | None, figures_dir: Path
+) -> list[tuple[str, list[Path]]]:
+    """Draw and save every figure, split over ``workers`` forked processes (default: the CPUs
+    available; 1 = here). Saving (layout, PNG and SVG rendering) is most of the time and each
+    figure is independent, so two cores halve it. A worker that fails is named with its figures
+    and the error."""
+    import multiprocessing
+    import os
+
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    workers = max(1, min(int(workers), len(tasks)))
+    if workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [(task[0], draw(task)) for task in tasks]
+    # fork: the workers share the tables and the drawing closures without pickling, and never
+    # re-run the caller's main module; each draws every workers-th figure
+    context = multiprocessing.get_context("fork")
+    errors = context.SimpleQueue()
+    procs = [
+        context.Process(target=_draw_share, args=(tasks[k::workers], draw, errors))
+        for k in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    failed = [p.exitcode for p in procs if p.exitcode != 0]
+    if failures or failed:
+        raise RuntimeError(
+            "drawing figures failed: "
+            + ("; ".join(failures) or f"worker exit codes {failed} (killed?)")
+        )
+    return [(task[0], figure_paths(figures_dir / task[0])) for task in tasks]
+
+
+def _draw_share(tasks, draw, errors) -> None:
+    """Worker: draw these figures; report the first failure (figure name and error)."""
+    import traceback
+
+    for task in tasks:
+        try:
+            draw(task)
+        except Exception as exc:  # report, do not hang the parent
+            errors.put(f"{task[0]}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            raise SystemExit(1) from exc
+    raise SystemExit(0)
 
 
 def _provenance(run: str, name: str, func: str, sources: dict, facts: dict, **params) -> dict:

@@ -46,6 +46,11 @@ Verdict (column ``verdict``, one of :data:`VERDICTS`), in this order:
 A tiny but significant effect stays ``significant``; ``equivalent`` (the bool column) still says
 whether it is also practically negligible. ``noisy`` is a separate bool column, not part of the
 verdict: a noisy cell still gets its honest interval, it just did not reach the target width.
+
+Pairs never cross hosts: ``host`` is part of every cell (:data:`CELL_KEYS`), so a run with several
+test boxes gets each box's comparison from its own pairs. Comparing two runs (or two hosts) is
+``luksbench.compare``: the same intervals when repetitions were measured side by side, else
+:func:`welch_log_ratio_ci` (unpaired, on log values).
 """
 
 from __future__ import annotations
@@ -332,6 +337,57 @@ def paired_t_pvalue(d: np.ndarray) -> float:
         return 1.0 if mean == 0 else 0.0
     t = mean / (sd / math.sqrt(n))
     return float(2 * sps.t.sf(abs(t), df=n - 1))
+
+
+@dataclass(frozen=True)
+class WelchLogCI:
+    """Unpaired (Welch) interval on ``mean(log_b) - mean(log_a)``: two groups, unequal variances."""
+
+    n_a: int
+    n_b: int
+    mean: float
+    se: float
+    df: float
+    low: float
+    high: float
+
+
+def welch_log_ratio_ci(
+    log_a: np.ndarray, log_b: np.ndarray, confidence: float = 0.95
+) -> WelchLogCI:
+    """Welch t-interval on the difference of mean logs (B minus A), for two independent samples.
+
+    The unpaired counterpart of :func:`paired_log_ratio_ci`, used when repetition k of one sample
+    has nothing in common with repetition k of the other (different sessions): ``se^2 = s_a^2/n_a
+    + s_b^2/n_b`` with Welch-Satterthwaite degrees of freedom. Bounds NaN unless both samples have
+    two values; when both SDs are 0 the interval is the point (df = n_a + n_b - 2)."""
+    _check_confidence(confidence)
+    a, b = np.asarray(log_a, float), np.asarray(log_b, float)
+    na, nb = int(a.size), int(b.size)
+    if na == 0 or nb == 0:
+        return WelchLogCI(na, nb, math.nan, math.nan, math.nan, math.nan, math.nan)
+    mean = float(b.mean() - a.mean())
+    if na < 2 or nb < 2:
+        return WelchLogCI(na, nb, mean, math.nan, math.nan, math.nan, math.nan)
+    va, vb = float(a.var(ddof=1)) / na, float(b.var(ddof=1)) / nb
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return WelchLogCI(na, nb, mean, 0.0, float(na + nb - 2), mean, mean)
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
+    half = float(sps.t.ppf(0.5 + confidence / 2, df)) * se
+    return WelchLogCI(na, nb, mean, se, df, mean - half, mean + half)
+
+
+def welch_t_pvalue(log_a: np.ndarray, log_b: np.ndarray) -> float:
+    """Two-sided p-value of Welch's t-test ``mean(log_a) = mean(log_b)`` (as
+    ``scipy.stats.ttest_ind(equal_var=False)``); NaN unless both samples have two values; 0 or 1
+    when both SDs are 0."""
+    ci = welch_log_ratio_ci(log_a, log_b)
+    if math.isnan(ci.se):
+        return math.nan
+    if ci.se == 0:
+        return 1.0 if ci.mean == 0 else 0.0
+    return float(2 * sps.t.sf(abs(ci.mean / ci.se), df=ci.df))
 
 
 def fieller_ratio_ci(

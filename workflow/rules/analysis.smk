@@ -11,7 +11,10 @@ PAPERMILL_OPTIONS = "--cwd notebooks --kernel python3 --log-output --no-progress
 
 
 rule ingest_raw:
-    """Parse every raw fio result, cipher benchmark and environment capture into tidy parquet."""
+    """Parse every raw fio result, cipher benchmark and environment capture into tidy parquet.
+
+    Incremental (only raw files new since the last ingest are parsed; the cache sits in
+    data/processed/<run>/.ingest-cache/) and parallel (one parsing process per thread)."""
     input:
         notebook=f"{NOTEBOOKS}/01-ingest.ipynb",
         manifests=fio_manifests,
@@ -24,6 +27,7 @@ rule ingest_raw:
         cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
         env=f"{PROCESSED}/{{run}}/env.parquet",
         stacks=f"{PROCESSED}/{{run}}/stacks.parquet",
+        schedule=f"{PROCESSED}/{{run}}/schedule.parquet",
         problems=f"{PROCESSED}/{{run}}/problems.parquet",
         notebook=f"{PROCESSED}/{{run}}/notebooks/01-ingest.ipynb",
     params:
@@ -31,6 +35,7 @@ rule ingest_raw:
         raw_dir=abs_raw_dir,
         processed_dir=abs_processed_dir,
         strict=config["analysis"]["strict_ingest"],
+    threads: 2
     conda:
         "../../envs/luksbench.yaml"
     log:
@@ -38,7 +43,7 @@ rule ingest_raw:
     shell:
         "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p run {wildcards.run} -p raw_dir {params.raw_dir} -p processed_dir {params.processed_dir}"
-        " -p strict {params.strict} > {log} 2>&1"
+        " -p strict {params.strict} -p workers {threads} > {log} 2>&1"
 
 
 rule compute_loss:
@@ -72,7 +77,7 @@ rule compute_loss:
 
 rule plot_figures:
     """Seaborn figures (PNG + SVG with provenance metadata) from the processed tables; latency
-    percentiles from the json+ histograms of the raw files."""
+    percentiles from the json+ histograms of the raw files. Drawn by one process per thread."""
     input:
         notebook=f"{NOTEBOOKS}/03-figures.ipynb",
         fio=f"{PROCESSED}/{{run}}/fio.parquet",
@@ -93,6 +98,7 @@ rule plot_figures:
         baseline=config["baseline"],
         variant=config["analysis"]["variant"],
         confidence=config["analysis"]["confidence"],
+    threads: 2
     conda:
         "../../envs/luksbench.yaml"
     log:
@@ -102,7 +108,8 @@ rule plot_figures:
         " -p run {wildcards.run} -p raw_dir {params.raw_dir}"
         " -p processed_dir {params.processed_dir}"
         " -p figures_dir {params.figures_dir} -p baseline {params.baseline}"
-        " -p variant {params.variant} -p confidence {params.confidence} > {log} 2>&1"
+        " -p variant {params.variant} -p confidence {params.confidence}"
+        " -p workers {threads} > {log} 2>&1"
 
 
 rule render_paper:

@@ -1,0 +1,181 @@
+"""Ingest throughput: how many fio result files per second does the analysis parse?
+
+    python benchmarks/ingest_speed.py [-n 10000] [-n 100000] [--workers 2] [--templates single|all]
+                                      [--keep DIR]
+
+Builds a raw run folder of N fio JSON files in a temporary directory, every file a byte-for-byte
+copy of a REAL fio output from /work/shared/datasets/external (``../shared/datasets/external``
+beside the repository) placed in the raw layout under the workload folder its job ran (so ingest
+accepts it), with a real CPU sidecar from the shipped sample beside each. Two hosts, two stacks,
+repetitions numbered up to N. Then times, on a cold cache:
+
+* FULL         ``write_processed`` of the whole folder (parse N files + sidecars, write parquet);
+* NO CHANGE    the same again: the incremental cache finds every file unchanged;
+* +1 % FILES   N/100 new result files added, ingested incrementally.
+
+``--templates single`` (default) uses the external outputs shaped like luksbench's own results (one
+job per file: fio 2.18 to 3.40); ``all`` adds the multi-job files (10 to 22 jobs per file). Goal:
+>= 2,000 files/s on 2 cores for FULL. Nothing is written outside the temporary folder (or --keep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXTERNAL = REPO.parent / "shared" / "datasets" / "external"
+SAMPLE_HOST = REPO / "data" / "raw" / "sample" / "vm"
+GOAL_FILES_PER_S = 2000
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import pandas as pd
+    import pyarrow
+
+    return (
+        f"{cpu}, {len(os.sched_getaffinity(0))} CPUs available, Python {platform.python_version()},"
+        f" pandas {pd.__version__}, pyarrow {pyarrow.__version__}"
+    )
+
+
+def templates(kind: str) -> list[tuple[Path, str]]:
+    """(external fio output, workload id of its layout folder) for every file ingest accepts."""
+    from luksbench.fio import FioParseError, parse_fio_file
+    from luksbench.layout import Workload
+
+    out = []
+    for path in sorted(p for p in EXTERNAL.rglob("*") if p.is_file()):
+        if path.suffix in (".md", ".csv") or "cryptsetup" in path.name:
+            continue
+        try:
+            rows = parse_fio_file(path, warn=lambda _m: None)
+        except (FioParseError, ValueError):
+            continue
+        if any(r.get("error") not in (0, None) or not r.get("io_bytes") for r in rows):
+            continue
+        first = next((r for r in rows if r.get("rw") and r.get("bs_bytes")), None)
+        if first is None or first.get("iodepth") is None:
+            continue
+        if kind == "single" and len({r.get("job") for r in rows}) > 1:
+            continue
+        wl = Workload(str(first["rw"]), int(first["bs_bytes"]), int(first["iodepth"]))
+        out.append((path, wl.id))
+    if not out:
+        sys.exit(f"no usable fio outputs under {EXTERNAL}")
+    return out
+
+
+def build_raw(raw: Path, n: int, tmpl: list[tuple[Path, str]], start: int = 0) -> int:
+    """Files start .. start+n-1 of the synthetic run (deterministic placement); returns bytes."""
+    sidecar = (SAMPLE_HOST / "fio" / "plain" / "read-4k-qd1" / "rep1.cpu.json").read_bytes()
+    hosts, stacks = ("box1", "box2"), ("plain", "luks")
+    if start == 0:
+        for host in hosts:
+            (raw / host / "fio").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(SAMPLE_HOST / "env.json", raw / host / "env.json")
+            shutil.copyfile(
+                SAMPLE_HOST / "fio" / "manifest.json", raw / host / "fio" / "manifest.json"
+            )
+    size = 0
+    per = len(tmpl) * len(hosts) * len(stacks)
+    for i in range(start, start + n):
+        src, workload = tmpl[i % len(tmpl)]
+        host = hosts[(i // len(tmpl)) % len(hosts)]
+        stack = stacks[(i // (len(tmpl) * len(hosts))) % len(stacks)]
+        # every template index gets its own rep numbers, so templates sharing a workload never
+        # collide: rep = (i // per) * len(tmpl) + template index + 1
+        rep = (i // per) * len(tmpl) + (i % len(tmpl)) + 1
+        folder = raw / host / "fio" / stack / workload
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, folder / f"rep{rep}.json")
+        (folder / f"rep{rep}.cpu.json").write_bytes(sidecar)
+        size += src.stat().st_size
+    return size
+
+
+def timed(func):
+    """(seconds, result); what ingest prints per file (notes on the real multi-document
+    templates) is counted, not shown."""
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stderr(buffer):
+        result = func()
+    return time.perf_counter() - t0, result
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def bench(n: int, workers: int, kind: str, keep: Path | None) -> None:
+    from luksbench import ingest
+
+    tmpl = templates(kind)
+    base = Path(tempfile.mkdtemp(prefix="luksbench-ingest-", dir=keep))
+    try:
+        raw, processed = base / "raw" / "synthetic", base / "processed" / "synthetic"
+        build_s, size = timed(lambda: build_raw(raw, n, tmpl))
+        print(
+            f"N = {n:,} fio JSON files ({size / 2**20:,.0f} MiB, + {n:,} CPU sidecars) from "
+            f"{len(tmpl)} real templates ({kind}); built in {build_s:.1f} s"
+        )
+        os.sync()
+        print(f"  load average before: {load()}")
+        full_s, out = timed(lambda: ingest.write_processed(raw, processed, workers=workers))
+        import pandas as pd
+
+        rows = len(pd.read_parquet(out["fio"]))
+        print(
+            f"  FULL        {full_s:8.2f} s  {n / full_s:9,.0f} files/s  ({rows:,} rows, "
+            f"{workers} workers)  goal >= {GOAL_FILES_PER_S:,} files/s: "
+            + ("met" if n / full_s >= GOAL_FILES_PER_S else "NOT met")
+        )
+        same_s, _ = timed(lambda: ingest.write_processed(raw, processed, workers=workers))
+        print(f"  NO CHANGE   {same_s:8.2f} s  (all {n:,} files found unchanged in the cache)")
+        extra = max(1, n // 100)
+        build_raw(raw, extra, tmpl, start=n)
+        more_s, _ = timed(lambda: ingest.write_processed(raw, processed, workers=workers))
+        print(f"  +1 % FILES  {more_s:8.2f} s  ({extra:,} new files parsed, {n:,} reused)")
+        print(f"  load average after: {load()}")
+    finally:
+        if keep is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, action="append", help="files (repeatable; default 10000)")
+    parser.add_argument("--workers", type=int, default=None, help="default: CPUs available")
+    parser.add_argument("--templates", choices=("single", "all"), default="single")
+    parser.add_argument("--keep", type=Path, help="build under this folder and keep it")
+    args = parser.parse_args(argv)
+    from luksbench.ingest import default_workers
+
+    workers = args.workers or default_workers()
+    print(f"machine: {machine()}")
+    for n in args.n or [10_000]:
+        bench(n, workers, args.templates, args.keep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

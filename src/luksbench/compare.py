@@ -1,0 +1,579 @@
+"""What changed from run A to run B (two kernels, two hosts, before/after a flag), per cell and stack.
+
+``luksbench compare RUN_A RUN_B --out DIR`` (see :func:`main` in ``luksbench.cli``). For every
+host pair, stack, cell (rw x bs x iodepth x direction, job slot) and metric, the change of the
+metric from A to B in percent, ``change_pct = 100 (r - 1)`` with ``r`` the geometric-mean ratio
+B / A, and its confidence interval, from log values:
+
+* **paired** (``design == "paired"``): repetition k of A with repetition k of B, ``d_k = ln(B_k /
+  A_k)``, a paired t-interval on mean d (:func:`luksbench.stats.paired_log_ratio_ci`). Only when
+  the schedules show it is justified: every repetition k of a cell ran in the same round k of
+  sessions that overlapped in time (two hosts measured side by side, e.g. a fleet run). Then the
+  pairs share whatever drifted during the session.
+* **unpaired** (``design == "welch"``): otherwise, the normal case for two runs measured at
+  different times: repetition k of A has nothing in common with repetition k of B, so a Welch
+  t-interval on ``mean ln B - mean ln A`` (:func:`luksbench.stats.welch_log_ratio_ci`).
+
+Verdicts as in the loss table (:func:`luksbench.stats.table_verdicts`): ``q_value`` is
+Benjamini-Hochberg over the whole comparison; *significant* (q <= 1 - confidence), *equivalent*
+(the 1 - 2 alpha interval lies inside +- the equivalence margin), *inconclusive*, *insufficient*
+(fewer than two pairs / two values on a side). ``outcome`` reads it for the metric: ``better`` /
+``worse`` (significant, by the metric's direction), ``same`` (equivalent), ``unclear``,
+``insufficient``, or ``only in A`` / ``only in B`` for cells one run lacks.
+
+Runs are named by a processed folder (``data/processed/<run>``, as the workflow writes it), a raw
+run folder (``data/raw/<run>``, ingested in memory) or a run name looked up in both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from luksbench import stats
+
+#: metrics compared by default: throughput, tail latency and CPU cost (all non-idle CPU, which
+#: counts userspace encryption too)
+COMPARE_METRICS = ("bw_bytes", "iops", "clat_p99_ns", "busy_cpu_s_per_gib")
+
+COMPARE_COLUMNS = [
+    "run_a",
+    "run_b",
+    "host_a",
+    "host_b",
+    "stack",
+    "workload",
+    "rw",
+    "bs_bytes",
+    "iodepth",
+    "direction",
+    "job",
+    "job_slot",
+    "metric",
+    "higher_is_better",
+    "design",
+    "n_a",
+    "n_b",
+    "n",
+    "a_mean",
+    "b_mean",
+    "mean_log_ratio",
+    "se_log_ratio",
+    "df",
+    "ratio",
+    "change_pct",
+    "ci_low",
+    "ci_high",
+    "confidence",
+    "p_value",
+    "q_value",
+    "equivalence_margin_pct",
+    "equiv_low",
+    "equiv_high",
+    "equivalent",
+    "verdict",
+    "outcome",
+]
+
+#: env facts whose difference between A and B is worth saying (a kernel change is the usual point)
+ENV_FACTS = (
+    "kernel",
+    "cpu_model",
+    "cpu_count",
+    "aes",
+    "vaes",
+    "backend",
+    "fio_version",
+    "cryptsetup_version",
+    "qemu_version",
+)
+
+
+class CompareError(ValueError):
+    """The two runs cannot be compared as asked (missing run, no common host or stack ...)."""
+
+
+@dataclass
+class RunData:
+    """The tables of one run that a comparison needs."""
+
+    name: str
+    source: str
+    fio: pd.DataFrame
+    env: pd.DataFrame = field(default_factory=pd.DataFrame)
+    schedule: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+# ------------------------------------------------------------------------------------------ input
+
+
+def load_run(
+    spec: str | Path,
+    processed_root: Path = Path("data/processed"),
+    raw_root: Path = Path("data/raw"),
+) -> RunData:
+    """A run by processed folder, raw run folder or name (processed first, then raw)."""
+    from luksbench import ingest
+
+    spec = Path(spec)
+    tried = []
+    for folder in (spec, Path(processed_root) / spec.name, Path(raw_root) / spec.name):
+        tried.append(str(folder))
+        if (folder / "fio.parquet").is_file():
+            tables = ingest.read_processed(folder)
+            schedule = tables.get("schedule")
+            if schedule is None:  # processed before schedules were kept: read the raw run
+                raw = Path(raw_root) / folder.name
+                schedule = ingest.schedule_table(raw, strict=False) if raw.is_dir() else None
+            return RunData(
+                name=str(tables["fio"]["run"].iloc[0]) if len(tables["fio"]) else folder.name,
+                source=str(folder),
+                fio=tables["fio"],
+                env=tables.get("env", pd.DataFrame()),
+                schedule=schedule if schedule is not None else pd.DataFrame(),
+            )
+        if folder.is_dir() and ingest.host_dirs(folder):
+            tables = ingest.ingest_run(folder, strict=False, workers=1)
+            return RunData(
+                name=ingest.run_name(folder),
+                source=str(folder),
+                fio=tables["fio"],
+                env=tables["env"],
+                schedule=tables["schedule"],
+            )
+    raise CompareError(
+        f"run {str(spec)!r} not found: no fio.parquet or raw host folders in {', '.join(tried)}"
+    )
+
+
+def host_pairs(a: RunData, b: RunData, specs: list[str] | None = None) -> list[tuple[str, str]]:
+    """Which host of A is compared with which host of B.
+
+    ``specs``: ``NAME`` (that host in both runs) or ``A_HOST=B_HOST``. Default: the hosts the runs
+    share; when they share none and each has exactly one, those two."""
+    hosts_a = sorted(a.fio["host"].dropna().unique())
+    hosts_b = sorted(b.fio["host"].dropna().unique())
+    if specs:
+        pairs = []
+        for spec in specs:
+            ha, _, hb = spec.partition("=")
+            hb = hb or ha
+            for host, hosts, run in ((ha, hosts_a, a), (hb, hosts_b, b)):
+                if host not in hosts:
+                    raise CompareError(
+                        f"host {host!r} is not in run {run.name} (hosts: {', '.join(hosts)})"
+                    )
+            pairs.append((ha, hb))
+    else:
+        pairs = [(h, h) for h in hosts_a if h in hosts_b]
+        if not pairs and len(hosts_a) == 1 and len(hosts_b) == 1:
+            pairs = [(hosts_a[0], hosts_b[0])]
+    if not pairs:
+        raise CompareError(
+            f"no host to compare: run {a.name} has {', '.join(hosts_a) or 'none'}, run {b.name} "
+            f"has {', '.join(hosts_b) or 'none'}; name them with --host A_HOST=B_HOST"
+        )
+    for ha, hb in pairs:
+        if a.source == b.source and ha == hb:
+            raise CompareError(f"host {ha!r} of run {a.name} compared with itself")
+    return pairs
+
+
+# ----------------------------------------------------------------------------------------- design
+
+
+def _sessions(schedule: pd.DataFrame, host: str) -> pd.DataFrame:
+    if schedule is None or schedule.empty:
+        return pd.DataFrame()
+    sched = schedule[(schedule["host"] == host) & (schedule["status"] == "ok")]
+    return sched.drop_duplicates(["stack", "workload", "rep"], keep="last")
+
+
+def pairing_design(
+    a: RunData, b: RunData, host_a: str, host_b: str, unpaired: bool = False
+) -> tuple[str, str]:
+    """("paired" | "welch", why). Paired only when every repetition k measured on both sides ran
+    in the same round k of sessions that overlap in time (measured side by side)."""
+    if unpaired:
+        return "welch", "unpaired by request (--unpaired)"
+    sa = _sessions(a.schedule, _layout_host(a, host_a))
+    sb = _sessions(b.schedule, _layout_host(b, host_b))
+    if sa.empty or sb.empty:
+        return "welch", "no session schedule recorded for one side, so no pairing can be shown"
+    both = sa.merge(sb, on=["stack", "workload", "rep"], suffixes=("_a", "_b"))
+    if both.empty:
+        return "welch", "the two sides share no (stack, cell, repetition)"
+    same_round = (both["round_a"] == both["round_b"]).fillna(False)
+    overlap = (both["session_started_a"] <= both["session_ended_b"]) & (
+        both["session_started_b"] <= both["session_ended_a"]
+    )
+    if bool((same_round & overlap.fillna(False)).all()):
+        return "paired", (
+            "repetition k of A and of B ran in the same round k of sessions that overlap in time "
+            f"({_span(sa)} and {_span(sb)}): pairs share the session's drift"
+        )
+    if not bool(overlap.fillna(False).any()):
+        why = f"the sessions did not overlap in time ({_span(sa)} vs {_span(sb)})"
+    else:
+        why = "repetitions with the same number ran in different rounds"
+    return "welch", f"{why}: repetition k of A has nothing in common with repetition k of B"
+
+
+def _layout_host(run: RunData, host: str) -> str:
+    """The raw folder whose manifests scheduled ``host``'s results: the host itself, or for the
+    fio servers of a fleet run the coordinating host (ingest's ``host_dir``)."""
+    if "host_dir" in run.fio:
+        dirs = run.fio.loc[run.fio["host"] == host, "host_dir"].dropna().unique()
+        if len(dirs) == 1:
+            return str(dirs[0])
+    return host
+
+
+def _span(sched: pd.DataFrame) -> str:
+    lo, hi = sched["session_started"].min(), sched["session_ended"].max()
+    if pd.isna(lo) or pd.isna(hi):
+        return "unknown times"
+    return f"{lo:%Y-%m-%d %H:%M} to {hi:%Y-%m-%d %H:%M} UTC"
+
+
+# ----------------------------------------------------------------------------------------- table
+
+
+def _cell_change(
+    va: dict[int, float],
+    vb: dict[int, float],
+    design: str,
+    confidence: float,
+    margin_pct: float,
+) -> dict:
+    """One row's statistics: values by repetition on each side -> change % with its interval."""
+    nan = math.nan
+    a = {k: v for k, v in va.items() if np.isfinite(v) and v > 0}
+    b = {k: v for k, v in vb.items() if np.isfinite(v) and v > 0}
+    out = {
+        "n_a": len(a),
+        "n_b": len(b),
+        "a_mean": float(np.mean(list(a.values()))) if a else nan,
+        "b_mean": float(np.mean(list(b.values()))) if b else nan,
+    }
+    eq_conf = 1 - 2 * (1 - confidence)
+    if design == "paired":
+        reps = sorted(set(a) & set(b))
+        d = np.log(np.array([b[k] for k in reps]) / np.array([a[k] for k in reps]))
+        ci = stats.paired_log_ratio_ci(d, confidence)
+        eq = stats.paired_log_ratio_ci(d, eq_conf) if eq_conf > 0 and ci.n >= 2 else None
+        n, mean, se, df = ci.n, ci.mean, ci.sd / math.sqrt(ci.n) if ci.n >= 2 else nan, ci.n - 1
+        p = stats.paired_t_pvalue(d)
+    else:
+        la, lb = np.log(list(a.values())), np.log(list(b.values()))
+        ci = stats.welch_log_ratio_ci(la, lb, confidence)
+        eq = stats.welch_log_ratio_ci(la, lb, eq_conf) if eq_conf > 0 else None
+        n, mean, se, df = min(ci.n_a, ci.n_b), ci.mean, ci.se, ci.df
+        p = stats.welch_t_pvalue(la, lb)
+    change = lo = hi = eq_lo = eq_hi = nan
+    if not math.isnan(mean):
+        change, lo, hi = stats.effect_from_log_ratio(mean, ci.low, ci.high, better_high=False)
+        if math.isnan(ci.low):
+            lo = hi = nan
+    equivalent = False
+    if eq is not None and not math.isnan(eq.low):
+        _, eq_lo, eq_hi = stats.effect_from_log_ratio(eq.mean, eq.low, eq.high, False)
+        equivalent = bool(-margin_pct < eq_lo and eq_hi < margin_pct)
+    return {
+        **out,
+        "n": int(n),
+        "mean_log_ratio": mean,
+        "se_log_ratio": se,
+        "df": float(df) if n >= 2 else nan,
+        "ratio": math.exp(mean) if not math.isnan(mean) else nan,
+        "change_pct": change,
+        "ci_low": lo,
+        "ci_high": hi,
+        "p_value": p,
+        "equiv_low": eq_lo,
+        "equiv_high": eq_hi,
+        "equivalent": equivalent,
+    }
+
+
+def _outcome(row) -> str:
+    if row["n_a"] == 0:
+        return "only in B"
+    if row["n_b"] == 0:
+        return "only in A"
+    if row["verdict"] == "significant":
+        return "better" if (row["change_pct"] > 0) == bool(row["higher_is_better"]) else "worse"
+    return {"equivalent": "same", "inconclusive": "unclear"}.get(row["verdict"], row["verdict"])
+
+
+def compare_runs(
+    a: RunData,
+    b: RunData,
+    hosts: list[str] | None = None,
+    stacks: list[str] | None = None,
+    metrics: list[str] | tuple[str, ...] | None = None,
+    confidence: float = 0.95,
+    equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
+    unpaired: bool = False,
+) -> pd.DataFrame:
+    """The comparison table (columns :data:`COMPARE_COLUMNS`); ``attrs["designs"]`` holds the
+    design and its reason per host pair, ``attrs["skipped_metrics"]`` metrics without values."""
+    stats._check_confidence(confidence)
+    metrics = list(metrics or COMPARE_METRICS)
+    for m in metrics:
+        stats.higher_is_better(m)
+    present = [
+        m
+        for m in metrics
+        if any(
+            m in r.fio and pd.to_numeric(r.fio[m], errors="coerce").notna().any() for r in (a, b)
+        )
+    ]
+    pairs = host_pairs(a, b, hosts)
+    stacks_a, stacks_b = set(a.fio["stack"].dropna()), set(b.fio["stack"].dropna())
+    common = sorted(stacks_a & stacks_b)
+    if stacks:
+        missing = [s for s in stacks if s not in common]
+        if missing:
+            raise CompareError(
+                f"stack(s) {', '.join(missing)} not in both runs (A: {', '.join(sorted(stacks_a))};"
+                f" B: {', '.join(sorted(stacks_b))})"
+            )
+        common = list(stacks)
+    if not common:
+        raise CompareError(f"runs {a.name} and {b.name} have no stack in common")
+    vals_a = stats.rep_values(a.fio[a.fio["stack"].isin(common)], present)
+    vals_b = stats.rep_values(b.fio[b.fio["stack"].isin(common)], present)
+    cell = ["stack", "workload", "job_slot", "direction"]
+    rows, designs = [], {}
+    for ha, hb in pairs:
+        design, why = pairing_design(a, b, ha, hb, unpaired)
+        designs[f"{ha}={hb}"] = {"design": design, "reason": why}
+        sa, sb = vals_a[vals_a["host"] == ha], vals_b[vals_b["host"] == hb]
+        attrs = pd.concat([sa, sb])[[*cell, *stats.CELL_ATTRS]].drop_duplicates(cell)
+        info_of = {
+            tuple(r[:4]): dict(zip(stats.CELL_ATTRS, r[4:], strict=True))
+            for r in attrs.itertuples(index=False, name=None)
+        }
+        ga, gb = sa.groupby(cell).indices, sb.groupby(cell).indices
+        for key in sorted(set(ga) | set(gb), key=str):
+            info = info_of[key]
+            for metric in present:
+                va = _by_rep(sa, ga.get(key), metric)
+                vb = _by_rep(sb, gb.get(key), metric)
+                rows.append(
+                    {
+                        "run_a": a.name,
+                        "run_b": b.name,
+                        "host_a": ha,
+                        "host_b": hb,
+                        **dict(zip(cell, key, strict=True)),
+                        **{c: info[c] for c in stats.CELL_ATTRS},
+                        "metric": metric,
+                        "higher_is_better": stats.METRICS[metric],
+                        "design": design,
+                        "confidence": confidence,
+                        "equivalence_margin_pct": equivalence_margin_pct,
+                        **_cell_change(va, vb, design, confidence, equivalence_margin_pct),
+                    }
+                )
+    table = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c not in ("q_value",)])
+    table["q_value"] = stats.benjamini_hochberg(table["p_value"].to_numpy(float))
+    table["verdict"] = stats.table_verdicts(
+        table["n"].to_numpy(), table["q_value"], table["equivalent"].to_numpy(bool), confidence
+    )
+    table["outcome"] = [_outcome(r) for _, r in table.iterrows()] if len(table) else []
+    order = {m: i for i, m in enumerate(present)}
+    table = (
+        table.assign(_m=table["metric"].map(order))
+        .sort_values(["host_a", "host_b", "stack", "rw", "bs_bytes", "iodepth", "job_slot"])
+        .sort_values("_m", kind="stable")
+        .drop(columns="_m")
+        .reset_index(drop=True)[COMPARE_COLUMNS]
+    )
+    table = _dtypes(table)
+    table.attrs["designs"] = designs
+    table.attrs["skipped_metrics"] = [m for m in metrics if m not in present]
+    return table
+
+
+def _by_rep(vals: pd.DataFrame, pos, metric: str) -> dict[int, float]:
+    if pos is None:
+        return {}
+    sub = vals.iloc[pos]
+    values = pd.to_numeric(sub[metric], errors="coerce").to_numpy(float)
+    return dict(zip(sub["rep"].astype(int), values, strict=True))
+
+
+def _dtypes(table: pd.DataFrame) -> pd.DataFrame:
+    text = ("run_a", "run_b", "host_a", "host_b", "stack", "workload", "rw", "direction", "job")
+    for col in (*text, "metric", "design", "verdict", "outcome"):
+        table[col] = table[col].astype("string")
+    for col in ("bs_bytes", "iodepth", "job_slot", "n_a", "n_b", "n"):
+        table[col] = pd.to_numeric(table[col]).astype("int64")
+    for col in ("higher_is_better", "equivalent"):
+        table[col] = table[col].astype(bool)
+    floats = (
+        set(COMPARE_COLUMNS)
+        - set(text)
+        - {
+            "metric",
+            "design",
+            "verdict",
+            "outcome",
+            "bs_bytes",
+            "iodepth",
+            "job_slot",
+            "n_a",
+            "n_b",
+            "n",
+            "higher_is_better",
+            "equivalent",
+        }
+    )
+    for col in floats:
+        table[col] = pd.to_numeric(table[col]).astype("float64")
+    return table
+
+
+# ------------------------------------------------------------------------------------- reporting
+
+
+def env_differences(a: RunData, b: RunData, pairs: list[tuple[str, str]]) -> list[str]:
+    """What differs between the two sides besides the measurements: kernel, CPU, tool versions,
+    backend, fio options of the plan."""
+    out = []
+    for ha, hb in pairs:
+        ea, eb = _env_row(a.env, ha), _env_row(b.env, hb)
+        label = f"{ha}" if ha == hb else f"{ha} / {hb}"
+        for fact in ENV_FACTS:
+            x, y = ea.get(fact), eb.get(fact)
+            if _text(x) != _text(y):
+                out.append(f"{label}: {fact} {_text(x)} -> {_text(y)}")
+        fa, fb = _plan_fio(ea), _plan_fio(eb)
+        for key in sorted(set(fa) | set(fb)):
+            if fa.get(key) != fb.get(key):
+                out.append(f"{label}: fio.{key} {fa.get(key, 'n/a')} -> {fb.get(key, 'n/a')}")
+    return out
+
+
+def _env_row(env: pd.DataFrame, host: str) -> dict:
+    if env is None or env.empty or "host" not in env:
+        return {}
+    rows = env[env["host"] == host]
+    return rows.iloc[0].to_dict() if len(rows) else {}
+
+
+def _plan_fio(env_row: dict) -> dict:
+    try:
+        doc = json.loads(env_row.get("env_json") or "{}")
+    except (TypeError, json.JSONDecodeError):
+        return {}
+    return (doc.get("plan") or {}).get("fio") or {}
+
+
+def _text(x) -> str:
+    return "n/a" if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)) else str(x)
+
+
+def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: list[str]) -> str:
+    """The comparison as Markdown: design per host pair, what differs, one table per metric."""
+    from luksbench.layout import bs_label
+    from luksbench.paper import METRIC_UNITS, fmt_ci, fmt_num, fmt_pct
+
+    conf = fmt_num(100 * float(table["confidence"].iloc[0]), 0) if len(table) else "95"
+    lines = [
+        f"# {a.name} (A) vs {b.name} (B)",
+        "",
+        f"A: `{a.source}`; B: `{b.source}`. Change = B relative to A, geometric mean over "
+        f"repetitions, {conf} % confidence interval; verdicts after Benjamini-Hochberg across "
+        "every row of this comparison.",
+        "",
+    ]
+    for pair, d in table.attrs.get("designs", {}).items():
+        ha, _, hb = pair.partition("=")
+        what = (
+            "**paired** by repetition index"
+            if d["design"] == "paired"
+            else "**unpaired** (Welch t-interval on log values)"
+        )
+        host = f"`{ha}`" if ha == hb else f"`{ha}` (A) vs `{hb}` (B)"
+        lines.append(f"- Host {host}: {what}: {d['reason']}.")
+    lines.append("")
+    if differences:
+        lines += ["What differs besides the measurements:", ""]
+        lines += [f"- {d}" for d in differences] + [""]
+    skipped = table.attrs.get("skipped_metrics") or []
+    if skipped:
+        lines += [f"Not compared (no values in either run): {', '.join(skipped)}.", ""]
+    multi_host = table[["host_a", "host_b"]].drop_duplicates().shape[0] > 1
+    for metric in dict.fromkeys(table["metric"]):
+        sub = table[table["metric"] == metric]
+        heading, unit, div, dec = METRIC_UNITS.get(metric, (metric, "", 1, 2))
+        lines += [
+            f"## {heading}",
+            "",
+            f"| cell | stack | A ({unit}) | B ({unit}) | change | {conf} % CI | verdict | "
+            "outcome | n A / B |",
+            "|---|---|---:|---:|---:|---|---|---|---|",
+        ]
+        for _, r in sub.iterrows():
+            cell = f"{r['rw']} {bs_label(int(r['bs_bytes']))} QD{int(r['iodepth'])}"
+            if r["rw"] in ("rw", "readwrite", "randrw"):
+                cell += f" ({r['direction']})"
+            if multi_host:
+                cell = f"{r['host_a']}" + ("" if r["host_a"] == r["host_b"] else f"/{r['host_b']}")
+                cell += f": {r['rw']} {bs_label(int(r['bs_bytes']))} QD{int(r['iodepth'])}"
+            lines.append(
+                f"| {cell} | `{r['stack']}` | {fmt_num(r['a_mean'] / div, dec)} | "
+                f"{fmt_num(r['b_mean'] / div, dec)} | {fmt_pct(r['change_pct'])} | "
+                f"{fmt_ci(r['ci_low'], r['ci_high'])} | {r['verdict']} | {r['outcome']} | "
+                f"{int(r['n_a'])} / {int(r['n_b'])} |"
+            )
+        lines.append("")
+    counts = table["outcome"].value_counts()
+    lines.append(
+        "Outcomes: " + ", ".join(f"{counts[k]} {k}" for k in counts.index) + "."
+        if len(counts)
+        else "No cell in common."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def write_compare(
+    table: pd.DataFrame, out_dir: Path, a: RunData, b: RunData, differences: list[str]
+) -> dict[str, Path]:
+    """``compare.parquet``, ``compare.csv``, ``compare.md`` and the figure ``compare.png|svg``."""
+    from luksbench import plots
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = {"parquet": out_dir / "compare.parquet", "csv": out_dir / "compare.csv"}
+    plain = table.copy()
+    plain.attrs = {}
+    plain.to_parquet(out["parquet"], index=False)
+    plain.to_csv(out["csv"], index=False)
+    out["md"] = out_dir / "compare.md"
+    out["md"].write_text(compare_markdown(table, a, b, differences))
+    if len(table):
+        fig = plots.compare_figure(table)
+        png, svg = plots.save_figure(
+            fig,
+            out_dir / "compare",
+            {
+                "title": f"luksbench compare: {a.name} vs {b.name}",
+                "figure": "compare",
+                "made_by": "luksbench.plots.compare_figure",
+                "run_a": a.source,
+                "run_b": b.source,
+                "designs": table.attrs.get("designs", {}),
+            },
+        )
+        plots.plt.close(fig)
+        out["png"], out["svg"] = png, svg
+    return out

@@ -1,0 +1,138 @@
+"""Queries across runs: DuckDB views over every run's processed parquet files.
+
+    python -m luksbench.warehouse                      # the example query below, as a table
+    python -m luksbench.warehouse "SELECT ..." [--csv] [--processed-root data/processed]
+    python -m luksbench.warehouse --database data/processed/warehouse.duckdb   # keep the views
+
+:func:`connect` opens DuckDB (in memory, or a file-backed database) with one view per processed
+table, each the union by column name of ``<processed_root>/*/<table>.parquet``: ``fio``, ``loss``,
+``env``, ``stacks``, ``cryptsetup``, ``schedule``, ``problems``. Every view has a ``run`` column
+(tables without one, like ``loss``, get the run folder's name). Views read the parquet files at
+query time, so a new or re-analysed run shows up without rebuilding anything; nothing is copied.
+
+Example (:data:`EXAMPLE_QUERY`): the bandwidth loss of every variant stack, per run, host and
+kernel, so runs on two kernels (or hosts, or months) sit side by side::
+
+    SELECT l.workload, l.run, l.host, e.kernel, l.variant,
+           round(l.effect_pct, 1) AS loss_pct, round(l.ci_low, 1) AS ci_low,
+           round(l.ci_high, 1) AS ci_high, l.n, l.verdict
+    FROM loss AS l LEFT JOIN env AS e USING (run, host)
+    WHERE l.metric = 'bw_bytes'
+    ORDER BY l.workload, e.kernel, l.run, l.host
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import duckdb
+
+#: the processed tables that get a view (the files of luksbench.ingest.PROCESSED_FILES + loss)
+TABLES = ("fio", "loss", "env", "stacks", "cryptsetup", "schedule", "problems")
+
+EXAMPLE_QUERY = """\
+SELECT l.workload, l.run, l.host, e.kernel, l.variant,
+       round(l.effect_pct, 1) AS loss_pct, round(l.ci_low, 1) AS ci_low,
+       round(l.ci_high, 1) AS ci_high, l.n, l.verdict
+FROM loss AS l LEFT JOIN env AS e USING (run, host)
+WHERE l.metric = 'bw_bytes'
+ORDER BY l.workload, e.kernel, l.run, l.host
+"""
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def table_files(processed_root: Path, table: str) -> list[Path]:
+    """``<processed_root>/<run>/<table>.parquet`` of every run (sorted)."""
+    return sorted(Path(processed_root).glob(f"*/{table}.parquet"))
+
+
+def create_views(con: duckdb.DuckDBPyConnection, processed_root: Path) -> list[str]:
+    """(Re)create one view per table that has at least one run's parquet file; returns their
+    names. Paths are absolute, so a file-backed database works from any directory."""
+    root = Path(processed_root).resolve()
+    made = []
+    for table in TABLES:
+        files = table_files(root, table)
+        if not files:
+            con.execute(f"DROP VIEW IF EXISTS {table}")
+            continue
+        glob = _quote(str(root / "*" / f"{table}.parquet"))
+        source = f"read_parquet({glob}, union_by_name = true, filename = true)"
+        columns = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        # the run folder's name, for tables that do not carry the run themselves
+        run = (
+            ""
+            if "run" in columns
+            else r"regexp_extract(filename, '([^/\\]+)[/\\][^/\\]+$', 1) AS run, "
+        )
+        con.execute(
+            f"CREATE OR REPLACE VIEW {table} AS SELECT {run}* EXCLUDE (filename) FROM {source}"
+        )
+        made.append(table)
+    return made
+
+
+def connect(
+    processed_root: Path = Path("data/processed"), database: str | Path = ":memory:"
+) -> duckdb.DuckDBPyConnection:
+    """DuckDB with the views of :func:`create_views` over ``processed_root``.
+
+    ``database``: ``":memory:"`` (default) or a file such as ``data/processed/warehouse.duckdb``
+    that keeps the view definitions for other DuckDB clients (``duckdb FILE``)."""
+    processed_root = Path(processed_root)
+    if not processed_root.is_dir():
+        raise FileNotFoundError(f"processed folder not found: {processed_root}")
+    con = duckdb.connect(str(database))
+    if not create_views(con, processed_root):
+        con.close()
+        raise FileNotFoundError(
+            f"no processed run under {processed_root} (expected <run>/fio.parquet ...): "
+            "run the analysis first (snakemake ... or luksbench.ingest.write_processed)"
+        )
+    return con
+
+
+def query(sql: str = EXAMPLE_QUERY, processed_root: Path = Path("data/processed")):
+    """Run ``sql`` against the views; returns a pandas DataFrame."""
+    con = connect(processed_root)
+    try:
+        return con.execute(sql).df()
+    finally:
+        con.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m luksbench.warehouse", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("sql", nargs="?", default=EXAMPLE_QUERY, help="default: the example")
+    parser.add_argument("--processed-root", type=Path, default=Path("data/processed"))
+    parser.add_argument("--database", default=":memory:", help="file-backed DuckDB database")
+    parser.add_argument("--csv", action="store_true", help="CSV instead of a text table")
+    args = parser.parse_args(argv)
+    try:
+        con = connect(args.processed_root, args.database)
+    except (FileNotFoundError, duckdb.Error) as exc:
+        print(f"luksbench warehouse: {exc}", file=sys.stderr)
+        return 1
+    try:
+        df = con.execute(args.sql).df()
+    except duckdb.Error as exc:
+        print(f"luksbench warehouse: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        con.close()
+    if args.csv:
+        df.to_csv(sys.stdout, index=False)
+    else:
+        print(df.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
