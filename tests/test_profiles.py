@@ -504,6 +504,7 @@ def vm_results(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.vm
+@pytest.mark.vm_full
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_profile_runs_on_loop_devices_in_the_vm(vm_results, name):
     from luksbench.fio import parse_fio_file
