@@ -288,6 +288,23 @@ def mdstat() -> str | None:
 # --- the builder ---------------------------------------------------------------------------------
 
 
+def planned_dm_names(plan: dict, stacks: list[str]) -> list[str]:
+    """The device-mapper names :class:`KernelBuilder` will give the plan's luks and linear layers
+    (in build order), so that a name already in use is refused before anything is created."""
+    from luksbench.testbox.plan import walk_layers
+
+    names = []
+    for stack in stacks:
+        base = safety.mapper_name(plan["run"], stack)
+        count = sum(
+            1
+            for _, layer in walk_layers(plan["stacks"][stack], stack)
+            if isinstance(layer, dict) and layer["kind"] in ("luks", "linear")
+        )
+        names += [base if n == 1 else f"{base}-{n}" for n in range(1, count + 1)]
+    return names
+
+
 class KernelBuilder:
     """Builds the plan's layer trees; records every object in ``state["objects"]`` first."""
 

@@ -291,6 +291,13 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     device_checks: dict[str, dict] = {}
     if backend["selected"] == "kernel":
         device_checks = safety.check_devices(_real_devices_used(plan))
+        for name in layers.planned_dm_names(plan, build_order(plan)):
+            if os.path.exists(f"/dev/mapper/{name}"):
+                raise safety.SafetyError(
+                    f"device-mapper name {name} is already in use (/dev/mapper/{name}): another "
+                    "run's or tool's device; luksbench leaves it alone (remove it, or choose "
+                    "another run name)"
+                )
     entries: dict[str, dict] = {}
     for name in order:
         cfg = plan["stacks"][name]
@@ -792,7 +799,12 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
         )
         | set(left["loop_devices"])
     )
-    mappers = safety.mapper_names_with_prefix(f"{safety.MAPPER_PREFIX}{run}-")
+    # Only mappings this run made count: a foreign device with a similar name is not ours.
+    ours = {o["name"] for o in objects if o["type"] in ("crypt", "dm")}
+    ours |= {e["mapper_name"] for e in stacks if e.get("mapper_name")}
+    mappers = [
+        n for n in safety.mapper_names_with_prefix(f"{safety.MAPPER_PREFIX}{run}-") if n in ours
+    ]
     files_left = (
         [
             p
