@@ -6,8 +6,11 @@ the executed notebooks are kept beside the processed data as a record of what ra
 
 import shlex
 
-# notebooks/ as working directory, like JupyterLab; cell output goes to the log.
-PAPERMILL_OPTIONS = "--cwd notebooks --kernel python3 --log-output --no-progress-bar"
+# notebooks/ as working directory, like JupyterLab; cell output goes to the log. A loaded or slow
+# machine (a VM under emulation) may need more than papermill's default 60 s to start a kernel.
+PAPERMILL_OPTIONS = (
+    "--cwd notebooks --kernel python3 --log-output --no-progress-bar --start-timeout 300"
+)
 
 
 rule ingest_raw:

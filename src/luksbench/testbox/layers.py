@@ -424,7 +424,7 @@ class KernelBuilder:
                 f"{loop}: direct I/O to the backing file is {'off' if dio is False else 'unknown'} "
                 "(filesystem without O_DIRECT?); the page cache sits under this stack"
             )
-        log(f"  {backing.name} -> {loop} (direct I/O {'over' if dio else 'NOT on'})")
+        log(f"  {backing.name} -> {loop} (direct I/O {'on' if dio else 'NOT on'})")
         return {
             "device": loop,
             "device_type": "block",
