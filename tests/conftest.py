@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,18 @@ def copy_workflow(dest: Path, extra: tuple[str, ...] = ()) -> Path:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)
     return dest
+
+
+def testbox(*args, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `luksbench testbox <args>` as the workflow does; fail with its stderr unless ``check``
+    is false."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "luksbench.cli", "testbox", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"testbox {args[0]} exited {proc.returncode}\n{proc.stderr}")
+    return proc

@@ -8,11 +8,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import testbox as tb
 
 from luksbench.fio import parse_fio_file
 from luksbench.testbox.env import TestboxError
@@ -136,17 +136,6 @@ def test_every_run_goes_to_both_servers_and_parses_per_host(tmp_path, fio_server
     check_plan(plan)
     plan_path, state = tmp_path / "plan.json", tmp_path / "state.json"
     plan_path.write_text(json.dumps(plan))
-
-    def tb(*args):
-        proc = subprocess.run(
-            [sys.executable, "-m", "luksbench.cli", "testbox", *map(str, args)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return proc
 
     tb("stack-up", "--plan", plan_path, "--state", state, "--describe", tmp_path / "s.json")
     host_dir = tmp_path / "raw" / run / "coord"

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import testbox as tb
 
 from luksbench.fio import parse_fio_file
 from luksbench.testbox import safety
@@ -46,19 +47,6 @@ def plan_file(tmp: Path, run: str, stacks: dict, devices: dict, **over) -> Path:
     path = tmp / "plan.json"
     path.write_text(json.dumps(plan))
     return path
-
-
-def tb(*args, check=True, timeout=300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "luksbench.cli", "testbox", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"testbox {args[0]} exited {proc.returncode}\n{proc.stderr}")
-    return proc
 
 
 def ours_left(state: dict) -> dict:
@@ -115,18 +103,18 @@ def test_loop_raw_and_filesystem_layers_for_real(tmp_path):
         assert e["raw"]["device"] == e["raw-again"]["device"]
         assert e["raw"]["device"].startswith("/dev/loop")
         assert sum(1 for o in doc["objects"] if o["type"] == "loop") == 4  # plain, d0, d1, xfs's
-        for name, fstype in (("ext4", "ext4"), ("xfs", "xfs")):
+        for name, fstype, below in (("ext4", "ext4", "loop d1"), ("xfs", "xfs", "loop")):
             assert e[name]["device_type"] == "fsfile"
             assert safety.is_mounted(e[name]["mountpoint"])
             assert Path(e[name]["device"]).stat().st_size == 48 * MIB
-            assert desc[name]["layout"] == f"{fstype} file on loop"
+            assert desc[name]["layout"] == f"{fstype} file on {below}"
             fstab = Path("/proc/self/mounts").read_text()
             assert f" {e[name]['mountpoint']} {fstype} " in fstab
             # fio's target is a file: no discard, and the fill wrote it once
             pre = desc[name]["precondition"]
             assert "not a block device" in pre["discard"]["status"]
             assert pre["fill"]["io_bytes"] == 48 * MIB
-        assert desc["raw"]["layout"] == "raw d0" or desc["raw"]["layout"].startswith("loop")
+        assert desc["raw"]["layout"] == "loop d0"  # the scratch-file device d0, shared
         assert desc["plain"]["precondition"]["discard"]["status"] == "done"
         tb(
             "run-fio",

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import testbox as tb
 
 from luksbench.testbox import safety
 from luksbench.testbox.env import resolve_backend
@@ -89,19 +90,6 @@ def make_plan(
     path = tmp / "plan.json"
     path.write_text(json.dumps(plan))
     return path
-
-
-def tb(*args, check=True, timeout=120) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "luksbench.cli", "testbox", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"testbox {args[0]} exited {proc.returncode}\n{proc.stderr}")
-    return proc
 
 
 def all_cmdlines() -> str:

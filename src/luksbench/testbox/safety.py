@@ -124,10 +124,9 @@ def mapper_names_with_prefix(prefix: str) -> list[str]:
     return sorted(n for n in names if n.startswith(prefix))
 
 
-def processes_holding(path: str | Path) -> list[int]:
-    """PIDs with ``path`` open (scans /proc/*/fd; needs root to see other users' processes)."""
-    target = os.path.abspath(path)
-    pids = []
+def _open_fds():
+    """(pid, /proc/<pid>/fd/<n>, link target) of every open file descriptor of every other
+    process (needs root to see other users' processes)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -138,13 +137,17 @@ def processes_holding(path: str | Path) -> list[int]:
             continue
         for fd in fds:
             try:
-                link = os.readlink(f"{fd_dir}/{fd}")
+                yield int(entry), f"{fd_dir}/{fd}", os.readlink(f"{fd_dir}/{fd}")
             except OSError:
                 continue
-            if link.removesuffix(" (deleted)") == target:
-                pids.append(int(entry))
-                break
-    return pids
+
+
+def processes_holding(path: str | Path) -> list[int]:
+    """PIDs with ``path`` open (scans /proc/*/fd; needs root to see other users' processes)."""
+    target = os.path.abspath(path)
+    return sorted(
+        {pid for pid, _, link in _open_fds() if link.removesuffix(" (deleted)") == target}
+    )
 
 
 def check_free(*, mapper: str | None = None, mountpoint: Path | None = None, backing: Path) -> None:
@@ -432,25 +435,16 @@ def processes_using_device(resolved: str) -> list[int]:
     """PIDs with the device or one of its partitions open, by device number (whatever node name
     they opened). Scans /proc/*/fd; needs root to see other users' processes."""
     rdevs = {r for r in map(_rdev_of, _family(_sysfs_dir(resolved))) if r is not None}
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        fd_dir = f"/proc/{entry}/fd"
+    pids = set()
+    for pid, fd_path, link in _open_fds():
+        if not link.startswith("/"):
+            continue  # sockets, pipes, anon inodes
         try:
-            fds = os.listdir(fd_dir)
+            st = os.stat(fd_path)
         except OSError:
             continue
-        for fd in fds:
-            try:
-                if not os.readlink(f"{fd_dir}/{fd}").startswith("/"):
-                    continue  # sockets, pipes, anon inodes
-                st = os.stat(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if stat.S_ISBLK(st.st_mode) and st.st_rdev in rdevs:
-                pids.append(int(entry))
-                break
+        if stat.S_ISBLK(st.st_mode) and st.st_rdev in rdevs:
+            pids.add(pid)
     return sorted(pids)
 
 

@@ -381,8 +381,8 @@ def _layer_summary(desc: dict) -> str:
         head = f"md raid{desc.get('level')}"
     elif kind == "fs":
         head = f"{desc.get('fstype')} file"
-    elif kind == "raw":
-        head = f"raw {desc.get('device_name')}"
+    elif kind in ("raw", "loop") and desc.get("device_name"):
+        head = f"{kind} {desc['device_name']}"
     else:
         head = str(kind)
     if "members" in desc:
