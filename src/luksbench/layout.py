@@ -5,9 +5,13 @@ Raw layout (one run's folder is ``RAW_DIR = data/raw/<run>``)::
     <RAW_DIR>/<host>/env.json
     <RAW_DIR>/<host>/cryptsetup-benchmark.txt
     <RAW_DIR>/<host>/stacks.json                       # stack descriptions, no key material
-    <RAW_DIR>/<host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json
-    <RAW_DIR>/<host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.cpu.json
+    <RAW_DIR>/<host>/fio/<stack>/<workload>/rep<k>.json
+    <RAW_DIR>/<host>/fio/<stack>/<workload>/rep<k>.cpu.json
     <RAW_DIR>/<host>/fio/manifest.json                 # the schedule as it was run
+
+A workload id is ``<rw>-<bs>-qd<iodepth>`` for a cell of the main matrix and
+``<rw>-<bs>-qd<iodepth>-<pattern>`` for a cell of a named pattern (config ``patterns:``, e.g. the
+raid5-2012 large-block cells ``randwrite-1g-qd1-largeblock``, whose bs is the large block).
 
 Standard library only: the test box imports this.
 """
@@ -20,7 +24,10 @@ from pathlib import Path
 
 _SIZE_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _BS_RE = re.compile(r"^(\d+)([kmgt]?)(i?b)?$", re.IGNORECASE)
-_WORKLOAD_RE = re.compile(r"^(?P<rw>[a-z]+)-(?P<bs>\d+[kmgt]?)-qd(?P<iodepth>\d+)$")
+_WORKLOAD_RE = re.compile(
+    r"^(?P<rw>[a-z]+)-(?P<bs>\d+[kmgt]?)-qd(?P<iodepth>\d+)(?:-(?P<pattern>[a-z][a-z0-9]*))?$"
+)
+PATTERN_NAME_RE = re.compile(r"^[a-z][a-z0-9]*$")
 _REP_RE = re.compile(r"^rep(?P<rep>\d+)\.json$")
 
 
@@ -50,11 +57,13 @@ def bs_label(bs: str | int) -> str:
 
 @dataclass(frozen=True, order=True)
 class Workload:
-    """One cell of the fio matrix: access pattern, block size, queue depth."""
+    """One cell of the fio matrix: access pattern, block size, queue depth, and the named pattern
+    whose fio options it runs with ("" for the main matrix)."""
 
     rw: str
     bs_bytes: int
     iodepth: int
+    pattern: str = ""
 
     @property
     def bs(self) -> str:
@@ -62,16 +71,18 @@ class Workload:
 
     @property
     def id(self) -> str:
-        return f"{self.rw}-{self.bs}-qd{self.iodepth}"
+        base = f"{self.rw}-{self.bs}-qd{self.iodepth}"
+        return f"{base}-{self.pattern}" if self.pattern else base
 
     @classmethod
     def from_id(cls, workload_id: str) -> Workload:
         m = _WORKLOAD_RE.match(workload_id)
         if not m:
             raise LayoutError(
-                f"not a workload id: {workload_id!r} (expected <rw>-<bs>-qd<iodepth>, e.g. randread-4k-qd32)"
+                f"not a workload id: {workload_id!r} (expected <rw>-<bs>-qd<iodepth>[-<pattern>], "
+                "e.g. randread-4k-qd32 or randwrite-1m-qd1-largeblock)"
             )
-        return cls(m["rw"], bs_to_bytes(m["bs"]), int(m["iodepth"]))
+        return cls(m["rw"], bs_to_bytes(m["bs"]), int(m["iodepth"]), m["pattern"] or "")
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,7 @@ def parse_rep_path(path: Path, raw_dir: Path) -> RepPath:
     parts = rel.parts
     if len(parts) != 5 or parts[1] != "fio":
         raise LayoutError(
-            f"{path}: expected <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json under {raw_dir}"
+            f"{path}: expected <host>/fio/<stack>/<workload>/rep<k>.json under {raw_dir}"
         )
     m = _REP_RE.match(parts[4])
     if not m:
