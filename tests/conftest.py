@@ -50,11 +50,32 @@ def copy_workflow(dest: Path, extra: tuple[str, ...] = ()) -> Path:
     return dest
 
 
+def luksbench_testbox_argv(*args) -> list[str]:
+    """The command line of `luksbench testbox <args>` (for a Popen that a test interrupts)."""
+    return [sys.executable, "-m", "luksbench.cli", "testbox", *map(str, args)]
+
+
+def run_fio_args(plan, state, host_dir, manifest, *extra) -> list:
+    """Arguments of `testbox run-fio` for a plan, its stacks' state and a raw host folder."""
+    return [
+        "run-fio",
+        "--plan",
+        plan,
+        "--state",
+        state,
+        "--raw-host-dir",
+        host_dir,
+        "--manifest",
+        manifest,
+        *extra,
+    ]
+
+
 def testbox(*args, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `luksbench testbox <args>` as the workflow does; fail with its stderr unless ``check``
     is false."""
     proc = subprocess.run(
-        [sys.executable, "-m", "luksbench.cli", "testbox", *map(str, args)],
+        luksbench_testbox_argv(*args),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import copy_workflow
+from conftest import copy_workflow, run_fio_args
 
 from luksbench.testbox.plan import plan_from_config
 
@@ -84,15 +84,7 @@ def test_a_full_raw_disk_stops_the_run_and_keeps_every_finished_result(
     )
     try:
         result = run_testbox(
-            "run-fio",
-            "--plan",
-            str(plan),
-            "--state",
-            str(state),
-            "--raw-host-dir",
-            str(host_dir),
-            "--manifest",
-            str(host_dir / "fio" / "manifest.json"),
+            *run_fio_args(plan, state, host_dir, host_dir / "fio" / "manifest.json"),
         )
     finally:
         down = run_testbox("stack-down", "--state", str(state))

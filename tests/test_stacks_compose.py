@@ -10,11 +10,11 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import luksbench_testbox_argv, run_fio_args
 from conftest import testbox as tb
 
 from luksbench.fio import parse_fio_file
@@ -117,17 +117,7 @@ def test_loop_raw_and_filesystem_layers_for_real(tmp_path):
         assert desc["raw"]["layout"] == "loop d0"  # the scratch-file device d0, shared
         assert desc["plain"]["precondition"]["discard"]["status"] == "done"
         tb(
-            "run-fio",
-            "--plan",
-            plan,
-            "--state",
-            state,
-            "--raw-host-dir",
-            host_dir,
-            "--manifest",
-            tmp_path / "m.json",
-            "--describe",
-            describe,
+            *run_fio_args(plan, state, host_dir, tmp_path / "m.json", "--describe", describe),
         )
         for name in stacks:
             rep = host_dir / "fio" / name / "randwrite-4k-qd8" / "rep1.json"
@@ -184,21 +174,9 @@ def test_killed_run_leaves_layers_that_stack_down_removes(tmp_path):
     tb("stack-up", "--plan", plan, "--state", state, "--describe", tmp_path / "s.json")
     doc = json.loads(state.read_text())
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "luksbench.cli",
-            "testbox",
-            "run-fio",
-            "--plan",
-            str(plan),
-            "--state",
-            str(state),
-            "--raw-host-dir",
-            str(tmp_path / "raw" / run / "tb1"),
-            "--manifest",
-            str(tmp_path / "m.json"),
-        ],
+        luksbench_testbox_argv(
+            *run_fio_args(plan, state, tmp_path / "raw" / run / "tb1", tmp_path / "m.json")
+        ),
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -353,17 +331,7 @@ def test_an_optional_stack_that_cannot_be_built_is_left_out_with_its_reason(tmp_
         assert not xfs_backing.exists() and not safety.loop_devices_backed_by([xfs_backing])
         assert all("xfs-loop" not in json.dumps(o) for o in doc["objects"])
         assert desc["ext4"]["precondition"] and "precondition" not in desc["xfs"]
-        tb(
-            "run-fio",
-            "--plan",
-            plan,
-            "--state",
-            state,
-            "--raw-host-dir",
-            host_dir,
-            "--manifest",
-            tmp_path / "m.json",
-        )
+        tb(*run_fio_args(plan, state, host_dir, tmp_path / "m.json"))
         manifest = json.loads((tmp_path / "m.json").read_text())
         assert manifest["complete"] and set(manifest["stacks"]) == {"plain", "ext4"}
         assert "mkfs.xfs" in manifest["unavailable_stacks"]["xfs"]

@@ -12,11 +12,11 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import luksbench_testbox_argv, run_fio_args
 from conftest import testbox as tb
 
 from luksbench.testbox import safety
@@ -180,34 +180,12 @@ def cycle(tmp_path_factory):
             check=False,
         ).stdout
         t0 = time.monotonic()
-        art["outputs"].append(
-            tb(
-                "run-fio",
-                "--plan",
-                plan,
-                "--state",
-                state,
-                "--raw-host-dir",
-                host_dir,
-                "--manifest",
-                manifest,
-            )
-        )
+        art["outputs"].append(tb(*run_fio_args(plan, state, host_dir, manifest)))
         art["run_fio_s"] = time.monotonic() - t0
         art["manifest_doc"] = json.loads(manifest.read_text())
         reps = sorted(host_dir.glob("fio/*/*/rep*.json"))
         art["before_rerun"] = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in reps}
-        art["rerun"] = tb(
-            "run-fio",
-            "--plan",
-            plan,
-            "--state",
-            state,
-            "--raw-host-dir",
-            host_dir,
-            "--manifest",
-            manifest,
-        )
+        art["rerun"] = tb(*run_fio_args(plan, state, host_dir, manifest))
         art["outputs"].append(art["rerun"])
         art["rerun_manifest"] = json.loads(manifest.read_text())
         art["after_rerun"] = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in reps}
@@ -390,15 +368,7 @@ def test_stack_down_after_daemon_killed(tmp_path):
             time.sleep(0.05)
         assert doc["stacks"]["luks"]["mountpoint"] in safety.mountpoints()  # FUSE mount left behind
         r = tb(
-            "run-fio",
-            "--plan",
-            plan,
-            "--state",
-            state,
-            "--raw-host-dir",
-            tmp_path / "raw" / run / "tb1",
-            "--manifest",
-            tmp_path / "m.json",
+            *run_fio_args(plan, state, tmp_path / "raw" / run / "tb1", tmp_path / "m.json"),
             check=False,
         )
         assert (
@@ -423,21 +393,9 @@ def test_sigint_during_run_fio_keeps_no_partial_rep_and_cleans_up(tmp_path):
     devices = [e["device"] for e in doc["stacks"].values()]
     try:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "luksbench.cli",
-                "testbox",
-                "run-fio",
-                "--plan",
-                str(plan),
-                "--state",
-                str(state),
-                "--raw-host-dir",
-                str(host_dir),
-                "--manifest",
-                str(host_dir / "fio" / "manifest.json"),
-            ],
+            luksbench_testbox_argv(
+                *run_fio_args(plan, state, host_dir, host_dir / "fio" / "manifest.json")
+            ),
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -558,17 +516,7 @@ def test_kernel_backend_plain_loop_device(tmp_path):
             d["loop_direct_io"] in (True, False)
             and d["precondition"]["fill"]["io_bytes"] == 64 * 2**20
         )
-        tb(
-            "run-fio",
-            "--plan",
-            plan,
-            "--state",
-            state,
-            "--raw-host-dir",
-            host_dir,
-            "--manifest",
-            tmp_path / "m.json",
-        )
+        tb(*run_fio_args(plan, state, host_dir, tmp_path / "m.json"))
         rep = host_dir / "fio" / "plain" / "read-1m-qd4" / "rep1.json"
         text = rep.read_text()
         assert json.loads(text[text.index("{") :])["jobs"][0]["read"]["io_bytes"] > 0
