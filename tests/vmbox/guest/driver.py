@@ -247,17 +247,9 @@ def run_fio_with_capture(args: list[str], logs: Path, during: Path, timeout: flo
     logs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     log(f"$ luksbench {' '.join(args)}")
-    captured_at = None
     with open(logs / "run-fio.stdout", "w") as out, open(logs / "run-fio.stderr", "w") as err:
         proc = subprocess.Popen(argv, stdout=out, stderr=err, env=ENV, stdin=subprocess.DEVNULL)
-        while proc.poll() is None and time.monotonic() - t0 < timeout:
-            if captured_at is None and fio_running():
-                capture(during)
-                captured_at = round(time.monotonic() - t0, 2)
-            time.sleep(0.2)
-        if proc.poll() is None:
-            proc.kill()
-        rc = proc.wait()
+        rc, captured_at = wait_capturing_once(proc, t0, timeout, during)
     stderr = (logs / "run-fio.stderr").read_text(errors="replace")
     for line in stderr.splitlines()[-40:]:
         print(f"    {line}", flush=True)
@@ -283,6 +275,22 @@ def fio_running() -> bool:
                 ):
                     return True
     return False
+
+
+def wait_capturing_once(
+    proc: subprocess.Popen, t0: float, timeout: float, during: Path
+) -> tuple[int, float | None]:
+    """Wait for ``proc`` (killed after ``timeout`` s from ``t0``), taking one capture into
+    ``during`` while a fio process runs; its exit code and when the capture was taken."""
+    captured_at = None
+    while proc.poll() is None and time.monotonic() - t0 < timeout:
+        if captured_at is None and fio_running():
+            capture(during)
+            captured_at = round(time.monotonic() - t0, 2)
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    return proc.wait(), captured_at
 
 
 # --- one case ------------------------------------------------------------------------------------
@@ -505,7 +513,6 @@ def run_snakemake_case(name: str, case: dict, disks: list[dict], job: dict) -> d
     log(f"$ (cd {workdir} && {' '.join(argv)})")
     t0 = time.monotonic()
     timeout = float(spec.get("timeout_s", 3600))
-    captured_at = None
     with open(out / "snakemake.log", "w") as log_file:
         proc = subprocess.Popen(
             argv,
@@ -515,14 +522,7 @@ def run_snakemake_case(name: str, case: dict, disks: list[dict], job: dict) -> d
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-        while proc.poll() is None and time.monotonic() - t0 < timeout:
-            if captured_at is None and fio_running():
-                capture(out / "captures/during")
-                captured_at = round(time.monotonic() - t0, 2)
-            time.sleep(0.2)
-        if proc.poll() is None:
-            proc.kill()
-        rc = proc.wait()
+        rc, captured_at = wait_capturing_once(proc, t0, timeout, out / "captures/during")
     text = (out / "snakemake.log").read_text(errors="replace")
     for line in text.splitlines()[-30:]:
         print(f"    {line}", flush=True)
