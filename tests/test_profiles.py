@@ -17,7 +17,13 @@ from conftest import copy_workflow
 from snakemake.utils import validate
 
 from luksbench.profiles import ProfileError, apply_profile, available_profiles
-from luksbench.testbox.plan import PlanError, plan_from_config, walk_layers, workloads
+from luksbench.testbox.plan import (
+    PlanError,
+    plan_from_config,
+    planned_size_bytes,
+    walk_layers,
+    workloads,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES_DIR = REPO / "config" / "profiles"
@@ -52,7 +58,7 @@ EXPECTED = {
         },
         "baseline": "raw",
         "variant": "luks-submit",
-        "cells": 2 * 2 * 2,
+        "cells": 2 * 2 * 2 + 2,  # + the "sync" set: 4k randread/randwrite at qd1, O_SYNC
         "runtime_s": 300,
     },
     "raid5-2012": {
@@ -64,7 +70,7 @@ EXPECTED = {
         },
         "baseline": "raid5",
         "variant": "luks-raid5",
-        "cells": 2 * 11 * 1,
+        "cells": 2 * 11 * 1 + 2 * 19,  # + the large-block pattern: 4k..1g
         "runtime_s": 30,
     },
     "ciphers-2010": {
@@ -120,11 +126,21 @@ def plan_of(name: str, tmp_path: Path) -> dict:
     return plan_from_config(validated(load_profile(name)), "pytest", tmp_path / "scratch")
 
 
-def cell_ids(matrix: dict) -> set[str]:
+def cell_ids(matrix: dict, pattern: str = "") -> set[str]:
     """Workload ids written out from the profile's own matrix (its bs labels are canonical)."""
+    suffix = f"-{pattern}" if pattern else ""
     return {
-        f"{rw}-{bs}-qd{qd}" for rw, bs, qd in product(matrix["rw"], matrix["bs"], matrix["iodepth"])
+        f"{rw}-{bs}-qd{qd}{suffix}"
+        for rw, bs, qd in product(matrix["rw"], matrix["bs"], matrix["iodepth"])
     }
+
+
+def profile_cell_ids(profile: dict) -> set[str]:
+    """The main matrix's cells and every pattern's, from the profile's own text."""
+    ids = cell_ids(profile["matrix"])
+    for name, pattern in (profile.get("patterns") or {}).items():
+        ids |= cell_ids(pattern["matrix"], name)
+    return ids
 
 
 def snakemake(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -246,6 +262,17 @@ def test_ceph_reef_2023_has_the_tuned_luks_arms(tmp_path):
     assert stacks["luks-submit"]["perf_flags"] == ["submit_from_crypt_cpus"]
     assert set(stacks["luks-nowq"]["perf_flags"]) == {"no_read_workqueue", "no_write_workqueue"}
     assert plan["precondition"]["block_size"] == "4m"  # the study's pre-fill "with large writes"
+    # the "sync" set: one 4k I/O in flight, each write durable (O_SYNC) before the next
+    assert plan["patterns"] == {
+        "sync": {
+            "description": plan["patterns"]["sync"]["description"],
+            "matrix": {"rw": ["randread", "randwrite"], "bs": ["4k"], "iodepth": [1]},
+            "io_bs": "",
+            "fsync_per_block": False,
+            "fio": {"ioengine": "psync", "direct": True, "sync": True},
+        }
+    }
+    assert "etcd" in plan["patterns"]["sync"]["description"]
 
 
 def test_raid5_2012_encrypts_a_five_member_raid5(tmp_path):
@@ -282,6 +309,19 @@ def test_raid5_2012_encrypts_a_five_member_raid5(tmp_path):
     fs = stacks["ext4-luks-raid5"]
     assert fs["kind"] == "fs" and fs["fstype"] == "ext4" and fs["over"]["kind"] == "luks"
     assert fs["over"]["over"]["kind"] == "md"
+    # the large-block pattern: 4k..1g blocks of buffered 8 KiB I/Os, an fsync after each block
+    large = plan["patterns"]["largeblock"]
+    assert large["matrix"] == {
+        "rw": ["randread", "randwrite"],
+        "bs": [f"{2**i}k" for i in range(2, 10)] + [f"{2**i}m" for i in range(10)] + ["1g"],
+        "iodepth": [1],
+    }
+    assert (large["io_bs"], large["fsync_per_block"]) == ("8k", True)
+    assert large["fio"] == {"ioengine": "psync", "direct": False, "sync": False}
+    # every stack holds one 1 GiB block as far as the plan tells (the ext4 file is the smallest)
+    sizes = {name: planned_size_bytes(plan, stack) for name, stack in stacks.items()}
+    assert min(sizes, key=sizes.get) == "ext4-luks-raid5"
+    assert sizes["ext4-luks-raid5"] >= 1.2 * 2**30
 
 
 def test_ciphers_2010_has_one_luks_arm_per_cipher(tmp_path):
@@ -334,7 +374,7 @@ def test_the_dry_run_lists_the_full_matrix(name, workflow_copy):
     assert listed_stacks == list(expected["stacks"])
     listed_cells = re.findall(r"^  cell (\S+)$", out, re.M)
     assert len(listed_cells) == cells
-    assert set(listed_cells) == cell_ids(load_profile(name)["matrix"])
+    assert set(listed_cells) == profile_cell_ids(load_profile(name))
     assert "run_fio" in result.stdout + out
     assert not (workflow_copy / "data" / "raw" / name).exists(), "a dry run must not measure"
 
@@ -458,13 +498,23 @@ def vm_case(name: str) -> dict:
     config["devices"] = {device: {"size_mib": VM_DEVICE_MIB} for device in config["devices"]}
     matrix = config["matrix"]
     config["matrix"] = {**matrix, "bs": [min(matrix["bs"], key=bs_to_bytes)]}
+    for pattern in config["patterns"].values():
+        # Large blocks do not fit the small devices: the smallest block, and with io_bs the
+        # smallest block of several I/Os (rw=<rw>:<n>, one seek per block, fsync per block).
+        sizes = sorted(pattern["matrix"]["bs"], key=bs_to_bytes)
+        io_bs = bs_to_bytes(pattern["io_bs"] or 0)
+        several = [bs for bs in sizes if io_bs and bs_to_bytes(bs) > io_bs][:1]
+        pattern["matrix"]["bs"] = sizes[:1] + several
     config["fio"] = {**config["fio"], "runtime_s": 1, "ramp_time_s": 0}
     config["repetitions"] = 1
     plan = plan_from_config(config, "unused", Path("/nonexistent"))
     for key in ("run", "host", "scratch_dir"):  # the guest's driver fills these in
         del plan[key]
     return {
-        "description": f"profile {name}, shrunk to {VM_DEVICE_MIB} MiB devices and 1 s runs",
+        "description": (
+            f"profile {name}, shrunk to {VM_DEVICE_MIB} MiB devices, the smallest block of each "
+            "matrix and 1 s runs"
+        ),
         "plan": plan,
         "steps": ["capture-env", "stack-up", "run-fio", "stack-down"],
         "expect": {"stack_up": "ok"},

@@ -1,7 +1,10 @@
 """Raw run folder -> tidy tables (pandas), and the processed parquet files.
 
 ``fio_table``         one row per fio job x direction, the parser's columns plus where the file sits
-                      in the raw layout (run, host, stack, workload, rep) and its CPU sidecar.
+                      in the raw layout (run, host, stack, workload, pattern, rep) and its CPU
+                      sidecar. For a pattern cell (``randwrite-1g-qd1-largeblock``) ``rw`` and
+                      ``bs_bytes`` are the cell's (the block), ``io_bs_bytes`` the bytes per I/O
+                      fio used (its ``bs`` option; = bs_bytes for cells without io_bs).
                       ``host`` is the box that measured: the layout's ``<host>`` folder, or for
                       fio client/server (fleet) results each fio server, named as in the plan.
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
@@ -34,9 +37,12 @@ from luksbench.layout import LayoutError, RepPath, Workload, cpu_rep_path
 GIB = 2**30
 
 #: columns added by :func:`fio_table` in front of the parser's columns
-FIO_LAYOUT_COLUMNS = ["run", "host", "stack", "workload", "rep", "job_slot"]
+FIO_LAYOUT_COLUMNS = ["run", "host", "stack", "workload", "pattern", "rep", "job_slot"]
 #: columns derived from the CPU sidecar and io_bytes, appended after the parser's columns
 FIO_DERIVED_COLUMNS = [
+    # bytes per I/O as fio ran it (the job's bs option); bs_bytes is the cell's bs, which for a
+    # pattern with io_bs is a block of several I/Os
+    "io_bs_bytes",
     "io_gib",
     "busy_cpu_s",
     "busy_cpu_pct",
@@ -78,6 +84,9 @@ STACKS_COLUMNS = [
     "cipher",
     "key_bits",
     "description_json",
+    # an optional stack that could not be built: available false, with the reason (issue 3)
+    "available",
+    "reason",
 ]
 
 PROCESSED_FILES = (
@@ -187,13 +196,28 @@ def _check_rows(rows: list[dict], rep) -> str | None:
     known = [
         r for r in rows if r.get("rw") and _isnum(r.get("bs_bytes")) and _isnum(r.get("iodepth"))
     ]
-    if known and not any(
-        r["rw"] == wl.rw and int(r["bs_bytes"]) == wl.bs_bytes and int(r["iodepth"]) == wl.iodepth
-        for r in known
-    ):
+    if known and not any(_matches_cell(r, wl) for r in known):
         seen = sorted({f"{r['rw']}-{int(r['bs_bytes'])}B-qd{int(r['iodepth'])}" for r in known})
         return f"no fio job matches the folder's workload {wl.id} (jobs ran {', '.join(seen)})"
     return None
+
+
+def _matches_cell(row: dict, wl: Workload) -> bool:
+    """Whether a fio job ran the folder's cell. A pattern cell's job may run its block as n I/Os
+    of a smaller bs (rw ``randwrite:<n>``, n = block / bs when given)."""
+    rw, _, every = str(row["rw"]).partition(":")
+    io_bs, iodepth = int(row["bs_bytes"]), int(row["iodepth"])
+    if rw != wl.rw or iodepth != wl.iodepth:
+        return False
+    if not wl.pattern:
+        return not every and io_bs == wl.bs_bytes
+    if io_bs == wl.bs_bytes:
+        return every in ("", "1")
+    return (
+        0 < io_bs < wl.bs_bytes
+        and wl.bs_bytes % io_bs == 0
+        and every in ("", str(wl.bs_bytes // io_bs))
+    )
 
 
 def _relative(path: Path, raw_dir: Path) -> str:
@@ -228,7 +252,7 @@ PARALLEL_MIN_FILES = 1000
 #: the incremental-ingest cache, inside the processed folder (never inside raw)
 CACHE_DIRNAME = ".ingest-cache"
 #: bump when the cache's files change shape; code changes are caught by the source digest
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 def default_workers() -> int:
@@ -285,12 +309,17 @@ def _ingest_rep_file(raw_dir: Path, key: str, run: str) -> tuple[list[dict], lis
     records = []
     for i, r in enumerate(rows):
         rec = {"fio_hostname" if k == "host" else k: v for k, v in r.items()}
+        rec["io_bs_bytes"] = r.get("bs_bytes")
+        if rep.workload.pattern:
+            # The cell's rw and bs (the block); fio's own options stay in "bs" and io_bs_bytes.
+            rec["rw"], rec["bs_bytes"] = rep.workload.rw, rep.workload.bs_bytes
         rec.update(
             file=key,
             run=run,
             host=rep.host,
             stack=rep.stack,
             workload=rep.workload.id,
+            pattern=rep.workload.pattern,
             rep=rep.rep,
             job_slot=slots[r.get("job")],
             io_gib=float(r.get("io_bytes") or 0) / GIB,
@@ -700,6 +729,7 @@ def _fio_dtypes(df: pd.DataFrame) -> pd.DataFrame:
         "host",
         "stack",
         "workload",
+        "pattern",
         "fio_hostname",
         "job",
         "direction",
@@ -934,9 +964,13 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             continue
         data = manifest.get("stack_descriptions") or {}
         stacks = data.get("stacks", data) if isinstance(data.get("stacks"), dict) else data
+        unavailable = manifest.get("unavailable_stacks") or {}
+        unavailable = unavailable if isinstance(unavailable, dict) else {}
+        stacks = {**{n: {"unavailable": why} for n, why in unavailable.items()}, **stacks}
         for name, desc in sorted(stacks.items()):
             desc = desc if isinstance(desc, dict) else {"value": desc}
             key_bits = desc.get("key_bits", desc.get("key_size"))
+            reason = unavailable.get(name) or desc.get("unavailable")
             records.append(
                 {
                     "run": run,
@@ -947,13 +981,16 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                     "cipher": desc.get("cipher"),
                     "key_bits": key_bits if isinstance(key_bits, int) else None,
                     "description_json": json.dumps(desc, sort_keys=True),
+                    "available": not reason,
+                    "reason": str(reason) if reason else None,
                 }
             )
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = pd.DataFrame.from_records(records, columns=STACKS_COLUMNS)
     for col in STACKS_COLUMNS:
-        df[col] = df[col].astype("Int64" if col == "key_bits" else "string")
+        kind = {"key_bits": "Int64", "available": "boolean"}.get(col, "string")
+        df[col] = df[col].astype(kind)
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
     return df
 

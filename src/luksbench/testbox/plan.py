@@ -27,6 +27,11 @@ Example (all keys are required; the workflow fills defaults)::
       "seed": 20231124
     }
 
+Optional: ``"patterns": {"largeblock": {"description": "...", "matrix": {...}, "io_bs": "8k",
+"fsync_per_block": true, "fio": {"ioengine": "psync", "direct": false, "sync": false}}}``: families
+of cells beside the main matrix, each with its own fio options (``fio`` resolved against the
+top-level ``fio`` section: no nulls); absent when the config has none. See :func:`cell_options`.
+
 Optional: ``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2,
 "max_pairs": 12, "metric": "bw_bytes"}`` (only when the config enables adaptive repetitions; then
 ``repetitions`` is the pilot's n0 and the second stage gets per-cell targets from ``run-fio
@@ -39,7 +44,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from luksbench.layout import Workload, bs_to_bytes
+from luksbench.layout import PATTERN_NAME_RE, LayoutError, Workload, bs_to_bytes
 
 REQUIRED_KEYS = (
     "run",
@@ -89,6 +94,8 @@ def check_plan(plan: dict, source: str = "plan") -> None:
         if not plan["matrix"].get(key):
             raise PlanError(f"{source}: matrix.{key} must be a non-empty list")
     check_stacks(plan, source)
+    check_patterns(plan, source)
+    check_blocks_fit(plan, source)
     fleet = plan.get("fleet")
     if fleet is not None:
         hosts = fleet.get("hosts") or []
@@ -271,15 +278,223 @@ def check_stacks(plan: dict, source: str = "plan") -> None:
             )
 
 
+def _cells(matrix: dict, pattern: str = "") -> list[Workload]:
+    return [
+        Workload(rw, bs_to_bytes(bs), int(qd), pattern)
+        for rw in matrix["rw"]
+        for bs in matrix["bs"]
+        for qd in matrix["iodepth"]
+    ]
+
+
 def workloads(plan: dict) -> list[Workload]:
-    """The matrix as a sorted list of cells."""
-    m = plan["matrix"]
-    return sorted(
-        Workload(rw, bs_to_bytes(bs), int(qd))
-        for rw in m["rw"]
-        for bs in m["bs"]
-        for qd in m["iodepth"]
+    """The main matrix and every pattern's cells, as one sorted list."""
+    cells = _cells(plan["matrix"])
+    for name, pattern in (plan.get("patterns") or {}).items():
+        cells += _cells(pattern["matrix"], name)
+    return sorted(set(cells))
+
+
+# --- patterns: families of cells with their own fio options -------------------------------------
+
+PATTERN_KEYS = ("description", "matrix", "io_bs", "fsync_per_block", "fio")
+PATTERN_FIO_KEYS = ("ioengine", "direct", "sync")
+IOENGINES = ("libaio", "io_uring", "psync", "sync", "pvsync2")
+# fio rw values that write (fsync_per_block adds fsyncs only to these) and that seek at random.
+WRITING_RW = ("write", "randwrite", "rw", "randrw", "readwrite", "trimwrite", "randtrimwrite")
+RANDOM_RW = ("randread", "randwrite", "randrw", "randtrim", "randtrimwrite")
+
+
+def _inherit(overrides: dict, key: str, inherited):
+    return inherited if overrides.get(key) is None else overrides[key]
+
+
+def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
+    """Config ``patterns`` -> the plan's: every key present, each pattern's fio overrides resolved
+    against the top-level ``fio`` section (null inherits; sync null is false)."""
+    out = {}
+    for name, spec in (patterns or {}).items():
+        where = f"patterns.{name}"
+        if not isinstance(spec, dict):
+            raise PlanError(
+                f"{where}: a pattern must be an object with keys {', '.join(PATTERN_KEYS)}"
+            )
+        unknown = sorted(set(spec) - set(PATTERN_KEYS))
+        if unknown:
+            raise PlanError(
+                f"{where}.{unknown[0]}: not a pattern setting ({', '.join(PATTERN_KEYS)})"
+            )
+        over = spec.get("fio") or {}
+        if not isinstance(over, dict):
+            raise PlanError(f"{where}.fio must be an object ({', '.join(PATTERN_FIO_KEYS)})")
+        unknown = sorted(set(over) - set(PATTERN_FIO_KEYS))
+        if unknown:
+            raise PlanError(
+                f"{where}.fio.{unknown[0]}: not a pattern fio setting "
+                f"({', '.join(PATTERN_FIO_KEYS)}; the others are the top-level fio section's)"
+            )
+
+        matrix = spec.get("matrix") or {}
+        out[name] = {
+            "description": spec.get("description") or "",
+            "matrix": {k: list(v) if isinstance(v, list) else v for k, v in matrix.items()},
+            "io_bs": spec.get("io_bs") or "",
+            "fsync_per_block": spec.get("fsync_per_block", False),
+            "fio": {
+                "ioengine": _inherit(over, "ioengine", fio.get("ioengine", "libaio")),
+                "direct": _inherit(over, "direct", fio.get("direct", True)),
+                "sync": _inherit(over, "sync", False),
+            },
+        }
+    return out
+
+
+def check_patterns(plan: dict, source: str = "plan") -> None:
+    """Every pattern well-formed; the error names the key (``patterns.<name>.io_bs``)."""
+    patterns = plan.get("patterns") or {}
+    if not isinstance(patterns, dict):
+        raise PlanError(f"{source}: patterns must be an object (name -> pattern)")
+    for name, pattern in patterns.items():
+        where = f"{source}: patterns.{name}"
+        if not isinstance(name, str) or not PATTERN_NAME_RE.match(name):
+            raise PlanError(
+                f"{source}: patterns: {name!r} is not a pattern name (lower-case letters and "
+                "digits, starting with a letter: it ends the cell ids, e.g. randwrite-1g-qd1-largeblock)"
+            )
+        missing = [k for k in PATTERN_KEYS if k not in pattern]
+        if missing:
+            raise PlanError(f"{where}: missing key(s) {', '.join(missing)}")
+        matrix = pattern["matrix"]
+        for key in ("rw", "bs", "iodepth"):
+            if not isinstance(matrix, dict) or not matrix.get(key):
+                raise PlanError(f"{where}.matrix.{key} must be a non-empty list")
+        for bs in matrix["bs"]:
+            try:
+                bs_to_bytes(bs)
+            except LayoutError as exc:
+                raise PlanError(f"{where}.matrix.bs: {exc}") from None
+        io_bs = pattern["io_bs"]
+        if io_bs:
+            try:
+                io_bytes = bs_to_bytes(io_bs)
+            except LayoutError:
+                raise PlanError(
+                    f"{where}.io_bs: {io_bs!r} is not a size (e.g. 8k, 64k, 1m; empty: off)"
+                ) from None
+            if io_bytes <= 0:
+                raise PlanError(f"{where}.io_bs must be larger than 0, not {io_bs!r}")
+            uneven = [
+                bs
+                for bs in matrix["bs"]
+                if bs_to_bytes(bs) % io_bytes and bs_to_bytes(bs) > io_bytes
+            ]
+            if uneven:
+                raise PlanError(
+                    f"{where}.matrix.bs: {', '.join(map(str, uneven))} not a multiple of io_bs "
+                    f"{io_bs} (a block is a whole number of I/Os)"
+                )
+        if not isinstance(pattern["fsync_per_block"], bool):
+            raise PlanError(f"{where}.fsync_per_block must be true or false")
+        fio = pattern["fio"]
+        if not isinstance(fio, dict) or sorted(fio) != sorted(PATTERN_FIO_KEYS):
+            raise PlanError(f"{where}.fio must hold exactly {', '.join(PATTERN_FIO_KEYS)}")
+        if fio["ioengine"] not in IOENGINES:
+            raise PlanError(
+                f"{where}.fio.ioengine: {fio['ioengine']!r} is not one of {', '.join(IOENGINES)}"
+            )
+        for key in ("direct", "sync"):
+            if not isinstance(fio[key], bool):
+                raise PlanError(f"{where}.fio.{key} must be true or false, not {fio[key]!r}")
+
+
+def cell_options(plan: dict, w: Workload) -> dict:
+    """How one cell runs: ioengine, direct, sync, io_bs_bytes (bytes per I/O), ios_per_block
+    (n: I/Os per block of the cell's bs) and fsync (an fsync every that many writes; 0: none)."""
+    fio = plan["fio"]
+    options = {
+        "ioengine": fio.get("ioengine", "libaio"),
+        "direct": bool(fio.get("direct", True)),
+        "sync": False,
+        "io_bs_bytes": w.bs_bytes,
+        "ios_per_block": 1,
+        "fsync": 0,
+    }
+    if not w.pattern:
+        return options
+    patterns = plan.get("patterns") or {}
+    if w.pattern not in patterns:
+        raise PlanError(f"cell {w.id}: pattern {w.pattern!r} is not in the plan's patterns")
+    pattern = patterns[w.pattern]
+    options.update(
+        ioengine=pattern["fio"]["ioengine"],
+        direct=bool(pattern["fio"]["direct"]),
+        sync=bool(pattern["fio"]["sync"]),
     )
+    if pattern["io_bs"] and w.bs_bytes > bs_to_bytes(pattern["io_bs"]):
+        io_bytes = bs_to_bytes(pattern["io_bs"])
+        options.update(io_bs_bytes=io_bytes, ios_per_block=w.bs_bytes // io_bytes)
+    if pattern["fsync_per_block"] and w.rw in WRITING_RW:
+        options["fsync"] = options["ios_per_block"]
+    return options
+
+
+MIB = 1024 * 1024
+# Space a LUKS header takes from the device below (cryptsetup's default data offsets).
+LUKS_HEADER_BYTES = {"luks1": 2 * MIB, "luks2": 16 * MIB}
+
+
+def planned_size_bytes(plan: dict, layer) -> int | None:
+    """The size a layer's top device will at most have, as far as the plan tells (scratch files,
+    file_size_mib, RAID and LUKS arithmetic; metadata of md and filesystems not counted); None
+    when it depends on a real disk or a Ceph image."""
+    if isinstance(layer, str):
+        dev = (plan.get("devices") or {}).get(layer) or {}
+        return int(dev["size_mib"]) * MIB if "size_mib" in dev else None
+    kind = layer["kind"]
+    own = int(layer.get("size_mib") or 0) * MIB or int(plan["device_size_mib"]) * MIB
+    if kind in ("plain", "loop"):
+        return own
+    if kind in ("raw", "external"):
+        return planned_size_bytes(plan, layer["device"])
+    if kind == "luks":
+        below = planned_size_bytes(plan, layer["over"]) if "over" in layer else own
+        header = LUKS_HEADER_BYTES.get(layer.get("luks_type", "luks2"), 0)
+        return None if below is None else max(below - header, 0)
+    if kind == "md":
+        sizes = [planned_size_bytes(plan, m) for m in layer.get("members") or []]
+        if not sizes or None in sizes:
+            return None
+        data = len(sizes) - 1 if int(layer.get("level", 0)) == 5 else len(sizes)
+        chunk = int(layer.get("chunk_kib", 512)) * 1024
+        return data * (min(sizes) // chunk * chunk)
+    if kind == "fs":
+        if int(layer.get("file_size_mib") or 0):
+            return int(layer["file_size_mib"]) * MIB
+        below = planned_size_bytes(plan, layer["over"])
+        return None if below is None else int(below * 0.9) // MIB * MIB  # 90 % of the space
+    if kind == "linear":
+        like = plan["stacks"].get(layer["like"])
+        return planned_size_bytes(plan, luks_layer(plan, layer["like"])) if like else None
+    return None
+
+
+def check_blocks_fit(plan: dict, source: str = "plan") -> None:
+    """Every cell's block fits every stack whose size the plan tells (fio runs on the span of the
+    smallest stack; a block larger than it cannot be done). The error names pattern, cell, stack."""
+    sizes = {name: planned_size_bytes(plan, stack) for name, stack in plan["stacks"].items()}
+    known = {n: s for n, s in sizes.items() if s is not None}
+    if not known:
+        return
+    smallest = min(known, key=known.get)
+    for w in workloads(plan):
+        if w.bs_bytes > known[smallest]:
+            key = f"patterns.{w.pattern}.matrix.bs" if w.pattern else "matrix.bs"
+            what = f"pattern {w.pattern}: cell {w.id}" if w.pattern else f"cell {w.id}"
+            raise PlanError(
+                f"{source}: {what}: its block of {w.bs} does not fit stack {smallest} (at most "
+                f"{known[smallest] / MIB:.0f} MiB by the plan's device sizes; fio uses the same "
+                f"span on every stack): make the devices larger or take {w.bs} out of {key}"
+            )
 
 
 # Keys whose change makes new repetitions incomparable with the ones already measured in a run.
@@ -294,6 +509,8 @@ _MEASUREMENT_KEYS = (
     "devices",
     "fleet",
 )
+# Per pattern: how its cells are measured (its matrix may grow, and a new pattern adds cells).
+_PATTERN_MEASUREMENT_KEYS = ("io_bs", "fsync_per_block", "fio")
 LUKS_DEFAULTS = {
     "cipher": "aes-xts-plain64",
     "key_bits": 512,
@@ -426,6 +643,9 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         "repetitions": config["repetitions"],
         "seed": config["seed"],
     }
+    patterns = resolve_patterns(config.get("patterns"), plan["fio"])
+    if patterns:  # absent otherwise: plans of runs measured before patterns existed stay equal
+        plan["patterns"] = patterns
     fleet = config.get("fleet") or {}
     if fleet.get("mode", "local") == "clients":
         # fio runs on every listed server at once (fio --client); the stacks' paths must be valid
@@ -449,6 +669,15 @@ def plan_changes(measured: dict, new: dict) -> list[str]:
     changes: list[str] = []
     for key in _MEASUREMENT_KEYS:
         _diff(key, measured.get(key), new.get(key), changes)
+    old_patterns, new_patterns = measured.get("patterns") or {}, new.get("patterns") or {}
+    for name in sorted(set(old_patterns) & set(new_patterns)):
+        for key in _PATTERN_MEASUREMENT_KEYS:
+            _diff(
+                f"patterns.{name}.{key}",
+                old_patterns[name].get(key),
+                new_patterns[name].get(key),
+                changes,
+            )
     return changes
 
 

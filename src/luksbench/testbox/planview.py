@@ -11,6 +11,7 @@ Standard library only.
 
 from __future__ import annotations
 
+from luksbench.layout import bs_label, bs_to_bytes
 from luksbench.testbox import safety
 from luksbench.testbox.plan import precondition_options, walk_layers, workloads
 
@@ -86,6 +87,33 @@ def _actions(plan: dict, name: str) -> list[str]:
     return out
 
 
+def pattern_fio_text(pattern: dict) -> str:
+    """A pattern's fio options in words and as fio options, e.g. ``psync, buffered, 8k I/Os per
+    block ...``."""
+    fio = pattern["fio"]
+    parts = [fio["ioengine"], "O_DIRECT" if fio["direct"] else "buffered (page cache)"]
+    if fio["sync"]:
+        parts.append("O_SYNC writes (sync=1)")
+    if pattern["io_bs"]:
+        parts.append(
+            f"each block (the cell's bs) as {bs_label(pattern['io_bs'])} I/Os at sequential "
+            "offsets, one random offset per block for random rw "
+            "(rw=<rw>:<bs/io_bs>, rw_sequencer=sequential, blockalign=<bs>)"
+        )
+    if pattern["fsync_per_block"]:
+        parts.append("fsync after every block of writes (fsync=<I/Os per block>)")
+    return ", ".join(parts)
+
+
+def _matrix_text(matrix: dict) -> str:
+    sizes = sorted(matrix["bs"], key=bs_to_bytes)
+    bs = bs_label(sizes[0]) if len(sizes) == 1 else f"{bs_label(sizes[0])}..{bs_label(sizes[-1])}"
+    return (
+        f"{'/'.join(matrix['rw'])} x {bs} ({len(sizes)} sizes) x "
+        f"qd{'/'.join(str(q) for q in matrix['iodepth'])}"
+    )
+
+
 def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
     """The plan in lines: header with the run count, stacks, destructive actions, cells."""
     cells = workloads(plan)
@@ -101,6 +129,21 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
         f"  fio time: {seconds / 3600:.1f} h ({seconds} s of runtime + ramp), backend "
         f"{plan['backend']}, baseline {plan['baseline']}",
     ]
+    patterns = plan.get("patterns") or {}
+    if patterns:
+        main = sum(1 for w in cells if not w.pattern)
+        fio = plan["fio"]
+        lines.append(
+            f"  main matrix: {main} cells ({_matrix_text(plan['matrix'])}), fio: "
+            f"{fio.get('ioengine', 'libaio')}, "
+            f"{'O_DIRECT' if fio.get('direct', True) else 'buffered (page cache)'}"
+        )
+    for name, pattern in patterns.items():
+        count = sum(1 for w in cells if w.pattern == name)
+        lines.append(f"  pattern {name}: {count} cells ({_matrix_text(pattern['matrix'])})")
+        if pattern["description"]:
+            lines.append(f"    {pattern['description']}")
+        lines.append(f"    fio: {pattern_fio_text(pattern)}")
     devices = plan.get("devices", {})
     for name in stacks:
         lines.append(f"  stack {name}: {layer_layout(plan['stacks'][name], devices)}")

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import stat
@@ -33,7 +34,7 @@ from pathlib import Path
 from luksbench.layout import Workload, cpu_rep_path, fio_rep_path
 from luksbench.testbox import measure, safety
 from luksbench.testbox.env import TestboxError, log, utc_now, write_json_atomic
-from luksbench.testbox.plan import workloads
+from luksbench.testbox.plan import RANDOM_RW, cell_options, workloads
 from luksbench.testbox.stacks import load_state, pid_alive, stack_order
 
 PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back to back)"
@@ -126,7 +127,18 @@ def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None 
 def fio_argv(
     plan: dict, entry: dict, stack: str, w: Workload, output: Path, io_size: int
 ) -> list[str]:
+    """fio's command line for one run of cell ``w`` on ``stack``, over the first ``io_size`` bytes
+    of its device (0: all of it). A pattern cell runs with its pattern's fio options; one whose
+    block does not fit ``io_size`` is refused (TestboxError) before fio starts."""
     f = plan["fio"]
+    cell = cell_options(plan, w)
+    if io_size and w.bs_bytes > io_size:
+        what = f"pattern {w.pattern}: cell {w.id}" if w.pattern else f"cell {w.id}"
+        raise TestboxError(
+            f"{what} on stack {stack}: its block of {w.bs} is larger than the span fio uses on "
+            f"every stack ({io_size} bytes, the smallest device): use larger devices or take "
+            f"{w.bs} out of the matrix"
+        )
     if entry.get("device_type") == "rbd":
         # Ceph: fio's rbd engine talks to the cluster itself (client keyring from ceph.conf).
         rbd = plan["stacks"][stack]
@@ -137,18 +149,37 @@ def fio_argv(
             f"--rbdname={rbd['image']}",
         ]
     else:
-        target = [f"--filename={entry['device']}", f"--ioengine={f.get('ioengine', 'libaio')}"]
+        target = [f"--filename={entry['device']}", f"--ioengine={cell['ioengine']}"]
+    n = cell["ios_per_block"]
+    if n > 1 and w.rw in RANDOM_RW:
+        # One random offset per block (aligned to the block), then n sequential I/Os of io_bs.
+        # blockalign turns fio's random map off anyway; saying so keeps fio's notice out of
+        # the output.
+        rw = [
+            f"--rw={w.rw}:{n}",
+            "--rw_sequencer=sequential",
+            f"--blockalign={w.bs_bytes}",
+            "--norandommap",
+        ]
+    else:
+        rw = [f"--rw={w.rw}"]
     argv = [
         "fio",
         f"--output-format={f.get('output_format', 'json+')}",
         f"--output={output}",
         f"--name={stack}-{w.id}",
         *target[:1],
-        f"--rw={w.rw}",
-        f"--bs={w.bs_bytes}",
+        *rw,
+        f"--bs={cell['io_bs_bytes']}",
         f"--iodepth={w.iodepth}",
         *target[1:],
-        f"--direct={1 if f.get('direct', True) else 0}",
+        f"--direct={1 if cell['direct'] else 0}",
+    ]
+    if cell["sync"]:
+        argv.append("--sync=1")
+    if cell["fsync"]:
+        argv.append(f"--fsync={cell['fsync']}")
+    argv += [
         "--time_based",
         f"--runtime={f.get('runtime_s', 3)}s",
         f"--ramp_time={f.get('ramp_time_s', 0)}s",
@@ -158,6 +189,31 @@ def fio_argv(
     if io_size:
         argv.append(f"--size={io_size}")
     return argv
+
+
+# fio's clock sources by the number its ``--debug=time`` start-up line prints (enum fio_cs).
+_CLOCKSOURCES = {"1": "gettimeofday", "2": "clock_gettime", "3": "cpu"}
+
+
+def fio_clocksource(timeout: float = 30) -> str | None:
+    """The clock source fio picks on this machine, or None when fio does not say.
+
+    Every fio start-up without ``--clocksource`` checks whether the TSC can be used (about 60 ms
+    of a 0.3 s start-up); ``run_fio`` asks once per session here and passes fio's own choice to
+    every run, so each run uses the clock fio would pick and all runs of a session use the same."""
+    argv = ["fio", "--debug=time", "--parse-only", "--name=clock", "--filename=/dev/null"]
+    try:
+        proc = subprocess.run(
+            [*argv, "--size=1m"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.findall(r"gettime: clocksource=(\d+)", proc.stdout + proc.stderr)
+    return _CLOCKSOURCES.get(found[-1]) if found and proc.returncode == 0 else None
 
 
 def fleet_clients(plan: dict) -> list[dict]:
@@ -380,7 +436,11 @@ def run_fio(
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     interrupted: Interrupted | None = None
     cpu_idle_baseline: dict | None = None
+    clocksource: str | None = None
     try:
+        # fio servers pick their own clock; here one probe per session instead of one per fio start.
+        if not fleet_clients(plan):
+            clocksource = fio_clocksource()
         # Once per session, before any fio run: the load and power of the box doing nothing.
         cpu_idle_baseline = measure.idle_baseline()
         for r in runs:
@@ -412,7 +472,7 @@ def run_fio(
             check_state_live(state)
             check_free_space(path.parent)
             rec["started"] = utc_now()
-            ok, msg = _one_run(plan, state["stacks"][stack], stack, w, path, io_size)
+            ok, msg = _one_run(plan, state["stacks"][stack], stack, w, path, io_size, clocksource)
             rec["ended"] = utc_now()
             rec["status"] = "ok" if ok else "failed"
             done.append(rec)
@@ -452,6 +512,7 @@ def run_fio(
             ),
             "io_size_bytes": io_size,
             "cpu_idle_baseline": cpu_idle_baseline,
+            "fio_clocksource": clocksource,
             "fio": plan["fio"],
             "started": started,
             "ended": utc_now(),
@@ -510,9 +571,17 @@ def _keep_session_record(sessions_dir: Path, manifest: dict) -> None:
 
 
 def _one_run(
-    plan: dict, entry: dict, stack: str, w: Workload, path: Path, io_size: int
+    plan: dict,
+    entry: dict,
+    stack: str,
+    w: Workload,
+    path: Path,
+    io_size: int,
+    clocksource: str | None = None,
 ) -> tuple[bool, str]:
-    """One fio run into ``path`` (+ cpu sidecar). Returns (ok, progress message)."""
+    """One fio run into ``path`` (+ cpu sidecar). Returns (ok, progress message).
+
+    ``clocksource``: fio's own choice on this machine (:func:`fio_clocksource`), passed on."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)  # left by a SIGKILLed earlier attempt
@@ -522,6 +591,8 @@ def _one_run(
     proc = None
     try:
         argv = fio_argv(plan, entry, stack, w, tmp, io_size)
+        if clocksource:
+            argv.append(f"--clocksource={clocksource}")
         clients = fleet_clients(plan)
         if clients:
             job = tmp.with_suffix(".job.tmp")  # matched by the stale-file glob above

@@ -1,0 +1,63 @@
+"""fio's clock source: probed once per run-fio session and passed to every fio run, so each run
+skips fio's own start-up check of the TSC but uses the clock fio would have picked."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from luksbench.testbox.plan import check_plan, workloads
+from luksbench.testbox.runner import _CLOCKSOURCES, _one_run, fio_clocksource
+
+pytestmark = pytest.mark.device
+
+
+def fio_clock_number(*options: str) -> str:
+    """The clock source number fio's --debug=time start-up line reports with ``options``."""
+    probe = ["fio", "--debug=time", "--parse-only", "--name=x", "--filename=/dev/null"]
+    proc = subprocess.run(
+        [*probe, "--size=1m", *options],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return re.findall(r"gettime: clocksource=(\d+)", proc.stdout + proc.stderr)[-1]
+
+
+def test_the_probe_names_the_clock_fio_picks_and_passing_it_keeps_that_clock():
+    chosen = fio_clocksource()
+    assert chosen == _CLOCKSOURCES[fio_clock_number()]
+    assert fio_clock_number(f"--clocksource={chosen}") == fio_clock_number()
+
+
+def test_a_run_records_the_clock_it_was_given(tmp_path):
+    plan = {
+        "run": "clock",
+        "host": "h",
+        "backend": "kernel",
+        "scratch_dir": str(tmp_path / "scratch"),
+        "device_size_mib": 64,
+        "precondition": False,
+        "baseline": "plain",
+        "stacks": {"plain": {"kind": "loop"}, "other": {"kind": "loop"}},
+        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
+        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+        "repetitions": 1,
+        "seed": 1,
+    }
+    check_plan(plan)
+    target = tmp_path / "target.img"
+    with open(target, "wb") as f:
+        f.truncate(16 * 2**20)
+    rep = tmp_path / "raw" / "rep1.json"
+    chosen = fio_clocksource()
+    w = workloads(plan)[0]
+    ok, msg = _one_run(plan, {"device": str(target)}, "plain", w, rep, 16 * 2**20, chosen)
+    assert ok, msg
+    job = json.loads(rep.read_text())["jobs"][0]
+    assert job["job options"]["clocksource"] == chosen
+    assert job["read"]["iops"] > 0
