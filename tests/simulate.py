@@ -82,3 +82,89 @@ def two_stage(rng, n_cells, sigma, log_ratio, n0=4, half_width_pct=2.0, cap=12):
     d_pilot = lv[:, :n0] - lb[:, :n0]
     pairs, _, capped = stats.stein_pairs(d_pilot.std(axis=1, ddof=1), n0, half_width_pct, cap)
     return fio_frame(lb, lv, pairs, capped=capped), pairs, capped
+
+
+# ----------------------------------------------------------------------- raw runs with known ratios
+
+
+def _scale_fio_json(path, factor: float, options: dict | None = None) -> None:
+    """Multiply a fio result's throughput (bw, bw_bytes, iops of every direction) by ``factor``;
+    ``options`` replace job options (e.g. the ioengine a pattern ran with)."""
+    import json
+
+    doc = json.loads(path.read_text())
+    for job in doc["jobs"]:
+        for direction in ("read", "write", "trim"):
+            side = job.get(direction) or {}
+            for key in ("bw_bytes", "bw", "iops"):
+                if key in side:
+                    side[key] *= factor
+        if options:
+            job.setdefault("job options", {}).update(options)
+    path.write_text(json.dumps(doc))
+
+
+def derived_run(
+    sample_raw,
+    raw,
+    cells=("randread-4k-qd1", "randwrite-1m-qd1", "read-1m-qd32"),
+    stack_factors: dict | None = None,
+    patterns: dict | None = None,
+    unavailable: dict | None = None,
+):
+    """A raw run built from the shipped sample (real fio json+ output of ``plain`` and ``luks``)
+    with known differences, for tests of the analysis:
+
+    * only ``cells`` are kept;
+    * ``stack_factors``: new stack -> (source stack, [factor of rep 1, rep 2, ...]): a copy of the
+      source stack's results with throughput times the rep's factor (the true ratio to the
+      source is the geometric mean of the factors);
+    * ``patterns``: pattern name -> {"from": cell, "factors": {stack: [per rep]}, "options":
+      job options, "plan": the pattern's config}: the cell copied as ``<cell>-<pattern>`` on
+      every stack, its throughput scaled, job options replaced, the config in env.json's plan;
+    * ``unavailable``: stack -> reason: optional stacks that could not be built, recorded in the
+      manifest (``unavailable_stacks``, stack description) and planned in env.json.
+
+    Returns ``raw`` (the run folder; host ``vm``)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    raw = Path(raw)
+    shutil.copytree(sample_raw, raw)
+    for p in [raw, *raw.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)  # the sample's results are read-only
+    fio = raw / "vm" / "fio"
+    for cell in fio.glob("*/*"):
+        if cell.is_dir() and cell.name not in cells:
+            shutil.rmtree(cell)
+    manifest = json.loads((fio / "manifest.json").read_text())
+    env = json.loads((raw / "vm" / "env.json").read_text())
+    descriptions = manifest["stack_descriptions"].get("stacks", manifest["stack_descriptions"])
+    for stack, (source, factors) in (stack_factors or {}).items():
+        shutil.copytree(fio / source, fio / stack)
+        for k, factor in enumerate(factors, start=1):
+            for rep in (fio / stack).glob(f"*/rep{k}.json"):
+                _scale_fio_json(rep, factor)
+        descriptions[stack] = dict(descriptions[source])
+        env["plan"]["stacks"][stack] = dict(env["plan"]["stacks"][source])
+    for name, spec in (patterns or {}).items():
+        for stack_dir in [d for d in fio.iterdir() if (d / spec["from"]).is_dir()]:
+            target = stack_dir / f"{spec['from']}-{name}"
+            shutil.copytree(stack_dir / spec["from"], target)
+            factors = (spec.get("factors") or {}).get(stack_dir.name, [])
+            for rep in sorted(target.glob("rep*.json")):
+                if rep.name.endswith(".cpu.json"):
+                    continue
+                k = int(rep.stem.removeprefix("rep"))
+                factor = factors[k - 1] if k <= len(factors) else 1.0
+                _scale_fio_json(rep, factor, spec.get("options"))
+        env["plan"].setdefault("patterns", {})[name] = spec.get("plan") or {}
+    for stack, reason in (unavailable or {}).items():
+        descriptions[stack] = {"kind": "luks", "unavailable": reason, "notes": [reason]}
+        manifest.setdefault("unavailable_stacks", {})[stack] = reason
+        env["plan"]["stacks"][stack] = {"kind": "luks", "optional": True}
+    for path, doc in ((fio / "manifest.json", manifest), (raw / "vm" / "env.json", env)):
+        path.unlink()
+        path.write_text(json.dumps(doc))
+    return raw

@@ -166,3 +166,50 @@ def test_loss_table_from_real_fio(external_dir, tmp_path):
     qd1 = d2[(d2["metric"] == "bw_bytes") & (d2["rw"] == "randread") & (d2["iodepth"] == 1)].iloc[0]
     assert 15 < qd1["loss_pct"] < 30
     assert qd1["ci_low"] < qd1["loss_pct"] < qd1["ci_high"]
+
+
+# ------------------------------------------------------------------------- patterns, comparisons
+
+
+def _two_pattern_frame() -> pd.DataFrame:
+    """One cell measured twice, in the main matrix and as pattern ``sync``: same rw, bs and
+    iodepth; luks costs 10 % in the first and 50 % in the second."""
+    from simulate import fio_frame
+
+    lb = np.log(np.array([[100.0, 110.0, 90.0], [100.0, 110.0, 90.0]]))
+    lv = lb + np.log(np.array([[0.9], [0.5]]))
+    df = fio_frame(lb, lv)
+    df["workload"] = df["iodepth"].map({1: "randread-4k-qd1", 2: "randread-4k-qd1-sync"})
+    df["iodepth"] = 1
+    return df
+
+
+def test_cells_that_differ_only_by_pattern_are_kept_apart():
+    df = _two_pattern_frame()
+    assert "pattern" not in df  # a table ingested before patterns: read from the workload ids
+    loss = stats.loss_table(df, "plain", "luks", metrics=["bw_bytes"])
+    by = loss.set_index("pattern")
+    assert list(loss["pattern"]) == ["", "sync"]
+    assert by.loc["", "effect_pct"] == pytest.approx(10.0)
+    assert by.loc["sync", "effect_pct"] == pytest.approx(50.0)
+    assert (by["n"] == 3).all()
+    # an ingested pattern column is used as it is
+    assert stats.with_pattern(df.assign(pattern="x"))["pattern"].eq("x").all()
+    assert stats.pattern_of("randwrite-1g-qd1-largeblock") == "largeblock"
+    assert stats.pattern_of("randwrite-1g-qd1") == stats.pattern_of("c00001") == ""
+
+
+def test_loss_tables_keep_each_comparison_its_own_family():
+    df = _two_pattern_frame()
+    other = df[df["stack"] == "luks"].assign(stack="luks2")
+    other["bw_bytes"] = other["bw_bytes"] * 0.99
+    df = pd.concat([df, other], ignore_index=True)
+    pairs = [("plain", "luks2"), ("luks", "luks2")]
+    both = stats.loss_tables(df, pairs, ["bw_bytes"])
+    assert list(dict.fromkeys(zip(both["baseline"], both["variant"], strict=True))) == pairs
+    for baseline, variant in pairs:
+        alone = stats.loss_table(df, baseline, variant, ["bw_bytes"])
+        rows = both[(both["baseline"] == baseline) & (both["variant"] == variant)]
+        assert rows["q_value"].tolist() == pytest.approx(alone["q_value"].tolist())
+    with pytest.raises(ValueError, match="no comparisons"):
+        stats.loss_tables(df, [], ["bw_bytes"])

@@ -6,7 +6,7 @@ Stage 1 (pilot): every cell runs ``pilot_pairs`` (n0) pairs. From the pilot pair
     N = min(max_pairs, max(n0, ceil((t_{1-alpha/2, n0-1} * s / h)^2)))
 
 with ``s`` the pilot SD of d = ln(variant / baseline) of the design metric (default ``bw_bytes``;
-for a cell with several directions or jobs, and for several variant stacks, the largest SD) and
+for a cell with several directions or jobs, and for several comparisons, the largest SD) and
 ``h = ln(1 + target_half_width_pct / 100)`` (:func:`luksbench.stats.half_width_log`). Stage 2 tops
 every cell up to its N (``luksbench testbox run-fio --targets targets.json``); there is no further
 look at the data after the pilot. Cells whose requirement exceeds ``max_pairs`` stop at the cap and
@@ -64,14 +64,22 @@ def pilot_targets(
     max_pairs: int = 12,
     confidence: float = 0.95,
     cells: list[str] | None = None,
+    comparisons: list[tuple[str, str]] | None = None,
 ) -> dict[str, dict]:
     """Per host, the targets document (see module doc) from the pilot pairs of a fio table.
 
-    ``cells``: workload ids the plan measures (a cell missing from the pilot gets the cap)."""
+    ``cells``: workload ids the plan measures (a cell missing from the pilot gets the cap).
+    ``comparisons``: the (baseline, variant) pairs whose pilot SDs count (config
+    ``analysis.comparisons`` resolved); default every stack of ``variants`` against ``baseline``.
+    A comparison with a stack that has no pilot results (an optional stack that could not be
+    built) does not count."""
     stats.higher_is_better(metric)
+    compared = list(comparisons) if comparisons else [(baseline, v) for v in variants]
+    measured = set(fio["stack"].dropna()) if len(fio) else set()
+    compared = [p for p in compared if set(p) <= measured]
     sds: dict[tuple[str, str], float] = {}
-    for variant in variants:
-        for key, sd in _pilot_sds(fio, baseline, variant, metric, pilot_pairs).items():
+    for pair_baseline, variant in compared:
+        for key, sd in _pilot_sds(fio, pair_baseline, variant, metric, pilot_pairs).items():
             old = sds.get(key, -math.inf)
             sds[key] = math.nan if (math.isnan(sd) or math.isnan(old)) else max(old, sd)
     hosts = sorted(
@@ -99,13 +107,15 @@ def pilot_targets(
             "kind": TARGETS_KIND,
             "method": (
                 "Stein two-stage: N = min(max_pairs, max(n0, ceil((t_{1-alpha/2,n0-1} s / h)^2))), "
-                "s = pilot SD of ln(variant/baseline) (largest over directions, jobs and variants), "
+                "s = pilot SD of ln(variant/baseline) (largest over directions, jobs and "
+                "comparisons), "
                 "h = ln(1 + target_half_width_pct/100); no further looks after the pilot"
             ),
             "host": host,
             "metric": metric,
             "baseline": baseline,
             "variants": list(variants),
+            "comparisons": [list(p) for p in compared],
             "confidence": confidence,
             "pilot_pairs": pilot_pairs,
             "max_pairs": max_pairs,
@@ -138,6 +148,7 @@ def write_targets(
     confidence: float = 0.95,
     cells: list[str] | None = None,
     log: Path | None = None,
+    comparisons: list[tuple[str, str]] | None = None,
 ) -> dict:
     """Compute the targets of one host from its pilot (strict ingest of ``raw_dir``) and write
     them as JSON to ``out``; a readable summary goes to ``log``."""
@@ -155,6 +166,7 @@ def write_targets(
         max_pairs=int(adaptive.get("max_pairs", 12)),
         confidence=confidence,
         cells=cells,
+        comparisons=comparisons,
     )
     if host not in docs:
         raise ValueError(f"no pilot data for host {host!r} under {raw_dir}")

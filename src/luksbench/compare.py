@@ -78,6 +78,8 @@ COMPARE_COLUMNS = [
     "equivalent",
     "verdict",
     "outcome",
+    # issue 3: the cell's config pattern ("" = main matrix)
+    "pattern",
 ]
 
 #: env facts whose difference between A and B is worth saying (a kernel change is the usual point)
@@ -411,7 +413,18 @@ def _by_rep(vals: pd.DataFrame, pos, metric: str) -> dict[int, float]:
 
 
 def _dtypes(table: pd.DataFrame) -> pd.DataFrame:
-    text = ("run_a", "run_b", "host_a", "host_b", "stack", "workload", "rw", "direction", "job")
+    text = (
+        "run_a",
+        "run_b",
+        "host_a",
+        "host_b",
+        "stack",
+        "workload",
+        "rw",
+        "direction",
+        "job",
+        "pattern",
+    )
     for col in (*text, "metric", "design", "verdict", "outcome"):
         table[col] = table[col].astype("string")
     for col in ("bs_bytes", "iodepth", "job_slot", "n_a", "n_b", "n"):
@@ -529,6 +542,8 @@ def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: l
             if multi_host:
                 cell = f"{r['host_a']}" + ("" if r["host_a"] == r["host_b"] else f"/{r['host_b']}")
                 cell += f": {r['rw']} {bs_label(int(r['bs_bytes']))} QD{int(r['iodepth'])}"
+            if isinstance(r.get("pattern"), str) and r["pattern"]:
+                cell += f" [{r['pattern']}]"
             lines.append(
                 f"| {cell} | `{r['stack']}` | {fmt_num(r['a_mean'] / div, dec)} | "
                 f"{fmt_num(r['b_mean'] / div, dec)} | {fmt_pct(r['change_pct'])} | "

@@ -4,6 +4,12 @@
 No number is typed by hand: every number in the text comes from ``data/processed/<run>/*.parquet``
 or from the transcribed published results in ``data/reference/*.csv``; formatting happens here,
 wording in ``templates/paper.md.j2``. Missing values print as "n/a", never as "nan".
+
+The post has one section per comparison of loss.parquet (``"`raid0-luks` against `raid0`"``) in the
+loss tables and the results, the headline (the first comparison) first; cells of a config pattern
+are labelled with it and never share a row with main-matrix cells; the patterns are described from
+the plan in env.json and the results' job options; optional stacks that could not be built are
+listed under "Not in this run" with the reason.
 """
 
 from __future__ import annotations
@@ -92,13 +98,21 @@ def fmt_text(x) -> str:
     return "n/a" if _missing(x) or str(x).strip() == "" else str(x)
 
 
+def _pattern(row) -> str:
+    value = row.get("pattern") if hasattr(row, "get") else None
+    return value if isinstance(value, str) else ""
+
+
 def cell_name(row, with_job: bool = False) -> str:
-    """``randread 4k QD32``; mixed patterns add the direction, multi-job files the job name."""
+    """``randread 4k QD32``; mixed patterns add the direction, multi-job files the job name, the
+    cells of a config pattern its name (``randwrite 1g QD1 [largeblock]``)."""
     name = f"{row['rw']} {bs_label(int(row['bs_bytes']))} QD{int(row['iodepth'])}"
     if row["rw"] in ("rw", "readwrite", "randrw"):
         name += f" ({row['direction']})"
     if with_job:
         name += f", job `{row['job']}`"
+    if _pattern(row):
+        name += f" [{_pattern(row)}]"
     return name
 
 
@@ -168,16 +182,26 @@ _STACK_SETTINGS = (
 )
 
 
-def _stacks(stacks: pd.DataFrame, baseline: str, variant: str) -> list[dict]:
+def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
+    """The stacks that were built, with their role in the comparisons (unavailable ones are in
+    "Not in this run")."""
+    from luksbench.report import unavailable_stacks
+
+    gone = {(u["host"], u["stack"]) for u in unavailable_stacks(stacks)}
     rows = []
     for _, row in stacks.iterrows():
+        if (str(row["host"]), str(row["stack"])) in gone:
+            continue
         desc = _env_dict(row["description_json"])
         settings = [f"{k} {desc[k]}" for k in _STACK_SETTINGS if desc.get(k) is not None]
         settings += [f"note: {note}" for note in desc.get("notes") or []]
         details = "; ".join(settings)
-        role = (
-            "baseline" if row["stack"] == baseline else "variant" if row["stack"] == variant else ""
-        )
+        roles = [
+            role
+            for role, side in (("baseline", 0), ("variant", 1))
+            if any(pair[side] == row["stack"] for pair in pairs)
+        ]
+        role = ", ".join(roles)
         rows.append(
             {
                 "host": row["host"],
@@ -201,11 +225,7 @@ def _matrix(fio: pd.DataFrame, env: pd.DataFrame) -> dict:
     plan_fio = {}
     for env_json in env["env_json"]:
         plan_fio = _env_dict(env_json).get("plan", {}).get("fio", {}) or plan_fio
-    cells = (
-        fio[["rw", "bs_bytes", "iodepth"]]
-        .drop_duplicates()
-        .sort_values(["rw", "bs_bytes", "iodepth"])
-    )
+    cells = fio[["workload"]].drop_duplicates()
     return {
         "rw": ", ".join(f"`{x}`" for x in sorted(fio["rw"].dropna().unique())),
         "bs": ", ".join(bs_label(int(b)) for b in sorted(fio["bs_bytes"].dropna().unique())),
@@ -225,7 +245,8 @@ def _matrix(fio: pd.DataFrame, env: pd.DataFrame) -> dict:
 
 
 def loss_sections(loss: pd.DataFrame) -> list[dict]:
-    """One table per metric: rows rw x bs x iodepth with means, effect [CI], verdict, n."""
+    """One table per metric: rows rw x bs x iodepth (x pattern) with means, effect [CI], verdict,
+    n. Called with one comparison's rows (several: the variant is named in every row)."""
     sections = []
     multi_host = loss["host"].nunique() > 1
     multi_job = _multi_job(loss)
@@ -263,6 +284,29 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
     return sections
 
 
+def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
+    """One section per comparison, in ``pairs`` order (the headline first): its label, stacks,
+    SCS-shaped tables, detailed loss tables and how many of its rows are significant."""
+    from luksbench.comparisons import label
+
+    out = []
+    for k, (baseline, variant) in enumerate(pairs):
+        rows = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
+        out.append(
+            {
+                "label": label((baseline, variant)),
+                "baseline": baseline,
+                "variant": variant,
+                "headline": k == 0,
+                "scs_tables": scs_tables(rows),
+                "loss_sections": loss_sections(rows),
+                "n_significant": int((rows["verdict"] == "significant").sum()),
+                "n_rows": len(rows),
+            }
+        )
+    return out
+
+
 def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
     """Several hosts: what the paper says about them, and one row per host and variant (bandwidth
     loss: cells, significant, median, worst with its interval). Empty for a single host."""
@@ -271,9 +315,16 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
         return {"present": False, "rows": []}
     facts = {h["host"]: h for h in hosts}
     rows = []
-    for (host, variant), g in losses[losses["metric"] == "bw_bytes"].groupby(
-        ["host", "variant"], sort=True
-    ):
+    from luksbench.comparisons import label
+    from luksbench.report import comparison_pairs
+
+    order = {pair: k for k, pair in enumerate(comparison_pairs(losses))}
+    bw = losses[losses["metric"] == "bw_bytes"]
+    groups = sorted(
+        bw.groupby(["host", "baseline", "variant"], sort=False),
+        key=lambda kg: (kg[0][0], order.get((kg[0][1], kg[0][2]), len(order))),
+    )
+    for (host, baseline, variant), g in groups:
         sig = g[(g["verdict"] == "significant") & (g["effect_pct"] > 0)]
         worst = sig.loc[sig["effect_pct"].idxmax()] if len(sig) else None
         h = facts.get(host, {})
@@ -281,6 +332,7 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
             {
                 "host": host,
                 "variant": variant,
+                "compared": label((baseline, variant)),
                 "backend": h.get("backend", "n/a"),
                 "kernel": h.get("kernel", "n/a"),
                 "cpu": h.get("cpu_model", "n/a"),
@@ -387,6 +439,8 @@ def _cell_words(row, multi_host: bool, with_job: bool = False) -> str:
         words += f" ({row['direction']})"
     if with_job:
         words += f", job `{row['job']}`"
+    if _pattern(row):
+        words += f", pattern `{_pattern(row)}`"
     return (f"{row['host']}: " if multi_host else "") + words
 
 
@@ -407,16 +461,19 @@ def _sorted_metrics(values) -> list[str]:
 def tldr_sentences(
     losses: pd.DataFrame, cpu: pd.DataFrame, hosts: list[dict], baseline: str, matrix: dict
 ) -> list[str]:
-    """The TL;DR, every number computed from the loss tables."""
+    """The TL;DR, every number computed from the loss tables: per comparison, headline first
+    (``baseline`` is unused: each comparison names its own)."""
     from luksbench.report import rw_words
 
     conf = fmt_num(100 * float(losses["confidence"].iloc[0]), 0)
     multi_host = losses["host"].nunique() > 1
     multi_job = _multi_job(losses)
     backends = sorted({h["backend_short"] for h in hosts}) or ["an unknown backend"]
+    from luksbench.report import comparison_pairs
+
     out = []
-    for variant in dict.fromkeys(losses["variant"]):
-        lv = losses[losses["variant"] == variant]
+    for baseline, variant in comparison_pairs(losses):
+        lv = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
         bw = lv[lv["metric"] == "bw_bytes"] if (lv["metric"] == "bw_bytes").any() else lv
         heading = METRIC_UNITS.get(str(bw["metric"].iloc[0]), ("loss",))[0].lower()
         n_cells = len(bw)
@@ -472,7 +529,7 @@ def tldr_sentences(
                     f"{name}: significant increase in {len(up)} of {len(lm)} cells, "
                     f"up to {_effect_ci(w)} ({_cell_words(w, multi_host, multi_job)})."
                 )
-        cv = cpu[cpu["variant"] == variant] if len(cpu) else cpu
+        cv = cpu[(cpu["baseline"] == baseline) & (cpu["variant"] == variant)] if len(cpu) else cpu
         for metric in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib"):
             lm = cv[cv["metric"] == metric] if len(cv) else cv
             if lm is None or lm.empty:
@@ -500,16 +557,25 @@ def recommendation(losses: pd.DataFrame, hosts: list[dict]) -> dict:
         f"{neg} %, *material* when the whole interval lies above {mat} %, and *undecided* "
         f"otherwise (including cells with fewer than two pairs). Applied to bandwidth."
     )
+    from luksbench.comparisons import label
+    from luksbench.report import comparison_pairs
+
+    pairs = comparison_pairs(losses)
     parts = []
-    for variant in dict.fromkeys(losses["variant"]):
-        bw = losses[(losses["variant"] == variant) & (losses["metric"] == "bw_bytes")]
+    for baseline, variant in pairs:
+        bw = losses[
+            (losses["baseline"] == baseline)
+            & (losses["variant"] == variant)
+            & (losses["metric"] == "bw_bytes")
+        ]
         if bw.empty:
             continue
         material = bw[bw["ci_low"] > MATERIAL_LOSS_PCT]
         negligible = bw[bw["ci_high"] < NEGLIGIBLE_LOSS_PCT]
         undecided = len(bw) - len(material) - len(negligible)
+        name = f"`{variant}`" if len(pairs) == 1 else label((baseline, variant))
         text = (
-            f"`{variant}`: {len(material)} of {len(bw)} cells material, {len(negligible)} "
+            f"{name}: {len(material)} of {len(bw)} cells material, {len(negligible)} "
             f"negligible, {undecided} undecided."
         )
         if len(material):
@@ -544,61 +610,85 @@ def recommendation(losses: pd.DataFrame, hosts: list[dict]) -> dict:
 
 
 def scs_tables(losses: pd.DataFrame) -> list[dict]:
-    """Loss tables in the SCS post's shape: one per rw pattern (and direction) and metric; rows =
-    host / stack / iodepth, columns = block sizes; cells = effect [CI] and a verdict mark."""
+    """Loss tables in the SCS post's shape: one per rw pattern (and direction), config pattern and
+    metric; rows = host / stack / iodepth, columns = block sizes; cells = effect [CI] and a
+    verdict mark. Cells of two config patterns never share a table."""
+    from luksbench.stats import with_pattern
+
+    losses = with_pattern(losses)
     from luksbench.report import rw_words
 
     marks = {"significant": "●", "equivalent": "≈", "inconclusive": "○", "insufficient": "\u2013"}
     multi_host = losses["host"].nunique() > 1
     multi_job = _multi_job(losses)
     tables = []
-    bss = sorted(losses["bs_bytes"].unique())
-    for rw in _sorted_rw(losses["rw"].dropna().unique()):
-        for direction in sorted(losses.loc[losses["rw"] == rw, "direction"].unique()):
-            sub_rw = losses[(losses["rw"] == rw) & (losses["direction"] == direction)]
-            mixed = rw in ("rw", "readwrite", "randrw")
-            for metric in _sorted_metrics(set(sub_rw["metric"]) & set(SCS_TABLE_METRICS)):
-                sub = sub_rw[sub_rw["metric"] == metric]
-                heading = METRIC_UNITS.get(metric, (metric,))[0]
-                kind = str(sub["effect"].iloc[0])
-                cols = [b for b in bss if (sub["bs_bytes"] == b).any()]
-                rows = []
-                keys = ["host", "variant", "iodepth", "job_slot"]
-                for key, g in sub.groupby(keys, sort=True):
-                    host, variant, qd, slot = key
-                    label = f"{variant}, QD{int(qd)}"
-                    if multi_host:
-                        label = f"{host}: {label}"
-                    if multi_job:
-                        label += f", job `{g['job'].iloc[0]}`"
-                    cells = []
-                    for b in cols:
-                        c = g[g["bs_bytes"] == b]
-                        if c.empty:
-                            cells.append("not measured")
-                            continue
-                        r = c.iloc[0]
-                        cells.append(f"{_effect_ci(r)} {marks.get(str(r['verdict']), '?')}")
-                    rows.append({"label": label, "cells": cells, "_key": (host, variant, qd, slot)})
-                rows.sort(key=lambda r: (r["_key"][0], r["_key"][1] != sub["variant"].iloc[0]))
-                tables.append(
-                    {
-                        "title": f"{rw_words(rw).capitalize()}"
-                        + (f" ({direction})" if mixed else "")
-                        + f": {heading.lower() if heading != 'IOPS' else 'IOPS'} {kind}",
-                        "columns": [f"{bs_human(b)} % {kind}" for b in cols],
-                        "rows": rows,
-                    }
-                )
+    shapes = losses[["pattern", "rw", "direction"]].drop_duplicates()
+    rw_rank = {rw: i for i, rw in enumerate(_sorted_rw(losses["rw"].dropna().unique()))}
+    for pattern, rw, direction in sorted(
+        shapes.itertuples(index=False, name=None), key=lambda s: (s[0], rw_rank[s[1]], s[2])
+    ):
+        sub_rw = losses[
+            (losses["pattern"] == pattern)
+            & (losses["rw"] == rw)
+            & (losses["direction"] == direction)
+        ]
+        mixed = rw in ("rw", "readwrite", "randrw")
+        for metric in _sorted_metrics(set(sub_rw["metric"]) & set(SCS_TABLE_METRICS)):
+            sub = sub_rw[sub_rw["metric"] == metric]
+            heading = METRIC_UNITS.get(metric, (metric,))[0]
+            kind = str(sub["effect"].iloc[0])
+            cols = sorted(sub["bs_bytes"].unique())
+            rows = []
+            keys = ["host", "baseline", "variant", "iodepth", "job_slot"]
+            several = sub[["baseline", "variant"]].drop_duplicates().shape[0] > 1
+            for key, g in sub.groupby(keys, sort=True):
+                host, base, variant, qd, slot = key
+                label = f"{variant}, QD{int(qd)}"
+                if several and sub["baseline"].nunique() > 1:
+                    label = f"{variant} vs {base}, QD{int(qd)}"
+                if multi_host:
+                    label = f"{host}: {label}"
+                if multi_job:
+                    label += f", job `{g['job'].iloc[0]}`"
+                cells = []
+                for b in cols:
+                    c = g[g["bs_bytes"] == b]
+                    if c.empty:
+                        cells.append("not measured")
+                        continue
+                    r = c.iloc[0]
+                    cells.append(f"{_effect_ci(r)} {marks.get(str(r['verdict']), '?')}")
+                rows.append({"label": label, "cells": cells, "_key": (host, variant, qd, slot)})
+            rows.sort(key=lambda r: (r["_key"][0], r["_key"][1] != sub["variant"].iloc[0]))
+            tables.append(
+                {
+                    "title": f"{rw_words(rw).capitalize()}"
+                    + (f" ({direction})" if mixed else "")
+                    + (f", pattern `{pattern}`" if pattern else "")
+                    + f": {heading.lower() if heading != 'IOPS' else 'IOPS'} {kind}",
+                    "columns": [f"{bs_human(b)} % {kind}" for b in cols],
+                    "rows": rows,
+                }
+            )
     return tables
 
 
 # ---------------------------------------------------------------------------------- comparisons
 
 
+def _who(row, losses: pd.DataFrame) -> str:
+    """The comparison of a row for the published-results tables: `variant` (and its baseline
+    when the comparisons have several baselines)."""
+    if losses["baseline"].nunique() > 1:
+        return f"`{row['variant']}` vs `{row['baseline']}`"
+    return f"`{row['variant']}`"
+
+
 def compare_scs(losses: pd.DataFrame, scs: pd.DataFrame | None) -> dict:
-    """This run beside the SCS 2023 tables where rw, block size and iodepth are the same."""
+    """This run beside the SCS 2023 tables where rw, block size and iodepth are the same (main
+    matrix cells only: a config pattern's cells ran with other fio options than the study)."""
     from luksbench.report import rw_words, scs_long
+    from luksbench.stats import with_pattern
 
     if scs is None or scs.empty:
         return {"present": False, "rows": [], "devices": []}
@@ -607,7 +697,8 @@ def compare_scs(losses: pd.DataFrame, scs: pd.DataFrame | None) -> dict:
     devices = [d for d in devices if (ref["device"] == d).any()]
     multi_host = losses["host"].nunique() > 1
     rows = []
-    ours = losses[losses["metric"].isin(["bw_bytes", "iops"])]
+    losses = with_pattern(losses)
+    ours = losses[losses["metric"].isin(["bw_bytes", "iops"]) & (losses["pattern"] == "")]
     rw_rank = {rw: i for i, rw in enumerate(_RW_ORDER)}
     ours = ours.assign(_rw=ours["rw"].map(lambda r: rw_rank.get(r, len(rw_rank))))
     ours = ours.assign(_m=ours["metric"].map({"bw_bytes": 0, "iops": 1}))
@@ -626,7 +717,7 @@ def compare_scs(losses: pd.DataFrame, scs: pd.DataFrame | None) -> dict:
                 "workload": (f"{r['host']}: " if multi_host else "")
                 + f"{rw_words(r['rw'])}, {bs_human(r['bs_bytes'])}, QD{int(r['iodepth'])}",
                 "metric": METRIC_UNITS.get(str(r["metric"]), (r["metric"],))[0],
-                "ours": f"{_effect_ci(r)} ({r['verdict']}, `{r['variant']}`)",
+                "ours": f"{_effect_ci(r)} ({r['verdict']}, {_who(r, losses)})",
                 "scs": [fmt_pct(published.get(d), 2) for d in devices],
             }
         )
@@ -653,8 +744,9 @@ def compare_ceph(losses: pd.DataFrame, ceph: pd.DataFrame | None) -> dict:
             rows.append(
                 {
                     "workload": (f"{r['host']}: " if multi_host else "")
-                    + f"{rw_words(r['rw'])}, {bs_human(r['bs_bytes'])}, QD{int(r['iodepth'])}",
-                    "ours": f"{_effect_ci(r)} ({r['verdict']}, `{r['variant']}`)",
+                    + f"{rw_words(r['rw'])}, {bs_human(r['bs_bytes'])}, QD{int(r['iodepth'])}"
+                    + (f", pattern `{_pattern(r)}`" if _pattern(r) else ""),
+                    "ours": f"{_effect_ci(r)} ({r['verdict']}, {_who(r, losses)})",
                     "test_set": str(ref["test_set"]),
                     "configuration": str(ref["configuration"]),
                     "published": str(ref["pct_of_unencrypted_as_published"]),
@@ -674,12 +766,25 @@ def compare_ceph(losses: pd.DataFrame, ceph: pd.DataFrame | None) -> dict:
     }
 
 
-def compare_raid5(losses: pd.DataFrame, raid5: pd.DataFrame | None, direct: list[int]) -> dict:
+def compare_raid5(
+    losses: pd.DataFrame,
+    raid5: pd.DataFrame | None,
+    direct: list[int],
+    cell_direct: dict | None = None,
+) -> dict:
     """The 2012 RAID-5 conclusions beside this run's cells of the same rw pattern, block-size
-    range and I/O mode (direct or buffered)."""
+    range and I/O mode (direct or buffered). ``direct``: the run's direct values; ``cell_direct``
+    ({(host, workload): 0/1}, from the results' job options) decides per cell when a config
+    pattern ran some cells buffered."""
     if raid5 is None or raid5.empty:
         return {"present": False, "rows": []}
     bw = losses[losses["metric"] == "bw_bytes"]
+    if cell_direct and len(direct) > 1:
+        bw = bw.assign(
+            _direct=[
+                cell_direct.get((h, w)) for h, w in zip(bw["host"], bw["workload"], strict=True)
+            ]
+        )
     multi_host = losses["host"].nunique() > 1
     rows = []
     for _, ref in raid5.iterrows():
@@ -703,12 +808,17 @@ def compare_raid5(losses: pd.DataFrame, raid5: pd.DataFrame | None, direct: list
             & (bw["bs_bytes"] >= int(ref["bs_min_bytes"]))
             & (bw["bs_bytes"] <= int(ref["bs_max_bytes"]))
         ].sort_values(["host", "bs_bytes", "iodepth"])
+        if "_direct" in m:
+            m = m[m["_direct"] == (1 if ref_direct else 0)]
         if m.empty:
             rows.append({"claim": claim, "ours": f"no `{ref['rw']}` cell in that block-size range"})
             continue
         ours = "; ".join(
             (f"{r['host']}: " if multi_host else "")
-            + f"{bs_human(r['bs_bytes'])} QD{int(r['iodepth'])} {_effect_ci(r)}"
+            + f"{bs_human(r['bs_bytes'])} QD{int(r['iodepth'])}"
+            + (f" [{_pattern(r)}]" if _pattern(r) else "")
+            + (f" ({_who(r, bw)})" if bw["variant"].nunique() > 1 else "")
+            + f" {_effect_ci(r)}"
             for _, r in m.iterrows()
         )
         rows.append({"claim": claim, "ours": f"`{ref['rw']}`: {ours}"})
@@ -718,11 +828,20 @@ def compare_raid5(losses: pd.DataFrame, raid5: pd.DataFrame | None, direct: list
 # ------------------------------------------------------------------------------- what is missing
 
 
-def gaps(fio, losses, env, cryptsetup, planned, figures_found, problems=None) -> list[str]:
-    """Sentences on what this run lacks: raw files left out at ingest, planned stacks not
-    measured, cells without pairs, cipher benchmarks that did not run, figure families without
-    data."""
+def gaps(
+    fio, losses, env, cryptsetup, planned, figures_found, problems=None, unavailable=None
+) -> list[str]:
+    """Sentences on what this run lacks: optional stacks that could not be built (with the
+    reason), raw files left out at ingest, planned stacks not measured, cells without pairs,
+    cipher benchmarks that did not run, figure families without data."""
     out = []
+    for u in unavailable or []:
+        kind = f" ({u['kind']})" if u.get("kind") else ""
+        out.append(
+            f"Stack `{u['stack']}`{kind} could not be built on `{u['host']}`: {u['reason']}. It "
+            "is optional, so the run went on without it: it is in no table or figure."
+        )
+    gone = {(u["host"], u["stack"]) for u in unavailable or []}
     if problems is not None and len(problems):
         excluded = problems[problems["severity"] == "excluded"]
         for row in excluded.itertuples():
@@ -731,7 +850,9 @@ def gaps(fio, losses, env, cryptsetup, planned, figures_found, problems=None) ->
         h: sorted(g["stack"].unique()) for h, g in fio.groupby("host")
     }  # what the raw data holds
     for host, stacks in sorted(planned.items()):
-        missing = sorted(set(stacks) - set(measured.get(host, [])))
+        missing = sorted(
+            s for s in set(stacks) - set(measured.get(host, [])) if (host, s) not in gone
+        )
         if missing:
             out.append(
                 f"On `{host}` the plan listed stacks {', '.join(f'`{s}`' for s in missing)} that "
@@ -739,7 +860,12 @@ def gaps(fio, losses, env, cryptsetup, planned, figures_found, problems=None) ->
             )
     no_pairs = losses[losses["n"] == 0]
     if len(no_pairs):
-        cells = sorted({f"`{r['variant']}` {r['workload']}" for _, r in no_pairs.iterrows()})
+        cells = sorted(
+            {
+                f"`{r['variant']}` vs `{r['baseline']}` {r['workload']}"
+                for _, r in no_pairs.iterrows()
+            }
+        )
         out.append(
             f"{len(cells)} cells have results on one stack only (no pairs): {', '.join(cells)}."
         )
@@ -782,7 +908,7 @@ FIGURE_FAMILIES = {
     ),
     "heatmap": (
         "Loss heatmaps",
-        "Block size \u00d7 access pattern per stack and queue depth, annotated with the effect, its "
+        "Block size \u00d7 access pattern per comparison and queue depth, annotated with the effect, its "
         "interval and the verdict (● significant, ≈ equivalent, ○ inconclusive, \u2013 fewer than two "
         "pairs).",
     ),
@@ -810,7 +936,7 @@ FIGURE_FAMILIES = {
     ),
     "loss": (
         "Cost per cell",
-        "Effect per cell and metric with its interval; colour = verdict.",
+        "Effect per cell and metric with its interval, one chart per comparison; colour = verdict.",
     ),
     "hosts": (
         "Hosts side by side",
@@ -821,10 +947,15 @@ FIGURE_FAMILIES = {
 }
 
 
-def _figure_caption(stem: str) -> str:
+def _figure_caption(stem: str, headline: tuple[str, str] | None = None) -> str:
+    from luksbench.comparisons import label
     from luksbench.report import rw_words
 
     kind, _, rest = stem.partition("-")
+    if kind == "loss":  # "loss" is the headline comparison, "loss-<variant>-vs-<baseline>" others
+        variant, sep, baseline = rest.partition("-vs-")
+        pair = (baseline, variant) if sep else headline
+        return FIGURE_FAMILIES["loss"][0] + (f": {label(pair)}" if pair else "")
     if kind == "throughput":
         what, metric = rest.rsplit("-", 1)
         return f"{what}: {METRIC_UNITS.get(metric, (metric,))[0]} per stack"
@@ -841,9 +972,11 @@ def _figure_caption(stem: str) -> str:
     return FIGURE_FAMILIES.get(kind, (stem,))[0]
 
 
-def figure_sections(figures_dir: Path, out_md: Path) -> list[dict]:
+def figure_sections(
+    figures_dir: Path, out_md: Path, headline: tuple[str, str] | None = None
+) -> list[dict]:
     """PNG figures of the run grouped by family (in FIGURE_FAMILIES order), linked relative to the
-    Markdown file."""
+    Markdown file. ``headline``: the (baseline, variant) the ``loss`` figure shows."""
     figures_dir = Path(figures_dir)
     pngs = sorted(figures_dir.glob("*.png"))
     sections = []
@@ -866,7 +999,7 @@ def figure_sections(figures_dir: Path, out_md: Path) -> list[dict]:
                 "intro": intro,
                 "figures": [
                     {
-                        "caption": _figure_caption(p.stem),
+                        "caption": _figure_caption(p.stem, headline),
                         "png": Path(os.path.relpath(p, out_md.parent)).as_posix(),
                     }
                     for p in found
@@ -918,7 +1051,7 @@ def paper_context(
 
     from luksbench import report
     from luksbench.ingest import read_processed
-    from luksbench.stats import loss_table
+    from luksbench.stats import with_pattern
 
     processed_dir = Path(processed_dir)
     tables = read_processed(processed_dir)
@@ -927,20 +1060,22 @@ def paper_context(
             raise FileNotFoundError(
                 f"{processed_dir / (name + '.parquet')} is missing: run the ingest first"
             )
-    fio, env = tables["fio"], tables["env"]
+    fio, env = with_pattern(tables["fio"]), tables["env"]
     stacks = tables.get("stacks", pd.DataFrame(columns=["host", "stack", "backend"]))
     cryptsetup = tables.get("cryptsetup", pd.DataFrame(columns=["host", "kind"]))
     loss = tables.get("loss")
-    if loss is None:
-        loss = loss_table(fio, baseline or "plain", variant or "luks")
+    if loss is None:  # every stack against the baseline, as write_loss would
+        loss = report.variant_losses(fio, None, baseline or "plain", variant or "luks")
     if loss.empty:
         raise ValueError(f"{processed_dir}: the loss table is empty")
-    baseline = baseline or str(loss["baseline"].iloc[0])
-    variant = variant or str(loss["variant"].iloc[0])
+    losses = with_pattern(report.variant_losses(fio, loss, baseline, variant))
+    pairs = report.comparison_pairs(losses)
+    # the headline: loss.parquet's first comparison, unless the caller names one of the others
+    headline = next((p for p in pairs if p == (baseline or p[0], variant or p[1])), pairs[0])
+    pairs = [headline, *[p for p in pairs if p != headline]]
+    baseline, variant = headline
     confidence = float(loss["confidence"].iloc[0])
-    losses = report.variant_losses(fio, loss, baseline, variant)
-    stack_names = report.stack_order(fio["stack"].dropna().unique(), baseline, variant)
-    cpu = report.cpu_losses(fio, baseline, stack_names, confidence)
+    cpu = report.cpu_losses(fio, baseline, pairs, confidence)
     hosts = _hosts(env, stacks)
     matrix = _matrix(fio, env)
     matrix["reps_text"] = (
@@ -950,7 +1085,16 @@ def paper_context(
     )
     refs = report.read_references(reference_dir)
     direct = sorted(int(d) for d in fio["direct"].dropna().unique()) if "direct" in fio else []
-    figure_secs = figure_sections(figures_dir, Path(out_md))
+    figure_secs = figure_sections(figures_dir, Path(out_md), headline)
+    cell_direct = (
+        {
+            (str(h), str(w)): int(d)
+            for h, w, d in fio[["host", "workload", "direct"]].dropna().itertuples(index=False)
+        }
+        if "direct" in fio
+        else {}
+    )
+    unavailable = report.unavailable_stacks(stacks)
     ceilings = report.crypto_ceilings(cryptsetup, stacks, env)
     sources = sorted(p for p in processed_dir.glob("*.parquet"))
     try:
@@ -968,16 +1112,15 @@ def paper_context(
         "date": _run_date(env, fio),
         "baseline": baseline,
         "variant": variant,
-        "variants": [s for s in stack_names if s != baseline],
+        "comparisons": comparison_sections(losses, pairs),
+        "patterns": report.pattern_facts(fio, env),
         "confidence_pct": fmt_num(100 * confidence, 0),
         "tldr": " ".join(tldr_sentences(losses, cpu, hosts, baseline, matrix)),
         "recommendation": recommendation(losses, hosts),
         "host_summary": host_summary(losses, hosts, run),
         "hosts": hosts,
-        "stacks": _stacks(stacks, baseline, variant),
+        "stacks": _stacks(stacks, pairs),
         "matrix": matrix,
-        "scs_tables": scs_tables(losses),
-        "loss_sections": loss_sections(losses),
         "n_significant": int((losses["verdict"] == "significant").sum()),
         "n_rows": len(losses),
         "figure_sections": figure_secs,
@@ -1006,10 +1149,11 @@ def paper_context(
             report.planned_stacks(env),
             {s["kind"] for s in figure_secs},
             tables.get("problems"),
+            unavailable,
         ),
         "scs": compare_scs(losses, refs.get("scs")),
         "ceph": compare_ceph(losses, refs.get("ceph")),
-        "raid5": compare_raid5(losses, refs.get("raid5"), direct),
+        "raid5": compare_raid5(losses, refs.get("raid5"), direct, cell_direct),
         "negligible_pct": fmt_num(NEGLIGIBLE_LOSS_PCT, 0),
         "material_pct": fmt_num(MATERIAL_LOSS_PCT, 0),
         "git_commit": facts["git_commit"],

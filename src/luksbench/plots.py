@@ -136,14 +136,15 @@ _plain_log_formatter = matplotlib.ticker.FuncFormatter(_fmt_log_tick)
 
 
 def rep_summary(fio: pd.DataFrame, metric: str, confidence: float = 0.95) -> pd.DataFrame:
-    """Mean over repetitions per (host, stack, rw, bs_bytes, iodepth, direction) with a t-interval.
+    """Mean over repetitions per (host, stack, pattern, rw, bs_bytes, iodepth, direction) with a
+    t-interval.
 
     Multi-entry jobs are combined first as in :func:`luksbench.stats.rep_values`.
     """
     from luksbench.stats import CELL_KEYS, rep_values
 
     vals = rep_values(fio, [metric])
-    keys = ["host", "stack", "rw", "bs_bytes", "iodepth", "direction", "job_slot"]
+    keys = ["host", "stack", "pattern", "rw", "bs_bytes", "iodepth", "direction", "job_slot"]
     rows = []
     for key, g in vals.groupby(keys, sort=True, dropna=False):
         v = pd.to_numeric(g[metric], errors="coerce").dropna().to_numpy(float)
@@ -167,13 +168,21 @@ def throughput_figure(
     stacks: Iterable[str] | None = None,
     confidence: float = 0.95,
     host: str | None = None,
+    pattern: str | None = None,
 ) -> matplotlib.figure.Figure:
     """Grouped bars for one rw pattern: block size on x, stacks side by side, log y, one panel per
-    iodepth; bar = mean over repetitions, error bar = t-interval (lower end clipped for the log axis)."""
+    iodepth; bar = mean over repetitions, error bar = t-interval (lower end clipped for the log axis).
+
+    ``pattern``: only the cells of that config pattern ("" = the main matrix); None = all, cells of
+    different patterns kept apart as separate bar groups."""
+    from luksbench.stats import with_pattern
+
     house_style()
-    df = fio[fio["rw"] == rw]
+    df = with_pattern(fio[fio["rw"] == rw])
     if host is not None:
         df = df[df["host"] == host]
+    if pattern is not None:
+        df = df[df["pattern"] == pattern]
     summ = rep_summary(df, metric, confidence)
     if summ.empty:
         raise ValueError(f"no {rw} results to plot")
@@ -187,6 +196,9 @@ def throughput_figure(
         summ["group"] = summ["host"] + " " + summ["group"]
     if summ["job_slot"].nunique() > 1:
         summ["group"] = summ["group"] + " #" + summ["job_slot"].astype(str)
+    if summ["pattern"].nunique() > 1:
+        tag = summ["pattern"].astype(str).map(lambda p: f" [{p}]" if p else "")
+        summ["group"] = summ["group"].astype(str) + tag
     depths = sorted(summ["iodepth"].unique())
     _, _, scale = METRIC_LABELS.get(metric, (metric, "", 1))
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
@@ -235,8 +247,10 @@ def throughput_figure(
     if np.isfinite(smallest) and smallest > 0:
         axes[0][0].set_ylim(bottom=smallest / 4)
     n_reps = int(summ["n"].max())
+    named = [p for p in summ["pattern"].unique() if p]
     fig.suptitle(
-        f"{rw}: {metric_label(metric).split(' (')[0]}\n"
+        f"{rw}{' [' + ', '.join(sorted(named)) + ']' if named else ''}: "
+        f"{metric_label(metric).split(' (')[0]}\n"
         f"mean of {n_reps} repetitions, {confidence:.0%} CI",
         fontsize="medium",
     )
@@ -255,25 +269,34 @@ def cell_label(row) -> str:
         label += f" {row['direction']}"
     if row.get("_multi_job"):
         label += f" [{row['job']}]"
+    pattern = row.get("pattern")
+    if isinstance(pattern, str) and pattern:
+        label += f" ({pattern})"
     return label
 
 
 def loss_figure(
-    loss: pd.DataFrame, metrics: Iterable[str] | None = None
+    loss: pd.DataFrame,
+    metrics: Iterable[str] | None = None,
+    comparison: tuple[str, str] | None = None,
 ) -> matplotlib.figure.Figure:
     """Effect in % (loss for throughput, increase for latency/CPU) per cell with its CI; one panel per
-    metric; colour = verdict; zero line marks "no cost"."""
+    metric; colour = verdict; zero line marks "no cost". One comparison per figure:
+    ``comparison`` (baseline, variant), or the only one the table holds."""
     house_style()
     metrics = list(metrics) if metrics is not None else list(dict.fromkeys(loss["metric"]))
     if loss.empty or not metrics:
         raise ValueError("empty loss table")
+    loss = _one_comparison(loss, comparison)
     df = loss[loss["metric"].isin(metrics)].copy()
     multi = df.groupby(["host", "workload"])["job_slot"].nunique().max() > 1
     df["_multi_job"] = bool(multi)
     df["cell"] = df.apply(cell_label, axis=1)
     if df["host"].nunique() > 1:
         df["cell"] = df["host"] + ": " + df["cell"]
-    cells = df.sort_values(["host", "rw", "bs_bytes", "iodepth", "job_slot", "direction"])["cell"]
+    cells = df.sort_values(
+        ["host", "pattern", "rw", "bs_bytes", "iodepth", "job_slot", "direction"]
+    )["cell"]
     cells = list(dict.fromkeys(cells))
     y = {c: i for i, c in enumerate(cells)}
     fig, axes = plt.subplots(
@@ -318,6 +341,23 @@ def loss_figure(
     return fig
 
 
+def _one_comparison(loss: pd.DataFrame, comparison: tuple[str, str] | None) -> pd.DataFrame:
+    """The rows of one comparison; ValueError when ``comparison`` is None and there are several
+    (their cells would be drawn on top of each other)."""
+    from luksbench.stats import with_pattern
+
+    loss = with_pattern(loss)
+    pairs = list(dict.fromkeys(zip(loss["baseline"], loss["variant"], strict=True)))
+    if comparison is None:
+        if len(pairs) > 1:
+            raise ValueError(f"the loss table holds {len(pairs)} comparisons: name one")
+        return loss
+    out = loss[(loss["baseline"] == comparison[0]) & (loss["variant"] == comparison[1])]
+    if out.empty:
+        raise ValueError(f"no rows of {comparison[1]} against {comparison[0]}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------- heatmap
 
 #: metrics that get a heatmap (IOPS repeats bandwidth at a fixed block size; every metric is in
@@ -333,50 +373,62 @@ VERDICT_MARKS = {
 }
 
 
-def _row_label(row, multi_job: bool) -> str:
+def _row_label(row, multi_job: bool, multi_pattern: bool = False) -> str:
     label = str(row["rw"])
     if row["rw"] in ("rw", "readwrite", "randrw", "trimwrite", "randtrimwrite"):
         label += f" {row['direction']}"
     if multi_job:
         label += f" #{int(row['job_slot'])}"
+    if multi_pattern:
+        label += f" ({row['pattern'] or 'main'})"
     return label
 
 
 def loss_heatmap(
     losses: pd.DataFrame, metric: str = "bw_bytes", host: str | None = None
 ) -> matplotlib.figure.Figure:
-    """Block size (x) x rw pattern (y), one panel per variant stack (rows) and iodepth (columns);
-    colour = effect in %, each cell annotated with effect, interval and a verdict mark."""
+    """Block size (x) x rw pattern (y), one panel per comparison (rows: variant against its
+    baseline) and iodepth (columns); colour = effect in %, each cell annotated with effect,
+    interval and a verdict mark. Cells of different config patterns get rows of their own."""
+    from luksbench.stats import with_pattern
+
     house_style()
-    df = losses[losses["metric"] == metric]
+    df = with_pattern(losses[losses["metric"] == metric])
     if host is not None:
         df = df[df["host"] == host]
     if df.empty:
         raise ValueError(f"no {metric} rows to draw")
     multi_job = df.groupby(["host", "workload"])["job_slot"].nunique().max() > 1
-    df = df.assign(row=df.apply(lambda r: _row_label(r, multi_job), axis=1))
-    variants = list(dict.fromkeys(df["variant"]))
+    multi_pattern = df["pattern"].nunique() > 1
+    df = df.assign(row=df.apply(lambda r: _row_label(r, multi_job, multi_pattern), axis=1))
+    comparisons = list(dict.fromkeys(zip(df["baseline"], df["variant"], strict=True)))
     depths = sorted(df["iodepth"].unique())
     bss = sorted(df["bs_bytes"].unique())
     order = {rw: i for i, rw in enumerate(RW_ORDER)}
     df = df.assign(_o=df["rw"].map(lambda r: order.get(r, len(order))))
-    rows = list(dict.fromkeys(df.sort_values(["_o", "rw", "direction", "job_slot"])["row"]))
+    rows = list(
+        dict.fromkeys(df.sort_values(["pattern", "_o", "rw", "direction", "job_slot"])["row"])
+    )
     lim = float(np.nanmax(np.abs(df["effect_pct"].to_numpy(float)))) if len(df) else 1.0
     lim = min(max(lim, 1.0), 100.0) if df["higher_is_better"].all() else max(lim, 1.0)
     cmap = sns.color_palette("vlag", as_cmap=True)
     fig, axes = plt.subplots(
-        len(variants),
+        len(comparisons),
         len(depths),
-        figsize=(1.0 + 1.9 * len(bss) * len(depths), 0.8 + 0.75 * len(rows) * len(variants) + 1),
+        figsize=(
+            1.0 + 1.9 * len(bss) * len(depths),
+            0.8 + 0.75 * len(rows) * len(comparisons) + 1,
+        ),
         squeeze=False,
         layout="constrained",
     )
     kind = str(df["effect"].iloc[0])
     mesh = None
-    for i, var in enumerate(variants):
+    for i, (base, var) in enumerate(comparisons):
         for j, qd in enumerate(depths):
             ax = axes[i][j]
-            sub = df[(df["variant"] == var) & (df["iodepth"] == qd)].set_index(["row", "bs_bytes"])
+            sub = df[(df["baseline"] == base) & (df["variant"] == var) & (df["iodepth"] == qd)]
+            sub = sub.set_index(["row", "bs_bytes"])
             grid = np.full((len(rows), len(bss)), np.nan)
             for a, r in enumerate(rows):
                 for b, bs in enumerate(bss):
@@ -405,7 +457,7 @@ def loss_heatmap(
             ax.set_xticks(range(len(bss)), [bs_label(int(b)) for b in bss])
             ax.set_yticks(range(len(rows)), rows)
             ax.grid(False)
-            ax.set_title(f"{var} vs {df['baseline'].iloc[0]}, iodepth {qd}", fontsize="medium")
+            ax.set_title(f"{var} vs {base}, iodepth {qd}", fontsize="medium")
             ax.set_xlabel("block size")
     conf = float(df["confidence"].iloc[0])
     fig.suptitle(
@@ -428,10 +480,12 @@ HOSTS_AXIS_MIN_PCT = 100.0
 
 def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.figure.Figure:
     """Several test boxes side by side: the effect per cell (rows) with its interval, one colour
-    per host (dodged), one panel per variant stack. Each host's effect comes from its own pairs
+    per host (dodged), one panel per comparison. Each host's effect comes from its own pairs
     only; the figure sets them beside each other, it does not pool them."""
+    from luksbench.stats import with_pattern
+
     house_style()
-    df = losses[losses["metric"] == metric].copy()
+    df = with_pattern(losses[losses["metric"] == metric].copy())
     if df.empty or df["host"].nunique() < 2:
         raise ValueError(f"need {metric} rows of at least two hosts")
     multi_job = df.groupby(["host", "workload"])["job_slot"].nunique().max() > 1
@@ -441,24 +495,26 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
     df["_o"] = df["rw"].map(lambda r: order.get(r, len(order)))
     cells = list(
         dict.fromkeys(
-            df.sort_values(["_o", "bs_bytes", "iodepth", "job_slot", "direction"])["cell"]
+            df.sort_values(["pattern", "_o", "bs_bytes", "iodepth", "job_slot", "direction"])[
+                "cell"
+            ]
         )
     )
     hosts = sorted(df["host"].unique())
-    variants = list(dict.fromkeys(df["variant"]))
+    comparisons = list(dict.fromkeys(zip(df["baseline"], df["variant"], strict=True)))
     colors = dict(zip(hosts, sns.color_palette(n_colors=len(hosts)), strict=True))
     step = 0.7 / len(hosts)
     fig, axes = plt.subplots(
         1,
-        len(variants),
-        figsize=(4.2 * len(variants) + 2.2, 0.45 * len(cells) + 1.8),
+        len(comparisons),
+        figsize=(4.2 * len(comparisons) + 2.2, 0.45 * len(cells) + 1.8),
         sharey=True,
         squeeze=False,
         layout="constrained",
     )
     kind = str(df["effect"].iloc[0])
-    for ax, variant in zip(axes[0], variants, strict=True):
-        sub = df[df["variant"] == variant]
+    for ax, (baseline, variant) in zip(axes[0], comparisons, strict=True):
+        sub = df[(df["baseline"] == baseline) & (df["variant"] == variant)]
         for k, host in enumerate(hosts):
             h = sub[sub["host"] == host]
             y = h["cell"].map({c: i for i, c in enumerate(cells)}).to_numpy(float)
@@ -494,7 +550,7 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
         ax.set_yticks(range(len(cells)), cells)
         ax.set_ylim(len(cells) - 0.5, -0.5)
         ax.set_xlabel(f"{kind} (%)")
-        ax.set_title(f"{variant} vs {sub['baseline'].iloc[0]}", fontsize="medium")
+        ax.set_title(f"{variant} vs {baseline}", fontsize="medium")
     conf = float(df["confidence"].iloc[0])
     fig.suptitle(
         f"{metric_label(metric).split(' (')[0]} {kind} per host, {conf:.0%} CI\n"
@@ -534,20 +590,31 @@ def percentile_curve(hist: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def latency_figure(
-    lat: pd.DataFrame, rw: str, stacks: Iterable[str] | None = None, host: str | None = None
+    lat: pd.DataFrame,
+    rw: str,
+    stacks: Iterable[str] | None = None,
+    host: str | None = None,
+    pattern: str | None = None,
 ) -> matplotlib.figure.Figure:
-    """Completion-latency percentile curves for one rw pattern: rows = block size, columns =
-    iodepth; per stack one thick curve pooled over repetitions and a thin one per repetition."""
+    """Completion-latency percentile curves for one rw pattern: rows = block size (and config
+    pattern, when there are several), columns = iodepth; per stack one thick curve pooled over
+    repetitions and a thin one per repetition. ``pattern``: only that config pattern's cells."""
     house_style()
     df = lat[lat["rw"] == rw]
+    if "pattern" not in df.columns:
+        df = df.assign(pattern="")
     if host is not None:
         df = df[df["host"] == host]
+    if pattern is not None:
+        df = df[df["pattern"] == pattern]
     if df.empty:
         raise ValueError(f"no {rw} latency histograms to plot")
     stacks = list(stacks) if stacks is not None else sorted(df["stack"].unique())
     stacks = [s for s in stacks if s in set(df["stack"])]
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
-    bss = sorted(df["bs_bytes"].unique())
+    # one row per (pattern, block size): cells of two patterns are never pooled
+    bss = sorted(map(tuple, df[["pattern", "bs_bytes"]].drop_duplicates().to_numpy().tolist()))
+    multi_pattern = df["pattern"].nunique() > 1
     depths = sorted(df["iodepth"].unique())
     directions = sorted(df["direction"].unique())
     styles = dict(zip(directions, ["-", "--", ":"], strict=False))
@@ -560,10 +627,10 @@ def latency_figure(
         layout="constrained",
     )
     max_x = 0.0
-    for i, bs in enumerate(bss):
+    for i, (pat, bs) in enumerate(bss):
         for j, qd in enumerate(depths):
             ax = axes[i][j]
-            cell = df[(df["bs_bytes"] == bs) & (df["iodepth"] == qd)]
+            cell = df[(df["pattern"] == pat) & (df["bs_bytes"] == bs) & (df["iodepth"] == qd)]
             for stack in stacks:
                 for direction in directions:
                     one = cell[(cell["stack"] == stack) & (cell["direction"] == direction)]
@@ -586,7 +653,8 @@ def latency_figure(
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(_plain_log_formatter)
             ax.yaxis.set_minor_formatter(_plain_log_formatter)
-            ax.set_title(f"bs {bs_label(int(bs))}, iodepth {qd}", fontsize="medium")
+            where = f" ({pat or 'main'})" if multi_pattern else ""
+            ax.set_title(f"bs {bs_label(int(bs))}, iodepth {qd}{where}", fontsize="medium")
             if j == 0:
                 ax.set_ylabel("completion latency (ms)")
             if i == len(bss) - 1:
@@ -596,8 +664,10 @@ def latency_figure(
         ax.set_xticks(
             [-math.log10(1 - t) for t in ticks], [f"p{100 * t:g}" for t in ticks], rotation=30
         )
+    named = sorted(p for p in df["pattern"].unique() if p)
     fig.suptitle(
-        f"{(host + ': ') if host else ''}{rw}: completion-latency percentiles (json+ histograms)\n"
+        f"{(host + ': ') if host else ''}{rw}{' [' + ', '.join(named) + ']' if named else ''}: "
+        "completion-latency percentiles (json+ histograms)\n"
         "thick: all repetitions pooled; thin: one repetition",
         fontsize="medium",
     )
@@ -648,7 +718,14 @@ def cpu_figure(
             sub = sub.assign(group=sub["bs_bytes"].map(bs_label))
             if sub["direction"].nunique() > 1:
                 sub["group"] = sub["group"] + " " + sub["direction"]
-            order = sub.sort_values(["bs_bytes", "group"])["group"].drop_duplicates().tolist()
+            if summ["pattern"].nunique() > 1 and len(sub):  # never average two patterns' cells
+                tag = sub["pattern"].astype(str).map(lambda p: f" [{p}]" if p else "")
+                sub["group"] = sub["group"].astype(str) + tag
+            order = (
+                sub.sort_values(["pattern", "bs_bytes", "group"])["group"]
+                .drop_duplicates()
+                .tolist()
+            )
             x = np.arange(len(order))
             for k, stack in enumerate(stacks):
                 s = (
@@ -749,11 +826,12 @@ def ceiling_figure(
     summ = rep_summary(df, "bw_bytes", confidence)
     if summ.empty:
         raise ValueError("no LUKS stack bandwidth to draw")
-    summ = summ.sort_values(["rw", "bs_bytes", "iodepth", "direction"])
+    summ = summ.sort_values(["pattern", "rw", "bs_bytes", "iodepth", "direction"])
     summ["cell"] = summ.apply(
         lambda r: (
             f"{r['rw']} {bs_label(int(r['bs_bytes']))} qd{int(r['iodepth'])}"
             + (f" {r['direction']}" if r["rw"] in ("rw", "readwrite", "randrw") else "")
+            + (f" ({r['pattern']})" if r["pattern"] else "")
         ),
         axis=1,
     )
@@ -978,23 +1056,27 @@ def make_figures(
     """All figures of one run. Returns {name: [png, svg]}.
 
     Names (``<host>-`` after the kind when the run has several hosts):
-    ``throughput-<rw>-<metric>`` (bw_bytes, iops), ``loss``, ``heatmap-<metric>`` (bandwidth
-    and p99 latency), ``hosts-<metric>`` (several hosts only: the hosts side by side), ``latency-<rw>`` (json+ histograms from ``raw_dir``; none without raw_dir or
-    histograms), ``cpu-<metric>`` (busy / system CPU s per GiB; none without CPU sidecars),
+    ``throughput-<rw>-<metric>`` (bw_bytes, iops; ``throughput-<rw>-<pattern>-<metric>`` for the
+    cells of a config pattern), ``loss`` (the headline comparison) and
+    ``loss-<variant>-vs-<baseline>`` (every other comparison), ``heatmap-<metric>`` (bandwidth
+    and p99 latency; one panel row per comparison), ``hosts-<metric>`` (several hosts only: the
+    hosts side by side), ``latency-<rw>[-<pattern>]`` (json+ histograms from ``raw_dir``; none
+    without raw_dir or histograms), ``cpu-<metric>`` (busy / system CPU s per GiB; none without
+    CPU sidecars),
     ``ciphers`` (only when cipher rows exist) and ``ceiling`` (always, per host: the ceiling or why
     there is none). ``notebook`` names the notebook that made them, for the provenance.
     ``workers``: processes drawing in parallel (default: the CPUs available; 1 = here).
     """
     from luksbench import report
     from luksbench.ingest import read_processed
-    from luksbench.stats import loss_table
+    from luksbench.stats import with_pattern
 
     processed_dir, figures_dir = Path(processed_dir), Path(figures_dir)
     tables = read_processed(processed_dir)
-    fio = tables["fio"]
+    fio = with_pattern(tables["fio"])
     loss = tables.get("loss")
-    if loss is None:
-        loss = loss_table(fio, baseline, variant, confidence=confidence)
+    if loss is None:  # every stack against the baseline, as write_loss would
+        loss = report.variant_losses(fio, None, baseline, variant, confidence=confidence)
     env = tables.get("env", pd.DataFrame(columns=["host", "env_json"]))
     cryptsetup = tables.get("cryptsetup", pd.DataFrame())
     stacks_tab = tables.get("stacks", pd.DataFrame(columns=["host", "stack", "kind"]))
@@ -1004,8 +1086,11 @@ def make_figures(
         if (processed_dir / f"{name}.parquet").exists()
     }
     facts = report.provenance_facts(env, notebook)
-    stacks = report.stack_order(fio["stack"].dropna().unique(), baseline, variant)
     losses = report.variant_losses(fio, loss, baseline, variant, confidence=confidence)
+    pairs = report.comparison_pairs(losses)
+    if pairs:  # the headline comparison's stacks first in every legend
+        baseline, variant = pairs[0]
+    stacks = report.stack_order(fio["stack"].dropna().unique(), baseline, variant)
     hosts = sorted(fio["host"].unique())
     multi = len(hosts) > 1
 
@@ -1025,43 +1110,52 @@ def make_figures(
     lat = (
         report.latency_table(fio, raw_dir)
         if raw_dir is not None
-        else pd.DataFrame(columns=["host", "rw"])
+        else pd.DataFrame(columns=["host", "rw", "pattern"])
     )
     ceilings = report.crypto_ceilings(cryptsetup, stacks_tab, env)
-    if not ceilings:  # stacks table missing: still say on a figure that there is no ceiling
-        ceilings = [
-            {"host": h, "stack": s, "reason": "the stacks table does not describe this stack"}
-            for h in hosts
-            for s in stacks
-            if s != baseline
-        ]
+    # A host the stacks table does not describe (no stacks table; the fio servers of a fleet
+    # run, whose stacks the coordinator built): still say on a figure that there is no ceiling.
+    described = {c["host"] for c in ceilings}
+    ceilings += [
+        {"host": h, "stack": s, "reason": "the stacks table does not describe this stack"}
+        for h in hosts
+        if h not in described
+        for s in stacks
+        if s != baseline
+    ]
     for host in hosts:
         one = fio[fio["host"] == host]
         prefix = f"{host}: " if multi else ""
-        for rw in sorted(one["rw"].dropna().unique()):
+        # one figure per access pattern and config pattern: cells of two patterns never share bars
+        cells = one[["rw", "pattern"]].drop_duplicates().dropna()
+        for rw, pat in sorted(cells.itertuples(index=False, name=None), key=lambda c: (c[1], c[0])):
             for metric in ("bw_bytes", "iops"):
 
-                def build(one=one, rw=rw, metric=metric, prefix=prefix):
-                    fig = throughput_figure(one, rw, metric, stacks=stacks, confidence=confidence)
+                def build(one=one, rw=rw, metric=metric, prefix=prefix, pat=pat):
+                    fig = throughput_figure(
+                        one, rw, metric, stacks=stacks, confidence=confidence, pattern=pat
+                    )
                     return retitled(fig, prefix + fig.get_suptitle()) if multi else fig
 
                 emit(
-                    named("throughput", host, rw, metric),
+                    named("throughput", host, rw, pat, metric),
                     build,
                     "luksbench.plots.throughput_figure",
                     host=host,
                     rw=rw,
                     metric=metric,
+                    **({"pattern": pat} if pat else {}),
                 )
-            lat_one = lat[(lat["host"] == host) & (lat["rw"] == rw)]
+            lat_one = lat[(lat["host"] == host) & (lat["rw"] == rw) & (lat["pattern"] == pat)]
             if len(lat_one):
                 emit(
-                    named("latency", host, rw),
+                    named("latency", host, rw, pat),
                     lambda lat_one=lat_one, rw=rw, host=host: latency_figure(
                         lat_one, rw, stacks=stacks, host=host if multi else None
                     ),
                     "luksbench.plots.latency_figure",
                     rw=rw,
+                    **({"pattern": pat} if pat else {}),
                 )
         for metric in [m for m in HEATMAP_METRICS if m in set(losses["metric"])]:
 
@@ -1114,7 +1208,14 @@ def make_figures(
         ).any()
     ):
         emit("ciphers", lambda: cipher_figure(cryptsetup), "luksbench.plots.cipher_figure")
-    emit("loss", lambda: loss_figure(loss), "luksbench.plots.loss_figure")
+    for k, pair in enumerate(pairs):  # one cost chart per comparison, the headline's is "loss"
+        emit(
+            "loss" if k == 0 else f"loss-{pair[1]}-vs-{pair[0]}",
+            lambda pair=pair: loss_figure(losses, comparison=pair),
+            "luksbench.plots.loss_figure",
+            baseline=pair[0],
+            variant=pair[1],
+        )
 
     def draw(task) -> list[Path]:
         name, func, build, params = task

@@ -1,7 +1,10 @@
 """Shared by figures and paper: which stacks are compared, provenance facts, published references.
 
-``variant_losses``     the loss table of every non-baseline stack against the baseline (the
-                       configured variant from loss.parquet, the others computed the same way).
+``variant_losses``     the loss table of every comparison (loss.parquet's, or every stack against
+                       the baseline), headline first; ``comparison_pairs`` lists them in order.
+``unavailable_stacks`` optional stacks that could not be built, with the reason (stacks table).
+``pattern_facts``      the patterns of a run with their description and fio options, from the
+                       plan in env.json and the fio job options of the results.
 ``provenance_facts``   git commit, config hash (of the plan in env.json), fio / cryptsetup versions.
 ``crypto_ceilings``    cipher throughput x logical CPUs per host and LUKS stack, or why there is none.
 ``latency_table``      completion-latency histograms of the json+ raw files, active directions only.
@@ -52,6 +55,17 @@ def stack_order(stacks, baseline: str, variant: str | None = None) -> list[str]:
     return first + sorted(stacks - set(first))
 
 
+def comparison_pairs(losses: pd.DataFrame) -> list[tuple[str, str]]:
+    """The (baseline, variant) pairs of a loss table in the order of its rows (headline first)."""
+    if losses is None or losses.empty:
+        return []
+    return list(
+        dict.fromkeys(
+            zip(losses["baseline"].astype(str), losses["variant"].astype(str), strict=True)
+        )
+    )
+
+
 def variant_losses(
     fio: pd.DataFrame,
     loss: pd.DataFrame | None,
@@ -59,35 +73,41 @@ def variant_losses(
     variant: str,
     metrics: list[str] | None = None,
     confidence: float | None = None,
+    comparisons=None,
 ) -> pd.DataFrame:
-    """Loss of every non-baseline stack against ``baseline`` (column ``variant`` says which).
+    """The loss rows of every comparison, headline first (columns ``baseline``/``variant`` say
+    which).
 
-    The configured variant's rows come from ``loss`` (loss.parquet) when given; other stacks (a
-    third stack, a second cipher) are computed with :func:`luksbench.stats.loss_table` using the
-    same metrics and confidence.
+    ``comparisons`` (pairs or config ``analysis.comparisons``): rows from ``loss`` (loss.parquet)
+    where it has them, the rest computed with :func:`luksbench.stats.loss_table` using the same
+    metrics and confidence. None: the comparisons of ``loss`` as they are; without a loss table,
+    every stack against ``baseline`` (``variant`` first).
     """
+    from luksbench.comparisons import resolve
     from luksbench.stats import DEFAULT_METRICS, loss_table
 
-    if loss is not None and len(loss):
+    have = loss is not None and len(loss) > 0
+    if have:
         metrics = metrics or list(dict.fromkeys(loss["metric"]))
         confidence = confidence or float(loss["confidence"].iloc[0])
     metrics = metrics or list(DEFAULT_METRICS)
     confidence = confidence or 0.95
+    if comparisons is None and have:
+        return loss.reset_index(drop=True)
+    pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
+    known = set(comparison_pairs(loss)) if have else set()
     parts = []
-    for stack in stack_order(fio["stack"].dropna().unique(), baseline, variant):
-        if stack == baseline:
-            continue
-        if stack == variant and loss is not None and len(loss):
-            parts.append(loss)
+    for b, v in pairs:
+        if (b, v) in known:
+            parts.append(loss[(loss["baseline"] == b) & (loss["variant"] == v)])
         else:
-            parts.append(loss_table(fio, baseline, stack, metrics=metrics, confidence=confidence))
-    if not parts:
-        return loss if loss is not None else pd.DataFrame()
+            parts.append(loss_table(fio, b, v, metrics=metrics, confidence=confidence))
     return pd.concat(parts, ignore_index=True)
 
 
-def cpu_losses(fio: pd.DataFrame, baseline: str, stacks: list[str], confidence: float):
-    """CPU seconds per GiB (busy, system): increase of each stack vs baseline; empty without sidecars."""
+def cpu_losses(fio: pd.DataFrame, baseline: str, stacks, confidence: float):
+    """CPU seconds per GiB (busy, system): increase of each stack vs baseline; empty without
+    sidecars. ``stacks``: stack names (each against ``baseline``) or (baseline, variant) pairs."""
     from luksbench.stats import loss_table
 
     metrics = [
@@ -97,10 +117,9 @@ def cpu_losses(fio: pd.DataFrame, baseline: str, stacks: list[str], confidence: 
     ]
     if not metrics:
         return pd.DataFrame()
+    pairs = [s if isinstance(s, tuple) else (baseline, s) for s in stacks]
     parts = [
-        loss_table(fio, baseline, s, metrics=metrics, confidence=confidence)
-        for s in stacks
-        if s != baseline
+        loss_table(fio, b, v, metrics=metrics, confidence=confidence) for b, v in pairs if b != v
     ]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
@@ -113,6 +132,112 @@ def planned_stacks(env: pd.DataFrame) -> dict[str, list[str]]:
         stacks = plan.get("stacks") or {}
         if isinstance(stacks, dict) and stacks:
             out[str(row["host"])] = sorted(stacks)
+    return out
+
+
+def unavailable_stacks(stacks: pd.DataFrame) -> list[dict]:
+    """Optional stacks that could not be built, one dict per host and stack: host, stack, kind,
+    reason. From the stacks table's ``available``/``reason`` columns, or (tables ingested before
+    those existed) the ``unavailable`` entry of the stack's description."""
+    out = []
+    if stacks is None or stacks.empty:
+        return out
+    for _, row in stacks.iterrows():
+        reason = row.get("reason") if "reason" in stacks.columns else None
+        available = row.get("available") if "available" in stacks.columns else None
+        if _is_missing(reason):
+            reason = _env_dict(row.get("description_json")).get("unavailable")
+        if (available is not None and not _is_missing(available) and not bool(available)) or (
+            isinstance(reason, str) and reason.strip()
+        ):
+            out.append(
+                {
+                    "host": str(row["host"]),
+                    "stack": str(row["stack"]),
+                    "kind": None if _is_missing(row.get("kind")) else str(row.get("kind")),
+                    "reason": str(reason).strip().rstrip(".")
+                    if isinstance(reason, str) and reason.strip()
+                    else "no reason recorded",
+                }
+            )
+    return out
+
+
+def _is_missing(value) -> bool:
+    if value is None or value is pd.NA:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _size_words(n) -> str:
+    from luksbench.layout import bs_label
+
+    return bs_label(int(n))
+
+
+def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
+    """Each pattern of the run ("" = the main matrix first), as a dict: name, description, cells,
+    rw, bs, iodepth (as measured) and ``options``: the fio options its cells ran with, from the
+    results' job options (ioengine, direct, I/O size) and the plan recorded in env.json
+    (io_bs, fsync_per_block, sync); nothing is typed."""
+    from luksbench.layout import bs_label
+    from luksbench.stats import with_pattern
+
+    if fio is None or fio.empty:
+        return []
+    fio = with_pattern(fio)
+    plans = (
+        [_env_dict(j).get("plan") or {} for j in env.get("env_json", [])] if env is not None else []
+    )
+    declared: dict = {}
+    for plan in plans:
+        declared.update(plan.get("patterns") or {})
+    out = []
+    for name in sorted(fio["pattern"].dropna().unique(), key=lambda n: (n != "", n)):
+        rows = fio[fio["pattern"] == name]
+        spec = declared.get(name) or {}
+        options = []
+        engines = (
+            sorted(rows["ioengine"].dropna().astype(str).unique()) if "ioengine" in rows else []
+        )
+        if engines:
+            options.append("ioengine " + "/".join(engines))
+        directs = sorted(rows["direct"].dropna().unique()) if "direct" in rows else []
+        if directs:
+            options.append("direct=" + "/".join(str(int(d)) for d in directs))
+        io_bs = rows["io_bs_bytes"].dropna() if "io_bs_bytes" in rows else pd.Series(dtype=float)
+        blocks = (io_bs != rows.loc[io_bs.index, "bs_bytes"]).any() if len(io_bs) else False
+        if blocks:
+            sizes = "/".join(bs_label(int(b)) for b in sorted(io_bs.unique()))
+            options.append(
+                f"each block of bs done as {sizes} I/Os at sequential offsets, one random seek per "
+                "block (a block smaller than that is one I/O)"
+            )
+        elif spec.get("io_bs"):
+            options.append(f"blocks of bs in {spec['io_bs']} I/Os (io_bs)")
+        if spec.get("fsync_per_block"):
+            options.append("an fsync after every block of writes")
+        sync = (spec.get("fio") or {}).get("sync")
+        if sync:
+            options.append("O_SYNC writes (sync=1)")
+        out.append(
+            {
+                "name": name,
+                "description": str(spec.get("description") or "").strip(),
+                "cells": int(rows["workload"].nunique()),
+                "rw": ", ".join(f"`{x}`" for x in sorted(rows["rw"].dropna().unique())),
+                "bs": ", ".join(
+                    bs_label(int(b)) for b in sorted(rows["bs_bytes"].dropna().unique())
+                ),
+                "iodepth": ", ".join(
+                    str(int(q)) for q in sorted(rows["iodepth"].dropna().unique())
+                ),
+                "options": "; ".join(options) or "n/a",
+            }
+        )
     return out
 
 
@@ -210,6 +335,11 @@ def crypto_ceilings(
     """
     out = []
     luks = stacks[stacks["kind"] == "luks"] if len(stacks) else stacks
+    gone = {(u["host"], u["stack"]) for u in unavailable_stacks(stacks)}
+    if gone:
+        luks = luks[
+            [(str(h), str(s)) not in gone for h, s in zip(luks["host"], luks["stack"], strict=True)]
+        ]
     for _, st in luks.iterrows():
         host, name = str(st["host"]), str(st["stack"])
         algorithm = cipher_key(st["cipher"])
@@ -276,12 +406,13 @@ def crypto_ceilings(
 def latency_table(fio: pd.DataFrame, raw_dir: Path) -> pd.DataFrame:
     """Completion-latency histograms of every result file (json+ ``bins``), active directions only.
 
-    Columns: host, stack, workload, rw, bs_bytes, iodepth, rep, job_slot, direction, ns, count.
+    Columns: host, stack, workload, rw, bs_bytes, iodepth, rep, job_slot, direction, pattern, ns,
+    count.
     Empty when the run has no json+ files. ``raw_dir`` is the run folder (fio.parquet's ``file``
     column is relative to it).
     """
     from luksbench.fio import clat_histogram
-    from luksbench.stats import active_rows
+    from luksbench.stats import active_rows, with_pattern
 
     cols = [
         "host",
@@ -293,11 +424,12 @@ def latency_table(fio: pd.DataFrame, raw_dir: Path) -> pd.DataFrame:
         "rep",
         "job_slot",
         "direction",
+        "pattern",
         "ns",
         "count",
     ]
     raw_dir = Path(raw_dir)
-    act = active_rows(fio)
+    act = active_rows(with_pattern(fio))
     records = []
     for file, rows in act.groupby("file", sort=True):
         path = raw_dir / str(file)
@@ -309,7 +441,7 @@ def latency_table(fio: pd.DataFrame, raw_dir: Path) -> pd.DataFrame:
             for ns, count in bins or []:
                 records.append(
                     {
-                        **{k: r[k] for k in cols[:9]},
+                        **{k: r[k] for k in cols[:10]},
                         "ns": int(ns),
                         "count": int(count),
                     }

@@ -47,6 +47,12 @@ A tiny but significant effect stays ``significant``; ``equivalent`` (the bool co
 whether it is also practically negligible. ``noisy`` is a separate bool column, not part of the
 verdict: a noisy cell still gets its honest interval, it just did not reach the target width.
 
+Several comparisons (config ``analysis.comparisons``): :func:`loss_tables` / :func:`write_loss`
+concatenate one loss table per (baseline, variant) pair, the headline first; each is its own family
+for the Benjamini-Hochberg adjustment. A cell of a config pattern (workload id
+``<rw>-<bs>-qd<iodepth>-<pattern>``) is a cell of its own (``pattern`` in :data:`CELL_ATTRS` and the
+loss table; read from the workload id for tables ingested before patterns existed).
+
 Pairs never cross hosts: ``host`` is part of every cell (:data:`CELL_KEYS`), so a run with several
 test boxes gets each box's comparison from its own pairs. Comparing two runs (or two hosts) is
 ``luksbench.compare``: the same intervals when repetitions were measured side by side, else
@@ -99,8 +105,9 @@ OUTLIER_MIN_PAIRS = 6
 
 #: a cell: where one comparison lives (job_slot pairs jobs of multi-job files by their position)
 CELL_KEYS = ["host", "workload", "job_slot", "direction"]
-#: descriptive columns carried per cell
-CELL_ATTRS = ["rw", "bs_bytes", "iodepth", "job"]
+#: descriptive columns carried per cell; ``pattern`` names the config pattern whose fio options
+#: the cell ran with ("" for the main matrix): two cells that differ only by it are never merged
+CELL_ATTRS = ["rw", "bs_bytes", "iodepth", "job", "pattern"]
 
 LOSS_COLUMNS = [
     "host",
@@ -146,6 +153,8 @@ LOSS_COLUMNS = [
     "outliers_excluded",
     "target_pairs",
     "noisy",
+    # added by issue 3 (patterns): the cell's pattern, "" for the main matrix
+    "pattern",
 ]
 
 VERDICTS = ("significant", "equivalent", "inconclusive", "insufficient")
@@ -174,6 +183,31 @@ def higher_is_better(metric: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------------- pairing
+
+
+def pattern_of(workload: str) -> str:
+    """The pattern named in a workload id (``randwrite-1g-qd1-largeblock`` -> ``largeblock``; ""
+    for a main-matrix cell or an id that is not a workload id)."""
+    from luksbench.layout import LayoutError, Workload
+
+    try:
+        return Workload.from_id(str(workload)).pattern
+    except LayoutError:
+        return ""
+
+
+def with_pattern(fio: pd.DataFrame) -> pd.DataFrame:
+    """``fio`` with a string ``pattern`` column: as ingested, or (tables ingested before patterns
+    existed) read from the workload ids."""
+    if "pattern" in fio.columns:
+        if fio["pattern"].isna().any():
+            fio = fio.assign(pattern=fio["pattern"].astype("object").fillna(""))
+        return fio
+    if fio.empty:
+        return fio.assign(pattern=pd.Series(dtype="object"))
+    ids = fio["workload"].astype("object")
+    names = {w: pattern_of(w) for w in ids.unique()}
+    return fio.assign(pattern=ids.map(names))
 
 
 def active_rows(fio: pd.DataFrame) -> pd.DataFrame:
@@ -220,7 +254,7 @@ def rep_values(fio: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     """One row per (stack, rep, cell): jobs with several entries (numjobs without group_reporting)
     are combined — throughput summed, latency and CPU columns IOPS-weighted mean. The quality flags
     :data:`REP_FLAGS` are OR-ed over the entries."""
-    df = active_rows(fio)
+    df = active_rows(with_pattern(fio))
     keys = ["stack", "rep", *CELL_KEYS]
     if df.empty:
         return pd.DataFrame(columns=[*keys, *CELL_ATTRS, *metrics, *REP_FLAGS])
@@ -741,7 +775,9 @@ def loss_table(
         order = {m: i for i, m in enumerate(metrics)}
         table = (
             table.assign(_m=table["metric"].map(order))
-            .sort_values(["host", "rw", "bs_bytes", "iodepth", "job_slot", "direction", "_m"])
+            .sort_values(
+                ["host", "pattern", "rw", "bs_bytes", "iodepth", "job_slot", "direction", "_m"]
+            )
             .drop(columns="_m")
             .reset_index(drop=True)
         )
@@ -755,6 +791,7 @@ def _loss_dtypes(table: pd.DataFrame) -> pd.DataFrame:
         "rw",
         "direction",
         "job",
+        "pattern",
         "metric",
         "baseline",
         "variant",
@@ -818,6 +855,34 @@ def loss_table_from_raw(
     )
 
 
+def loss_tables(
+    fio: pd.DataFrame,
+    comparisons,
+    metrics: list[str] | tuple[str, ...] | None = None,
+    confidence: float = 0.95,
+    equivalence_margin_pct: float = DEFAULT_EQUIVALENCE_MARGIN_PCT,
+    exclude_outliers: bool = False,
+) -> pd.DataFrame:
+    """:func:`loss_table` of every (baseline, variant) pair in ``comparisons``, concatenated in
+    that order (columns ``baseline``/``variant`` say which). The Benjamini-Hochberg adjustment
+    and the verdicts stay per comparison: each comparison is its own family of tests."""
+    parts = [
+        loss_table(
+            fio,
+            baseline,
+            variant,
+            metrics,
+            confidence,
+            equivalence_margin_pct=equivalence_margin_pct,
+            exclude_outliers=exclude_outliers,
+        )
+        for baseline, variant in comparisons
+    ]
+    if not parts:
+        raise ValueError("no comparisons given")
+    return _loss_dtypes(pd.concat(parts, ignore_index=True)[LOSS_COLUMNS])
+
+
 def write_loss(
     processed_dir: Path,
     baseline: str = "plain",
@@ -825,17 +890,23 @@ def write_loss(
     metrics: list[str] | None = None,
     confidence: float = 0.95,
     equivalence_margin_pct: float = DEFAULT_EQUIVALENCE_MARGIN_PCT,
+    comparisons=None,
 ) -> tuple[pd.DataFrame, Path]:
-    """Read ``fio.parquet`` from ``processed_dir``, write ``loss.parquet`` beside it (outliers
-    flagged and kept; see :func:`loss_table`)."""
+    """Read ``fio.parquet`` from ``processed_dir``, write ``loss.parquet`` beside it: the rows of
+    every comparison (outliers flagged and kept; see :func:`loss_table`), the headline first.
+
+    ``comparisons``: config ``analysis.comparisons`` (a list of {baseline, variant}, pairs, or
+    their JSON); empty/None = every stack with results except ``baseline`` against ``baseline``.
+    Resolved by :func:`luksbench.comparisons.resolve`: the headline is (``baseline``,
+    ``variant``) when listed, else the first comparison; comparisons naming a stack without
+    results are left out with a note on stderr."""
+    from luksbench.comparisons import resolve
+
     processed_dir = Path(processed_dir)
-    table = loss_table(
-        pd.read_parquet(processed_dir / "fio.parquet"),
-        baseline,
-        variant,
-        metrics,
-        confidence,
-        equivalence_margin_pct=equivalence_margin_pct,
+    fio = pd.read_parquet(processed_dir / "fio.parquet")
+    pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
+    table = loss_tables(
+        fio, pairs, metrics, confidence, equivalence_margin_pct=equivalence_margin_pct
     )
     path = processed_dir / "loss.parquet"
     table.to_parquet(path, index=False)

@@ -10,15 +10,15 @@ table, each the union by column name of ``<processed_root>/*/<table>.parquet``: 
 (tables without one, like ``loss``, get the run folder's name). Views read the parquet files at
 query time, so a new or re-analysed run shows up without rebuilding anything; nothing is copied.
 
-Example (:data:`EXAMPLE_QUERY`): the bandwidth loss of every variant stack, per run, host and
-kernel, so runs on two kernels (or hosts, or months) sit side by side::
+Example (:data:`EXAMPLE_QUERY`): the bandwidth loss of every comparison (variant against baseline),
+per run, host and kernel, so runs on two kernels (or hosts, or months) sit side by side::
 
-    SELECT l.workload, l.run, l.host, e.kernel, l.variant,
+    SELECT l.workload, l.run, l.host, e.kernel, l.variant, l.baseline,
            round(l.effect_pct, 1) AS loss_pct, round(l.ci_low, 1) AS ci_low,
            round(l.ci_high, 1) AS ci_high, l.n, l.verdict
     FROM loss AS l LEFT JOIN env AS e USING (run, host)
     WHERE l.metric = 'bw_bytes'
-    ORDER BY l.workload, e.kernel, l.run, l.host
+    ORDER BY l.workload, l.baseline, l.variant, e.kernel, l.run, l.host
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import duckdb
 TABLES = ("fio", "loss", "env", "stacks", "cryptsetup", "schedule", "problems")
 
 EXAMPLE_QUERY = """\
-SELECT l.workload, l.run, l.host, e.kernel, l.variant,
+SELECT l.workload, l.run, l.host, e.kernel, l.variant, l.baseline,
        round(l.effect_pct, 1) AS loss_pct, round(l.ci_low, 1) AS ci_low,
        round(l.ci_high, 1) AS ci_high, l.n, l.verdict
 FROM loss AS l LEFT JOIN env AS e USING (run, host)
 WHERE l.metric = 'bw_bytes'
-ORDER BY l.workload, e.kernel, l.run, l.host
+ORDER BY l.workload, l.baseline, l.variant, e.kernel, l.run, l.host
 """
 
 

@@ -4,6 +4,7 @@ Each rule lists the notebook and the package sources as inputs, so a change to e
 the executed notebooks are kept beside the processed data as a record of what ran.
 """
 
+import json
 import shlex
 
 # notebooks/ as working directory, like JupyterLab; cell output goes to the log. A loaded or slow
@@ -50,7 +51,8 @@ rule ingest_raw:
 
 
 rule compute_loss:
-    """Loss per cell and metric with paired confidence intervals (variant vs baseline)."""
+    """Loss per cell and metric with paired confidence intervals, for every comparison
+    (analysis.comparisons: variant vs its baseline; the headline first)."""
     input:
         notebook=f"{NOTEBOOKS}/02-loss.ipynb",
         fio=f"{PROCESSED}/{{run}}/fio.parquet",
@@ -63,6 +65,9 @@ rule compute_loss:
         processed_dir=abs_processed_dir,
         baseline=config["baseline"],
         variant=config["analysis"]["variant"],
+        # as configured ([] = every stack against the baseline): resolved against the stacks
+        # that have results, so an optional stack that could not be built is left out
+        comparisons=shlex.quote(json.dumps(config["analysis"]["comparisons"])),
         confidence=config["analysis"]["confidence"],
         margin=config["analysis"]["equivalence_margin_pct"],
         min_pairs=min_pairs,
@@ -74,6 +79,7 @@ rule compute_loss:
         "papermill {params.papermill} {input.notebook} {output.notebook}"
         " -p processed_dir {params.processed_dir}"
         " -p baseline {params.baseline} -p variant {params.variant}"
+        " -r comparisons {params.comparisons}"
         " -p confidence {params.confidence} -p equivalence_margin_pct {params.margin}"
         " -p min_pairs {params.min_pairs} > {log} 2>&1"
 

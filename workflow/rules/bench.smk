@@ -59,6 +59,7 @@ rule plan_repetitions:
         raw_dir=abs_raw_dir,
         baseline=config["baseline"],
         variants=variant_stacks,
+        comparisons=COMPARISONS,
         adaptive=ADAPTIVE,
         confidence=config["analysis"]["confidence"],
         cells=plan_cells,
@@ -80,6 +81,7 @@ rule plan_repetitions:
             confidence=params.confidence,
             cells=params.cells,
             log=log[0],
+            comparisons=params.comparisons,
         )
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
+from luksbench.comparisons import check_config as check_comparisons
 from luksbench.profiles import apply_profile
 from luksbench.testbox.plan import plan_from_config, write_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
@@ -21,6 +22,8 @@ if _profiled is not config:
     config.clear()
     config.update(_profiled)
 validate(config, schema="../schemas/config.schema.yaml")
+# (baseline, variant) pairs the analysis reports, headline first; an error names the key.
+COMPARISONS = check_comparisons(config)
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
 # when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).

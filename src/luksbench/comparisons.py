@@ -1,0 +1,172 @@
+"""Which stacks the analysis compares: config ``analysis.comparisons``, checked and resolved.
+
+A comparison is a (baseline, variant) pair of stacks; the loss table, figures and paper report
+"how much worse ``variant`` is than ``baseline``" for each. The config gives them as::
+
+    baseline: raid5                     # top-level: the default baseline
+    analysis:
+      variant: luks-raid5               # the headline comparison (title, TL;DR first)
+      comparisons:                      # [] (default): every other stack against `baseline`
+        - {baseline: raid5, variant: luks-raid5}
+        - {baseline: linear-raid5, variant: luks-raid5}
+
+The headline rule: the headline is (``baseline``, ``analysis.variant``) when that pair is among
+the comparisons, else the first comparison listed. The resolved list always starts with the
+headline; the others keep their order (with ``[]``: alphabetical by variant).
+
+:func:`check_config` runs when the workflow parses the config (errors name the key, e.g.
+``analysis.comparisons[1].variant``); :func:`resolve` runs again at analysis time against the
+stacks that have results, leaving out comparisons whose stacks were not measured (an optional
+stack that could not be built) with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+
+Pair = tuple[str, str]
+
+
+class ComparisonError(ValueError):
+    """A comparison that names an unknown stack, compares a stack with itself, or repeats; the
+    message names the config key."""
+
+
+def label(pair: Pair) -> str:
+    """``"`raid0-luks` against `raid0`"``: how the paper names a comparison."""
+    baseline, variant = pair
+    return f"`{variant}` against `{baseline}`"
+
+
+def parse(comparisons) -> list[dict]:
+    """The comparisons as a list of {baseline, variant} from the config value, a JSON string (the
+    notebooks' parameter) or pairs; None and "" are []."""
+    if comparisons is None or comparisons == "":
+        return []
+    if isinstance(comparisons, str):
+        try:
+            comparisons = json.loads(comparisons)
+        except json.JSONDecodeError as exc:
+            raise ComparisonError(f"analysis.comparisons: not valid JSON: {exc}") from exc
+    if not isinstance(comparisons, list | tuple):
+        raise ComparisonError("analysis.comparisons must be a list of {baseline, variant}")
+    out = []
+    for i, item in enumerate(comparisons):
+        if isinstance(item, list | tuple) and len(item) == 2:
+            item = {"baseline": item[0], "variant": item[1]}
+        if not isinstance(item, dict):
+            raise ComparisonError(
+                f"analysis.comparisons[{i}] must be a mapping {{baseline: <stack>, "
+                f"variant: <stack>}}, not {item!r}"
+            )
+        for key in ("baseline", "variant"):
+            if not isinstance(item.get(key), str) or not item[key]:
+                raise ComparisonError(f"analysis.comparisons[{i}].{key} must name a stack")
+        out.append({"baseline": item["baseline"], "variant": item["variant"]})
+    return out
+
+
+def to_json(pairs: Iterable[Pair]) -> str:
+    """Pairs as the JSON string the notebooks take (``-r comparisons '<json>'``)."""
+    return json.dumps([{"baseline": b, "variant": v} for b, v in pairs])
+
+
+def _headline_first(pairs: list[Pair], baseline: str, variant: str) -> list[Pair]:
+    headline = (baseline, variant)
+    if headline in pairs:
+        return [headline, *[p for p in pairs if p != headline]]
+    return pairs
+
+
+def check(stacks: Iterable[str], baseline: str, variant: str, comparisons) -> list[Pair]:
+    """The comparisons of a config, headline first; :class:`ComparisonError` naming the key when
+    a stack is unknown, a stack is compared with itself or a comparison repeats."""
+    stacks = list(stacks)
+    known = ", ".join(stacks)
+    items = parse(comparisons)
+    if not items:
+        if variant not in stacks or variant == baseline:
+            raise ComparisonError(
+                f"analysis.variant: {variant!r} is not a stack other than the baseline "
+                f"{baseline!r} (stacks: {known}); with analysis.comparisons empty it is the "
+                "headline comparison"
+            )
+        others = sorted(s for s in stacks if s != baseline)  # as resolve() orders them
+        return _headline_first([(baseline, s) for s in others], baseline, variant)
+    seen: dict[Pair, int] = {}
+    pairs = []
+    for i, item in enumerate(items):
+        for key in ("baseline", "variant"):
+            if item[key] not in stacks:
+                raise ComparisonError(
+                    f"analysis.comparisons[{i}].{key}: no stack {item[key]!r} (stacks: {known})"
+                )
+        pair = (item["baseline"], item["variant"])
+        if pair[0] == pair[1]:
+            raise ComparisonError(
+                f"analysis.comparisons[{i}].variant: {pair[1]!r} is also its baseline; a stack "
+                "is not compared with itself"
+            )
+        if pair in seen:
+            raise ComparisonError(
+                f"analysis.comparisons[{i}]: {label(pair)} repeats analysis.comparisons"
+                f"[{seen[pair]}]"
+            )
+        seen[pair] = i
+        pairs.append(pair)
+    return _headline_first(pairs, baseline, variant)
+
+
+def check_config(config: dict) -> list[Pair]:
+    """:func:`check` on a (validated) workflow config."""
+    analysis = config.get("analysis") or {}
+    return check(
+        list(config.get("stacks") or {}),
+        config.get("baseline", "plain"),
+        analysis.get("variant", "luks"),
+        analysis.get("comparisons") or [],
+    )
+
+
+def resolve(
+    measured: Iterable[str], baseline: str, variant: str, comparisons=None, warn=None
+) -> list[Pair]:
+    """The comparisons the data can answer, headline first.
+
+    ``comparisons`` empty: every measured stack but ``baseline`` against ``baseline`` (the
+    headline ``variant`` first, then alphabetical). Given: those whose two stacks both have
+    results; the others are left out and named through ``warn`` (default: stderr). Raises
+    :class:`ComparisonError` when nothing is left to compare."""
+    measured = set(measured)
+    if warn is None:
+
+        def warn(message: str) -> None:
+            print(f"luksbench: {message}", file=sys.stderr)
+
+    items = parse(comparisons)
+    if not items:
+        others = [s for s in sorted(measured) if s != baseline]
+        pairs = [(baseline, s) for s in others] if baseline in measured else []
+        pairs = _headline_first(pairs, baseline, variant)
+    else:
+        pairs = []
+        for item in items:
+            pair = (item["baseline"], item["variant"])
+            missing = [s for s in pair if s not in measured]
+            if missing:
+                warn(
+                    f"comparison {label(pair)} left out: no results for "
+                    + ", ".join(f"`{s}`" for s in missing)
+                )
+            elif pair not in pairs:
+                pairs.append(pair)
+        pairs = _headline_first(pairs, baseline, variant)
+    if not pairs:
+        raise ComparisonError(
+            f"nothing to compare: the stacks with results ({', '.join(sorted(measured)) or 'none'})"
+            f" answer none of the comparisons (baseline {baseline!r}, comparisons "
+            f"{to_json((i['baseline'], i['variant']) for i in items) if items else '[]'})"
+        )
+    return pairs
