@@ -1,6 +1,7 @@
 """Harness overhead: how much of a benchmark session's wall time is not fio measuring?
 
-    python benchmarks/harness_overhead.py [RAW_HOST_DIR ...]     # default: data/raw/sample/vm
+    python benchmarks/harness_overhead.py [RAW_HOST_DIR ...] [--project RUNTIME:RAMP ...]
+                                                          # default: data/raw/sample/vm
 
 From what a run already recorded, nothing is run: every session record of the host
 (``fio/sessions/*.json``, else ``fio/manifest.json``) gives the session's wall time (started ..
@@ -9,10 +10,15 @@ ended) and each fio run's start and end; each fio JSON gives the job's measured 
 
 * OVERHEAD  = (wall - sum of fio runtime) / wall   -- the issue's definition; goal < 5 %;
 * of it, RAMP = sum of the planned ramp_time / wall: fio running, but not measuring (configured);
-* HARNESS   = (wall - sum(runtime + ramp)) / wall: what luksbench itself adds (fio start-up and
-  file layout, the /proc/stat samples, writing results, the idle CPU baseline, between runs);
-* PROJECTED overhead for longer runs with the same per-run cost (ramp and harness seconds per run
-  held fixed, runtime varied): a projection from the measured per-run cost, not a measurement.
+* HARNESS   = (wall - sum(runtime + ramp)) / wall: what is neither measuring nor ramp, split by
+  where it goes: FIO START/EXIT (each fio process's lifetime, the CPU sidecar's ``interval_s``,
+  beyond runtime + ramp: fio's own start-up, clock calibration, job start and exit), LUKSBENCH PER
+  RUN (each run's record, started .. ended, beyond its fio process: temp file, /proc/stat and RAPL
+  samples, parsing, fsync and rename of the result and its sidecar) and PER SESSION (the wall time
+  outside the runs: the idle CPU baseline, checks, the manifest);
+* PROJECTED overhead for other runtime/ramp choices (``--project RUNTIME:RAMP``, seconds; default
+  a few): the same runs with the measured per-run and per-session costs held fixed. A projection
+  from the measured costs, not a measurement.
 """
 
 from __future__ import annotations
@@ -40,6 +46,23 @@ def fio_runtime_s(path: Path) -> float:
     return max(runtimes) / 1000
 
 
+def _sidecar(rep_path: str) -> str:
+    return rep_path[: -len(".json")] + ".cpu.json"
+
+
+def fio_process_s(path: Path) -> float:
+    """The fio process's lifetime (start to exit) from the run's CPU sidecar, in seconds."""
+    return float(json.loads(path.read_text())["interval_s"])
+
+
+def overhead_pct(costs: dict, runtime_s: float, ramp_s: float) -> float:
+    """(wall - fio runtime) / wall in %, for the same runs with another runtime and ramp: the
+    measured per-run and per-session costs held fixed."""
+    runs = costs["runs"]
+    fixed = runs * (costs["per_run_s"] + ramp_s) + costs["session_s"]
+    return 100 * fixed / (fixed + runs * runtime_s)
+
+
 def host_overhead(host_dir: Path) -> dict:
     from luksbench import ingest
 
@@ -47,7 +70,7 @@ def host_overhead(host_dir: Path) -> dict:
     sessions = ingest.session_records(host_dir)
     if not sessions:
         sys.exit(f"{host_dir}: no fio/manifest.json or fio/sessions/*.json")
-    wall = fio = ramp = process = 0.0
+    wall = fio = ramp = process = fio_process = 0.0
     runs = 0
     for path, _name in sessions:
         manifest = json.loads(path.read_text())
@@ -58,6 +81,7 @@ def host_overhead(host_dir: Path) -> dict:
             if run.get("skipped_existing") or run.get("status") != "ok":
                 continue
             fio += fio_runtime_s(host_dir / run["path"])
+            fio_process += fio_process_s(host_dir / run.get("cpu_path", _sidecar(run["path"])))
             ramp += ramp_s
             process += (pd.Timestamp(run["ended"]) - pd.Timestamp(run["started"])).total_seconds()
             runs += 1
@@ -71,9 +95,22 @@ def host_overhead(host_dir: Path) -> dict:
         "fio_s": fio,
         "ramp_s": ramp,
         "process_s": process,
+        "fio_process_s": fio_process,
         "runtime_planned_s": plan.get("runtime_s"),
         "ramp_planned_s": plan.get("ramp_time_s"),
     }
+
+
+def _projection(text: str) -> tuple[float, float]:
+    try:
+        runtime, ramp = (float(v) for v in text.split(":"))
+    except ValueError:
+        msg = f"{text!r}: expected RUNTIME:RAMP in seconds, e.g. 5:0"
+        raise argparse.ArgumentTypeError(msg) from None
+    return runtime, ramp
+
+
+DEFAULT_PROJECTIONS = [(2, 1), (2, 0), (5, 0), (5, 1), (10, 0), (10, 1), (30, 1), (60, 1)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,12 +118,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "host_dirs", nargs="*", type=Path, default=[REPO / "data" / "raw" / "sample" / "vm"]
     )
+    parser.add_argument(
+        "--project",
+        action="append",
+        type=_projection,
+        metavar="RUNTIME:RAMP",
+        help="project the overhead for this runtime and ramp in seconds (repeatable)",
+    )
     args = parser.parse_args(argv)
     for host_dir in args.host_dirs:
         r = host_overhead(host_dir)
         wall, fio, ramp, runs = r["wall_s"], r["fio_s"], r["ramp_s"], r["runs"]
         overhead = 100 * (wall - fio) / wall
         harness = wall - fio - ramp
+        fio_extra = r["fio_process_s"] - fio - ramp  # fio's own start-up and exit
+        per_run = r["process_s"] - r["fio_process_s"]  # luksbench around each fio process
+        session = wall - r["process_s"]  # idle baseline, checks, manifest
         print(
             f"{r['run']}/{r['host']}: {r['sessions']} session(s), {runs} fio runs of "
             f"{r['runtime_planned_s']} s + {r['ramp_planned_s']} s ramp (planned)"
@@ -100,21 +147,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    of it RAMP             {100 * ramp / wall:9.1f} %  ({ramp:.0f} s of ramp_time)")
         print(
             f"    of it HARNESS          {100 * harness / wall:9.1f} %  ({harness:.1f} s, "
-            f"{harness / runs:.2f} s per fio run)"
+            f"{harness / runs:.3f} s per fio run)"
         )
-        outside = wall - r["process_s"]
-        print(
-            f"      fio processes beyond runtime + ramp: {r['process_s'] - fio - ramp:.1f} s; "
-            f"between fio runs: {outside:.1f} s"
-        )
-        per_run = (wall - fio) / runs  # ramp + harness seconds per run, held fixed below
-        harness_per_run = harness / runs
-        for runtime in (10, 60, 300):
-            proj = 100 * per_run / (per_run + runtime)
-            no_ramp = 100 * harness_per_run / (harness_per_run + runtime)
+        for what, seconds, unit in (
+            ("FIO START/EXIT", fio_extra, f"{1000 * fio_extra / runs:.0f} ms per fio process"),
+            ("LUKSBENCH PER RUN", per_run, f"{1000 * per_run / runs:.1f} ms per fio run"),
+            ("PER SESSION", session, f"{session / r['sessions']:.2f} s per session"),
+        ):
+            print(f"      {what:18} {100 * seconds / wall:9.2f} %  ({seconds:.1f} s, {unit})")
+        costs = {"runs": runs, "per_run_s": (fio_extra + per_run) / runs, "session_s": session}
+        for runtime, ramp_s in args.project or DEFAULT_PROJECTIONS:
             print(
-                f"  PROJECTED at {runtime:3d} s runtime: {proj:5.1f} % overhead "
-                f"({no_ramp:4.1f} % without the ramp)"
+                f"  PROJECTED at {runtime:g} s runtime + {ramp_s:g} s ramp: "
+                f"{overhead_pct(costs, runtime, ramp_s):5.1f} % overhead"
             )
     return 0
 
