@@ -1,7 +1,10 @@
 """Harness overhead: how much of a benchmark session's wall time is not fio measuring?
 
     python benchmarks/harness_overhead.py [RAW_HOST_DIR ...] [--project RUNTIME:RAMP ...]
-                                                          # default: data/raw/sample/vm
+
+RAW_HOST_DIR defaults to every host of the default run (data/raw/default/*: run
+``snakemake --cores 1 all`` first), else the shipped sample (data/raw/sample/vm, measured with the
+default config of its time: 2 s runs + 1 s ramp).
 
 From what a run already recorded, nothing is run: every session record of the host
 (``fio/sessions/*.json``, else ``fio/manifest.json``) gives the session's wall time (started ..
@@ -110,14 +113,18 @@ def _projection(text: str) -> tuple[float, float]:
     return runtime, ramp
 
 
+def default_host_dirs() -> list[Path]:
+    """The default run's hosts when it has been measured here, else the shipped sample's."""
+    default_run = sorted(d for d in (REPO / "data" / "raw" / "default").glob("*") if d.is_dir())
+    return default_run or [REPO / "data" / "raw" / "sample" / "vm"]
+
+
 DEFAULT_PROJECTIONS = [(2, 1), (2, 0), (5, 0), (5, 1), (10, 0), (10, 1), (30, 1), (60, 1)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "host_dirs", nargs="*", type=Path, default=[REPO / "data" / "raw" / "sample" / "vm"]
-    )
+    parser.add_argument("host_dirs", nargs="*", type=Path, default=default_host_dirs())
     parser.add_argument(
         "--project",
         action="append",
