@@ -84,3 +84,23 @@ def testbox(*args, check: bool = True, timeout: float = 300) -> subprocess.Compl
     if check and proc.returncode != 0:
         raise AssertionError(f"testbox {args[0]} exited {proc.returncode}\n{proc.stderr}")
     return proc
+
+
+def loop_plan(run: str, scratch_dir: Path, **overrides) -> dict:
+    """A small valid kernel-backend plan: two loop stacks (plain baseline, other), one randread
+    4k cell, 1 s runs without ramp; ``overrides`` replace top-level keys."""
+    return {
+        "run": run,
+        "host": "h",
+        "backend": "kernel",
+        "scratch_dir": str(scratch_dir),
+        "device_size_mib": 64,
+        "precondition": False,
+        "baseline": "plain",
+        "stacks": {"plain": {"kind": "loop"}, "other": {"kind": "loop"}},
+        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
+        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+        "repetitions": 1,
+        "seed": 1,
+        **overrides,
+    }

@@ -8,6 +8,7 @@ import re
 import subprocess
 
 import pytest
+from conftest import loop_plan
 
 from luksbench.testbox.plan import check_plan, workloads
 from luksbench.testbox.runner import _CLOCKSOURCES, _one_run, fio_clocksource
@@ -35,20 +36,7 @@ def test_the_probe_names_the_clock_fio_picks_and_passing_it_keeps_that_clock():
 
 
 def test_a_run_records_the_clock_it_was_given(tmp_path):
-    plan = {
-        "run": "clock",
-        "host": "h",
-        "backend": "kernel",
-        "scratch_dir": str(tmp_path / "scratch"),
-        "device_size_mib": 64,
-        "precondition": False,
-        "baseline": "plain",
-        "stacks": {"plain": {"kind": "loop"}, "other": {"kind": "loop"}},
-        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
-        "repetitions": 1,
-        "seed": 1,
-    }
+    plan = loop_plan("clock", tmp_path / "scratch")
     check_plan(plan)
     target = tmp_path / "target.img"
     with open(target, "wb") as f:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import loop_plan
 from conftest import testbox as tb
 
 from luksbench.fio import parse_fio_file
@@ -118,21 +119,14 @@ def test_fleet_clients_needs_hosts():
 @pytest.mark.device
 def test_every_run_goes_to_both_servers_and_parses_per_host(tmp_path, fio_servers):
     run = f"fl{os.getpid()}"
-    plan = {
-        "run": run,
-        "host": "coord",
-        "backend": "kernel",
-        "scratch_dir": str(tmp_path / "scratch"),
-        "device_size_mib": 64,
-        "precondition": False,
-        "baseline": "plain",
-        "stacks": {"plain": {"kind": "loop"}, "other": {"kind": "loop"}},
-        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [4]},
-        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
-        "repetitions": 2,
-        "seed": 1,
-        "fleet": {"mode": "clients", "hosts": fio_servers},
-    }
+    plan = loop_plan(
+        run,
+        tmp_path / "scratch",
+        host="coord",
+        matrix={"rw": ["randread"], "bs": ["4k"], "iodepth": [4]},
+        repetitions=2,
+        fleet={"mode": "clients", "hosts": fio_servers},
+    )
     check_plan(plan)
     plan_path, state = tmp_path / "plan.json", tmp_path / "state.json"
     plan_path.write_text(json.dumps(plan))
