@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +134,30 @@ def test_workload_ids_round_trip():
     assert workload.id == "randwrite-64k-qd32"
     with pytest.raises(LayoutError, match="not a workload id"):
         Workload.from_id("randwrite-64k")
+
+
+VMBOX_DIR = Path(__file__).parent / "vmbox"
+VMBOX_PLANS = sorted((VMBOX_DIR / "plans").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", VMBOX_PLANS, ids=[p.stem for p in VMBOX_PLANS])
+def test_every_vm_case_plan_passes_the_plan_checks(path):
+    """The VM cases test what stack-up does on real devices, so their plans, as the guest driver
+    writes them, must pass the plan checks, or fail them with the very refusal the case expects:
+    a case refused by another plan check would not test what it says."""
+    spec = importlib.util.spec_from_file_location("vm_driver", VMBOX_DIR / "guest" / "driver.py")
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    disks = [{"dev": f"/dev/vd{c}", "by_id": f"/dev/disk/by-id/virtio-scratch{c}"} for c in "bcde"]
+    case = json.loads(path.read_text())
+    plan = driver.make_plan(path.stem, case, disks)
+    stack_up = case.get("expect", {}).get("stack_up", "ok")  # "ok" or {"refused": regex}
+    if stack_up == "ok":
+        check_plan(plan, source=path.name)
+        return
+    try:
+        check_plan(plan, source=path.name)
+    except PlanError as exc:
+        assert re.search(stack_up["refused"], str(exc)), (
+            f"{path.name}: refused for another reason: {exc}"
+        )

@@ -19,6 +19,7 @@ from snakemake.utils import validate
 from luksbench.profiles import ProfileError, apply_profile, available_profiles
 from luksbench.testbox.plan import (
     PlanError,
+    cell_options,
     plan_from_config,
     planned_size_bytes,
     walk_layers,
@@ -567,7 +568,6 @@ def test_the_profile_runs_on_loop_devices_in_the_vm(vm_results, name):
     assert set(stacks) == set(EXPECTED[name]["stacks"])
     host_dir = case_dir / "raw" / plan["run"] / plan["host"] / "fio"
     manifest = json.loads((host_dir / "manifest.json").read_text())
-    cells = {w.id for w in workloads(plan)}
     for stack, desc in stacks.items():
         if desc.get("unavailable"):
             # Only an optional arm may be missing, and then with the kernel's reason recorded.
@@ -577,9 +577,18 @@ def test_the_profile_runs_on_loop_devices_in_the_vm(vm_results, name):
             continue
         for layer in luks_layers(plan["stacks"][stack])[:1]:
             assert desc["cipher"] == layer["cipher"], (stack, desc["cipher"])
-        for cell in cells:
-            rows = parse_fio_file(host_dir / stack / cell / "rep1.json")
+        for w in workloads(plan):
+            rep = host_dir / stack / w.id / "rep1.json"
+            rows = parse_fio_file(rep)
             assert rows and all(r["error"] == 0 and r["io_bytes"] > 0 for r in rows), (stack, rows)
+            # a pattern cell ran with its own fio options on the real stack (dm-crypt, md, ext4)
+            options = cell_options(plan, w)
+            job = json.loads(rep.read_text())["jobs"][0]["job options"]
+            assert job["ioengine"] == options["ioengine"], (stack, w.id, job)
+            assert job["direct"] == str(int(options["direct"])), (stack, w.id, job)
+            assert job.get("sync", "0") == str(int(options["sync"])), (stack, w.id, job)
+            assert job.get("fsync", "0") == str(options["fsync"]), (stack, w.id, job)
+            assert job["bs"] == str(options["io_bs_bytes"]), (stack, w.id, job)
     teardown = json.loads((case_dir / "teardown.json").read_text())
     assert teardown["ok"] and all(teardown["checks"].values()), teardown
     assert not any(case["leftovers"].values()), case["leftovers"]
