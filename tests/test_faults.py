@@ -18,6 +18,7 @@ import pytest
 from conftest import copy_workflow, run_fio_args
 
 from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.runner import MIN_FREE_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -57,11 +58,14 @@ def mounts_under(path: Path) -> list[str]:
 
 @pytest.fixture
 def small_raw_filesystem(tmp_path):
-    """A tmpfs with room for a few fio results above the runner's free-space margin."""
+    """A tmpfs with room for a few fio results above the runner's free-space margin: 64 KiB,
+    where a json+ result and its CPU sidecar take 12-20 KiB in 4 KiB pages, so the run stops after
+    a few of its 12 results (at 204 KiB of room all 12 sometimes fitted, and CI saw no stop)."""
     mountpoint = tmp_path / "raw"
     mountpoint.mkdir()
+    size_kib = MIN_FREE_BYTES // 1024 + 64
     subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4300k", "tmpfs", str(mountpoint)], check=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mountpoint)], check=True
     )
     try:
         yield mountpoint
