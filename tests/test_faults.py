@@ -59,8 +59,9 @@ def mounts_under(path: Path) -> list[str]:
 @pytest.fixture
 def small_raw_filesystem(tmp_path):
     """A tmpfs with room for a few fio results above the runner's free-space margin: 64 KiB,
-    where a json+ result and its CPU sidecar take 12-20 KiB in 4 KiB pages, so the run stops after
-    a few of its 12 results (at 204 KiB of room all 12 sometimes fitted, and CI saw no stop)."""
+    where a 4k json+ result (8-11 KiB in the sample) and its CPU sidecar take 12-16 KiB in 4 KiB
+    pages, so the run stops after a few of its 12 results (at 204 KiB of room all 12 could fit,
+    and in CI they did)."""
     mountpoint = tmp_path / "raw"
     mountpoint.mkdir()
     size_kib = MIN_FREE_BYTES // 1024 + 64
