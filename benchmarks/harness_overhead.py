@@ -39,7 +39,7 @@ GOAL_PCT = 5.0
 
 def fio_runtime_s(path: Path) -> float:
     """fio's measured runtime of a result: the longest job's, in seconds (ramp excluded)."""
-    from luksbench.fio import parse_fio_file
+    from luksbench.formats.fio import parse_fio_file
 
     rows = parse_fio_file(path, warn=lambda _m: None)
     runtimes = [r.get("runtime_ms") for r in rows if r.get("runtime_ms")]
@@ -67,7 +67,7 @@ def overhead_pct(costs: dict, runtime_s: float, ramp_s: float) -> float:
 
 
 def host_overhead(host_dir: Path) -> dict:
-    from luksbench import ingest
+    from luksbench.analysis import ingest
 
     host_dir = Path(host_dir)
     sessions = ingest.session_records(host_dir)

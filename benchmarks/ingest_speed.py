@@ -55,8 +55,8 @@ def machine() -> str:
 
 def templates(kind: str) -> list[tuple[Path, str]]:
     """(external fio output, workload id of its layout folder) for every file ingest accepts."""
-    from luksbench.fio import FioParseError, parse_fio_file
-    from luksbench.layout import Workload
+    from luksbench.formats.fio import FioParseError, parse_fio_file
+    from luksbench.formats.layout import Workload
 
     out = []
     for path in sorted(p for p in EXTERNAL.rglob("*") if p.is_file()):
@@ -127,7 +127,7 @@ def load() -> str:
 
 
 def bench(n: int, workers: int, kind: str, keep: Path | None) -> None:
-    from luksbench import ingest
+    from luksbench.analysis import ingest
 
     tmpl = templates(kind)
     base = Path(tempfile.mkdtemp(prefix="luksbench-ingest-", dir=keep))
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--templates", choices=("single", "all"), default="single")
     parser.add_argument("--keep", type=Path, help="build under this folder and keep it")
     args = parser.parse_args(argv)
-    from luksbench.ingest import default_workers
+    from luksbench.analysis.ingest import default_workers
 
     workers = args.workers or default_workers()
     print(f"machine: {machine()}")

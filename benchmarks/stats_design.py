@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from luksbench import stats
+from luksbench.analysis import stats
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILE = {"pilot_pairs": 4, "target_half_width_pct": 2.0, "max_pairs": 12}

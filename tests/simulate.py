@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from luksbench import stats
+from luksbench.analysis import stats
 
 
 def simulate_logs(rng, n_cells, n_pairs, sigma, log_ratio, order_drift=0.01, pair_drift=0.3):

@@ -23,7 +23,11 @@ from conftest import copy_workflow
 from PIL import Image
 from simulate import derived_run
 
-from luksbench import adaptive, comparisons, ingest, paper, plots, report, stats
+from luksbench.analysis import contrasts as comparisons
+from luksbench.analysis import design as adaptive
+from luksbench.analysis import ingest, stats
+from luksbench.publish import figures as plots
+from luksbench.publish import paper, report
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "raw" / "sample"
@@ -134,7 +138,7 @@ def test_the_workflow_refuses_a_bad_comparison_before_anything_runs(tmp_path):
     ],
 )
 def test_the_profiles_compare_what_their_studies_compared(profile, expected, tmp_path):
-    from luksbench.profiles import load_config
+    from luksbench.studies import load_config
 
     user = tmp_path / "user.yaml"
     user.write_text(f"profile: {profile}\n")

@@ -1,4 +1,4 @@
-"""luksbench.cryptsetup against the 15 real `cryptsetup benchmark` outputs of
+"""luksbench.formats.cryptsetup against the 15 real `cryptsetup benchmark` outputs of
 ../shared/datasets/external (see PROVENANCE.md) and this machine's own output."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from luksbench.cryptsetup import (
+from luksbench.formats.cryptsetup import (
     CRYPTSETUP_COLUMNS,
     CryptsetupParseError,
     parse_cryptsetup_file,

@@ -1,4 +1,4 @@
-"""luksbench.fio against the 29 real fio outputs of ../shared/datasets/external (see PROVENANCE.md)
+"""luksbench.formats.fio against the 29 real fio outputs of ../shared/datasets/external (see PROVENANCE.md)
 plus hand-made negative inputs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from luksbench.fio import (
+from luksbench.formats.fio import (
     FIO_COLUMNS,
     FioParseError,
     clat_histogram,

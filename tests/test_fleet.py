@@ -15,7 +15,7 @@ import pytest
 from conftest import loop_plan
 from conftest import testbox as tb
 
-from luksbench.fio import parse_fio_file
+from luksbench.formats.fio import parse_fio_file
 from luksbench.testbox.env import TestboxError
 from luksbench.testbox.plan import PlanError, check_plan
 from luksbench.testbox.runner import check_servers, client_argv

@@ -17,7 +17,7 @@ from conftest import copy_workflow
 from test_fleet import fio_servers  # noqa: F401 (fixture: two fio servers, stopped afterwards)
 from test_workflow_run import our_mounts, our_processes, snakemake
 
-from luksbench.fio import parse_fio_file
+from luksbench.formats.fio import parse_fio_file
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
 

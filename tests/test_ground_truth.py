@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from luksbench import stats
-from luksbench.layout import Workload, fio_rep_path
+from luksbench.analysis import stats
+from luksbench.formats.layout import Workload, fio_rep_path
 from luksbench.testbox.runner import stacks_for_round
 
 pytestmark = pytest.mark.device

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from luksbench import ingest
+from luksbench.analysis import ingest
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "raw" / "sample"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from luksbench import ingest
-from luksbench.fio import FIO_COLUMNS
+from luksbench.analysis import ingest
+from luksbench.formats.fio import FIO_COLUMNS
 
 TUM = "TUM-DSE__CVM_eval"
 DIRECT2 = f"{TUM}/logs/sev/direct-2"

@@ -20,7 +20,9 @@ import pandas as pd
 import pytest
 from conftest import copy_workflow
 
-from luksbench import ingest, paper, plots, stats
+from luksbench.analysis import ingest, stats
+from luksbench.publish import figures as plots
+from luksbench.publish import paper
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "raw" / "sample"
@@ -253,7 +255,7 @@ def fleet_run(tmp_path_factory) -> Path:
 
 @pytest.mark.device
 def test_fleet_servers_are_the_hosts(fleet_run, tmp_path):
-    from luksbench import compare
+    from luksbench.analysis import crossrun as compare
 
     processed = tmp_path / "processed" / "fleetrun"
     ingest.write_processed(fleet_run, processed, workers=1)

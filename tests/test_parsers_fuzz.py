@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from luksbench.cryptsetup import CryptsetupParseError, parse_cryptsetup_text
-from luksbench.fio import FioParseError, parse_fio_file
+from luksbench.formats.cryptsetup import CryptsetupParseError, parse_cryptsetup_text
+from luksbench.formats.fio import FioParseError, parse_fio_file
 
 EXTERNAL = Path(__file__).resolve().parents[1].parent / "shared/datasets/external"
 FIO_SEED = EXTERNAL / "TUM-DSE__CVM_eval/io-benchmarks/baremetal-randread-4k-4-128.json"

@@ -19,8 +19,8 @@ from conftest import run_fio_args
 from conftest import testbox as tb
 from snakemake.utils import validate
 
-from luksbench import ingest
-from luksbench.layout import Workload, fio_rep_path
+from luksbench.analysis import ingest
+from luksbench.formats.layout import Workload, fio_rep_path
 from luksbench.testbox.env import TestboxError
 from luksbench.testbox.plan import (
     PlanError,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from luksbench.layout import LayoutError, Workload, bs_label, bs_to_bytes
+from luksbench.formats.layout import LayoutError, Workload, bs_label, bs_to_bytes
 from luksbench.testbox.plan import (
     PlanError,
     check_plan,

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from luksbench import ingest, paper, plots, stats
+from luksbench.analysis import ingest, stats
+from luksbench.publish import figures as plots
+from luksbench.publish import paper
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +52,12 @@ def test_figures_written_with_provenance(figures, processed):
         assert png.stat().st_size > 1000 and svg.stat().st_size > 1000
         text = Image.open(png).text
         assert text["run"] == "tumrun" and text["figure"] == name
-        assert text["made_by"].startswith("luksbench.plots.")
+        assert text["made_by"].startswith("luksbench.publish.figures.")
         assert "fio.parquet" in json.loads(text["sources_sha256"])
         for key in ("git_commit", "config_hash", "fio_version", "cryptsetup_version"):
             assert text[key], (name, key)
         head = svg.read_text()
-        assert "luksbench.plots." in head and "<dc:date>" not in head
+        assert "luksbench.publish.figures." in head and "<dc:date>" not in head
         assert '"git_commit"' in head and '"config_hash"' in head
 
 
@@ -64,7 +66,7 @@ def test_crypto_ceiling_from_the_cipher_benchmark(figures, processed):
     benchmark failed, and its ceiling figure records why instead of a number."""
     import pandas as pd
 
-    from luksbench import report
+    from luksbench.publish import report
 
     tables = ingest.read_processed(processed)
     ceilings = {
@@ -307,8 +309,8 @@ def test_sample_has_every_figure_family(sample):
 def test_latency_histograms_come_from_the_raw_json_plus(sample):
     import pandas as pd
 
-    from luksbench import fio as fio_parser
-    from luksbench import report
+    from luksbench.formats import fio as fio_parser
+    from luksbench.publish import report
 
     fio = pd.read_parquet(sample["processed"] / "fio.parquet")
     lat = report.latency_table(fio, SAMPLE)

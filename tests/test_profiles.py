@@ -16,7 +16,7 @@ import yaml
 from conftest import copy_workflow
 from snakemake.utils import validate
 
-from luksbench.profiles import ProfileError, apply_profile, available_profiles
+from luksbench.studies import ProfileError, apply_profile, available_profiles
 from luksbench.testbox.plan import (
     PlanError,
     cell_options,
@@ -414,7 +414,7 @@ def test_an_unknown_profile_stops_the_dry_run_naming_the_choices(workflow_copy):
         assert name in out
 
 
-# --- merging a user's config with a profile (luksbench.profiles.apply_profile) ------------------
+# --- merging a user's config with a profile (luksbench.studies.apply_profile) ------------------
 
 
 def snakemake_config(overrides: dict) -> dict:
@@ -493,7 +493,7 @@ def _harness():
 def vm_case(name: str) -> dict:
     """The profile's stacks, devices, fio engine and preconditioning as they are; only smaller:
     devices of VM_DEVICE_MIB, the matrix at its smallest block size, 1 s runs, 1 repetition."""
-    from luksbench.layout import bs_to_bytes
+    from luksbench.formats.layout import bs_to_bytes
 
     config = validated(load_profile(name))
     config["devices"] = {device: {"size_mib": VM_DEVICE_MIB} for device in config["devices"]}
@@ -558,7 +558,7 @@ def vm_results(tmp_path_factory) -> Path:
 @pytest.mark.vm_full
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_profile_runs_on_loop_devices_in_the_vm(vm_results, name):
-    from luksbench.fio import parse_fio_file
+    from luksbench.formats.fio import parse_fio_file
 
     case_dir = vm_results / f"profile-{name}"
     case = json.loads((case_dir / "case.json").read_text())

@@ -17,7 +17,7 @@ import pytest
 from conftest import luksbench_testbox_argv, run_fio_args
 from conftest import testbox as tb
 
-from luksbench.fio import parse_fio_file
+from luksbench.formats.fio import parse_fio_file
 from luksbench.testbox import safety
 from luksbench.testbox.env import dm_crypt_status
 from luksbench.testbox.plan import PlanError, check_plan

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from luksbench import stats
-from luksbench.layout import Workload
+from luksbench.analysis import stats
+from luksbench.formats.layout import Workload
 
 CELLS = [Workload("randread", 4096, 32), Workload("write", 1048576, 1)]
 

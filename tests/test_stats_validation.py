@@ -17,7 +17,8 @@ import pytest
 from scipy import stats as sps
 from simulate import covered, fio_frame, simulate_logs, two_stage
 
-from luksbench import adaptive, ingest, stats
+from luksbench.analysis import design as adaptive
+from luksbench.analysis import ingest, stats
 
 N_CELLS = 2000
 REPO = Path(__file__).resolve().parents[1]

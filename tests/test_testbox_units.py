@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from luksbench.layout import Workload
+from luksbench.formats.layout import Workload
 from luksbench.testbox import safety
 from luksbench.testbox.env import TestboxError
 from luksbench.testbox.layers import losetup_argv, luks_format_argv, luks_open_argv

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from luksbench.fio import parse_fio_file
+from luksbench.formats.fio import parse_fio_file
 
 VMBOX_DIR = Path(__file__).parent / "vmbox"
 PLAN_FILES = sorted((VMBOX_DIR / "plans").glob("*.json"))

@@ -11,7 +11,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from luksbench import ingest, stats, warehouse
+from luksbench.analysis import ingest, stats, warehouse
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "raw" / "sample"
 
@@ -75,7 +75,14 @@ def test_file_backed_database_keeps_the_views(processed_root, tmp_path, monkeypa
 def test_command_line(processed_root):
     def warehouse_cli(*args: str) -> list[str]:
         root = str(processed_root)
-        return [sys.executable, "-m", "luksbench.warehouse", *args, "--processed-root", root]
+        return [
+            sys.executable,
+            "-m",
+            "luksbench.analysis.warehouse",
+            *args,
+            "--processed-root",
+            root,
+        ]
 
     result = subprocess.run(
         warehouse_cli(),

@@ -34,13 +34,13 @@ def _parse_files(files, parse, error_type, columns: list[str], label: str) -> in
 
 
 def _cmd_parse_fio(args: argparse.Namespace) -> int:
-    from luksbench.fio import FIO_COLUMNS, FioParseError, parse_fio_file
+    from luksbench.formats.fio import FIO_COLUMNS, FioParseError, parse_fio_file
 
     return _parse_files(args.files, parse_fio_file, FioParseError, FIO_COLUMNS, "fio")
 
 
 def _cmd_parse_cryptsetup(args: argparse.Namespace) -> int:
-    from luksbench import cryptsetup
+    from luksbench.formats import cryptsetup
 
     return _parse_files(
         args.files,
@@ -52,8 +52,8 @@ def _cmd_parse_cryptsetup(args: argparse.Namespace) -> int:
 
 
 def _cmd_loss(args: argparse.Namespace) -> int:
-    from luksbench.ingest import IngestError
-    from luksbench.stats import LOSS_COLUMNS, loss_table_from_raw
+    from luksbench.analysis.ingest import IngestError
+    from luksbench.analysis.stats import LOSS_COLUMNS, loss_table_from_raw
 
     try:
         table = loss_table_from_raw(
@@ -81,12 +81,12 @@ def _cmd_loss(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from luksbench import compare
+    from luksbench.analysis import crossrun
 
     try:
-        a = compare.load_run(args.run_a, args.processed_root, args.raw_root)
-        b = compare.load_run(args.run_b, args.processed_root, args.raw_root)
-        table = compare.compare_runs(
+        a = crossrun.load_run(args.run_a, args.processed_root, args.raw_root)
+        b = crossrun.load_run(args.run_b, args.processed_root, args.raw_root)
+        table = crossrun.compare_runs(
             a,
             b,
             hosts=args.host,
@@ -96,9 +96,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             equivalence_margin_pct=args.equivalence_margin,
             unpaired=args.unpaired,
         )
-        differences = compare.env_differences(a, b, compare.host_pairs(a, b, args.host))
-        out = compare.write_compare(table, Path(args.out), a, b, differences)
-    except (compare.CompareError, FileNotFoundError, ValueError) as exc:
+        differences = crossrun.env_differences(a, b, crossrun.host_pairs(a, b, args.host))
+        out = crossrun.write_compare(table, Path(args.out), a, b, differences)
+    except (crossrun.CompareError, FileNotFoundError, ValueError) as exc:
         print(f"luksbench compare: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(out["md"].read_text())
@@ -122,7 +122,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.plan:
             plan = load_plan(Path(args.plan))
         else:
-            from luksbench.profiles import ProfileError, load_config
+            from luksbench.studies import ProfileError, load_config
 
             try:
                 config = load_config(Path(args.workdir), args.configfile)

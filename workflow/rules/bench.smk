@@ -69,7 +69,7 @@ rule plan_repetitions:
         run=MEASURED_RUN,
         host=MEASURED_HOST,
     run:
-        from luksbench.adaptive import write_targets
+        from luksbench.analysis.design import write_targets
 
         write_targets(
             params.raw_dir,

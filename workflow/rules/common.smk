@@ -7,8 +7,8 @@ from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
-from luksbench.comparisons import check_config as check_comparisons
-from luksbench.profiles import apply_profile
+from luksbench.analysis.contrasts import check_config as check_comparisons
+from luksbench.studies import apply_profile
 from luksbench.testbox.plan import plan_from_config, write_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
 
@@ -38,7 +38,7 @@ SCRATCH = config["scratch_dir"]
 NOTEBOOKS = "notebooks"
 # Notebook rules list the package sources as inputs so a code change re-runs the analysis.
 PACKAGE_SOURCES = sorted(str(p) for p in Path("src/luksbench").rglob("*.py"))
-PACKAGE_TEMPLATES = sorted(str(p) for p in Path("src/luksbench/templates").glob("*"))
+PACKAGE_TEMPLATES = sorted(str(p) for p in Path("src/luksbench/publish/templates").glob("*"))
 
 
 wildcard_constraints:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from luksbench.layout import PATTERN_NAME_RE, LayoutError, Workload, bs_to_bytes
+from luksbench.formats.layout import PATTERN_NAME_RE, LayoutError, Workload, bs_to_bytes
 
 REQUIRED_KEYS = (
     "run",

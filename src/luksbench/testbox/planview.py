@@ -11,7 +11,7 @@ Standard library only.
 
 from __future__ import annotations
 
-from luksbench.layout import bs_label, bs_to_bytes
+from luksbench.formats.layout import bs_label, bs_to_bytes
 from luksbench.testbox import safety
 from luksbench.testbox.plan import precondition_options, walk_layers, workloads
 

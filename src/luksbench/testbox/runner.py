@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from luksbench.layout import Workload, cpu_rep_path, fio_rep_path
+from luksbench.formats.layout import Workload, cpu_rep_path, fio_rep_path
 from luksbench.testbox import measure, safety
 from luksbench.testbox.env import TestboxError, log, utc_now, write_json_atomic
 from luksbench.testbox.plan import RANDOM_RW, cell_options, workloads
@@ -62,7 +62,7 @@ def stacks_for_round(stacks: list[str], round_no: int) -> list[str]:
 def load_targets(path: Path) -> dict[str, int]:
     """Per-cell repetition targets (workload id -> pairs) from an adaptive targets file.
 
-    The file is written by the analysis side (``luksbench.adaptive``); only its ``pairs`` object is
+    The file is written by the analysis side (``luksbench.analysis.design``); only its ``pairs`` object is
     read here. Raises TestboxError naming the file when it is malformed."""
     try:
         doc = json.loads(Path(path).read_text())

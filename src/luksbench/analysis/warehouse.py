@@ -1,8 +1,8 @@
 """Queries across runs: DuckDB views over every run's processed parquet files.
 
-    python -m luksbench.warehouse                      # the example query below, as a table
-    python -m luksbench.warehouse "SELECT ..." [--csv] [--processed-root data/processed]
-    python -m luksbench.warehouse --database data/processed/warehouse.duckdb   # keep the views
+    python -m luksbench.analysis.warehouse                      # the example query below, as a table
+    python -m luksbench.analysis.warehouse "SELECT ..." [--csv] [--processed-root data/processed]
+    python -m luksbench.analysis.warehouse --database data/processed/warehouse.duckdb   # keep the views
 
 :func:`connect` opens DuckDB (in memory, or a file-backed database) with one view per processed
 table, each the union by column name of ``<processed_root>/*/<table>.parquet``: ``fio``, ``loss``,
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import duckdb
 
-#: the processed tables that get a view (the files of luksbench.ingest.PROCESSED_FILES + loss)
+#: the processed tables that get a view (the files of luksbench.analysis.ingest.PROCESSED_FILES + loss)
 TABLES = ("fio", "loss", "env", "stacks", "cryptsetup", "schedule", "problems")
 
 EXAMPLE_QUERY = """\
@@ -92,7 +92,7 @@ def connect(
         con.close()
         raise FileNotFoundError(
             f"no processed run under {processed_root} (expected <run>/fio.parquet ...): "
-            "run the analysis first (snakemake ... or luksbench.ingest.write_processed)"
+            "run the analysis first (snakemake ... or luksbench.analysis.ingest.write_processed)"
         )
     return con
 
@@ -108,7 +108,7 @@ def query(sql: str = EXAMPLE_QUERY, processed_root: Path = Path("data/processed"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m luksbench.warehouse", description=__doc__.splitlines()[0]
+        prog="python -m luksbench.analysis.warehouse", description=__doc__.splitlines()[0]
     )
     parser.add_argument("sql", nargs="?", default=EXAMPLE_QUERY, help="default: the example")
     parser.add_argument("--processed-root", type=Path, default=Path("data/processed"))

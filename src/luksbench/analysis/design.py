@@ -1,13 +1,13 @@
 """Adaptive repetitions, two-stage (Stein): spend device time where the noise is.
 
 Stage 1 (pilot): every cell runs ``pilot_pairs`` (n0) pairs. From the pilot pairs 1..n0 alone,
-:func:`pilot_targets` computes each cell's target with :func:`luksbench.stats.stein_pairs`::
+:func:`pilot_targets` computes each cell's target with :func:`luksbench.analysis.stats.stein_pairs`::
 
     N = min(max_pairs, max(n0, ceil((t_{1-alpha/2, n0-1} * s / h)^2)))
 
 with ``s`` the pilot SD of d = ln(variant / baseline) of the design metric (default ``bw_bytes``;
 for a cell with several directions or jobs, and for several comparisons, the largest SD) and
-``h = ln(1 + target_half_width_pct / 100)`` (:func:`luksbench.stats.half_width_log`). Stage 2 tops
+``h = ln(1 + target_half_width_pct / 100)`` (:func:`luksbench.analysis.stats.half_width_log`). Stage 2 tops
 every cell up to its N (``luksbench testbox run-fio --targets targets.json``); there is no further
 look at the data after the pilot. Cells whose requirement exceeds ``max_pairs`` stop at the cap and
 are labelled *noisy*: their interval is honest but wider than the target.
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from luksbench import stats
+from luksbench.analysis import stats
 
 TARGETS_KIND = "luksbench adaptive repetitions targets v1"
 
@@ -130,7 +130,7 @@ def pilot_targets(
 
 
 def stein_vector(sd, pilot_pairs, half_width_pct, max_pairs, confidence):
-    """:func:`luksbench.stats.stein_pairs` on an array, always returning arrays."""
+    """:func:`luksbench.analysis.stats.stein_pairs` on an array, always returning arrays."""
     pairs, required, capped = stats.stein_pairs(
         np.atleast_1d(np.asarray(sd, float)), pilot_pairs, half_width_pct, max_pairs, confidence
     )
@@ -152,7 +152,7 @@ def write_targets(
 ) -> dict:
     """Compute the targets of one host from its pilot (strict ingest of ``raw_dir``) and write
     them as JSON to ``out``; a readable summary goes to ``log``."""
-    from luksbench.ingest import fio_table
+    from luksbench.analysis.ingest import fio_table
 
     fio = fio_table(Path(raw_dir))
     fio = fio[fio["host"] == host]

@@ -38,7 +38,7 @@ import pandas as pd
 import seaborn as sns
 from scipy import stats as sps
 
-from luksbench.layout import bs_label
+from luksbench.formats.layout import bs_label
 
 METRIC_LABELS = {
     "bw_bytes": ("Bandwidth", "MiB/s", 2**20),
@@ -139,9 +139,9 @@ def rep_summary(fio: pd.DataFrame, metric: str, confidence: float = 0.95) -> pd.
     """Mean over repetitions per (host, stack, pattern, rw, bs_bytes, iodepth, direction) with a
     t-interval.
 
-    Multi-entry jobs are combined first as in :func:`luksbench.stats.rep_values`.
+    Multi-entry jobs are combined first as in :func:`luksbench.analysis.stats.rep_values`.
     """
-    from luksbench.stats import CELL_KEYS, rep_values
+    from luksbench.analysis.stats import CELL_KEYS, rep_values
 
     vals = rep_values(fio, [metric])
     keys = ["host", "stack", "pattern", "rw", "bs_bytes", "iodepth", "direction", "job_slot"]
@@ -175,7 +175,7 @@ def throughput_figure(
 
     ``pattern``: only the cells of that config pattern ("" = the main matrix); None = all, cells of
     different patterns kept apart as separate bar groups."""
-    from luksbench.stats import with_pattern
+    from luksbench.analysis.stats import with_pattern
 
     house_style()
     df = with_pattern(fio[fio["rw"] == rw])
@@ -344,7 +344,7 @@ def loss_figure(
 def _one_comparison(loss: pd.DataFrame, comparison: tuple[str, str] | None) -> pd.DataFrame:
     """The rows of one comparison; ValueError when ``comparison`` is None and there are several
     (their cells would be drawn on top of each other)."""
-    from luksbench.stats import with_pattern
+    from luksbench.analysis.stats import with_pattern
 
     loss = with_pattern(loss)
     pairs = list(dict.fromkeys(zip(loss["baseline"], loss["variant"], strict=True)))
@@ -390,7 +390,7 @@ def loss_heatmap(
     """Block size (x) x rw pattern (y), one panel per comparison (rows: variant against its
     baseline) and iodepth (columns); colour = effect in %, each cell annotated with effect,
     interval and a verdict mark. Cells of different config patterns get rows of their own."""
-    from luksbench.stats import with_pattern
+    from luksbench.analysis.stats import with_pattern
 
     house_style()
     df = with_pattern(losses[losses["metric"] == metric])
@@ -482,7 +482,7 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
     """Several test boxes side by side: the effect per cell (rows) with its interval, one colour
     per host (dodged), one panel per comparison. Each host's effect comes from its own pairs
     only; the figure sets them beside each other, it does not pool them."""
-    from luksbench.stats import with_pattern
+    from luksbench.analysis.stats import with_pattern
 
     house_style()
     df = with_pattern(losses[losses["metric"] == metric].copy())
@@ -1067,9 +1067,9 @@ def make_figures(
     there is none). ``notebook`` names the notebook that made them, for the provenance.
     ``workers``: processes drawing in parallel (default: the CPUs available; 1 = here).
     """
-    from luksbench import report
-    from luksbench.ingest import read_processed
-    from luksbench.stats import with_pattern
+    from luksbench.analysis.ingest import read_processed
+    from luksbench.analysis.stats import with_pattern
+    from luksbench.publish import report
 
     processed_dir, figures_dir = Path(processed_dir), Path(figures_dir)
     tables = read_processed(processed_dir)
@@ -1140,7 +1140,7 @@ def make_figures(
                 emit(
                     named("throughput", host, rw, pat, metric),
                     build,
-                    "luksbench.plots.throughput_figure",
+                    "luksbench.publish.figures.throughput_figure",
                     host=host,
                     rw=rw,
                     metric=metric,
@@ -1153,7 +1153,7 @@ def make_figures(
                     lambda lat_one=lat_one, rw=rw, host=host: latency_figure(
                         lat_one, rw, stacks=stacks, host=host if multi else None
                     ),
-                    "luksbench.plots.latency_figure",
+                    "luksbench.publish.figures.latency_figure",
                     rw=rw,
                     **({"pattern": pat} if pat else {}),
                 )
@@ -1166,7 +1166,10 @@ def make_figures(
                 return retitled(fig, fig.get_suptitle().removeprefix(f"{host}: "))
 
             emit(
-                named("heatmap", host, metric), build, "luksbench.plots.loss_heatmap", metric=metric
+                named("heatmap", host, metric),
+                build,
+                "luksbench.publish.figures.loss_heatmap",
+                metric=metric,
             )
         for metric in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib"):
             if metric in one and pd.to_numeric(one[metric], errors="coerce").notna().any():
@@ -1175,7 +1178,7 @@ def make_figures(
                     lambda one=one, metric=metric, host=host: cpu_figure(
                         one, metric, stacks, confidence, host=host if multi else None
                     ),
-                    "luksbench.plots.cpu_figure",
+                    "luksbench.publish.figures.cpu_figure",
                     metric=metric,
                 )
         host_ceilings = [c for c in ceilings if c["host"] == host]
@@ -1185,7 +1188,7 @@ def make_figures(
                 lambda one=one, host_ceilings=host_ceilings, host=host: ceiling_figure(
                     one, host_ceilings, confidence, host=host if multi else None
                 ),
-                "luksbench.plots.ceiling_figure",
+                "luksbench.publish.figures.ceiling_figure",
                 ceilings=[
                     {k: c.get(k) for k in ("stack", "read_ceiling_mib_s", "write_ceiling_mib_s")}
                     | {"unavailable": c.get("reason")}
@@ -1197,7 +1200,7 @@ def make_figures(
             emit(
                 f"hosts-{metric}",
                 lambda metric=metric: hosts_figure(losses, metric),
-                "luksbench.plots.hosts_figure",
+                "luksbench.publish.figures.hosts_figure",
                 metric=metric,
                 hosts=hosts,
             )
@@ -1207,12 +1210,14 @@ def make_figures(
             (cryptsetup["kind"] == "cipher") & cryptsetup["available"].fillna(False).astype(bool)
         ).any()
     ):
-        emit("ciphers", lambda: cipher_figure(cryptsetup), "luksbench.plots.cipher_figure")
+        emit(
+            "ciphers", lambda: cipher_figure(cryptsetup), "luksbench.publish.figures.cipher_figure"
+        )
     for k, pair in enumerate(pairs):  # one cost chart per comparison, the headline's is "loss"
         emit(
             "loss" if k == 0 else f"loss-{pair[1]}-vs-{pair[0]}",
             lambda pair=pair: loss_figure(losses, comparison=pair),
-            "luksbench.plots.loss_figure",
+            "luksbench.publish.figures.loss_figure",
             baseline=pair[0],
             variant=pair[1],
         )

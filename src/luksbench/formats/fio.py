@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from luksbench.layout import LayoutError, bs_to_bytes
+from luksbench.formats.layout import LayoutError, bs_to_bytes
 
 FIO_COLUMNS = [
     "file",

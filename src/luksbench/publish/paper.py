@@ -23,7 +23,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from luksbench.layout import bs_label
+from luksbench.formats.layout import bs_label
 
 TEMPLATE = "paper.md.j2"
 
@@ -185,7 +185,7 @@ _STACK_SETTINGS = (
 def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
     """The stacks that were built, with their role in the comparisons (unavailable ones are in
     "Not in this run")."""
-    from luksbench.report import unavailable_stacks
+    from luksbench.publish.report import unavailable_stacks
 
     gone = {(u["host"], u["stack"]) for u in unavailable_stacks(stacks)}
     rows = []
@@ -287,7 +287,7 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
 def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
     """One section per comparison, in ``pairs`` order (the headline first): its label, stacks,
     SCS-shaped tables, detailed loss tables and how many of its rows are significant."""
-    from luksbench.comparisons import label
+    from luksbench.analysis.contrasts import label
 
     out = []
     for k, (baseline, variant) in enumerate(pairs):
@@ -315,8 +315,8 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
         return {"present": False, "rows": []}
     facts = {h["host"]: h for h in hosts}
     rows = []
-    from luksbench.comparisons import label
-    from luksbench.report import comparison_pairs
+    from luksbench.analysis.contrasts import label
+    from luksbench.publish.report import comparison_pairs
 
     order = {pair: k for k, pair in enumerate(comparison_pairs(losses))}
     bw = losses[losses["metric"] == "bw_bytes"]
@@ -432,7 +432,7 @@ def bs_human(bs_bytes) -> str:
 
 def _cell_words(row, multi_host: bool, with_job: bool = False) -> str:
     """``sequential write, 1 MiB, QD32`` (+ direction of mixed patterns, host, job)."""
-    from luksbench.report import rw_words
+    from luksbench.publish.report import rw_words
 
     words = f"{rw_words(row['rw'])}, {bs_human(row['bs_bytes'])}, QD{int(row['iodepth'])}"
     if row["rw"] in ("rw", "readwrite", "randrw"):
@@ -463,13 +463,13 @@ def tldr_sentences(
 ) -> list[str]:
     """The TL;DR, every number computed from the loss tables: per comparison, headline first
     (``baseline`` is unused: each comparison names its own)."""
-    from luksbench.report import rw_words
+    from luksbench.publish.report import rw_words
 
     conf = fmt_num(100 * float(losses["confidence"].iloc[0]), 0)
     multi_host = losses["host"].nunique() > 1
     multi_job = _multi_job(losses)
     backends = sorted({h["backend_short"] for h in hosts}) or ["an unknown backend"]
-    from luksbench.report import comparison_pairs
+    from luksbench.publish.report import comparison_pairs
 
     out = []
     for baseline, variant in comparison_pairs(losses):
@@ -557,8 +557,8 @@ def recommendation(losses: pd.DataFrame, hosts: list[dict]) -> dict:
         f"{neg} %, *material* when the whole interval lies above {mat} %, and *undecided* "
         f"otherwise (including cells with fewer than two pairs). Applied to bandwidth."
     )
-    from luksbench.comparisons import label
-    from luksbench.report import comparison_pairs
+    from luksbench.analysis.contrasts import label
+    from luksbench.publish.report import comparison_pairs
 
     pairs = comparison_pairs(losses)
     parts = []
@@ -613,10 +613,10 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
     """Loss tables in the SCS post's shape: one per rw pattern (and direction), config pattern and
     metric; rows = host / stack / iodepth, columns = block sizes; cells = effect [CI] and a
     verdict mark. Cells of two config patterns never share a table."""
-    from luksbench.stats import with_pattern
+    from luksbench.analysis.stats import with_pattern
 
     losses = with_pattern(losses)
-    from luksbench.report import rw_words
+    from luksbench.publish.report import rw_words
 
     marks = {"significant": "●", "equivalent": "≈", "inconclusive": "○", "insufficient": "\u2013"}
     multi_host = losses["host"].nunique() > 1
@@ -687,8 +687,8 @@ def _who(row, losses: pd.DataFrame) -> str:
 def compare_scs(losses: pd.DataFrame, scs: pd.DataFrame | None) -> dict:
     """This run beside the SCS 2023 tables where rw, block size and iodepth are the same (main
     matrix cells only: a config pattern's cells ran with other fio options than the study)."""
-    from luksbench.report import rw_words, scs_long
-    from luksbench.stats import with_pattern
+    from luksbench.analysis.stats import with_pattern
+    from luksbench.publish.report import rw_words, scs_long
 
     if scs is None or scs.empty:
         return {"present": False, "rows": [], "devices": []}
@@ -726,7 +726,7 @@ def compare_scs(losses: pd.DataFrame, scs: pd.DataFrame | None) -> dict:
 
 def compare_ceph(losses: pd.DataFrame, ceph: pd.DataFrame | None) -> dict:
     """Ceph Reef's published % of unencrypted performance beside this run's matching cells."""
-    from luksbench.report import rw_words
+    from luksbench.publish.report import rw_words
 
     if ceph is None or ceph.empty:
         return {"present": False, "rows": [], "n_unmatched": 0, "n_total": 0}
@@ -948,8 +948,8 @@ FIGURE_FAMILIES = {
 
 
 def _figure_caption(stem: str, headline: tuple[str, str] | None = None) -> str:
-    from luksbench.comparisons import label
-    from luksbench.report import rw_words
+    from luksbench.analysis.contrasts import label
+    from luksbench.publish.report import rw_words
 
     kind, _, rest = stem.partition("-")
     if kind == "loss":  # "loss" is the headline comparison, "loss-<variant>-vs-<baseline>" others
@@ -1049,9 +1049,9 @@ def paper_context(
     """Everything the template needs, as formatted strings (no raw floats reach the template)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from luksbench import report
-    from luksbench.ingest import read_processed
-    from luksbench.stats import with_pattern
+    from luksbench.analysis.ingest import read_processed
+    from luksbench.analysis.stats import with_pattern
+    from luksbench.publish import report
 
     processed_dir = Path(processed_dir)
     tables = read_processed(processed_dir)
@@ -1165,7 +1165,7 @@ def paper_context(
 
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("luksbench", "templates"),
+        loader=jinja2.PackageLoader("luksbench.publish", "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from luksbench.adaptive import read_targets
-from luksbench.layout import LayoutError, RepPath, Workload, cpu_rep_path
+from luksbench.analysis.design import read_targets
+from luksbench.formats.layout import LayoutError, RepPath, Workload, cpu_rep_path
 
 GIB = 2**30
 
@@ -130,7 +130,7 @@ def host_dirs(raw_dir: Path) -> list[Path]:
 
 
 def _fio_columns() -> list[str]:
-    from luksbench.fio import FIO_COLUMNS
+    from luksbench.formats.fio import FIO_COLUMNS
 
     return list(FIO_COLUMNS)
 
@@ -279,7 +279,7 @@ def _ingest_rep_file(raw_dir: Path, key: str, run: str) -> tuple[list[dict], lis
 
     Records carry everything but the adaptive design's columns (per host, added later) and
     ``_row``, their position in the file (row order of the table)."""
-    from luksbench.fio import FioParseError, parse_fio_file
+    from luksbench.formats.fio import FioParseError, parse_fio_file
 
     path = raw_dir / key
     problems: list[tuple[Path, str]] = []
@@ -419,7 +419,7 @@ def _parse_files(
 
 def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
     """(rep files, stray JSON files) under ``<host>/fio/<stack>/<workload>/``, as paths inside the
-    run folder in :func:`luksbench.layout.iter_rep_files`' order (the order of the table's rows).
+    run folder in :func:`luksbench.formats.layout.iter_rep_files`' order (the order of the table's rows).
 
     One directory walk for both (``os.scandir``: a run of 100,000 results is listed in well under a
     second); rep files are ``rep<k>.json``, strays are other ``*.json`` files that are neither a
@@ -656,7 +656,12 @@ class _IngestCache:
 
         h = hashlib.sha256(f"format {CACHE_FORMAT}; pandas {pd.__version__}".encode())
         here = Path(luksbench.__file__).parent
-        for name in ("ingest.py", "fio.py", "layout.py", "adaptive.py"):
+        for name in (
+            "analysis/ingest.py",
+            "formats/fio.py",
+            "formats/layout.py",
+            "analysis/design.py",
+        ):
             h.update((here / name).read_bytes())
         return h.hexdigest()
 
@@ -782,7 +787,11 @@ def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 
     A host without the file contributes no rows; a file the parser rejects is an :class:`IngestError`.
     """
-    from luksbench.cryptsetup import CRYPTSETUP_COLUMNS, CryptsetupParseError, parse_cryptsetup_file
+    from luksbench.formats.cryptsetup import (
+        CRYPTSETUP_COLUMNS,
+        CryptsetupParseError,
+        parse_cryptsetup_file,
+    )
 
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)

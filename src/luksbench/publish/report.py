@@ -79,12 +79,12 @@ def variant_losses(
     which).
 
     ``comparisons`` (pairs or config ``analysis.comparisons``): rows from ``loss`` (loss.parquet)
-    where it has them, the rest computed with :func:`luksbench.stats.loss_table` using the same
+    where it has them, the rest computed with :func:`luksbench.analysis.stats.loss_table` using the same
     metrics and confidence. None: the comparisons of ``loss`` as they are; without a loss table,
     every stack against ``baseline`` (``variant`` first).
     """
-    from luksbench.comparisons import resolve
-    from luksbench.stats import DEFAULT_METRICS, loss_table
+    from luksbench.analysis.contrasts import resolve
+    from luksbench.analysis.stats import DEFAULT_METRICS, loss_table
 
     have = loss is not None and len(loss) > 0
     if have:
@@ -108,7 +108,7 @@ def variant_losses(
 def cpu_losses(fio: pd.DataFrame, baseline: str, stacks, confidence: float):
     """CPU seconds per GiB (busy, system): increase of each stack vs baseline; empty without
     sidecars. ``stacks``: stack names (each against ``baseline``) or (baseline, variant) pairs."""
-    from luksbench.stats import loss_table
+    from luksbench.analysis.stats import loss_table
 
     metrics = [
         m
@@ -173,7 +173,7 @@ def _is_missing(value) -> bool:
 
 
 def _size_words(n) -> str:
-    from luksbench.layout import bs_label
+    from luksbench.formats.layout import bs_label
 
     return bs_label(int(n))
 
@@ -183,8 +183,8 @@ def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
     rw, bs, iodepth (as measured) and ``options``: the fio options its cells ran with, from the
     results' job options (ioengine, direct, I/O size) and the plan recorded in env.json
     (io_bs, fsync_per_block, sync); nothing is typed."""
-    from luksbench.layout import bs_label
-    from luksbench.stats import with_pattern
+    from luksbench.analysis.stats import with_pattern
+    from luksbench.formats.layout import bs_label
 
     if fio is None or fio.empty:
         return []
@@ -411,8 +411,8 @@ def latency_table(fio: pd.DataFrame, raw_dir: Path) -> pd.DataFrame:
     Empty when the run has no json+ files. ``raw_dir`` is the run folder (fio.parquet's ``file``
     column is relative to it).
     """
-    from luksbench.fio import clat_histogram
-    from luksbench.stats import active_rows, with_pattern
+    from luksbench.analysis.stats import active_rows, with_pattern
+    from luksbench.formats.fio import clat_histogram
 
     cols = [
         "host",
@@ -453,7 +453,7 @@ def latency_table(fio: pd.DataFrame, raw_dir: Path) -> pd.DataFrame:
 
 
 def reference_dir_default() -> Path:
-    return Path(__file__).resolve().parents[2] / "data" / "reference"
+    return Path(__file__).resolve().parents[3] / "data" / "reference"
 
 
 def read_references(reference_dir: Path | None = None) -> dict[str, pd.DataFrame]:

@@ -55,7 +55,7 @@ loss table; read from the workload id for tables ingested before patterns existe
 
 Pairs never cross hosts: ``host`` is part of every cell (:data:`CELL_KEYS`), so a run with several
 test boxes gets each box's comparison from its own pairs. Comparing two runs (or two hosts) is
-``luksbench.compare``: the same intervals when repetitions were measured side by side, else
+``luksbench.analysis.crossrun``: the same intervals when repetitions were measured side by side, else
 :func:`welch_log_ratio_ci` (unpaired, on log values).
 """
 
@@ -188,7 +188,7 @@ def higher_is_better(metric: str) -> bool:
 def pattern_of(workload: str) -> str:
     """The pattern named in a workload id (``randwrite-1g-qd1-largeblock`` -> ``largeblock``; ""
     for a main-matrix cell or an id that is not a workload id)."""
-    from luksbench.layout import LayoutError, Workload
+    from luksbench.formats.layout import LayoutError, Workload
 
     try:
         return Workload.from_id(str(workload)).pattern
@@ -842,7 +842,7 @@ def loss_table_from_raw(
     exclude_outliers: bool = False,
 ) -> pd.DataFrame:
     """:func:`loss_table` straight from a raw run folder (strict ingest)."""
-    from luksbench.ingest import fio_table
+    from luksbench.analysis.ingest import fio_table
 
     return loss_table(
         fio_table(Path(raw_dir)),
@@ -897,10 +897,10 @@ def write_loss(
 
     ``comparisons``: config ``analysis.comparisons`` (a list of {baseline, variant}, pairs, or
     their JSON); empty/None = every stack with results except ``baseline`` against ``baseline``.
-    Resolved by :func:`luksbench.comparisons.resolve`: the headline is (``baseline``,
+    Resolved by :func:`luksbench.analysis.contrasts.resolve`: the headline is (``baseline``,
     ``variant``) when listed, else the first comparison; comparisons naming a stack without
     results are left out with a note on stderr."""
-    from luksbench.comparisons import resolve
+    from luksbench.analysis.contrasts import resolve
 
     processed_dir = Path(processed_dir)
     fio = pd.read_parquet(processed_dir / "fio.parquet")

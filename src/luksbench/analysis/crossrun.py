@@ -6,15 +6,15 @@ metric from A to B in percent, ``change_pct = 100 (r - 1)`` with ``r`` the geome
 B / A, and its confidence interval, from log values:
 
 * **paired** (``design == "paired"``): repetition k of A with repetition k of B, ``d_k = ln(B_k /
-  A_k)``, a paired t-interval on mean d (:func:`luksbench.stats.paired_log_ratio_ci`). Only when
+  A_k)``, a paired t-interval on mean d (:func:`luksbench.analysis.stats.paired_log_ratio_ci`). Only when
   the schedules show it is justified: every repetition k of a cell ran in the same round k of
   sessions that overlapped in time (two hosts measured side by side, e.g. a fleet run). Then the
   pairs share whatever drifted during the session.
 * **unpaired** (``design == "welch"``): otherwise, the normal case for two runs measured at
   different times: repetition k of A has nothing in common with repetition k of B, so a Welch
-  t-interval on ``mean ln B - mean ln A`` (:func:`luksbench.stats.welch_log_ratio_ci`).
+  t-interval on ``mean ln B - mean ln A`` (:func:`luksbench.analysis.stats.welch_log_ratio_ci`).
 
-Verdicts as in the loss table (:func:`luksbench.stats.table_verdicts`): ``q_value`` is
+Verdicts as in the loss table (:func:`luksbench.analysis.stats.table_verdicts`): ``q_value`` is
 Benjamini-Hochberg over the whole comparison; *significant* (q <= 1 - confidence), *equivalent*
 (the 1 - 2 alpha interval lies inside +- the equivalence margin), *inconclusive*, *insufficient*
 (fewer than two pairs / two values on a side). ``outcome`` reads it for the metric: ``better`` /
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from luksbench import stats
+from luksbench.analysis import stats
 
 #: metrics compared by default: throughput, tail latency and CPU cost (all non-idle CPU, which
 #: counts userspace encryption too)
@@ -120,7 +120,7 @@ def load_run(
     raw_root: Path = Path("data/raw"),
 ) -> RunData:
     """A run by processed folder, raw run folder or name (processed first, then raw)."""
-    from luksbench import ingest
+    from luksbench.analysis import ingest
 
     spec = Path(spec)
     tried = []
@@ -496,8 +496,8 @@ def _text(x) -> str:
 
 def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: list[str]) -> str:
     """The comparison as Markdown: design per host pair, what differs, one table per metric."""
-    from luksbench.layout import bs_label
-    from luksbench.paper import METRIC_UNITS, fmt_ci, fmt_num, fmt_pct
+    from luksbench.formats.layout import bs_label
+    from luksbench.publish.paper import METRIC_UNITS, fmt_ci, fmt_num, fmt_pct
 
     conf = fmt_num(100 * float(table["confidence"].iloc[0]), 0) if len(table) else "95"
     lines = [
@@ -564,7 +564,7 @@ def write_compare(
     table: pd.DataFrame, out_dir: Path, a: RunData, b: RunData, differences: list[str]
 ) -> dict[str, Path]:
     """``compare.parquet``, ``compare.csv``, ``compare.md`` and the figure ``compare.png|svg``."""
-    from luksbench import plots
+    from luksbench.publish import figures as plots
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -583,7 +583,7 @@ def write_compare(
             {
                 "title": f"luksbench compare: {a.name} vs {b.name}",
                 "figure": "compare",
-                "made_by": "luksbench.plots.compare_figure",
+                "made_by": "luksbench.publish.figures.compare_figure",
                 "run_a": a.source,
                 "run_b": b.source,
                 "designs": table.attrs.get("designs", {}),
