@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from luksbench.analysis import ingest
+from luksbench.analysis.loss import write_loss
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "raw" / "sample"
 HOST = next(p.name for p in SAMPLE.iterdir() if p.is_dir())
@@ -103,13 +104,12 @@ def test_problems_are_written_and_printed(broken_run, tmp_path, capsys):
 
 
 def test_the_paper_says_which_raw_files_were_left_out(broken_run, tmp_path):
-    from luksbench.analysis import stats
     from luksbench.publish import paper
 
     raw_dir, broken = broken_run
     processed = tmp_path / "processed"
     ingest.write_processed(raw_dir, processed)
-    stats.write_loss(processed)
+    write_loss(processed)
     figures = tmp_path / "figures"
     figures.mkdir()
     text = paper.render_paper(

@@ -21,6 +21,7 @@ import pytest
 from conftest import copy_workflow
 
 from luksbench.analysis import ingest, stats
+from luksbench.analysis.loss import write_loss
 from luksbench.publish import figures as plots
 from luksbench.publish import paper
 
@@ -50,7 +51,7 @@ def fleet(tmp_path_factory) -> dict:
     raw = make_two_host_run(base / "raw" / "fleet")
     processed = base / "processed" / "fleet"
     ingest.write_processed(raw, processed, workers=2)
-    stats.write_loss(processed)
+    write_loss(processed)
     figures = plots.make_figures(
         processed, base / "figures", "fleet", raw_dir=raw, notebook="tests/test_multihost.py"
     )
@@ -118,7 +119,7 @@ def test_single_host_paper_has_no_hosts_section(tmp_path):
             shutil.rmtree(cell)
     processed = tmp_path / "processed"
     ingest.write_processed(raw, processed, workers=1)
-    stats.write_loss(processed)
+    write_loss(processed)
     (tmp_path / "figures").mkdir()
     md = paper.render_paper(processed, tmp_path / "figures", tmp_path / "index.md", "one")
     assert "**Hosts.**" not in md.read_text()
@@ -270,7 +271,7 @@ def test_fleet_servers_are_the_hosts(fleet_run, tmp_path):
     assert set(env.index) == {"coord", "client1", "client2"}
     assert env.loc["client1", "backend"] == env.loc["coord", "backend"]
 
-    loss = stats.write_loss(processed)[0]
+    loss = write_loss(processed)[0]
     bw = loss[loss["metric"] == "bw_bytes"].set_index("host")
     assert set(bw.index) == {"client1", "client2"} and (bw["n"] == 3).all()
     assert (bw["verdict"] == "significant").all() and (bw["effect_pct"] > 50).all()

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from luksbench.analysis import ingest, stats
+from luksbench.analysis.loss import write_loss
 from luksbench.publish import figures as plots
 from luksbench.publish import paper
 
@@ -22,7 +23,7 @@ def processed(external_dir, tmp_path_factory) -> Path:
     raw = build_raw(external_dir, base / "raw" / "tumrun")
     out = base / "processed" / "tumrun"
     ingest.write_processed(raw, out)
-    stats.write_loss(out)
+    write_loss(out)
     return out
 
 
@@ -271,7 +272,7 @@ SAMPLE = REPO / "data" / "raw" / "sample"
 def _pipeline(raw: Path, base: Path, run: str) -> dict:
     out = base / "processed" / run
     ingest.write_processed(raw, out)
-    stats.write_loss(out)
+    write_loss(out)
     figs = plots.make_figures(
         out, base / "figures" / run, run, raw_dir=raw, notebook="tests/test_plots_paper.py"
     )

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from luksbench.analysis import stats
+from luksbench.analysis import cells, stats
+from luksbench.analysis.loss import loss_table_from_raw
 from luksbench.formats.layout import Workload
 
 CELLS = [Workload("randread", 4096, 32), Workload("write", 1048576, 1)]
@@ -151,7 +152,7 @@ def test_loss_table_from_real_fio(external_dir, tmp_path):
     from test_ingest import build_raw  # tests/ is on sys.path (rootdir-relative import mode)
 
     raw = build_raw(external_dir, tmp_path / "tumrun")
-    loss = stats.loss_table_from_raw(
+    loss = loss_table_from_raw(
         raw, metrics=["bw_bytes", "iops", "clat_p99_ns", "busy_cpu_s_per_gib"]
     )
     d2 = loss[loss["host"] == "tum-direct2"]
@@ -194,9 +195,9 @@ def test_cells_that_differ_only_by_pattern_are_kept_apart():
     assert by.loc["sync", "effect_pct"] == pytest.approx(50.0)
     assert (by["n"] == 3).all()
     # an ingested pattern column is used as it is
-    assert stats.with_pattern(df.assign(pattern="x"))["pattern"].eq("x").all()
-    assert stats.pattern_of("randwrite-1g-qd1-largeblock") == "largeblock"
-    assert stats.pattern_of("randwrite-1g-qd1") == stats.pattern_of("c00001") == ""
+    assert cells.with_pattern(df.assign(pattern="x"))["pattern"].eq("x").all()
+    assert cells.pattern_of("randwrite-1g-qd1-largeblock") == "largeblock"
+    assert cells.pattern_of("randwrite-1g-qd1") == cells.pattern_of("c00001") == ""
 
 
 def test_loss_tables_keep_each_comparison_its_own_family():

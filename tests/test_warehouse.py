@@ -11,7 +11,8 @@ import duckdb
 import pandas as pd
 import pytest
 
-from luksbench.analysis import ingest, stats, warehouse
+from luksbench.analysis import ingest, warehouse
+from luksbench.analysis.loss import write_loss
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "raw" / "sample"
 
@@ -28,7 +29,7 @@ def processed_root(tmp_path_factory) -> Path:
     root = base / "processed"
     for raw in (raw_a, raw_b):
         ingest.write_processed(raw, root / raw.name, workers=1)
-        stats.write_loss(root / raw.name)
+        write_loss(root / raw.name)
     return root
 
 

@@ -59,6 +59,8 @@ rule compute_loss:
         src=PACKAGE_SOURCES,
     output:
         loss=f"{PROCESSED}/{{run}}/loss.parquet",
+        cpu_loss=f"{PROCESSED}/{{run}}/cpu_loss.parquet",
+        arms=f"{PROCESSED}/{{run}}/arms.parquet",
         notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,

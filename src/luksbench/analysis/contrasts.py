@@ -170,3 +170,14 @@ def resolve(
             f"{to_json((i['baseline'], i['variant']) for i in items) if items else '[]'})"
         )
     return pairs
+
+
+def comparison_pairs(losses) -> list[Pair]:
+    """The (baseline, variant) pairs of a loss table in the order of its rows (headline first)."""
+    if losses is None or losses.empty:
+        return []
+    return list(
+        dict.fromkeys(
+            zip(losses["baseline"].astype(str), losses["variant"].astype(str), strict=True)
+        )
+    )

@@ -65,11 +65,17 @@ import functools
 import math
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
+
+from luksbench.analysis.cells import (
+    CELL_ATTRS,
+    CELL_KEYS,
+    active_rows,
+    with_pattern,
+)
 
 #: metric -> higher is better?
 METRICS: dict[str, bool] = {
@@ -102,12 +108,6 @@ OUTLIER_Z = 3.5
 #: ... computed only from this many pairs on: with fewer the MAD is too ill-determined (with 3
 #: normal pairs 29 % of cells would get a flag; with 6-20 pairs still 10-15 %, see flag_outliers)
 OUTLIER_MIN_PAIRS = 6
-
-#: a cell: where one comparison lives (job_slot pairs jobs of multi-job files by their position)
-CELL_KEYS = ["host", "workload", "job_slot", "direction"]
-#: descriptive columns carried per cell; ``pattern`` names the config pattern whose fio options
-#: the cell ran with ("" for the main matrix): two cells that differ only by it are never merged
-CELL_ATTRS = ["rw", "bs_bytes", "iodepth", "job", "pattern"]
 
 LOSS_COLUMNS = [
     "host",
@@ -159,21 +159,6 @@ LOSS_COLUMNS = [
 
 VERDICTS = ("significant", "equivalent", "inconclusive", "insufficient")
 
-#: fio rw -> directions that carry its I/O (other directions of a job are not measurements)
-ACTIVE_DIRECTIONS = {
-    "read": {"read"},
-    "randread": {"read"},
-    "write": {"write"},
-    "randwrite": {"write"},
-    "rw": {"read", "write"},
-    "readwrite": {"read", "write"},
-    "randrw": {"read", "write"},
-    "trim": {"trim"},
-    "randtrim": {"trim"},
-    "trimwrite": {"trim", "write"},
-    "randtrimwrite": {"trim", "write"},
-}
-
 
 def higher_is_better(metric: str) -> bool:
     try:
@@ -183,50 +168,6 @@ def higher_is_better(metric: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------------- pairing
-
-
-def pattern_of(workload: str) -> str:
-    """The pattern named in a workload id (``randwrite-1g-qd1-largeblock`` -> ``largeblock``; ""
-    for a main-matrix cell or an id that is not a workload id)."""
-    from luksbench.formats.layout import LayoutError, Workload
-
-    try:
-        return Workload.from_id(str(workload)).pattern
-    except LayoutError:
-        return ""
-
-
-def with_pattern(fio: pd.DataFrame) -> pd.DataFrame:
-    """``fio`` with a string ``pattern`` column: as ingested, or (tables ingested before patterns
-    existed) read from the workload ids."""
-    if "pattern" in fio.columns:
-        if fio["pattern"].isna().any():
-            fio = fio.assign(pattern=fio["pattern"].astype("object").fillna(""))
-        return fio
-    if fio.empty:
-        return fio.assign(pattern=pd.Series(dtype="object"))
-    ids = fio["workload"].astype("object")
-    names = {w: pattern_of(w) for w in ids.unique()}
-    return fio.assign(pattern=ids.map(names))
-
-
-def active_rows(fio: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose direction carries the job's I/O (a randread job's write row is not a measurement).
-
-    Unknown rw patterns fall back to ``io_bytes > 0``.
-    """
-    if fio.empty:
-        return fio
-    rw = fio["rw"].astype("object")
-    direction = fio["direction"].astype("object")
-    mask = np.zeros(len(fio), dtype=bool)
-    for name, dirs in ACTIVE_DIRECTIONS.items():
-        mask |= ((rw == name) & direction.isin(dirs)).to_numpy(dtype=bool)
-    unknown = ~rw.isin(list(ACTIVE_DIRECTIONS)).to_numpy(dtype=bool)
-    io = pd.to_numeric(fio["io_bytes"], errors="coerce").to_numpy(dtype=float)
-    with np.errstate(invalid="ignore"):
-        mask |= unknown & (np.nan_to_num(io) > 0)
-    return fio[mask]
 
 
 #: per-rep quality flags carried from the fio table into the pairs (see :func:`flag_outliers`)
@@ -832,29 +773,6 @@ def _loss_dtypes(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def loss_table_from_raw(
-    raw_dir: Path,
-    baseline: str = "plain",
-    variant: str = "luks",
-    metrics: list[str] | None = None,
-    confidence: float = 0.95,
-    equivalence_margin_pct: float = DEFAULT_EQUIVALENCE_MARGIN_PCT,
-    exclude_outliers: bool = False,
-) -> pd.DataFrame:
-    """:func:`loss_table` straight from a raw run folder (strict ingest)."""
-    from luksbench.analysis.ingest import fio_table
-
-    return loss_table(
-        fio_table(Path(raw_dir)),
-        baseline,
-        variant,
-        metrics,
-        confidence,
-        equivalence_margin_pct=equivalence_margin_pct,
-        exclude_outliers=exclude_outliers,
-    )
-
-
 def loss_tables(
     fio: pd.DataFrame,
     comparisons,
@@ -883,31 +801,28 @@ def loss_tables(
     return _loss_dtypes(pd.concat(parts, ignore_index=True)[LOSS_COLUMNS])
 
 
-def write_loss(
-    processed_dir: Path,
-    baseline: str = "plain",
-    variant: str = "luks",
-    metrics: list[str] | None = None,
-    confidence: float = 0.95,
-    equivalence_margin_pct: float = DEFAULT_EQUIVALENCE_MARGIN_PCT,
-    comparisons=None,
-) -> tuple[pd.DataFrame, Path]:
-    """Read ``fio.parquet`` from ``processed_dir``, write ``loss.parquet`` beside it: the rows of
-    every comparison (outliers flagged and kept; see :func:`loss_table`), the headline first.
+#: the columns that identify one arm's cell in :func:`arm_summary`
+ARM_KEYS = ["host", "stack", "pattern", "rw", "bs_bytes", "iodepth", "direction", "job_slot"]
 
-    ``comparisons``: config ``analysis.comparisons`` (a list of {baseline, variant}, pairs, or
-    their JSON); empty/None = every stack with results except ``baseline`` against ``baseline``.
-    Resolved by :func:`luksbench.analysis.contrasts.resolve`: the headline is (``baseline``,
-    ``variant``) when listed, else the first comparison; comparisons naming a stack without
-    results are left out with a note on stderr."""
-    from luksbench.analysis.contrasts import resolve
 
-    processed_dir = Path(processed_dir)
-    fio = pd.read_parquet(processed_dir / "fio.parquet")
-    pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
-    table = loss_tables(
-        fio, pairs, metrics, confidence, equivalence_margin_pct=equivalence_margin_pct
-    )
-    path = processed_dir / "loss.parquet"
-    table.to_parquet(path, index=False)
-    return table, path
+def arm_summary(fio: pd.DataFrame, metrics, confidence: float = 0.95) -> pd.DataFrame:
+    """Mean over repetitions per arm and cell (:data:`ARM_KEYS`) and metric, with the half width
+    of its t-interval (NaN with fewer than two repetitions). Multi-entry jobs are combined first
+    as in :func:`rep_values`. Columns: ARM_KEYS, metric, n, mean, ci_half, confidence."""
+    _check_confidence(confidence)
+    vals = rep_values(fio, list(metrics))
+    rows = []
+    for metric in metrics:
+        for key, g in vals.groupby(ARM_KEYS, sort=True, dropna=False):
+            v = pd.to_numeric(g[metric], errors="coerce").dropna().to_numpy(float)
+            n = v.size
+            half = (
+                _t_quantile(confidence, n - 1) * float(v.std(ddof=1)) / math.sqrt(n)
+                if n >= 2
+                else math.nan
+            )
+            mean = float(v.mean()) if n else math.nan
+            rows.append({**dict(zip(ARM_KEYS, key, strict=True)), "metric": metric, "n": n})
+            rows[-1] |= {"mean": mean, "ci_half": half, "confidence": confidence}
+    columns = [*ARM_KEYS, "metric", "n", "mean", "ci_half", "confidence"]
+    return pd.DataFrame(rows, columns=columns)

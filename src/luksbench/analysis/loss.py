@@ -1,0 +1,95 @@
+"""The loss tables of a run, written beside the tidy tables: the only producer of statistics.
+
+``write_loss`` reads ``fio.parquet`` and writes every statistic figures and paper show:
+
+``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`);
+``cpu_loss.parquet``  CPU seconds per GiB (busy and system) of every comparison, its own family;
+``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
+                      (throughput and CPU: the bars of the figures).
+
+``loss_table_from_raw`` is :func:`stats.loss_table` straight from a raw run folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from luksbench.analysis import stats
+from luksbench.analysis.contrasts import resolve
+from luksbench.analysis.ingest import fio_table
+
+#: metrics whose per-arm means and intervals are tabled (the bars of the figures)
+ARM_METRICS = ("bw_bytes", "iops", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
+CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
+
+
+def _measured(fio: pd.DataFrame, metrics) -> list[str]:
+    """The metrics with at least one value in ``fio``."""
+    return [m for m in metrics if m in fio and pd.to_numeric(fio[m], errors="coerce").notna().any()]
+
+
+def cpu_losses(fio: pd.DataFrame, pairs, confidence: float) -> pd.DataFrame:
+    """Increase of CPU seconds per GiB (busy, system) of every comparison; empty without
+    sidecars. Each comparison is its own family, apart from the main loss table."""
+    metrics = _measured(fio, CPU_METRICS)
+    pairs = [(b, v) for b, v in pairs if b != v] if metrics else []
+    if not pairs:
+        return pd.DataFrame(columns=stats.LOSS_COLUMNS)
+    parts = [stats.loss_table(fio, b, v, metrics=metrics, confidence=confidence) for b, v in pairs]
+    return pd.concat(parts, ignore_index=True)
+
+
+def write_loss(
+    processed_dir: Path,
+    baseline: str = "plain",
+    variant: str = "luks",
+    metrics: list[str] | None = None,
+    confidence: float = 0.95,
+    equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
+    comparisons=None,
+) -> tuple[pd.DataFrame, Path]:
+    """Read ``fio.parquet`` from ``processed_dir``, write ``loss.parquet``, ``cpu_loss.parquet``
+    and ``arms.parquet`` beside it; returns the loss table and its path.
+
+    ``loss.parquet`` holds the rows of every comparison (outliers flagged and kept; see
+    :func:`stats.loss_table`), the headline first. ``comparisons``: config
+    ``analysis.comparisons`` (a list of {baseline, variant}, pairs, or their JSON); empty/None =
+    every stack with results except ``baseline`` against ``baseline``. Resolved by
+    :func:`luksbench.analysis.contrasts.resolve`: the headline is (``baseline``, ``variant``)
+    when listed, else the first comparison; comparisons naming a stack without results are left
+    out with a note on stderr."""
+    processed_dir = Path(processed_dir)
+    fio = pd.read_parquet(processed_dir / "fio.parquet")
+    pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
+    table = stats.loss_tables(
+        fio, pairs, metrics, confidence, equivalence_margin_pct=equivalence_margin_pct
+    )
+    path = processed_dir / "loss.parquet"
+    table.to_parquet(path, index=False)
+    cpu_losses(fio, pairs, confidence).to_parquet(processed_dir / "cpu_loss.parquet", index=False)
+    arms = stats.arm_summary(fio, _measured(fio, ARM_METRICS), confidence)
+    arms.to_parquet(processed_dir / "arms.parquet", index=False)
+    return table, path
+
+
+def loss_table_from_raw(
+    raw_dir: Path,
+    baseline: str = "plain",
+    variant: str = "luks",
+    metrics: list[str] | None = None,
+    confidence: float = 0.95,
+    equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
+    exclude_outliers: bool = False,
+) -> pd.DataFrame:
+    """:func:`stats.loss_table` straight from a raw run folder (strict ingest)."""
+    return stats.loss_table(
+        fio_table(Path(raw_dir)),
+        baseline,
+        variant,
+        metrics,
+        confidence,
+        equivalence_margin_pct=equivalence_margin_pct,
+        exclude_outliers=exclude_outliers,
+    )
