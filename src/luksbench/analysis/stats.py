@@ -832,29 +832,6 @@ def _loss_dtypes(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def loss_table_from_raw(
-    raw_dir: Path,
-    baseline: str = "plain",
-    variant: str = "luks",
-    metrics: list[str] | None = None,
-    confidence: float = 0.95,
-    equivalence_margin_pct: float = DEFAULT_EQUIVALENCE_MARGIN_PCT,
-    exclude_outliers: bool = False,
-) -> pd.DataFrame:
-    """:func:`loss_table` straight from a raw run folder (strict ingest)."""
-    from luksbench.analysis.ingest import fio_table
-
-    return loss_table(
-        fio_table(Path(raw_dir)),
-        baseline,
-        variant,
-        metrics,
-        confidence,
-        equivalence_margin_pct=equivalence_margin_pct,
-        exclude_outliers=exclude_outliers,
-    )
-
-
 def loss_tables(
     fio: pd.DataFrame,
     comparisons,
