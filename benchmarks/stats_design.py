@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from luksbench.analysis import stats
-from luksbench.analysis.loss import loss_table_from_raw
+from luksbench.analysis import rawloss, stats
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILE = {"pilot_pairs": 4, "target_half_width_pct": 2.0, "max_pairs": 12}
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = json.loads(next(raw.glob("*/fio/manifest.json")).read_text())
     fio_opts = manifest["fio"]
     run_s = float(fio_opts["runtime_s"]) + float(fio_opts.get("ramp_time_s", 0))
-    loss = loss_table_from_raw(raw, metrics=[args.metric])
+    loss = rawloss.loss_table_from_raw(raw, metrics=[args.metric])
     better_high = stats.higher_is_better(args.metric)
     p = DEFAULT_PROFILE
     pairs, required, capped = stats.stein_pairs(

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from luksbench.analysis.loss import loss_table_from_raw
+from luksbench.analysis import rawloss
 from luksbench.formats.layout import Workload, fio_rep_path
 from luksbench.testbox.runner import stacks_for_round
 
@@ -86,7 +86,7 @@ def measured(tmp_path_factory):
 
 def test_the_interval_contains_the_injected_loss(measured):
     raw, seconds = measured
-    wide = loss_table_from_raw(
+    wide = rawloss.loss_table_from_raw(
         raw, "baseline", "variant", metrics=["iops", "bw_bytes"], confidence=0.999
     ).set_index(["workload", "metric"])
     for w, (base, var) in RATES.items():
@@ -102,13 +102,15 @@ def test_the_interval_contains_the_injected_loss(measured):
 
 def test_the_default_table_finds_the_loss_and_not_the_null(measured):
     raw, _ = measured
-    loss = loss_table_from_raw(raw, "baseline", "variant", metrics=["iops"]).set_index("workload")
+    loss = rawloss.loss_table_from_raw(raw, "baseline", "variant", metrics=["iops"]).set_index(
+        "workload"
+    )
     lossy, null = loss.loc["randread-4k-qd4"], loss.loc["randread-4k-qd2"]
     assert lossy["verdict"] == "significant" and 25 < lossy["loss_pct"] < 35
     assert abs(null["loss_pct"]) < 5
     # The 95 % table calls a true null significant in 1 run of 20 by definition (CI saw it), so
     # "not the null" is checked at 99.9 %, where the 30 % loss must still be found.
-    strict = loss_table_from_raw(
+    strict = rawloss.loss_table_from_raw(
         raw, "baseline", "variant", metrics=["iops"], confidence=0.999
     ).set_index("workload")
     assert strict.loc["randread-4k-qd4", "verdict"] == "significant"

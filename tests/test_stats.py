@@ -9,8 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from luksbench.analysis import cells, stats
-from luksbench.analysis.loss import loss_table_from_raw
+from luksbench.analysis import cells, rawloss, stats
 from luksbench.formats.layout import Workload
 
 CELLS = [Workload("randread", 4096, 32), Workload("write", 1048576, 1)]
@@ -152,7 +151,7 @@ def test_loss_table_from_real_fio(external_dir, tmp_path):
     from test_ingest import build_raw  # tests/ is on sys.path (rootdir-relative import mode)
 
     raw = build_raw(external_dir, tmp_path / "tumrun")
-    loss = loss_table_from_raw(
+    loss = rawloss.loss_table_from_raw(
         raw, metrics=["bw_bytes", "iops", "clat_p99_ns", "busy_cpu_s_per_gib"]
     )
     d2 = loss[loss["host"] == "tum-direct2"]

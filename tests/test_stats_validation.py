@@ -18,8 +18,7 @@ from scipy import stats as sps
 from simulate import covered, fio_frame, simulate_logs, two_stage
 
 from luksbench.analysis import design as adaptive
-from luksbench.analysis import ingest, stats
-from luksbench.analysis.loss import loss_table_from_raw
+from luksbench.analysis import ingest, rawloss, stats
 
 N_CELLS = 2000
 REPO = Path(__file__).resolve().parents[1]
@@ -250,7 +249,7 @@ def test_ingest_carries_targets_into_the_loss_table(tmp_path):
     doc = {"pairs": {"randread-4k-qd1": 12, "write-1m-qd32": 5}, "noisy": ["randread-4k-qd1"]}
     targets = host / "fio" / "targets.json"
     targets.write_text(json.dumps(doc))
-    loss = loss_table_from_raw(raw, metrics=["bw_bytes"]).set_index("workload")
+    loss = rawloss.loss_table_from_raw(raw, metrics=["bw_bytes"]).set_index("workload")
     assert (
         loss.loc["randread-4k-qd1", "noisy"] and loss.loc["randread-4k-qd1", "target_pairs"] == 12
     )

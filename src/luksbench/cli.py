@@ -53,7 +53,7 @@ def _cmd_parse_cryptsetup(args: argparse.Namespace) -> int:
 
 def _cmd_loss(args: argparse.Namespace) -> int:
     from luksbench.analysis.ingest import IngestError
-    from luksbench.analysis.loss import loss_table_from_raw
+    from luksbench.analysis.rawloss import loss_table_from_raw
     from luksbench.analysis.stats import LOSS_COLUMNS
 
     try:

@@ -70,9 +70,10 @@ rule plan_repetitions:
         host=MEASURED_HOST,
     run:
         from luksbench.analysis.design import write_targets
+        from luksbench.analysis.ingest import fio_table
 
         write_targets(
-            params.raw_dir,
+            fio_table(Path(params.raw_dir)),
             wildcards.host,
             output.targets,
             baseline=params.baseline,

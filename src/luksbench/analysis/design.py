@@ -138,7 +138,7 @@ def stein_vector(sd, pilot_pairs, half_width_pct, max_pairs, confidence):
 
 
 def write_targets(
-    raw_dir: Path,
+    fio: pd.DataFrame,
     host: str,
     out: Path,
     *,
@@ -150,11 +150,8 @@ def write_targets(
     log: Path | None = None,
     comparisons: list[tuple[str, str]] | None = None,
 ) -> dict:
-    """Compute the targets of one host from its pilot (strict ingest of ``raw_dir``) and write
-    them as JSON to ``out``; a readable summary goes to ``log``."""
-    from luksbench.analysis.ingest import fio_table
-
-    fio = fio_table(Path(raw_dir))
+    """Compute the targets of one host from its pilot (``fio``: the run's fio table, strict ingest)
+    and write them as JSON to ``out``; a readable summary goes to ``log``."""
     fio = fio[fio["host"] == host]
     docs = pilot_targets(
         fio,
@@ -169,7 +166,7 @@ def write_targets(
         comparisons=comparisons,
     )
     if host not in docs:
-        raise ValueError(f"no pilot data for host {host!r} under {raw_dir}")
+        raise ValueError(f"no pilot data for host {host!r}")
     doc = docs[host]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,6 @@
 ``cpu_loss.parquet``  CPU seconds per GiB (busy and system) of every comparison, its own family;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
                       (throughput and CPU: the bars of the figures).
-
-``loss_table_from_raw`` is :func:`stats.loss_table` straight from a raw run folder.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import pandas as pd
 
 from luksbench.analysis import stats
 from luksbench.analysis.contrasts import resolve
-from luksbench.analysis.ingest import fio_table
 
 #: metrics whose per-arm means and intervals are tabled (the bars of the figures)
 ARM_METRICS = ("bw_bytes", "iops", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
@@ -72,24 +69,3 @@ def write_loss(
     arms = stats.arm_summary(fio, _measured(fio, ARM_METRICS), confidence)
     arms.to_parquet(processed_dir / "arms.parquet", index=False)
     return table, path
-
-
-def loss_table_from_raw(
-    raw_dir: Path,
-    baseline: str = "plain",
-    variant: str = "luks",
-    metrics: list[str] | None = None,
-    confidence: float = 0.95,
-    equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
-    exclude_outliers: bool = False,
-) -> pd.DataFrame:
-    """:func:`stats.loss_table` straight from a raw run folder (strict ingest)."""
-    return stats.loss_table(
-        fio_table(Path(raw_dir)),
-        baseline,
-        variant,
-        metrics,
-        confidence,
-        equivalence_margin_pct=equivalence_margin_pct,
-        exclude_outliers=exclude_outliers,
-    )
