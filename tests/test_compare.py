@@ -193,7 +193,7 @@ def test_cli_writes_table_markdown_and_figure(runs, tmp_path):
     assert len(pd.read_csv(out / "compare.csv")) == len(table)
     assert (out / "compare.md").read_text() == result.stdout
     meta = Image.open(out / "compare.png").text
-    assert meta["made_by"] == "luksbench.publish.figures.compare_figure"
+    assert meta["made_by"] == "luksbench.publish.crossrun.compare_figure"
     assert "welch" in meta["designs"]
     assert (out / "compare.svg").stat().st_size > 0
     counts = table["outcome"].value_counts()

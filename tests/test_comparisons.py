@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import copy_workflow
+from latency_stopgap import write_latency  # tests/ is on sys.path
 from PIL import Image
 from simulate import derived_run
 
@@ -27,8 +28,9 @@ from luksbench.analysis import contrasts as comparisons
 from luksbench.analysis import design as adaptive
 from luksbench.analysis import ingest, stats
 from luksbench.analysis.loss import write_loss
-from luksbench.publish import figures as plots
-from luksbench.publish import paper, report
+from luksbench.publish import catalog, render
+from luksbench.publish.ceilings import crypto_ceilings
+from luksbench.publish.text import cell_name, fmt_ci, fmt_num, fmt_pct
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "raw" / "sample"
@@ -165,8 +167,9 @@ def run(tmp_path_factory) -> dict:
     ingest.write_processed(raw, processed, workers=2)
     loss, _ = write_loss(processed, "plain", "luks", comparisons=json.dumps(COMPARISONS))
     figures_dir = base / "figures" / "cmp"
-    figures = plots.make_figures(processed, figures_dir, "cmp", raw_dir=raw, workers=2)
-    md = paper.render_paper(processed, figures_dir, base / "paper" / "cmp" / "index.md", "cmp")
+    write_latency(raw, processed)
+    figures = catalog.make_figures(processed, figures_dir, "cmp", workers=2)
+    md = render.render_paper(processed, figures_dir, base / "paper" / "cmp" / "index.md", "cmp")
     return {
         "raw": raw,
         "processed": processed,
@@ -179,7 +182,7 @@ def run(tmp_path_factory) -> dict:
 
 def test_loss_parquet_holds_every_comparison_headline_first(run):
     loss = pd.read_parquet(run["processed"] / "loss.parquet")
-    assert report.comparison_pairs(loss) == PAIRS
+    assert comparisons.comparison_pairs(loss) == PAIRS
     for baseline, variant in PAIRS:
         rows = loss[(loss["baseline"] == baseline) & (loss["variant"] == variant)]
         alone = stats.loss_table(run["fio"], baseline, variant)
@@ -232,13 +235,13 @@ def test_the_paper_has_one_section_per_comparison_with_its_numbers(run):
             & (run["loss"]["metric"] == "bw_bytes")
         ]
         for _, r in rows.iterrows():
-            name = paper.cell_name(r)
+            name = cell_name(r)
             line = next(x for x in table.splitlines() if x.startswith(f"| {name} |"))
             cells = [c.strip() for c in line.strip("|").split("|")]
-            assert cells[1] == paper.fmt_num(r["baseline_mean"] / 2**20, 1)
-            assert cells[2] == paper.fmt_num(r["variant_mean"] / 2**20, 1)
-            assert cells[3] == paper.fmt_pct(r["effect_pct"])
-            assert cells[4] == paper.fmt_ci(r["ci_low"], r["ci_high"])
+            assert cells[1] == fmt_num(r["baseline_mean"] / 2**20, 1)
+            assert cells[2] == fmt_num(r["variant_mean"] / 2**20, 1)
+            assert cells[3] == fmt_pct(r["effect_pct"])
+            assert cells[4] == fmt_ci(r["ci_low"], r["ci_high"])
             assert cells[5] == r["verdict"]
     # the TL;DR and the recommendation cover every comparison, the headline first
     tldr = md.split("**TL;DR.**")[1].split("\n")[0]
@@ -270,7 +273,7 @@ def test_the_unavailable_stack_is_listed_with_its_reason(run):
     assert f"Stack `null-cipher` (luks) could not be built on `vm`: {REASON}." in gaps
     assert "skipped" not in gaps  # not listed a second time as a planned stack without results
     assert "| vm | `null-cipher` |" not in run["md"]  # not among the stacks that were built
-    ceilings = report.crypto_ceilings(
+    ceilings = crypto_ceilings(
         pd.DataFrame(), stacks, pd.read_parquet(run["processed"] / "env.parquet")
     )
     assert "null-cipher" not in {c["stack"] for c in ceilings}
@@ -294,7 +297,8 @@ def test_figures_per_comparison_and_per_pattern(run):
     )
     assert params["pattern"] == "largeblock"
     # the pattern's bars are its own: bar heights of the two figures differ by the 0.9 factor
-    summ = plots.rep_summary(run["fio"], "bw_bytes")
+    arms = pd.read_parquet(run["processed"] / "arms.parquet")
+    summ = arms[arms["metric"] == "bw_bytes"]
     luks = summ[(summ["stack"] == "luks") & (summ["rw"] == "randwrite")].set_index("pattern")
     assert luks.loc["largeblock", "mean"] == pytest.approx(
         LARGEBLOCK_LUKS_FACTOR * luks.loc["", "mean"], rel=1e-9
@@ -311,8 +315,8 @@ def test_the_headline_falls_back_to_the_first_comparison(run, tmp_path):
         {"baseline": "luks", "variant": "raid0-luks"},
     ]
     loss, _ = write_loss(processed, "plain", "luks", comparisons=given)
-    assert report.comparison_pairs(loss) == [("raid0", "raid0-luks"), ("luks", "raid0-luks")]
-    md = paper.render_paper(processed, tmp_path / "figures", tmp_path / "index.md", "cmp")
+    assert comparisons.comparison_pairs(loss) == [("raid0", "raid0-luks"), ("luks", "raid0-luks")]
+    md = render.render_paper(processed, tmp_path / "figures", tmp_path / "index.md", "cmp")
     assert "What does raid0-luks cost?" in md.read_text().splitlines()[1]
 
 
@@ -326,7 +330,7 @@ def test_a_comparison_without_results_is_left_out_with_a_note(run, tmp_path, cap
         {"baseline": "plain", "variant": "luks"},
     ]
     loss, _ = write_loss(processed, "plain", "null-cipher", comparisons=given)
-    assert report.comparison_pairs(loss) == [("plain", "luks")]
+    assert comparisons.comparison_pairs(loss) == [("plain", "luks")]
     assert "`null-cipher` against `plain` left out: no results for `null-cipher`" in (
         capsys.readouterr().err
     )

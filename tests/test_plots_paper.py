@@ -7,12 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
+from latency_stopgap import write_latency  # tests/ is on sys.path
 from PIL import Image
 
 from luksbench.analysis import ingest, stats
 from luksbench.analysis.loss import write_loss
-from luksbench.publish import figures as plots
-from luksbench.publish import paper
+from luksbench.publish import catalog, paper, render, style
+from luksbench.publish.ceilings import crypto_ceilings
+from luksbench.publish.text import bs_human, fmt_ci, fmt_pct
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def processed(external_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def figures(processed) -> dict:
-    return plots.make_figures(processed, processed.parent.parent / "figures" / "tumrun", "tumrun")
+    return catalog.make_figures(processed, processed.parent.parent / "figures" / "tumrun", "tumrun")
 
 
 def test_figures_written_with_provenance(figures, processed):
@@ -67,12 +69,9 @@ def test_crypto_ceiling_from_the_cipher_benchmark(figures, processed):
     benchmark failed, and its ceiling figure records why instead of a number."""
     import pandas as pd
 
-    from luksbench.publish import report
-
     tables = ingest.read_processed(processed)
     ceilings = {
-        c["host"]: c
-        for c in report.crypto_ceilings(tables["cryptsetup"], tables["stacks"], tables["env"])
+        c["host"]: c for c in crypto_ceilings(tables["cryptsetup"], tables["stacks"], tables["env"])
     }
     a = ceilings["tum-direct2"]
     cpus = int(tables["env"].set_index("host").loc["tum-direct2", "cpu_count"])
@@ -89,7 +88,7 @@ def test_crypto_ceiling_from_the_cipher_benchmark(figures, processed):
 
 
 def test_figures_are_byte_stable(figures, processed, tmp_path):
-    again = plots.make_figures(processed, tmp_path / "again", "tumrun")
+    again = catalog.make_figures(processed, tmp_path / "again", "tumrun")
     for name, (png, svg) in figures.items():
         assert again[name][0].read_bytes() == png.read_bytes(), name
         assert again[name][1].read_bytes() == svg.read_bytes(), name
@@ -100,7 +99,7 @@ def test_save_figure_accepts_suffix(tmp_path):
 
     fig, ax = plt.subplots()
     ax.plot([1, 2], [3, 4])
-    paths = plots.save_figure(fig, tmp_path / "x.png", {"run": "r", "nested": {"a": 1}})
+    paths = style.save_figure(fig, tmp_path / "x.png", {"run": "r", "nested": {"a": 1}})
     plt.close(fig)
     assert [p.name for p in paths] == ["x.png", "x.svg"]
     assert json.loads(Image.open(paths[0]).text["nested"]) == {"a": 1}
@@ -108,11 +107,11 @@ def test_save_figure_accepts_suffix(tmp_path):
 
 def test_paper_contains_loss_table_and_no_nan(processed, figures, tmp_path):
     out = tmp_path / "paper" / "tumrun" / "index.md"
-    md = paper.render_paper(
+    md = render.render_paper(
         processed, processed.parent.parent / "figures" / "tumrun", out, "tumrun"
     )
     text = md.read_text()
-    meta, body = paper.split_front_matter(text)
+    meta, body = render.split_front_matter(text)
     assert text.startswith("---\n") and meta["title"] and meta["author"] and meta["date"]
     assert body.lstrip().startswith("# ")
     assert "**TL;DR.**" in text and "significant" in text
@@ -130,7 +129,7 @@ def test_paper_contains_loss_table_and_no_nan(processed, figures, tmp_path):
     assert len(links) == len(figures)
     for link in links:
         assert not Path(link).is_absolute() and (md.parent / link).exists(), link
-    html = paper.render_html(md)
+    html = render.render_html(md)
     assert "<table>" in html.read_text()
 
 
@@ -142,7 +141,7 @@ def test_paper_numbers_come_from_the_tables(processed, figures, tmp_path):
         & (loss["verdict"] == "significant")
         & (loss["effect_pct"] > 0)
     ]
-    md = paper.render_paper(
+    md = render.render_paper(
         processed, processed.parent.parent / "figures" / "tumrun", tmp_path / "p.md", "tumrun"
     )
     tldr = md.read_text().split("**TL;DR.**")[1].split("\n")[0]
@@ -150,8 +149,8 @@ def test_paper_numbers_come_from_the_tables(processed, figures, tmp_path):
         assert "No significant bandwidth loss" in tldr
     else:
         worst = sig.loc[sig["effect_pct"].idxmax()]
-        assert paper.fmt_pct(worst["effect_pct"]) in tldr
-        assert paper.fmt_ci(worst["ci_low"], worst["ci_high"]) in tldr
+        assert fmt_pct(worst["effect_pct"]) in tldr
+        assert fmt_ci(worst["ci_low"], worst["ci_high"]) in tldr
 
 
 def test_userspace_backend_is_named(processed, figures, tmp_path):
@@ -163,7 +162,7 @@ def test_userspace_backend_is_named(processed, figures, tmp_path):
     for p in processed.glob("*.parquet"):
         (alt / p.name).write_bytes(p.read_bytes())
     env.assign(backend="userspace").to_parquet(alt / "env.parquet", index=False)
-    md = paper.render_paper(
+    md = render.render_paper(
         alt, processed.parent.parent / "figures" / "tumrun", tmp_path / "u.md", "tumrun"
     )
     assert "qemu-storage-daemon's LUKS driver via FUSE, not dm-crypt" in md.read_text()
@@ -273,11 +272,12 @@ def _pipeline(raw: Path, base: Path, run: str) -> dict:
     out = base / "processed" / run
     ingest.write_processed(raw, out)
     write_loss(out)
-    figs = plots.make_figures(
-        out, base / "figures" / run, run, raw_dir=raw, notebook="tests/test_plots_paper.py"
+    write_latency(raw, out)
+    figs = catalog.make_figures(
+        out, base / "figures" / run, run, notebook="tests/test_plots_paper.py"
     )
-    md = paper.render_paper(out, base / "figures" / run, base / "paper" / run / "index.md", run)
-    return {"processed": out, "figures": figs, "md": md, "html": paper.render_html(md)}
+    md = render.render_paper(out, base / "figures" / run, base / "paper" / run / "index.md", run)
+    return {"processed": out, "figures": figs, "md": md, "html": render.render_html(md)}
 
 
 @pytest.fixture(scope="module")
@@ -311,10 +311,10 @@ def test_latency_histograms_come_from_the_raw_json_plus(sample):
     import pandas as pd
 
     from luksbench.formats import fio as fio_parser
-    from luksbench.publish import report
+    from luksbench.publish import figures as plots
 
     fio = pd.read_parquet(sample["processed"] / "fio.parquet")
-    lat = report.latency_table(fio, SAMPLE)
+    lat = pd.read_parquet(sample["processed"] / "latency.parquet")
     one = fio[(fio["stack"] == "luks") & (fio["workload"] == "read-1m-qd1") & (fio["rep"] == 1)]
     row = one[one["direction"] == "read"].iloc[0]
     hist = fio_parser.clat_histogram(SAMPLE / row["file"])[(int(row["job_index"]), "read")]
@@ -330,7 +330,7 @@ def test_sample_paper_is_computed_from_the_tables(sample):
     import pandas as pd
 
     md = sample["md"].read_text()
-    meta, body = paper.split_front_matter(md)
+    meta, body = render.split_front_matter(md)
     assert meta["title"] == "What does luks cost? luksbench run sample"
     assert meta["author"] == "luksbench" and meta["date"] == "2026-11-21"  # env.json "captured"
     loss = pd.read_parquet(sample["processed"] / "loss.parquet")
@@ -340,9 +340,9 @@ def test_sample_paper_is_computed_from_the_tables(sample):
     rw = {"read": "sequential read", "write": "sequential write"}.get(worst["rw"], "")
     rw = rw or {"randread": "random read", "randwrite": "random write"}[worst["rw"]]
     expected = (
-        f"Worst bandwidth loss: {rw}, {paper.bs_human(worst['bs_bytes'])}, "
-        f"QD{int(worst['iodepth'])} — {paper.fmt_pct(worst['effect_pct'])} "
-        f"{paper.fmt_ci(worst['ci_low'], worst['ci_high'])}"
+        f"Worst bandwidth loss: {rw}, {bs_human(worst['bs_bytes'])}, "
+        f"QD{int(worst['iodepth'])} — {fmt_pct(worst['effect_pct'])} "
+        f"{fmt_ci(worst['ci_low'], worst['ci_high'])}"
     )
     assert expected in tldr
     assert "not dm-crypt" in tldr  # the backend, in the first sentence
@@ -354,8 +354,8 @@ def test_sample_paper_is_computed_from_the_tables(sample):
     cell = loss[(loss["metric"] == "bw_bytes") & (loss["workload"] == "write-1m-qd32")].iloc[0]
     table = body.split("### Sequential write: bandwidth loss")[1].split("###")[0]
     row = next(line for line in table.splitlines() if line.startswith("| luks, QD32 |"))
-    ci = paper.fmt_ci(cell["ci_low"], cell["ci_high"])
-    assert row.split(" | ")[2].rstrip(" |") == f"{paper.fmt_pct(cell['effect_pct'])} {ci} ●"
+    ci = fmt_ci(cell["ci_low"], cell["ci_high"])
+    assert row.split(" | ")[2].rstrip(" |") == f"{fmt_pct(cell['effect_pct'])} {ci} ●"
     assert "## Methodology" in body and "## Appendix: environment" in body
 
 
@@ -377,7 +377,7 @@ def test_sample_paper_compares_with_published_results(sample):
         for line in body.splitlines()
         if line.startswith("| sequential write, 1 MiB, QD1 | Bandwidth")
     )
-    assert paper.fmt_pct(ours["effect_pct"]) in row and paper.fmt_pct(nvme, 2) in row
+    assert fmt_pct(ours["effect_pct"]) in row and fmt_pct(nvme, 2) in row
     # SCS rows at iodepth=32 are matched to QD32 cells, never to QD1
     qd32 = scs[
         (scs["metric"] == "write bandwidth")
@@ -389,7 +389,7 @@ def test_sample_paper_compares_with_published_results(sample):
         for line in body.splitlines()
         if line.startswith("| sequential write, 1 MiB, QD32 | Bandwidth")
     )
-    assert paper.fmt_pct(qd32, 2) in row32
+    assert fmt_pct(qd32, 2) in row32
     # Ceph: only the QD1 sync 4 KiB rows match this run's cells; the rest are counted
     assert "single-client sync" in body and "| 100.89% |" in body
     assert "24 of 28 published rows have no matching cell" in body
@@ -488,7 +488,7 @@ def test_other_profiles_render(profile, tmp_path):
         table = section.split("#### Sequential read: bandwidth loss")[1].split("###")[0]
         line = next(x for x in table.splitlines() if x.startswith("| luks4k, QD1 |"))
         assert line.split(" | ")[1] == "not measured"  # 4 KiB at QD1 is not in this subset
-        assert line.split(" | ")[2].startswith(paper.fmt_pct(row["effect_pct"]))
+        assert line.split(" | ")[2].startswith(fmt_pct(row["effect_pct"]))
     else:
         assert "`vm`, `vm2`" in md.split("**TL;DR.**")[1].split("\n")[0]
         assert "| vm2: luks, QD32 |" in md and "| vm: luks, QD32 |" in md

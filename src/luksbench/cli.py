@@ -83,6 +83,7 @@ def _cmd_loss(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from luksbench.analysis import crossrun
+    from luksbench.publish.crossrun import write_compare
 
     try:
         a = crossrun.load_run(args.run_a, args.processed_root, args.raw_root)
@@ -98,7 +99,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             unpaired=args.unpaired,
         )
         differences = crossrun.env_differences(a, b, crossrun.host_pairs(a, b, args.host))
-        out = crossrun.write_compare(table, Path(args.out), a, b, differences)
+        out = write_compare(table, Path(args.out), a, b, differences)
     except (crossrun.CompareError, FileNotFoundError, ValueError) as exc:
         print(f"luksbench compare: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
 """What changed from run A to run B (two kernels, two hosts, before/after a flag), per cell and stack.
 
-``luksbench compare RUN_A RUN_B --out DIR`` (see :func:`main` in ``luksbench.cli``). For every
+``luksbench compare RUN_A RUN_B --out DIR`` (see :func:`main` in ``luksbench.cli``; the
+Markdown, table files and figure are written by :mod:`luksbench.publish.crossrun`). For every
 host pair, stack, cell (rw x bs x iodepth x direction, job slot) and metric, the change of the
 metric from A to B in percent, ``change_pct = 100 (r - 1)`` with ``r`` the geometric-mean ratio
 B / A, and its confidence interval, from log values:
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from luksbench.analysis import stats
+from luksbench.analysis import ingest, stats
 
 #: metrics compared by default: throughput, tail latency and CPU cost (all non-idle CPU, which
 #: counts userspace encryption too)
@@ -120,8 +121,6 @@ def load_run(
     raw_root: Path = Path("data/raw"),
 ) -> RunData:
     """A run by processed folder, raw run folder or name (processed first, then raw)."""
-    from luksbench.analysis import ingest
-
     spec = Path(spec)
     tried = []
     for folder in (spec, Path(processed_root) / spec.name, Path(raw_root) / spec.name):
@@ -492,103 +491,3 @@ def _plan_fio(env_row: dict) -> dict:
 
 def _text(x) -> str:
     return "n/a" if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)) else str(x)
-
-
-def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: list[str]) -> str:
-    """The comparison as Markdown: design per host pair, what differs, one table per metric."""
-    from luksbench.formats.layout import bs_label
-    from luksbench.publish.paper import METRIC_UNITS, fmt_ci, fmt_num, fmt_pct
-
-    conf = fmt_num(100 * float(table["confidence"].iloc[0]), 0) if len(table) else "95"
-    lines = [
-        f"# {a.name} (A) vs {b.name} (B)",
-        "",
-        f"A: `{a.source}`; B: `{b.source}`. Change = B relative to A, geometric mean over "
-        f"repetitions, {conf} % confidence interval; verdicts after Benjamini-Hochberg across "
-        "every row of this comparison.",
-        "",
-    ]
-    for pair, d in table.attrs.get("designs", {}).items():
-        ha, _, hb = pair.partition("=")
-        what = (
-            "**paired** by repetition index"
-            if d["design"] == "paired"
-            else "**unpaired** (Welch t-interval on log values)"
-        )
-        host = f"`{ha}`" if ha == hb else f"`{ha}` (A) vs `{hb}` (B)"
-        lines.append(f"- Host {host}: {what}: {d['reason']}.")
-    lines.append("")
-    if differences:
-        lines += ["What differs besides the measurements:", ""]
-        lines += [f"- {d}" for d in differences] + [""]
-    skipped = table.attrs.get("skipped_metrics") or []
-    if skipped:
-        lines += [f"Not compared (no values in either run): {', '.join(skipped)}.", ""]
-    multi_host = table[["host_a", "host_b"]].drop_duplicates().shape[0] > 1
-    for metric in dict.fromkeys(table["metric"]):
-        sub = table[table["metric"] == metric]
-        heading, unit, div, dec = METRIC_UNITS.get(metric, (metric, "", 1, 2))
-        lines += [
-            f"## {heading}",
-            "",
-            f"| cell | stack | A ({unit}) | B ({unit}) | change | {conf} % CI | verdict | "
-            "outcome | n A / B |",
-            "|---|---|---:|---:|---:|---|---|---|---|",
-        ]
-        for _, r in sub.iterrows():
-            cell = f"{r['rw']} {bs_label(int(r['bs_bytes']))} QD{int(r['iodepth'])}"
-            if r["rw"] in ("rw", "readwrite", "randrw"):
-                cell += f" ({r['direction']})"
-            if multi_host:
-                cell = f"{r['host_a']}" + ("" if r["host_a"] == r["host_b"] else f"/{r['host_b']}")
-                cell += f": {r['rw']} {bs_label(int(r['bs_bytes']))} QD{int(r['iodepth'])}"
-            if isinstance(r.get("pattern"), str) and r["pattern"]:
-                cell += f" [{r['pattern']}]"
-            lines.append(
-                f"| {cell} | `{r['stack']}` | {fmt_num(r['a_mean'] / div, dec)} | "
-                f"{fmt_num(r['b_mean'] / div, dec)} | {fmt_pct(r['change_pct'])} | "
-                f"{fmt_ci(r['ci_low'], r['ci_high'])} | {r['verdict']} | {r['outcome']} | "
-                f"{int(r['n_a'])} / {int(r['n_b'])} |"
-            )
-        lines.append("")
-    counts = table["outcome"].value_counts()
-    lines.append(
-        "Outcomes: " + ", ".join(f"{counts[k]} {k}" for k in counts.index) + "."
-        if len(counts)
-        else "No cell in common."
-    )
-    return "\n".join(lines) + "\n"
-
-
-def write_compare(
-    table: pd.DataFrame, out_dir: Path, a: RunData, b: RunData, differences: list[str]
-) -> dict[str, Path]:
-    """``compare.parquet``, ``compare.csv``, ``compare.md`` and the figure ``compare.png|svg``."""
-    from luksbench.publish import figures as plots
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = {"parquet": out_dir / "compare.parquet", "csv": out_dir / "compare.csv"}
-    plain = table.copy()
-    plain.attrs = {}
-    plain.to_parquet(out["parquet"], index=False)
-    plain.to_csv(out["csv"], index=False)
-    out["md"] = out_dir / "compare.md"
-    out["md"].write_text(compare_markdown(table, a, b, differences))
-    if len(table):
-        fig = plots.compare_figure(table)
-        png, svg = plots.save_figure(
-            fig,
-            out_dir / "compare",
-            {
-                "title": f"luksbench compare: {a.name} vs {b.name}",
-                "figure": "compare",
-                "made_by": "luksbench.publish.figures.compare_figure",
-                "run_a": a.source,
-                "run_b": b.source,
-                "designs": table.attrs.get("designs", {}),
-            },
-        )
-        plots.plt.close(fig)
-        out["png"], out["svg"] = png, svg
-    return out

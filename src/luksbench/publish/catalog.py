@@ -1,0 +1,444 @@
+"""Which figures a run gets, as data: a catalog of figure specs, drawn and indexed.
+
+``figure_specs(run)`` lists one :class:`FigureSpec` per figure (name, family, drawing function,
+the processed tables it draws, caption); ``make_figures`` draws them (in parallel worker
+processes), saves each as PNG + SVG with its provenance and writes the figure index
+``figures/<run>/index.json`` (name, family, files, caption, inputs) that the paper and notebook
+03 read. ``FIGURE_FAMILIES`` gives each family's heading and introduction in paper order.
+
+Every figure carries its provenance: run, figure name, drawing function, SHA-256 of the run's
+tables, git commit, config hash (of the plan in env.json), fio and cryptsetup versions, notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from luksbench.analysis.contrasts import Pair, label
+from luksbench.publish import figures
+from luksbench.publish.ceilings import crypto_ceilings, undescribed
+from luksbench.publish.run import Run, load_run, package_version, provenance_facts
+from luksbench.publish.style import figure_paths, save_figure
+from luksbench.publish.text import metric_heading, rw_words
+
+INDEX = "index.json"
+#: metrics that get a heatmap (IOPS repeats bandwidth at a fixed block size; every metric is in
+#: the loss chart and the paper's tables)
+HEATMAP_METRICS = ("bw_bytes", "clat_p99_ns")
+#: metrics that get a hosts-side-by-side figure in a run with several hosts
+HOSTS_METRICS = ("bw_bytes", "clat_p99_ns")
+CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One figure: ``draw(*tables, **kwargs)`` returns it; ``sources`` are the further tables the
+    kwargs were read from; ``params`` go into its provenance; ``retitle`` (prefix, removed prefix)
+    adjusts the title for runs with several hosts."""
+
+    name: str
+    family: str
+    draw: Callable
+    tables: tuple[str, ...]
+    caption: str
+    kwargs: dict = field(default_factory=dict)
+    sources: tuple[str, ...] = ()
+    params: dict = field(default_factory=dict)
+    retitle: tuple[str, str] = ("", "")
+
+    @property
+    def inputs(self) -> list[str]:
+        return [*self.tables, *self.sources]
+
+    def render(self, run: Run):
+        fig = self.draw(*(_table(run, t) for t in self.tables), **self.kwargs)
+        prefix, strip = self.retitle
+        if prefix or strip:
+            fig.suptitle(prefix + fig.get_suptitle().removeprefix(strip), fontsize="medium")
+        return fig
+
+
+def _table(run: Run, name: str) -> pd.DataFrame:
+    return {"fio": run.fio, "loss": run.loss}.get(name, run.tables.get(name))
+
+
+FIGURE_FAMILIES = {
+    "throughput": (
+        "Throughput, SCS style",
+        "Per access pattern and metric: block size on the x axis, stacks side by side, log-scale "
+        "y, one panel per queue depth; bar = mean over repetitions, error bar = t-interval.",
+    ),
+    "heatmap": (
+        "Loss heatmaps",
+        "Block size \u00d7 access pattern per comparison and queue depth, annotated with the effect, its "
+        "interval and the verdict (● significant, ≈ equivalent, ○ inconclusive, \u2013 fewer than two "
+        "pairs).",
+    ),
+    "latency": (
+        "Latency percentiles",
+        "Completion-latency percentile curves from fio's json+ histograms: thick = all "
+        "repetitions pooled, thin = one repetition; both axes stretch the tail.",
+    ),
+    "cpu": (
+        "CPU cost",
+        "CPU seconds per GiB moved (whole machine, from /proc/stat around each fio run), by block "
+        "size, with t-intervals. With the userspace backend the encryption runs in qemu's user "
+        "space, so the *busy* (all non-idle) figure is the one that counts it.",
+    ),
+    "ciphers": (
+        "Cipher benchmark",
+        "`cryptsetup benchmark`: in-memory cipher throughput on one core (no storage I/O).",
+    ),
+    "ceiling": (
+        "Crypto ceiling",
+        "Measured bandwidth of the encrypted stack against the crypto ceiling: the cipher's "
+        "benchmark throughput \u00d7 logical CPUs (decryption for reads, encryption for writes). The "
+        "ceiling is the kernel cipher's; without a cipher benchmark no ceiling is drawn and the "
+        "figure says why.",
+    ),
+    "loss": (
+        "Cost per cell",
+        "Effect per cell and metric with its interval, one chart per comparison; colour = verdict.",
+    ),
+    "hosts": (
+        "Hosts side by side",
+        "Each test box's effect per cell with its interval, one colour per host. Every host is "
+        "compared with its own baseline from its own pairs; the hosts are set beside each other, "
+        "not pooled.",
+    ),
+}
+
+
+def caption(stem: str, headline: Pair | None = None) -> str:
+    """The caption of figure ``stem`` (``loss``: the headline comparison's cost chart)."""
+    kind, _, rest = stem.partition("-")
+    if kind == "loss":  # "loss" is the headline comparison, "loss-<variant>-vs-<baseline>" others
+        variant, sep, baseline = rest.partition("-vs-")
+        pair = (baseline, variant) if sep else headline
+        return FIGURE_FAMILIES["loss"][0] + (f": {label(pair)}" if pair else "")
+    if kind == "throughput":
+        what, metric = rest.rsplit("-", 1)
+        return f"{what}: {metric_heading(metric)} per stack"
+    if kind in ("heatmap", "cpu"):
+        return metric_heading(rest.split("-")[-1]) + (
+            ": loss heatmap" if kind == "heatmap" else ": CPU cost by block size"
+        )
+    if kind == "hosts":
+        return metric_heading(rest) + ": hosts side by side"
+    if kind == "latency":
+        return f"{rest}: completion-latency percentiles" + (
+            f" ({rw_words(rest)})" if rest in ("read", "write", "randread", "randwrite") else ""
+        )
+    return FIGURE_FAMILIES.get(kind, (stem,))[0]
+
+
+# ------------------------------------------------------------------------------------ the catalog
+
+
+def figure_specs(run: Run) -> list[FigureSpec]:
+    """Every figure of ``run``, in drawing order.
+
+    Names (``<host>-`` after the kind when the run has several hosts):
+    ``throughput-<rw>-<metric>`` (bw_bytes, iops; ``throughput-<rw>-<pattern>-<metric>`` for the
+    cells of a config pattern), ``latency-<rw>[-<pattern>]`` (json+ histograms; none without),
+    ``heatmap-<metric>`` (bandwidth and p99 latency; one panel row per comparison),
+    ``cpu-<metric>`` (busy / system CPU s per GiB; none without CPU sidecars), ``ceiling`` (per
+    host: the ceiling or why there is none), ``hosts-<metric>`` (several hosts only: the hosts
+    side by side), ``ciphers`` (only when cipher rows exist), ``loss`` (the headline
+    comparison) and ``loss-<variant>-vs-<baseline>`` (every other comparison)."""
+    multi = len(run.hosts) > 1
+    stacks = run.stack_order()
+    ceilings = crypto_ceilings(run.cryptsetup, run.stacks, run.env)
+    ceilings += undescribed(ceilings, run.hosts, stacks, run.pairs[0][0])
+    specs = []
+    for host in run.hosts:
+        scope = host if multi else None  # named in figure names and titles
+        specs += _cell_specs(run, host, scope, stacks)
+        specs += _heatmap_specs(run, host, scope)
+        specs += _cpu_specs(run, host, scope, stacks)
+        specs += _ceiling_specs(run, host, scope, ceilings)
+    return specs + _run_specs(run, multi)
+
+
+def _name(kind: str, scope: str | None, *rest) -> str:
+    """``<kind>[-<host>]-<rest>``: the host only when the run has several."""
+    return "-".join([kind, *([scope] if scope else []), *[r for r in rest if r]])
+
+
+def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> list[FigureSpec]:
+    """Throughput bars and latency curves: one figure per access pattern and config pattern, so
+    cells of two patterns never share bars."""
+    fio = run.fio[run.fio["host"] == host]
+    lat = run.tables.get("latency", pd.DataFrame(columns=["host", "rw", "pattern"]))
+    lat = lat[lat["host"] == host]
+    cells = fio[["rw", "pattern"]].drop_duplicates().dropna().itertuples(index=False, name=None)
+    specs = []
+    for rw, pat in sorted(cells, key=lambda c: (c[1], c[0])):
+        where = {"rw": rw, **({"pattern": pat} if pat else {})}
+        for metric in ("bw_bytes", "iops"):
+            name = _name("throughput", scope, rw, pat, metric)
+            specs.append(
+                FigureSpec(
+                    name,
+                    "throughput",
+                    figures.throughput_figure,
+                    ("arms",),
+                    caption(name),
+                    kwargs={
+                        "rw": rw,
+                        "metric": metric,
+                        "stacks": stacks,
+                        "host": host,
+                        "pattern": pat,
+                    },
+                    params={"host": host, **where, "metric": metric},
+                    retitle=(f"{host}: " if scope else "", ""),
+                )
+            )
+        if ((lat["rw"] == rw) & (lat["pattern"] == pat)).any():
+            name = _name("latency", scope, rw, pat)
+            specs.append(
+                FigureSpec(
+                    name,
+                    "latency",
+                    figures.latency_figure,
+                    ("latency",),
+                    caption(name),
+                    kwargs={"rw": rw, "stacks": stacks, "pattern": pat, "host": scope},
+                    params=where,
+                )
+            )
+    return specs
+
+
+def _heatmap_specs(run: Run, host: str, scope: str | None) -> list[FigureSpec]:
+    """Loss heatmaps of one host (its name stays in the title only when there are several)."""
+    strip = "" if scope else f"{host}: "
+    return [
+        FigureSpec(
+            _name("heatmap", scope, metric),
+            "heatmap",
+            figures.loss_heatmap,
+            ("loss",),
+            caption(_name("heatmap", scope, metric)),
+            kwargs={"metric": metric, "host": host},
+            params={"metric": metric},
+            retitle=("", strip),
+        )
+        for metric in HEATMAP_METRICS
+        if metric in set(run.loss["metric"])
+    ]
+
+
+def _cpu_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> list[FigureSpec]:
+    """CPU cost per GiB of one host, for the CPU metrics its sidecars measured."""
+    arms = run.tables["arms"]
+    arms = arms[arms["host"] == host]
+    return [
+        FigureSpec(
+            _name("cpu", scope, metric),
+            "cpu",
+            figures.cpu_figure,
+            ("arms",),
+            caption(_name("cpu", scope, metric)),
+            kwargs={"metric": metric, "stacks": stacks, "host": scope},
+            params={"metric": metric},
+        )
+        for metric in CPU_METRICS
+        if pd.to_numeric(arms.loc[arms["metric"] == metric, "mean"], errors="coerce").notna().any()
+    ]
+
+
+def _ceiling_specs(
+    run: Run, host: str, scope: str | None, ceilings: list[dict]
+) -> list[FigureSpec]:
+    """The crypto ceiling of one host's LUKS stacks, or why there is none."""
+    mine = [c for c in ceilings if c["host"] == host]
+    fio = run.fio[run.fio["host"] == host]
+    if not mine or not fio["stack"].isin([c["stack"] for c in mine]).any():
+        return []
+    keys = ("stack", "read_ceiling_mib_s", "write_ceiling_mib_s")
+    recorded = [{k: c.get(k) for k in keys} | {"unavailable": c.get("reason")} for c in mine]
+    return [
+        FigureSpec(
+            _name("ceiling", scope),
+            "ceiling",
+            figures.ceiling_figure,
+            ("arms",),
+            caption(_name("ceiling", scope)),
+            kwargs={"ceilings": mine, "host": scope},
+            sources=("cryptsetup", "stacks", "env"),
+            params={"ceilings": recorded},
+        )
+    ]
+
+
+def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
+    """Figures of the whole run: hosts side by side, cipher benchmark, one cost chart per
+    comparison (the headline's is ``loss``)."""
+    specs = [
+        FigureSpec(
+            f"hosts-{metric}",
+            "hosts",
+            figures.hosts_figure,
+            ("loss",),
+            caption(f"hosts-{metric}"),
+            kwargs={"metric": metric},
+            params={"metric": metric, "hosts": run.hosts},
+        )
+        for metric in (HOSTS_METRICS if multi else ())
+        if metric in set(run.loss["metric"])
+    ]
+    cs = run.cryptsetup
+    if len(cs) and ((cs["kind"] == "cipher") & cs["available"].fillna(False).astype(bool)).any():
+        specs.append(
+            FigureSpec(
+                "ciphers", "ciphers", figures.cipher_figure, ("cryptsetup",), caption("ciphers")
+            )
+        )
+    for k, (baseline, variant) in enumerate(run.pairs):
+        name = "loss" if k == 0 else f"loss-{variant}-vs-{baseline}"
+        specs.append(
+            FigureSpec(
+                name,
+                "loss",
+                figures.loss_figure,
+                ("loss",),
+                caption(name, run.pairs[0]),
+                kwargs={"comparison": (baseline, variant)},
+                params={"baseline": baseline, "variant": variant},
+            )
+        )
+    return specs
+
+
+# ---------------------------------------------------------------------------------- drawing
+
+
+def make_figures(
+    processed_dir: Path,
+    figures_dir: Path,
+    run: str,
+    notebook: str | None = None,
+    workers: int | None = None,
+) -> dict[str, list[Path]]:
+    """Draw every figure of :func:`figure_specs` for the processed run in ``processed_dir`` into
+    ``figures_dir`` and write its index; returns {name: [png, svg]}.
+
+    ``notebook`` names the notebook that made them, for the provenance. ``workers``: processes
+    drawing in parallel (default: the CPUs available; 1 = here)."""
+    data, figures_dir = load_run(processed_dir), Path(figures_dir)
+    specs = figure_specs(data)
+    facts = {
+        **provenance_facts(data.env, notebook),
+        "luksbench_version": package_version(),
+        "sources_sha256": data.digests(),
+    }
+
+    def draw(spec: FigureSpec) -> list[Path]:
+        fig = spec.render(data)
+        try:
+            return save_figure(fig, figures_dir / spec.name, _provenance(run, spec, facts))
+        finally:
+            plt.close(fig)
+
+    drawn = dict(_draw_all(specs, draw, workers, figures_dir))
+    write_index(figures_dir, run, specs)
+    return drawn
+
+
+def _provenance(run: str, spec: FigureSpec, facts: dict) -> dict:
+    return {
+        "title": f"luksbench {run}: {spec.name}",
+        "run": run,
+        "figure": spec.name,
+        "made_by": f"{spec.draw.__module__}.{spec.draw.__name__}",
+        **facts,
+        **({"params": spec.params} if spec.params else {}),
+    }
+
+
+def _draw_all(
+    specs: list[FigureSpec], draw, workers: int | None, figures_dir: Path
+) -> list[tuple[str, list[Path]]]:
+    """Draw and save every figure, split over ``workers`` forked processes (default: the CPUs
+    available; 1 = here). Saving (layout, PNG and SVG rendering) is most of the time and each
+    figure is independent, so two cores halve it. A worker that fails is named with its figures
+    and the error."""
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    workers = max(1, min(int(workers), len(specs)))
+    if workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [(spec.name, draw(spec)) for spec in specs]
+    # fork: the workers share the tables without pickling and never re-run the caller's main
+    # module; each draws every workers-th figure
+    context = multiprocessing.get_context("fork")
+    errors = context.SimpleQueue()
+    procs = [
+        context.Process(target=_draw_share, args=(specs[k::workers], draw, errors))
+        for k in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    failed = [p.exitcode for p in procs if p.exitcode != 0]
+    if failures or failed:
+        raise RuntimeError(
+            "drawing figures failed: "
+            + ("; ".join(failures) or f"worker exit codes {failed} (killed?)")
+        )
+    return [(spec.name, figure_paths(figures_dir / spec.name)) for spec in specs]
+
+
+def _draw_share(specs, draw, errors) -> None:
+    """Worker: draw these figures; report the first failure (figure name and error)."""
+    for spec in specs:
+        try:
+            draw(spec)
+        except Exception as exc:  # report, do not hang the parent
+            errors.put(f"{spec.name}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            raise SystemExit(1) from exc
+    raise SystemExit(0)
+
+
+# ------------------------------------------------------------------------------------ the index
+
+
+def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:
+    """``<figures_dir>/index.json``: the run's figures in catalog order (name, family, files
+    relative to the folder, caption, inputs = the processed tables drawn from)."""
+    entries = [
+        {
+            "name": spec.name,
+            "family": spec.family,
+            "files": [p.name for p in figure_paths(Path(figures_dir) / spec.name)],
+            "caption": spec.caption,
+            "inputs": [f"{t}.parquet" for t in spec.inputs],
+        }
+        for spec in specs
+    ]
+    path = Path(figures_dir) / INDEX
+    path.write_text(json.dumps({"run": run, "figures": entries}, indent=1) + "\n")
+    return path
+
+
+def read_index(figures_dir: Path) -> list[dict]:
+    """The figure entries of ``<figures_dir>/index.json`` (FileNotFoundError naming the step that
+    writes it)."""
+    path = Path(figures_dir) / INDEX
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: draw the figures first (notebook 03)")
+    return json.loads(path.read_text())["figures"]

@@ -1,0 +1,230 @@
+"""``luksbench compare`` published: the run-A-vs-run-B table as Markdown, table files and a figure.
+
+The comparison itself (intervals, verdicts, outcomes) is :mod:`luksbench.analysis.crossrun`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import pandas as pd
+import seaborn as sns
+
+from luksbench.analysis.crossrun import RunData
+from luksbench.publish.style import house_style, save_figure
+from luksbench.publish.text import (
+    METRIC_UNITS,
+    cell_name,
+    fmt_ci,
+    fmt_num,
+    fmt_pct,
+    metric_heading,
+    multi_job,
+)
+
+OUTCOME_COLORS = {
+    "better": "#27ae60",
+    "worse": "#c0392b",
+    "same": "#2980b9",
+    "unclear": "#7f8c8d",
+    "insufficient": "#bdc3c7",
+    "only in A": "#bdc3c7",
+    "only in B": "#bdc3c7",
+}
+
+
+_RATIO_TICKS = (0.01, 0.1, 0.25, 0.5, 0.8, 1.0, 1.25, 2.0, 4.0, 10.0, 100.0)
+
+
+def _pct_label(ratio: float) -> str:
+    return "0" if ratio == 1 else f"{100 * (ratio - 1):+.0f} %"
+
+
+def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
+    """``luksbench compare``: change from run A to run B in % per cell and stack (seaborn points,
+    interval as a line), one panel per metric; colour = outcome (better / worse by the metric's
+    direction, same = equivalent, unclear); zero line = no change."""
+    house_style()
+    metrics = list(metrics) if metrics is not None else list(dict.fromkeys(table["metric"]))
+    df = table[table["metric"].isin(metrics) & table["change_pct"].notna()].copy()
+    if df.empty:
+        raise ValueError("nothing to draw: no cell has a value on both sides")
+    multi_host = df[["host_a", "host_b"]].drop_duplicates().shape[0] > 1
+    multi_stack = df["stack"].nunique() > 1
+    several_jobs = multi_job(df, host="host_a")
+
+    def label(r) -> str:
+        text = cell_name(r, several_jobs)
+        if multi_stack:
+            text = f"{r['stack']}: {text}"
+        if multi_host:
+            host = r["host_a"] if r["host_a"] == r["host_b"] else f"{r['host_a']}/{r['host_b']}"
+            text = f"{host}: {text}"
+        return text
+
+    df["cell"] = df.apply(label, axis=1)
+    cells = list(
+        dict.fromkeys(
+            df.sort_values(["host_a", "stack", "rw", "bs_bytes", "iodepth", "job_slot"])["cell"]
+        )
+    )
+    y = {c: i for i, c in enumerate(cells)}
+    df["y"] = df["cell"].map(y)
+    fig, axes = plt.subplots(
+        1,
+        len(metrics),
+        figsize=(3.4 * len(metrics) + 2.0, 0.38 * len(cells) + 1.8),
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
+    )
+    present = [o for o in OUTCOME_COLORS if (df["outcome"] == o).any()]
+    # ratio B/A on a log axis: +100 % and -50 % are the same distance from "no change", and one
+    # very noisy cell does not squash the others; ticks read as percent change
+    df["ratio_b_a"] = 1 + df["change_pct"] / 100
+    df["lo"], df["hi"] = 1 + df["ci_low"] / 100, 1 + df["ci_high"] / 100
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        sub = df[df["metric"] == metric]
+        ax.hlines(
+            sub["y"],
+            sub["lo"].fillna(sub["ratio_b_a"]),
+            sub["hi"].fillna(sub["ratio_b_a"]),
+            colors=[OUTCOME_COLORS.get(o, "black") for o in sub["outcome"]],
+            linewidth=1.6,
+        )
+        sns.scatterplot(
+            data=sub,
+            x="ratio_b_a",
+            y="y",
+            hue="outcome",
+            hue_order=present,
+            palette=OUTCOME_COLORS,
+            style="design",
+            style_order=["paired", "welch"],
+            s=45,
+            ax=ax,
+            legend=ax is axes[0][-1],
+            zorder=3,
+        )
+        ax.axvline(1, color="black", linewidth=0.8)
+        ax.set_xscale("log")
+        values = pd.concat([sub["lo"], sub["hi"], sub["ratio_b_a"]]).dropna()
+        lo, hi = min(float(values.min()), 0.9), max(float(values.max()), 1.1)
+        ticks = [t for t in _RATIO_TICKS if lo / 1.05 <= t <= hi * 1.05]
+        if len(ticks) > 5:  # wide intervals: every other tick, always keeping "no change"
+            ticks = sorted({1.0, *ticks[::2]})
+        ax.set_xticks(ticks, [_pct_label(t) for t in ticks], rotation=45, ha="right")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlim(lo / 1.1, hi * 1.1)
+        ax.set_xlabel("change B vs A (%, log scale)")
+        ax.set_ylabel("")
+        ax.set_title(metric_heading(metric))
+        ax.set_yticks(range(len(cells)), cells)
+        ax.set_ylim(len(cells) - 0.5, -0.5)
+    legend = axes[0][-1].get_legend()
+    if legend is not None:
+        handles, labels = axes[0][-1].get_legend_handles_labels()
+        legend.remove()
+        fig.legend(handles, labels, loc="outside right upper")
+    conf = float(df["confidence"].iloc[0])
+    run_a, run_b = df["run_a"].iloc[0], df["run_b"].iloc[0]
+    fig.suptitle(
+        f"{run_b} (B) vs {run_a} (A): change per cell, {conf:.0%} CI\n"
+        "green better, red worse (by the metric's direction), blue equivalent, grey unclear",
+        fontsize="medium",
+    )
+    return fig
+
+
+def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: list[str]) -> str:
+    """The comparison as Markdown: design per host pair, what differs, one table per metric."""
+    conf = fmt_num(100 * float(table["confidence"].iloc[0]), 0) if len(table) else "95"
+    lines = [
+        f"# {a.name} (A) vs {b.name} (B)",
+        "",
+        f"A: `{a.source}`; B: `{b.source}`. Change = B relative to A, geometric mean over "
+        f"repetitions, {conf} % confidence interval; verdicts after Benjamini-Hochberg across "
+        "every row of this comparison.",
+        "",
+    ]
+    for pair, d in table.attrs.get("designs", {}).items():
+        ha, _, hb = pair.partition("=")
+        what = (
+            "**paired** by repetition index"
+            if d["design"] == "paired"
+            else "**unpaired** (Welch t-interval on log values)"
+        )
+        host = f"`{ha}`" if ha == hb else f"`{ha}` (A) vs `{hb}` (B)"
+        lines.append(f"- Host {host}: {what}: {d['reason']}.")
+    lines.append("")
+    if differences:
+        lines += ["What differs besides the measurements:", ""]
+        lines += [f"- {d}" for d in differences] + [""]
+    skipped = table.attrs.get("skipped_metrics") or []
+    if skipped:
+        lines += [f"Not compared (no values in either run): {', '.join(skipped)}.", ""]
+    multi_host = table[["host_a", "host_b"]].drop_duplicates().shape[0] > 1
+    for metric in dict.fromkeys(table["metric"]):
+        sub = table[table["metric"] == metric]
+        heading, unit, div, dec = METRIC_UNITS.get(metric, (metric, "", 1, 2))
+        lines += [
+            f"## {heading}",
+            "",
+            f"| cell | stack | A ({unit}) | B ({unit}) | change | {conf} % CI | verdict | "
+            "outcome | n A / B |",
+            "|---|---|---:|---:|---:|---|---|---|---|",
+        ]
+        for _, r in sub.iterrows():
+            cell = cell_name(r)
+            if multi_host:
+                host = r["host_a"] if r["host_a"] == r["host_b"] else f"{r['host_a']}/{r['host_b']}"
+                cell = f"{host}: {cell}"
+            lines.append(
+                f"| {cell} | `{r['stack']}` | {fmt_num(r['a_mean'] / div, dec)} | "
+                f"{fmt_num(r['b_mean'] / div, dec)} | {fmt_pct(r['change_pct'])} | "
+                f"{fmt_ci(r['ci_low'], r['ci_high'])} | {r['verdict']} | {r['outcome']} | "
+                f"{int(r['n_a'])} / {int(r['n_b'])} |"
+            )
+        lines.append("")
+    counts = table["outcome"].value_counts()
+    lines.append(
+        "Outcomes: " + ", ".join(f"{counts[k]} {k}" for k in counts.index) + "."
+        if len(counts)
+        else "No cell in common."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def write_compare(
+    table: pd.DataFrame, out_dir: Path, a: RunData, b: RunData, differences: list[str]
+) -> dict[str, Path]:
+    """``compare.parquet``, ``compare.csv``, ``compare.md`` and the figure ``compare.png|svg``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = {"parquet": out_dir / "compare.parquet", "csv": out_dir / "compare.csv"}
+    plain = table.copy()
+    plain.attrs = {}
+    plain.to_parquet(out["parquet"], index=False)
+    plain.to_csv(out["csv"], index=False)
+    out["md"] = out_dir / "compare.md"
+    out["md"].write_text(compare_markdown(table, a, b, differences))
+    if len(table):
+        fig = compare_figure(table)
+        png, svg = save_figure(
+            fig,
+            out_dir / "compare",
+            {
+                "title": f"luksbench compare: {a.name} vs {b.name}",
+                "figure": "compare",
+                "made_by": "luksbench.publish.crossrun.compare_figure",
+                "run_a": a.source,
+                "run_b": b.source,
+                "designs": table.attrs.get("designs", {}),
+            },
+        )
+        plt.close(fig)
+        out["png"], out["svg"] = png, svg
+    return out

@@ -1,0 +1,135 @@
+"""Rendering the paper: the Jinja2 template (``templates/paper.md.j2``) filled with
+:func:`luksbench.publish.paper.paper_context` into ``index.md`` with front matter, and the
+Markdown turned into one self-contained ``index.html`` (figures embedded)."""
+
+from __future__ import annotations
+
+import base64
+import html as html_lib
+import json
+import mimetypes
+import re
+from pathlib import Path
+
+import jinja2
+from markdown_it import MarkdownIt
+
+from luksbench.publish.paper import paper_context
+
+TEMPLATE = "paper.md.j2"
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("luksbench.publish", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render_paper(
+    processed_dir: Path,
+    figures_dir: Path,
+    out_md: Path,
+    run: str,
+    baseline: str | None = None,
+    variant: str | None = None,
+    title: str = "",
+    author: str = "luksbench",
+    reference_dir: Path | None = None,
+) -> Path:
+    """Render ``templates/paper.md.j2`` with the processed tables of ``run`` into ``out_md``
+    (normally ``paper/<run>/index.md``): YAML front matter (title, date, author) and the post.
+
+    Figure links are relative to ``out_md``'s folder. ``baseline``/``variant`` default to those of
+    ``loss.parquet``; ``title`` empty = generated from run and variant; ``reference_dir`` holds the
+    transcribed published results (default: the repository's ``data/reference``). Returns ``out_md``.
+    """
+    out_md = Path(out_md)
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    context = paper_context(
+        processed_dir, figures_dir, out_md, run, baseline, variant, title, author, reference_dir
+    )
+    text = _environment().get_template(TEMPLATE).render(**context)
+    out_md.write_text(text)
+    return out_md
+
+
+def split_front_matter(text: str) -> tuple[dict, str]:
+    """(front matter as {key: value}, body) of a Markdown file starting with ``---``."""
+    if not text.startswith("---\n"):
+        return {}, text
+    head, _, body = text[4:].partition("\n---\n")
+    meta = {}
+    for line in head.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            value = value.strip()
+            try:
+                meta[key.strip()] = json.loads(value) if value.startswith('"') else value
+            except json.JSONDecodeError:
+                meta[key.strip()] = value
+    return meta, body
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;
+margin:2rem auto;padding:0 1rem;line-height:1.5;color:#222}
+h1{font-size:1.9rem;margin-bottom:.2rem}.byline{color:#666;margin-top:0}
+h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2.2rem}
+table{border-collapse:collapse;margin:1rem 0;font-size:.88rem;display:block;overflow-x:auto}
+th,td{border:1px solid #ccc;padding:.25rem .5rem;vertical-align:top}
+th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}
+img{max-width:100%;height:auto;border:1px solid #eee}
+code{background:#f5f5f5;padding:0 .2rem;border-radius:3px}
+blockquote{border-left:4px solid #c0392b;margin:1rem 0;padding:.2rem 1rem;background:#fdf2e9}
+"""
+
+
+def render_html(md_path: Path, html_path: Path | None = None) -> Path:
+    """Markdown -> one self-contained HTML file (markdown-it-py, CommonMark + tables).
+
+    Images are embedded as data URIs, so the file works when opened alone; the front matter
+    becomes the title and byline.
+    """
+    md_path = Path(md_path)
+    html_path = Path(html_path) if html_path else md_path.with_suffix(".html")
+    meta, body_md = split_front_matter(md_path.read_text())
+    title = meta.get("title") or next(
+        (line[2:].strip() for line in body_md.splitlines() if line.startswith("# ")), md_path.stem
+    )
+    body = MarkdownIt("commonmark").enable("table").render(body_md)
+
+    def embed(match: re.Match) -> str:
+        src = html_lib.unescape(match.group(2))
+        if src.startswith(("data:", "http://", "https://")):
+            return match.group(0)
+        path = (md_path.parent / src).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"{md_path}: image {src} not found ({path})")
+        mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        return f'{match.group(1)}"data:{mime};base64,{data}"'
+
+    body = re.sub(r'(<img src=)"([^"]+)"', embed, body)
+    byline = " · ".join(html_lib.escape(str(meta[k])) for k in ("author", "date") if meta.get(k))
+    body = (
+        re.sub(r"(</h1>)", rf'\1\n<p class="byline">{byline}</p>', body, count=1)
+        if byline
+        else body
+    )
+    html_path.write_text(
+        "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>\n"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>\n"
+        f"<title>{html_lib.escape(str(title))}</title>\n"
+        + "".join(
+            f"<meta name='{k}' content='{html_lib.escape(str(v))}'>\n"
+            for k, v in meta.items()
+            if k in ("author", "date", "generator", "run")
+        )
+        + f"<style>{_CSS}</style></head>\n<body>\n{body}</body></html>\n"
+    )
+    return html_path

@@ -1,0 +1,290 @@
+"""One processed run as figures, paper and notebooks see it: ``load_run(processed_dir)``.
+
+A :class:`Run` holds every table of ``data/processed/<run>/`` (by file name: ``fio``, ``loss``,
+``cpu_loss``, ``arms``, ``latency``, ``env``, ``stacks``, ``cryptsetup``, ``problems`` ...) and
+the facts read from them: the comparisons (headline first), hosts, stacks in legend order,
+provenance (git commit, config hash, tool versions), patterns, stacks that could not be built.
+Nothing here computes a statistic: those are in the tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pandas as pd
+
+from luksbench.analysis.cells import with_pattern
+from luksbench.analysis.contrasts import Pair, comparison_pairs
+from luksbench.formats.layout import bs_label
+from luksbench.publish.text import env_dict, missing
+
+#: tables a run cannot be published without (written by notebooks 01 and 02)
+REQUIRED = ("fio", "env", "loss")
+
+
+@dataclass
+class Run:
+    """The tables of one processed run and the facts derived from them."""
+
+    processed_dir: Path
+    tables: dict[str, pd.DataFrame] = field(repr=False)
+
+    def table(self, name: str, columns=()) -> pd.DataFrame:
+        """Table ``name``, or an empty one with ``columns`` when the run has none."""
+        return self.tables.get(name, pd.DataFrame(columns=list(columns)))
+
+    @cached_property
+    def fio(self) -> pd.DataFrame:
+        return with_pattern(self.tables["fio"])
+
+    @cached_property
+    def loss(self) -> pd.DataFrame:
+        return with_pattern(self.tables["loss"])
+
+    @property
+    def env(self) -> pd.DataFrame:
+        return self.table("env", ["host", "env_json"])
+
+    @property
+    def stacks(self) -> pd.DataFrame:
+        return self.table("stacks", ["host", "stack", "kind", "backend"])
+
+    @property
+    def cryptsetup(self) -> pd.DataFrame:
+        return self.table("cryptsetup", ["host", "kind"])
+
+    @cached_property
+    def pairs(self) -> list[Pair]:
+        """Every comparison of loss.parquet, the headline first."""
+        return comparison_pairs(self.loss)
+
+    @property
+    def confidence(self) -> float:
+        return float(self.loss["confidence"].iloc[0])
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted(self.fio["host"].unique())
+
+    def headline_first(self, baseline: str | None = None, variant: str | None = None) -> list[Pair]:
+        """The comparisons with (``baseline``, ``variant``) first when it is one of them (either
+        may be None: any), else loss.parquet's order."""
+        pairs = self.pairs
+        headline = next((p for p in pairs if p == (baseline or p[0], variant or p[1])), pairs[0])
+        return [headline, *[p for p in pairs if p != headline]]
+
+    def stack_order(self, pair: Pair | None = None) -> list[str]:
+        """Stacks with results, the comparison's (default: the headline's) first, then the others
+        alphabetically: the order of every legend."""
+        stacks = set(self.fio["stack"].dropna().unique())
+        first = [s for s in (pair or self.pairs[0]) if s in stacks]
+        return first + sorted(stacks - set(first))
+
+    def digests(self) -> dict[str, str]:
+        """{``<table>.parquet``: SHA-256} of every table file of the run."""
+        return {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(self.processed_dir.glob("*.parquet"))
+        }
+
+
+def load_run(processed_dir: Path) -> Run:
+    """Every ``*.parquet`` table of ``processed_dir``; FileNotFoundError naming the step to run
+    when the tidy tables or the loss table are missing, ValueError when the loss table is empty."""
+    processed_dir = Path(processed_dir)
+    tables = {p.stem: pd.read_parquet(p) for p in sorted(processed_dir.glob("*.parquet"))}
+    for name in REQUIRED:
+        if name not in tables:
+            step = "the loss step (notebook 02)" if name == "loss" else "the ingest first"
+            raise FileNotFoundError(f"{processed_dir / (name + '.parquet')} is missing: run {step}")
+    if tables["loss"].empty:
+        raise ValueError(f"{processed_dir}: the loss table is empty")
+    return Run(processed_dir, tables)
+
+
+# ------------------------------------------------------------------------------------- stacks
+
+
+def unavailable_stacks(stacks: pd.DataFrame) -> list[dict]:
+    """Optional stacks that could not be built, one dict per host and stack: host, stack, kind,
+    reason. From the stacks table's ``available``/``reason`` columns, or (tables ingested before
+    those existed) the ``unavailable`` entry of the stack's description."""
+    out = []
+    if stacks is None or stacks.empty:
+        return out
+    for _, row in stacks.iterrows():
+        reason = row.get("reason") if "reason" in stacks.columns else None
+        available = row.get("available") if "available" in stacks.columns else None
+        if missing(reason):
+            reason = env_dict(row.get("description_json")).get("unavailable")
+        has_reason = isinstance(reason, str) and bool(reason.strip())
+        if (available is not None and not missing(available) and not bool(available)) or has_reason:
+            out.append(
+                {
+                    "host": str(row["host"]),
+                    "stack": str(row["stack"]),
+                    "kind": None if missing(row.get("kind")) else str(row.get("kind")),
+                    "reason": str(reason).strip().rstrip(".")
+                    if has_reason
+                    else "no reason recorded",
+                }
+            )
+    return out
+
+
+def planned_stacks(env: pd.DataFrame) -> dict[str, list[str]]:
+    """Stacks each host's plan (env.json) asked for: {host: [stack, ...]}."""
+    out = {}
+    for _, row in env.iterrows():
+        stacks = (env_dict(row.get("env_json")).get("plan") or {}).get("stacks") or {}
+        if isinstance(stacks, dict) and stacks:
+            out[str(row["host"])] = sorted(stacks)
+    return out
+
+
+def _pattern_options(rows: pd.DataFrame, spec: dict) -> list[str]:
+    """The fio options a pattern's cells ran with: job options of the results, plan settings."""
+    options = []
+    engines = sorted(rows["ioengine"].dropna().astype(str).unique()) if "ioengine" in rows else []
+    if engines:
+        options.append("ioengine " + "/".join(engines))
+    directs = sorted(rows["direct"].dropna().unique()) if "direct" in rows else []
+    if directs:
+        options.append("direct=" + "/".join(str(int(d)) for d in directs))
+    io_bs = rows["io_bs_bytes"].dropna() if "io_bs_bytes" in rows else pd.Series(dtype=float)
+    if len(io_bs) and (io_bs != rows.loc[io_bs.index, "bs_bytes"]).any():
+        sizes = "/".join(bs_label(int(b)) for b in sorted(io_bs.unique()))
+        options.append(
+            f"each block of bs done as {sizes} I/Os at sequential offsets, one random seek per "
+            "block (a block smaller than that is one I/O)"
+        )
+    elif spec.get("io_bs"):
+        options.append(f"blocks of bs in {spec['io_bs']} I/Os (io_bs)")
+    if spec.get("fsync_per_block"):
+        options.append("an fsync after every block of writes")
+    if (spec.get("fio") or {}).get("sync"):
+        options.append("O_SYNC writes (sync=1)")
+    return options
+
+
+def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
+    """Each pattern of the run ("" = the main matrix first), as a dict: name, description, cells,
+    rw, bs, iodepth (as measured) and ``options``: the fio options its cells ran with, from the
+    results' job options (ioengine, direct, I/O size) and the plan recorded in env.json
+    (io_bs, fsync_per_block, sync); nothing is typed."""
+    if fio is None or fio.empty:
+        return []
+    fio = with_pattern(fio)
+    declared: dict = {}
+    for env_json in env.get("env_json", []) if env is not None else []:
+        declared.update((env_dict(env_json).get("plan") or {}).get("patterns") or {})
+    out = []
+    for name in sorted(fio["pattern"].dropna().unique(), key=lambda n: (n != "", n)):
+        rows = fio[fio["pattern"] == name]
+        spec = declared.get(name) or {}
+        out.append(
+            {
+                "name": name,
+                "description": str(spec.get("description") or "").strip(),
+                "cells": int(rows["workload"].nunique()),
+                "rw": ", ".join(f"`{x}`" for x in sorted(rows["rw"].dropna().unique())),
+                "bs": ", ".join(
+                    bs_label(int(b)) for b in sorted(rows["bs_bytes"].dropna().unique())
+                ),
+                "iodepth": ", ".join(
+                    str(int(q)) for q in sorted(rows["iodepth"].dropna().unique())
+                ),
+                "options": "; ".join(_pattern_options(rows, spec)) or "n/a",
+            }
+        )
+    return out
+
+
+def run_date(env: pd.DataFrame, fio: pd.DataFrame) -> str:
+    """Date of the measurement: the latest env.json capture, else the latest fio timestamp."""
+    dates = []
+    for env_json in env.get("env_json", []):
+        captured = env_dict(env_json).get("captured")
+        if isinstance(captured, str) and len(captured) >= 10:
+            dates.append(captured[:10])
+    if dates:
+        return max(dates)
+    if "timestamp" in fio and pd.to_numeric(fio["timestamp"], errors="coerce").notna().any():
+        ts = pd.to_numeric(fio["timestamp"], errors="coerce").max()
+        return pd.Timestamp(ts, unit="s").strftime("%Y-%m-%d")
+    return "unknown"
+
+
+# ----------------------------------------------------------------------------------- provenance
+
+
+def git_commit(path: Path | None = None) -> str:
+    """``git rev-parse HEAD`` of the checkout holding ``path`` (default: this package), else "unknown"."""
+    where = Path(path) if path else Path(__file__).resolve().parent
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    out = result.stdout.strip()
+    return out if result.returncode == 0 and len(out) == 40 else "unknown"
+
+
+def plan_hash(plan: dict) -> str:
+    """First 16 hex digits of SHA-256 over the plan as canonical JSON."""
+    text = json.dumps(plan, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_hashes(env: pd.DataFrame) -> dict[str, str]:
+    """{host: hash of the plan recorded in its env.json} ("unknown" when env.json has no plan)."""
+    out = {}
+    for _, row in env.iterrows():
+        plan = env_dict(row.get("env_json")).get("plan")
+        out[str(row["host"])] = plan_hash(plan) if isinstance(plan, dict) and plan else "unknown"
+    return out
+
+
+def _joined(values: dict[str, str]) -> str:
+    distinct = sorted(set(values.values()))
+    if len(distinct) <= 1:
+        return distinct[0] if distinct else "unknown"
+    return "; ".join(f"{host}: {value}" for host, value in sorted(values.items()))
+
+
+def provenance_facts(env: pd.DataFrame, notebook: str | None = None) -> dict[str, str]:
+    """What every figure carries: git commit, config hash, tool versions, the notebook that made it."""
+
+    def versions(col):
+        return {
+            str(r["host"]): (str(r[col]) if col in r and pd.notna(r[col]) else "unknown")
+            for _, r in env.iterrows()
+        }
+
+    facts = {
+        "git_commit": git_commit(),
+        "config_hash": _joined(config_hashes(env)),
+        "fio_version": _joined(versions("fio_version")),
+        "cryptsetup_version": _joined(versions("cryptsetup_version")),
+    }
+    if notebook:
+        facts["notebook"] = notebook
+    return facts
+
+
+def package_version() -> str:
+    try:
+        return version("luksbench")
+    except PackageNotFoundError:  # pragma: no cover - source checkout without install
+        return "unknown"

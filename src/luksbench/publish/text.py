@@ -1,0 +1,179 @@
+"""Words and numbers as figures and paper print them: metric names and units, access-pattern
+words, cell names, number formatting. Missing values print as "n/a", never as "nan"."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from luksbench.formats.layout import bs_label
+
+#: metric -> (heading, unit, divisor, decimals)
+METRIC_UNITS = {
+    "bw_bytes": ("Bandwidth", "MiB/s", 2**20, 1),
+    "iops": ("IOPS", "IO/s", 1, 0),
+    "clat_p99_ns": ("p99 completion latency", "ms", 1e6, 3),
+    "clat_p50_ns": ("median completion latency", "ms", 1e6, 3),
+    "clat_p999_ns": ("p99.9 completion latency", "ms", 1e6, 3),
+    "clat_mean_ns": ("mean completion latency", "ms", 1e6, 3),
+    "lat_mean_ns": ("mean latency", "ms", 1e6, 3),
+    "busy_cpu_s_per_gib": ("Busy CPU time per GiB", "CPU s/GiB", 1, 2),
+    "sys_cpu_s_per_gib": ("System CPU time per GiB", "CPU s/GiB", 1, 2),
+}
+
+#: rw pattern -> words, as the SCS post names its tables
+RW_WORDS = {
+    "read": "sequential read",
+    "write": "sequential write",
+    "randread": "random read",
+    "randwrite": "random write",
+    "rw": "sequential read/write",
+    "readwrite": "sequential read/write",
+    "randrw": "random read/write",
+    "trim": "trim",
+    "randtrim": "random trim",
+}
+#: the SCS post's order of access patterns
+RW_ORDER = ("read", "write", "randread", "randwrite", "rw", "readwrite", "randrw")
+#: fio rw patterns with two directions: their cells name the direction
+MIXED_RW = ("rw", "readwrite", "randrw")
+METRIC_ORDER = ("bw_bytes", "iops", "clat_p99_ns", "clat_p50_ns", "clat_p999_ns", "clat_mean_ns")
+VERDICT_MARKS = {
+    "significant": "●",
+    "equivalent": "≈",
+    "inconclusive": "○",
+    "insufficient": "\u2013",
+}
+
+
+def metric_heading(metric: str) -> str:
+    return METRIC_UNITS.get(metric, (metric,))[0]
+
+
+def metric_label(metric: str) -> str:
+    """``Bandwidth (MiB/s)``: an axis label."""
+    name, unit = METRIC_UNITS.get(metric, (metric, ""))[:2]
+    return f"{name} ({unit})" if unit else name
+
+
+def rw_words(rw: str) -> str:
+    return RW_WORDS.get(str(rw), str(rw))
+
+
+def sorted_rw(values) -> list[str]:
+    order = {rw: i for i, rw in enumerate(RW_ORDER)}
+    return sorted(values, key=lambda r: (order.get(r, len(order)), r))
+
+
+def sorted_metrics(values) -> list[str]:
+    order = {m: i for i, m in enumerate(METRIC_ORDER)}
+    return sorted(values, key=lambda m: (order.get(m, len(order)), m))
+
+
+# ------------------------------------------------------------------------------------- numbers
+
+
+def missing(x) -> bool:
+    if x is None or x is pd.NA:
+        return True
+    try:
+        return bool(pd.isna(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt_num(x, decimals: int = 1) -> str:
+    """Number with thousands separators; "n/a" for missing values."""
+    if missing(x):
+        return "n/a"
+    x = float(x)
+    if math.isinf(x):
+        return "∞" if x > 0 else "-∞"
+    if round(x, decimals) == 0:
+        x = 0.0  # no "-0.0"
+    return f"{x:,.{decimals}f}"
+
+
+def fmt_pct(x, decimals: int = 1) -> str:
+    return "n/a" if missing(x) else f"{fmt_num(x, decimals)} %"
+
+
+def fmt_ci(low, high, decimals: int = 1) -> str:
+    if missing(low) or missing(high):
+        return "[n/a]"
+    return f"[{fmt_num(low, decimals)}, {fmt_num(high, decimals)}]"
+
+
+def fmt_bool(x) -> str:
+    return "n/a" if missing(x) else ("yes" if bool(x) else "no")
+
+
+def fmt_text(x) -> str:
+    return "n/a" if missing(x) or str(x).strip() == "" else str(x)
+
+
+def bs_human(bs_bytes) -> str:
+    """4096 -> "4 KiB", 1048576 -> "1 MiB" (the SCS post's labels)."""
+    n = int(bs_bytes)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def env_dict(env_json) -> dict:
+    """An env.json / description JSON column value as a dict ({} when missing or not JSON)."""
+    if missing(env_json):
+        return {}
+    try:
+        data = json.loads(env_json)
+    except (TypeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# --------------------------------------------------------------------------------------- cells
+
+
+def pattern_name(row) -> str:
+    value = row.get("pattern") if hasattr(row, "get") else None
+    return value if isinstance(value, str) else ""
+
+
+def cell_name(row, with_job: bool = False) -> str:
+    """``randread 4k QD32``; mixed patterns add the direction, multi-job files the job name, the
+    cells of a config pattern its name (``randwrite 1g QD1 [largeblock]``)."""
+    name = f"{row['rw']} {bs_label(int(row['bs_bytes']))} QD{int(row['iodepth'])}"
+    if row["rw"] in MIXED_RW:
+        name += f" ({row['direction']})"
+    if with_job:
+        name += f", job `{row['job']}`"
+    if pattern_name(row):
+        name += f" [{pattern_name(row)}]"
+    return name
+
+
+def cell_words(row, multi_host: bool, with_job: bool = False) -> str:
+    """``sequential write, 1 MiB, QD32`` (+ direction of mixed patterns, host, job)."""
+    words = f"{rw_words(row['rw'])}, {bs_human(row['bs_bytes'])}, QD{int(row['iodepth'])}"
+    if row["rw"] in MIXED_RW:
+        words += f" ({row['direction']})"
+    if with_job:
+        words += f", job `{row['job']}`"
+    if pattern_name(row):
+        words += f", pattern `{pattern_name(row)}`"
+    return (f"{row['host']}: " if multi_host else "") + words
+
+
+def effect_ci(row) -> str:
+    """``12.3 % [10.1, 14.4]``: a loss row's effect with its interval."""
+    return f"{fmt_pct(row['effect_pct'])} {fmt_ci(row['ci_low'], row['ci_high'])}"
+
+
+def multi_job(table: pd.DataFrame, host: str = "host") -> bool:
+    """Do some result files hold several jobs (then cells need the job name to be told apart)?"""
+    return bool(len(table)) and bool(
+        table.groupby([host, "workload"])["job_slot"].nunique().max() > 1
+    )
