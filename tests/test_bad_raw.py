@@ -104,7 +104,7 @@ def test_problems_are_written_and_printed(broken_run, tmp_path, capsys):
 
 
 def test_the_paper_says_which_raw_files_were_left_out(broken_run, tmp_path):
-    from luksbench.publish import paper
+    from luksbench.publish import render
 
     raw_dir, broken = broken_run
     processed = tmp_path / "processed"
@@ -112,7 +112,7 @@ def test_the_paper_says_which_raw_files_were_left_out(broken_run, tmp_path):
     write_loss(processed)
     figures = tmp_path / "figures"
     figures.mkdir()
-    text = paper.render_paper(
+    text = render.render_paper(
         processed, figures, tmp_path / "paper" / "index.md", "sample"
     ).read_text()
     for name in broken:

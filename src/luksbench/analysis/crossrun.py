@@ -43,45 +43,16 @@ from luksbench.analysis import ingest, stats
 COMPARE_METRICS = ("bw_bytes", "iops", "clat_p99_ns", "busy_cpu_s_per_gib")
 
 COMPARE_COLUMNS = [
-    "run_a",
-    "run_b",
-    "host_a",
-    "host_b",
-    "stack",
-    "workload",
-    "rw",
-    "bs_bytes",
-    "iodepth",
-    "direction",
-    "job",
-    "job_slot",
-    "metric",
-    "higher_is_better",
-    "design",
-    "n_a",
-    "n_b",
-    "n",
-    "a_mean",
-    "b_mean",
-    "mean_log_ratio",
-    "se_log_ratio",
-    "df",
-    "ratio",
-    "change_pct",
-    "ci_low",
-    "ci_high",
-    "confidence",
-    "p_value",
-    "q_value",
-    "equivalence_margin_pct",
-    "equiv_low",
-    "equiv_high",
-    "equivalent",
-    "verdict",
-    "outcome",
-    # issue 3: the cell's config pattern ("" = main matrix)
-    "pattern",
+    *("run_a", "run_b", "host_a", "host_b", "stack"),
+    *stats.ROW_COLUMNS,
+    *("design", "n_a", "n_b", "n", "a_mean", "b_mean", "mean_log_ratio", "se_log_ratio", "df"),
+    *("ratio", "change_pct", "ci_low", "ci_high", "confidence"),
+    *stats.TEST_COLUMNS,
+    *("verdict", "outcome", "pattern"),
 ]
+COMPARE_TEXT = ("run_a", "run_b", "host_a", "host_b", "stack", "workload", "rw", "direction")
+COMPARE_TEXT += ("job", "pattern", "metric", "design", "verdict", "outcome")
+COMPARE_INTS = ("bs_bytes", "iodepth", "job_slot", "n_a", "n_b", "n")
 
 #: env facts whose difference between A and B is worth saying (a kernel change is the usual point)
 ENV_FACTS = (
@@ -412,45 +383,8 @@ def _by_rep(vals: pd.DataFrame, pos, metric: str) -> dict[int, float]:
 
 
 def _dtypes(table: pd.DataFrame) -> pd.DataFrame:
-    text = (
-        "run_a",
-        "run_b",
-        "host_a",
-        "host_b",
-        "stack",
-        "workload",
-        "rw",
-        "direction",
-        "job",
-        "pattern",
-    )
-    for col in (*text, "metric", "design", "verdict", "outcome"):
-        table[col] = table[col].astype("string")
-    for col in ("bs_bytes", "iodepth", "job_slot", "n_a", "n_b", "n"):
-        table[col] = pd.to_numeric(table[col]).astype("int64")
-    for col in ("higher_is_better", "equivalent"):
-        table[col] = table[col].astype(bool)
-    floats = (
-        set(COMPARE_COLUMNS)
-        - set(text)
-        - {
-            "metric",
-            "design",
-            "verdict",
-            "outcome",
-            "bs_bytes",
-            "iodepth",
-            "job_slot",
-            "n_a",
-            "n_b",
-            "n",
-            "higher_is_better",
-            "equivalent",
-        }
-    )
-    for col in floats:
-        table[col] = pd.to_numeric(table[col]).astype("float64")
-    return table
+    bools = ("higher_is_better", "equivalent")
+    return stats.with_dtypes(table, COMPARE_COLUMNS, COMPARE_TEXT, COMPARE_INTS, bools)
 
 
 # ------------------------------------------------------------------------------------- reporting

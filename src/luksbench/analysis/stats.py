@@ -109,53 +109,28 @@ OUTLIER_Z = 3.5
 #: normal pairs 29 % of cells would get a flag; with 6-20 pairs still 10-15 %, see flag_outliers)
 OUTLIER_MIN_PAIRS = 6
 
+#: columns naming a row of a loss or comparison table: the cell, the metric and its direction
+ROW_COLUMNS = ["workload", "rw", "bs_bytes", "iodepth", "direction", "job", "job_slot"]
+ROW_COLUMNS += ["metric", "higher_is_better"]
+#: the significance test and equivalence check of a row (loss and comparison tables alike)
+TEST_COLUMNS = ["p_value", "q_value", "equivalence_margin_pct", "equiv_low", "equiv_high"]
+TEST_COLUMNS += ["equivalent"]
+#: loss.parquet's columns, in order (new columns are appended: the others keep their places)
 LOSS_COLUMNS = [
     "host",
-    "workload",
-    "rw",
-    "bs_bytes",
-    "iodepth",
-    "direction",
-    "job",
-    "job_slot",
-    "metric",
-    "higher_is_better",
-    "baseline",
-    "variant",
-    "n",
-    "n_dropped",
-    "baseline_mean",
-    "variant_mean",
-    "mean_log_ratio",
-    "sd_log_ratio",
-    "ratio",
-    "effect",
-    "effect_pct",
-    "loss_pct",
-    "increase_pct",
-    "ci_low",
-    "ci_high",
-    "confidence",
-    "verdict",
-    # added by issue 4 (appended: the columns above keep their names and meanings)
-    "p_value",
-    "q_value",
-    "equivalence_margin_pct",
-    "equiv_low",
-    "equiv_high",
-    "equivalent",
-    "fieller_low",
-    "fieller_high",
-    "boot_low",
-    "boot_high",
-    "n_outliers",
-    "outlier_reps",
-    "outliers_excluded",
-    "target_pairs",
-    "noisy",
-    # added by issue 3 (patterns): the cell's pattern, "" for the main matrix
-    "pattern",
+    *ROW_COLUMNS,
+    *("baseline", "variant", "n", "n_dropped", "baseline_mean", "variant_mean"),
+    *("mean_log_ratio", "sd_log_ratio", "ratio", "effect", "effect_pct", "loss_pct"),
+    *("increase_pct", "ci_low", "ci_high", "confidence", "verdict"),
+    *TEST_COLUMNS,
+    *("fieller_low", "fieller_high", "boot_low", "boot_high"),
+    *("n_outliers", "outlier_reps", "outliers_excluded", "target_pairs", "noisy", "pattern"),
 ]
+#: loss.parquet's text, integer and bool columns (the others are float64)
+LOSS_TEXT = ("host", "workload", "rw", "direction", "job", "pattern", "metric", "baseline")
+LOSS_TEXT += ("variant", "effect", "verdict", "outlier_reps")
+LOSS_INTS = ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers")
+LOSS_BOOLS = ("higher_is_better", "equivalent", "outliers_excluded", "noisy")
 
 VERDICTS = ("significant", "equivalent", "inconclusive", "insufficient")
 
@@ -725,52 +700,23 @@ def loss_table(
     return _loss_dtypes(table)
 
 
-def _loss_dtypes(table: pd.DataFrame) -> pd.DataFrame:
-    for col in (
-        "host",
-        "workload",
-        "rw",
-        "direction",
-        "job",
-        "pattern",
-        "metric",
-        "baseline",
-        "variant",
-        "effect",
-        "verdict",
-    ):
-        table[col] = table[col].astype("string")
-    table["outlier_reps"] = table["outlier_reps"].astype("string")
-    for col in ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers"):
-        table[col] = pd.to_numeric(table[col]).astype("int64")
-    for col in ("higher_is_better", "equivalent", "outliers_excluded", "noisy"):
-        table[col] = table[col].astype(bool)
-    for col in LOSS_COLUMNS:
-        if col in (
-            "baseline_mean",
-            "variant_mean",
-            "mean_log_ratio",
-            "sd_log_ratio",
-            "ratio",
-            "effect_pct",
-            "loss_pct",
-            "increase_pct",
-            "ci_low",
-            "ci_high",
-            "confidence",
-            "p_value",
-            "q_value",
-            "equivalence_margin_pct",
-            "equiv_low",
-            "equiv_high",
-            "fieller_low",
-            "fieller_high",
-            "boot_low",
-            "boot_high",
-            "target_pairs",
-        ):
+def with_dtypes(table: pd.DataFrame, columns, text, ints, bools) -> pd.DataFrame:
+    """``table`` with its ``text`` columns as pandas strings, ``ints`` as int64, ``bools`` as
+    bool and the other ``columns`` as float64: the same schema however the rows came about."""
+    for col in columns:
+        if col in text:
+            table[col] = table[col].astype("string")
+        elif col in ints:
+            table[col] = pd.to_numeric(table[col]).astype("int64")
+        elif col in bools:
+            table[col] = table[col].astype(bool)
+        else:
             table[col] = pd.to_numeric(table[col]).astype("float64")
     return table
+
+
+def _loss_dtypes(table: pd.DataFrame) -> pd.DataFrame:
+    return with_dtypes(table, LOSS_COLUMNS, LOSS_TEXT, LOSS_INTS, LOSS_BOOLS)
 
 
 def loss_tables(

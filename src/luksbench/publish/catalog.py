@@ -163,15 +163,19 @@ def figure_specs(run: Run) -> list[FigureSpec]:
     for host in run.hosts:
         scope = host if multi else None  # named in figure names and titles
         specs += _cell_specs(run, host, scope, stacks)
-        specs += _heatmap_specs(run, host, scope)
-        specs += _cpu_specs(run, host, scope, stacks)
-        specs += _ceiling_specs(run, host, scope, ceilings)
+        specs += _host_specs(run, host, scope, stacks, ceilings)
     return specs + _run_specs(run, multi)
 
 
 def _name(kind: str, scope: str | None, *rest) -> str:
     """``<kind>[-<host>]-<rest>``: the host only when the run has several."""
     return "-".join([kind, *([scope] if scope else []), *[r for r in rest if r]])
+
+
+def _spec(name: str, draw: Callable, tables: tuple[str, ...], **fields) -> FigureSpec:
+    """A figure of the family its name starts with, captioned by :func:`caption`."""
+    headline = fields.pop("headline", None)
+    return FigureSpec(name, name.partition("-")[0], draw, tables, caption(name, headline), **fields)
 
 
 def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> list[FigureSpec]:
@@ -185,113 +189,76 @@ def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> li
     for rw, pat in sorted(cells, key=lambda c: (c[1], c[0])):
         where = {"rw": rw, **({"pattern": pat} if pat else {})}
         for metric in ("bw_bytes", "iops"):
+            kwargs = {"rw": rw, "metric": metric, "stacks": stacks, "host": host, "pattern": pat}
+            params = {"host": host, **where, "metric": metric}
             name = _name("throughput", scope, rw, pat, metric)
             specs.append(
-                FigureSpec(
+                _spec(
                     name,
-                    "throughput",
                     figures.throughput_figure,
                     ("arms",),
-                    caption(name),
-                    kwargs={
-                        "rw": rw,
-                        "metric": metric,
-                        "stacks": stacks,
-                        "host": host,
-                        "pattern": pat,
-                    },
-                    params={"host": host, **where, "metric": metric},
+                    kwargs=kwargs,
+                    params=params,
                     retitle=(f"{host}: " if scope else "", ""),
                 )
             )
         if ((lat["rw"] == rw) & (lat["pattern"] == pat)).any():
+            kwargs = {"rw": rw, "stacks": stacks, "pattern": pat, "host": scope}
             name = _name("latency", scope, rw, pat)
             specs.append(
-                FigureSpec(
-                    name,
-                    "latency",
-                    figures.latency_figure,
-                    ("latency",),
-                    caption(name),
-                    kwargs={"rw": rw, "stacks": stacks, "pattern": pat, "host": scope},
-                    params=where,
-                )
+                _spec(name, figures.latency_figure, ("latency",), kwargs=kwargs, params=where)
             )
     return specs
 
 
-def _heatmap_specs(run: Run, host: str, scope: str | None) -> list[FigureSpec]:
-    """Loss heatmaps of one host (its name stays in the title only when there are several)."""
-    strip = "" if scope else f"{host}: "
-    return [
-        FigureSpec(
+def _host_specs(run: Run, host: str, scope: str | None, stacks, ceilings) -> list[FigureSpec]:
+    """Loss heatmaps (the host named in the title only when there are several), CPU cost for the
+    CPU metrics its sidecars measured, the crypto ceiling of its LUKS stacks or why there is none."""
+    specs = [
+        _spec(
             _name("heatmap", scope, metric),
-            "heatmap",
             figures.loss_heatmap,
             ("loss",),
-            caption(_name("heatmap", scope, metric)),
             kwargs={"metric": metric, "host": host},
             params={"metric": metric},
-            retitle=("", strip),
+            retitle=("", "" if scope else f"{host}: "),
         )
         for metric in HEATMAP_METRICS
         if metric in set(run.loss["metric"])
     ]
-
-
-def _cpu_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> list[FigureSpec]:
-    """CPU cost per GiB of one host, for the CPU metrics its sidecars measured."""
-    arms = run.tables["arms"]
-    arms = arms[arms["host"] == host]
-    return [
-        FigureSpec(
-            _name("cpu", scope, metric),
-            "cpu",
-            figures.cpu_figure,
-            ("arms",),
-            caption(_name("cpu", scope, metric)),
-            kwargs={"metric": metric, "stacks": stacks, "host": scope},
-            params={"metric": metric},
-        )
-        for metric in CPU_METRICS
-        if pd.to_numeric(arms.loc[arms["metric"] == metric, "mean"], errors="coerce").notna().any()
-    ]
-
-
-def _ceiling_specs(
-    run: Run, host: str, scope: str | None, ceilings: list[dict]
-) -> list[FigureSpec]:
-    """The crypto ceiling of one host's LUKS stacks, or why there is none."""
+    arms = run.tables["arms"][run.tables["arms"]["host"] == host]
+    for metric in CPU_METRICS:
+        if pd.to_numeric(arms.loc[arms["metric"] == metric, "mean"], errors="coerce").notna().any():
+            kwargs = {"metric": metric, "stacks": stacks, "host": scope}
+            name = _name("cpu", scope, metric)
+            specs.append(
+                _spec(name, figures.cpu_figure, ("arms",), kwargs=kwargs, params={"metric": metric})
+            )
     mine = [c for c in ceilings if c["host"] == host]
-    fio = run.fio[run.fio["host"] == host]
-    if not mine or not fio["stack"].isin([c["stack"] for c in mine]).any():
-        return []
-    keys = ("stack", "read_ceiling_mib_s", "write_ceiling_mib_s")
-    recorded = [{k: c.get(k) for k in keys} | {"unavailable": c.get("reason")} for c in mine]
-    return [
-        FigureSpec(
-            _name("ceiling", scope),
-            "ceiling",
-            figures.ceiling_figure,
-            ("arms",),
-            caption(_name("ceiling", scope)),
-            kwargs={"ceilings": mine, "host": scope},
-            sources=("cryptsetup", "stacks", "env"),
-            params={"ceilings": recorded},
+    if mine and run.fio[run.fio["host"] == host]["stack"].isin([c["stack"] for c in mine]).any():
+        keys = ("stack", "read_ceiling_mib_s", "write_ceiling_mib_s")
+        recorded = [{k: c.get(k) for k in keys} | {"unavailable": c.get("reason")} for c in mine]
+        specs.append(
+            _spec(
+                _name("ceiling", scope),
+                figures.ceiling_figure,
+                ("arms",),
+                kwargs={"ceilings": mine, "host": scope},
+                sources=("cryptsetup", "stacks", "env"),
+                params={"ceilings": recorded},
+            )
         )
-    ]
+    return specs
 
 
 def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
     """Figures of the whole run: hosts side by side, cipher benchmark, one cost chart per
     comparison (the headline's is ``loss``)."""
     specs = [
-        FigureSpec(
+        _spec(
             f"hosts-{metric}",
-            "hosts",
             figures.hosts_figure,
             ("loss",),
-            caption(f"hosts-{metric}"),
             kwargs={"metric": metric},
             params={"metric": metric, "hosts": run.hosts},
         )
@@ -300,20 +267,14 @@ def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
     ]
     cs = run.cryptsetup
     if len(cs) and ((cs["kind"] == "cipher") & cs["available"].fillna(False).astype(bool)).any():
-        specs.append(
-            FigureSpec(
-                "ciphers", "ciphers", figures.cipher_figure, ("cryptsetup",), caption("ciphers")
-            )
-        )
+        specs.append(_spec("ciphers", figures.cipher_figure, ("cryptsetup",)))
     for k, (baseline, variant) in enumerate(run.pairs):
-        name = "loss" if k == 0 else f"loss-{variant}-vs-{baseline}"
         specs.append(
-            FigureSpec(
-                name,
-                "loss",
+            _spec(
+                "loss" if k == 0 else f"loss-{variant}-vs-{baseline}",
                 figures.loss_figure,
                 ("loss",),
-                caption(name, run.pairs[0]),
+                headline=run.pairs[0],
                 kwargs={"comparison": (baseline, variant)},
                 params={"baseline": baseline, "variant": variant},
             )
