@@ -697,7 +697,7 @@ def loss_table(
             .drop(columns="_m")
             .reset_index(drop=True)
         )
-    return _loss_dtypes(table)
+    return with_dtypes(table, LOSS_COLUMNS, LOSS_TEXT, LOSS_INTS, LOSS_BOOLS)
 
 
 def with_dtypes(table: pd.DataFrame, columns, text, ints, bools) -> pd.DataFrame:
@@ -713,10 +713,6 @@ def with_dtypes(table: pd.DataFrame, columns, text, ints, bools) -> pd.DataFrame
         else:
             table[col] = pd.to_numeric(table[col]).astype("float64")
     return table
-
-
-def _loss_dtypes(table: pd.DataFrame) -> pd.DataFrame:
-    return with_dtypes(table, LOSS_COLUMNS, LOSS_TEXT, LOSS_INTS, LOSS_BOOLS)
 
 
 def loss_tables(
@@ -744,7 +740,8 @@ def loss_tables(
     ]
     if not parts:
         raise ValueError("no comparisons given")
-    return _loss_dtypes(pd.concat(parts, ignore_index=True)[LOSS_COLUMNS])
+    table = pd.concat(parts, ignore_index=True)[LOSS_COLUMNS]
+    return with_dtypes(table, LOSS_COLUMNS, LOSS_TEXT, LOSS_INTS, LOSS_BOOLS)
 
 
 #: the columns that identify one arm's cell in :func:`arm_summary`

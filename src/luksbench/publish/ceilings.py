@@ -86,10 +86,9 @@ def crypto_ceilings(
             "algorithm": cipher_key(st["cipher"]),
             "key_bits": None if pd.isna(st["key_bits"]) else int(st["key_bits"]),
             "cpus": _cpus(env, host),
-            "enc_mib_s": None,
-            "dec_mib_s": None,
-            "read_ceiling_mib_s": None,
-            "write_ceiling_mib_s": None,
+            **dict.fromkeys(
+                ("enc_mib_s", "dec_mib_s", "read_ceiling_mib_s", "write_ceiling_mib_s")
+            ),
             "reason": None,
         }
         out.append(_ceiling(rec, cryptsetup))

@@ -43,15 +43,8 @@ def _pct_label(ratio: float) -> str:
     return "0" if ratio == 1 else f"{100 * (ratio - 1):+.0f} %"
 
 
-def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
-    """``luksbench compare``: change from run A to run B in % per cell and stack (seaborn points,
-    interval as a line), one panel per metric; colour = outcome (better / worse by the metric's
-    direction, same = equivalent, unclear); zero line = no change."""
-    house_style()
-    metrics = list(metrics) if metrics is not None else list(dict.fromkeys(table["metric"]))
-    df = table[table["metric"].isin(metrics) & table["change_pct"].notna()].copy()
-    if df.empty:
-        raise ValueError("nothing to draw: no cell has a value on both sides")
+def _cell_labels(df: pd.DataFrame) -> pd.Series:
+    """Cell names, with the stack and host pair where the table has several."""
     multi_host = df[["host_a", "host_b"]].drop_duplicates().shape[0] > 1
     multi_stack = df["stack"].nunique() > 1
     several_jobs = multi_job(df, host="host_a")
@@ -65,7 +58,33 @@ def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
             text = f"{host}: {text}"
         return text
 
-    df["cell"] = df.apply(label, axis=1)
+    return df.apply(label, axis=1)
+
+
+def _ratio_axis(ax, sub: pd.DataFrame) -> None:
+    """Log x axis of the ratio B/A, ticks read as percent change, "no change" marked."""
+    ax.axvline(1, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    values = pd.concat([sub["lo"], sub["hi"], sub["ratio_b_a"]]).dropna()
+    lo, hi = min(float(values.min()), 0.9), max(float(values.max()), 1.1)
+    ticks = [t for t in _RATIO_TICKS if lo / 1.05 <= t <= hi * 1.05]
+    if len(ticks) > 5:  # wide intervals: every other tick, always keeping "no change"
+        ticks = sorted({1.0, *ticks[::2]})
+    ax.set_xticks(ticks, [_pct_label(t) for t in ticks], rotation=45, ha="right")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlim(lo / 1.1, hi * 1.1)
+
+
+def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
+    """``luksbench compare``: change from run A to run B in % per cell and stack (seaborn points,
+    interval as a line), one panel per metric; colour = outcome (better / worse by the metric's
+    direction, same = equivalent, unclear); zero line = no change."""
+    house_style()
+    metrics = list(metrics) if metrics is not None else list(dict.fromkeys(table["metric"]))
+    df = table[table["metric"].isin(metrics) & table["change_pct"].notna()].copy()
+    if df.empty:
+        raise ValueError("nothing to draw: no cell has a value on both sides")
+    df["cell"] = _cell_labels(df)
     cells = list(
         dict.fromkeys(
             df.sort_values(["host_a", "stack", "rw", "bs_bytes", "iodepth", "job_slot"])["cell"]
@@ -109,16 +128,7 @@ def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
             legend=ax is axes[0][-1],
             zorder=3,
         )
-        ax.axvline(1, color="black", linewidth=0.8)
-        ax.set_xscale("log")
-        values = pd.concat([sub["lo"], sub["hi"], sub["ratio_b_a"]]).dropna()
-        lo, hi = min(float(values.min()), 0.9), max(float(values.max()), 1.1)
-        ticks = [t for t in _RATIO_TICKS if lo / 1.05 <= t <= hi * 1.05]
-        if len(ticks) > 5:  # wide intervals: every other tick, always keeping "no change"
-            ticks = sorted({1.0, *ticks[::2]})
-        ax.set_xticks(ticks, [_pct_label(t) for t in ticks], rotation=45, ha="right")
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xlim(lo / 1.1, hi * 1.1)
+        _ratio_axis(ax, sub)
         ax.set_xlabel("change B vs A (%, log scale)")
         ax.set_ylabel("")
         ax.set_title(metric_heading(metric))

@@ -209,11 +209,7 @@ def loss_figure(
     conf = float(df["confidence"].iloc[0])
     base, var = df["baseline"].iloc[0], df["variant"].iloc[0]
     fig.suptitle(f"Cost of {var} vs {base} (paired, {conf:.0%} CI)")
-    handles = {}
-    for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lab, h)
-    fig.legend(handles.values(), handles.keys(), title="verdict", loc="outside right upper")
+    legend_below(fig, axes, "verdict", ncols=1, loc="outside right upper")
     return fig
 
 
@@ -418,8 +414,7 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
         "each host paired with its own baseline; black ring = significant (BH-adjusted)",
         fontsize="medium",
     )
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, title="host", loc="outside lower center", ncols=len(hosts))
+    legend_below(fig, axes[0][0], "host", ncols=len(hosts))
     return fig
 
 
@@ -558,8 +553,7 @@ def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
         ax.set_xlabel("MiB/s (one core, memory only)")
         ax.set_title(host, fontsize="medium")
     fig.suptitle("cryptsetup benchmark: cipher throughput", fontsize="medium")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=2)
+    legend_below(fig, axes[0][0], ncols=2)
     return fig
 
 
@@ -701,6 +695,5 @@ def ceiling_figure(
     ax.set_ylabel("bandwidth (MiB/s)")
     _ceiling_note(ax, ceilings)
     fig.suptitle(_ceiling_title(ceilings, host), fontsize="medium")
-    handles = dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
-    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=3)
+    legend_below(fig, ax, ncols=3)
     return fig

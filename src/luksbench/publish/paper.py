@@ -55,6 +55,7 @@ from luksbench.publish.text import (
     fmt_num,
     fmt_pct,
     fmt_text,
+    metric_heading,
     multi_job,
     rw_words,
     sorted_metrics,
@@ -362,90 +363,95 @@ SCS_TABLE_METRICS = ("bw_bytes", "iops", "clat_p99_ns")
 CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 
 
+def _worst_by_rw(bw: pd.DataFrame, pos: pd.DataFrame) -> str:
+    """Per access pattern, the largest significant loss with its cell."""
+    parts = []
+    for rw in sorted_rw(bw["rw"].dropna().unique()):
+        rp = pos[pos["rw"] == rw]
+        if rp.empty:
+            parts.append(f"{rw_words(rw)} none significant")
+            continue
+        w = rp.loc[rp["effect_pct"].idxmax()]
+        where = f"{bs_human(w['bs_bytes'])}, QD{int(w['iodepth'])}"
+        parts.append(f"{rw_words(rw)} up to {effect_ci(w)} ({where})")
+    return "By access pattern: " + "; ".join(parts) + "."
+
+
+def _bandwidth_sentences(bw: pd.DataFrame, variant: str, describe) -> list[str]:
+    """The worst loss, the worst per access pattern, and how the cells' verdicts fall."""
+    heading = metric_heading(str(bw["metric"].iloc[0])).lower()
+    sig = bw[bw["verdict"] == "significant"]
+    pos, gains = sig[sig["effect_pct"] > 0], sig[sig["effect_pct"] < 0]
+    if pos.empty:
+        out = [f"No significant {heading} loss in any of the {len(bw)} cells."]
+    else:
+        worst = pos.loc[pos["effect_pct"].idxmax()]
+        out = [
+            f"Worst {heading} loss: {describe(worst)} — {effect_ci(worst)} "
+            f"({int(worst['n'])} pairs).",
+            _worst_by_rw(bw, pos),
+        ]
+    n = {v: int((bw["verdict"] == v).sum()) for v in ("inconclusive", "insufficient", "equivalent")}
+    out.append(
+        f"Significant loss in {len(pos)} of {len(bw)} cells, significant gain "
+        f"(`{variant}` faster) in {len(gains)}, "
+        + (
+            f"equivalent (no practical difference) in {n['equivalent']}, "
+            if n["equivalent"]
+            else ""
+        )
+        + f"inconclusive in {n['inconclusive']}"
+        + (f", too few pairs in {n['insufficient']}" if n["insufficient"] else "")
+        + "."
+    )
+    return out
+
+
+def _increase_sentence(metric: str, rows: pd.DataFrame, describe, rose: bool = False) -> str:
+    """How many cells of a higher-is-worse metric rose significantly, and the largest rise."""
+    name = metric_heading(metric)
+    up = rows[(rows["verdict"] == "significant") & (rows["effect_pct"] > 0)]
+    if up.empty:
+        return f"{name}: no significant increase in {len(rows)} cells."
+    w = up.loc[up["effect_pct"].idxmax()]
+    how = (
+        f"{name} rose significantly in {len(up)} of {len(rows)} cells, by up to"
+        if rose
+        else f"{name}: significant increase in {len(up)} of {len(rows)} cells, up to"
+    )
+    return f"{how} {effect_ci(w)} ({describe(w)})."
+
+
 def tldr_sentences(
     losses: pd.DataFrame, cpu: pd.DataFrame, hosts: list[dict], baseline: str, matrix: dict
 ) -> list[str]:
-    """The TL;DR, every number computed from the loss tables: per comparison, headline first
-    (``baseline`` is unused: each comparison names its own)."""
-
+    """The TL;DR, every number read from the loss tables (loss.parquet, cpu_loss.parquet): per
+    comparison, headline first (``baseline`` is unused: each comparison names its own)."""
     conf = fmt_num(100 * float(losses["confidence"].iloc[0]), 0)
-    multi_host = losses["host"].nunique() > 1
-    several_jobs = multi_job(losses)
+    multi_host, several_jobs = losses["host"].nunique() > 1, multi_job(losses)
     backends = sorted({h["backend_short"] for h in hosts}) or ["an unknown backend"]
+
+    def describe(row) -> str:
+        return cell_words(row, multi_host, several_jobs)
 
     out = []
     for baseline, variant in comparison_pairs(losses):
         lv = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
         bw = lv[lv["metric"] == "bw_bytes"] if (lv["metric"] == "bw_bytes").any() else lv
-        heading = METRIC_UNITS.get(str(bw["metric"].iloc[0]), ("loss",))[0].lower()
-        n_cells = len(bw)
         host_names = ", ".join(f"`{h}`" for h in sorted(lv["host"].dropna().unique()))
         out.append(
             f"`{variant}` against `{baseline}` on {host_names}, "
-            f"measured with {' / '.join(backends)}: {n_cells} cells, "
+            f"measured with {' / '.join(backends)}: {len(bw)} cells, "
             f"{matrix['reps_text']} paired repetitions each, {conf} % confidence intervals."
         )
-        sig = bw[bw["verdict"] == "significant"]
-        pos = sig[sig["effect_pct"] > 0]
-        if pos.empty:
-            out.append(f"No significant {heading} loss in any of the {n_cells} cells.")
-        else:
-            worst = pos.loc[pos["effect_pct"].idxmax()]
-            out.append(
-                f"Worst {heading} loss: {cell_words(worst, multi_host, several_jobs)} — "
-                f"{effect_ci(worst)} ({int(worst['n'])} pairs)."
-            )
-            by_rw = []
-            for rw in sorted_rw(bw["rw"].dropna().unique()):
-                rp = pos[pos["rw"] == rw]
-                if rp.empty:
-                    by_rw.append(f"{rw_words(rw)} none significant")
-                else:
-                    w = rp.loc[rp["effect_pct"].idxmax()]
-                    by_rw.append(
-                        f"{rw_words(rw)} up to {effect_ci(w)} "
-                        f"({bs_human(w['bs_bytes'])}, QD{int(w['iodepth'])})"
-                    )
-            out.append("By access pattern: " + "; ".join(by_rw) + ".")
-        gains = sig[sig["effect_pct"] < 0]
-        n_inc = int((bw["verdict"] == "inconclusive").sum())
-        n_ins = int((bw["verdict"] == "insufficient").sum())
-        n_eq = int((bw["verdict"] == "equivalent").sum())
-        out.append(
-            f"Significant loss in {len(pos)} of {n_cells} cells, significant gain "
-            f"(`{variant}` faster) in {len(gains)}, "
-            + (f"equivalent (no practical difference) in {n_eq}, " if n_eq else "")
-            + f"inconclusive in {n_inc}"
-            + (f", too few pairs in {n_ins}" if n_ins else "")
-            + "."
-        )
+        out += _bandwidth_sentences(bw, variant, describe)
         for metric in sorted_metrics(set(lv["metric"]) - {"bw_bytes", "iops", *CPU_METRICS}):
-            lm = lv[lv["metric"] == metric]
-            name = METRIC_UNITS.get(metric, (metric,))[0]
-            up = lm[(lm["verdict"] == "significant") & (lm["effect_pct"] > 0)]
-            if up.empty:
-                out.append(f"{name}: no significant increase in {len(lm)} cells.")
-            else:
-                w = up.loc[up["effect_pct"].idxmax()]
-                out.append(
-                    f"{name}: significant increase in {len(up)} of {len(lm)} cells, "
-                    f"up to {effect_ci(w)} ({cell_words(w, multi_host, several_jobs)})."
-                )
+            out.append(_increase_sentence(metric, lv[lv["metric"] == metric], describe))
         cv = cpu[(cpu["baseline"] == baseline) & (cpu["variant"] == variant)] if len(cpu) else cpu
-        for metric in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib"):
-            lm = cv[cv["metric"] == metric] if len(cv) else cv
-            if lm is None or lm.empty:
-                continue
-            name = METRIC_UNITS[metric][0]
-            up = lm[(lm["verdict"] == "significant") & (lm["effect_pct"] > 0)]
-            if up.empty:
-                out.append(f"{name}: no significant increase in {len(lm)} cells.")
-            else:
-                w = up.loc[up["effect_pct"].idxmax()]
-                out.append(
-                    f"{name} rose significantly in {len(up)} of {len(lm)} cells, by up to "
-                    f"{effect_ci(w)} ({cell_words(w, multi_host, several_jobs)})."
-                )
+        for metric in CPU_METRICS:
+            rows = cv[cv["metric"] == metric] if len(cv) else cv
+            if rows is not None and len(rows):
+                out.append(_increase_sentence(metric, rows, describe, rose=True))
     return out
 
 
@@ -571,70 +577,59 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
 # ------------------------------------------------------------------------------- what is missing
 
 
-def gaps(
-    fio, losses, env, cryptsetup, planned, figures_found, problems=None, unavailable=None
-) -> list[str]:
-    """Sentences on what this run lacks: optional stacks that could not be built (with the
-    reason), raw files left out at ingest, planned stacks not measured, cells without pairs,
-    cipher benchmarks that did not run, figure families without data."""
+def _stack_gaps(run: Run) -> list[str]:
+    """Optional stacks that could not be built (with the reason), raw files left out at ingest,
+    planned stacks without results."""
+    unavailable = unavailable_stacks(run.stacks)
     out = []
-    for u in unavailable or []:
+    for u in unavailable:
         kind = f" ({u['kind']})" if u.get("kind") else ""
         out.append(
             f"Stack `{u['stack']}`{kind} could not be built on `{u['host']}`: {u['reason']}. It "
             "is optional, so the run went on without it: it is in no table or figure."
         )
-    gone = {(u["host"], u["stack"]) for u in unavailable or []}
-    if problems is not None and len(problems):
-        excluded = problems[problems["severity"] == "excluded"]
-        for row in excluded.itertuples():
-            out.append(f"Raw file `{row.file}` was left out: {row.reason}.")
-    measured = {
-        h: sorted(g["stack"].unique()) for h, g in fio.groupby("host")
-    }  # what the raw data holds
-    for host, stacks in sorted(planned.items()):
-        absent = sorted(
-            s for s in set(stacks) - set(measured.get(host, [])) if (host, s) not in gone
-        )
+    problems = run.table("problems", ["severity", "file", "reason"])
+    for row in problems[problems["severity"] == "excluded"].itertuples():
+        out.append(f"Raw file `{row.file}` was left out: {row.reason}.")
+    gone = {(u["host"], u["stack"]) for u in unavailable}
+    measured = {h: set(g["stack"].unique()) for h, g in run.fio.groupby("host")}
+    for host, stacks in sorted(planned_stacks(run.env).items()):
+        absent = sorted(s for s in set(stacks) - measured.get(host, set()) if (host, s) not in gone)
         if absent:
             out.append(
                 f"On `{host}` the plan listed stacks {', '.join(f'`{s}`' for s in absent)} that "
                 "have no results: they were skipped and are not in any table or figure."
             )
-    no_pairs = losses[losses["n"] == 0]
-    if len(no_pairs):
-        cells = sorted(
-            {
-                f"`{r['variant']}` vs `{r['baseline']}` {r['workload']}"
-                for _, r in no_pairs.iterrows()
-            }
-        )
+    return out
+
+
+def gaps(run: Run, figures_found: set[str]) -> list[str]:
+    """Sentences on what this run lacks: stacks (:func:`_stack_gaps`), cells without pairs,
+    cipher benchmarks that did not run, figure families without data."""
+    out = _stack_gaps(run)
+    no_pairs = run.loss[run.loss["n"] == 0]
+    cells = sorted({f"`{r.variant}` vs `{r.baseline}` {r.workload}" for r in no_pairs.itertuples()})
+    if cells:
         out.append(
             f"{len(cells)} cells have results on one stack only (no pairs): {', '.join(cells)}."
         )
-    hosts_with_cs = set(cryptsetup["host"]) if len(cryptsetup) else set()
-    for host in sorted(set(env["host"]) - hosts_with_cs):
+    cs = run.cryptsetup
+    for host in sorted(set(run.env["host"]) - set(cs["host"])):
         out.append(f"No `cryptsetup benchmark` output was recorded on `{host}`.")
-    if len(cryptsetup):
-        na = cryptsetup[
-            (cryptsetup["kind"] == "cipher")
-            & ~cryptsetup["available"].fillna(True).astype(bool)
-            & cryptsetup["algorithm"].fillna("").astype(str).str.strip().ne("")
+    if len(cs):
+        skipped = cs[
+            (cs["kind"] == "cipher")
+            & ~cs["available"].fillna(True).astype(bool)
+            & cs["algorithm"].fillna("").astype(str).str.strip().ne("")
         ]
-        for host, g in na.groupby("host"):
-            ciphers = ", ".join(
-                sorted(
-                    {
-                        f"{a} {fmt_num(k, 0)}b"
-                        for a, k in zip(g["algorithm"], g["key_bits"], strict=True)
-                    }
-                )
-            )
+        for host, g in skipped.groupby("host"):
+            pairs = zip(g["algorithm"], g["key_bits"], strict=True)
+            ciphers = ", ".join(sorted({f"{a} {fmt_num(k, 0)}b" for a, k in pairs}))
             out.append(f"On `{host}` the cipher benchmark skipped {ciphers} (N/A).")
     if "latency" not in figures_found:
         out.append(
-            "No completion-latency histograms: the raw files carry no json+ `bins` (or the "
-            "figures were made without the raw folder), so there is no percentile figure."
+            "No completion-latency histograms: the raw files carry no json+ `bins`, so there is "
+            "no latency table and no percentile figure."
         )
     if "cpu" not in figures_found:
         out.append("No CPU sidecars (`rep<k>.cpu.json`): no CPU-cost figure.")
@@ -729,16 +724,6 @@ def _published(run: Run, reference_dir: Path | None) -> dict:
 def _machine(run: Run, figure_secs: list[dict]) -> dict:
     """Cipher benchmark, crypto ceilings and what the run lacks."""
     ceilings = crypto_ceilings(run.cryptsetup, run.stacks, run.env)
-    gap_list = gaps(
-        run.fio,
-        run.loss,
-        run.env,
-        run.cryptsetup,
-        planned_stacks(run.env),
-        {s["kind"] for s in figure_secs},
-        run.tables.get("problems"),
-        unavailable_stacks(run.stacks),
-    )
     return {
         "cryptsetup": _cryptsetup(run.cryptsetup),
         "ceilings": [
@@ -750,7 +735,7 @@ def _machine(run: Run, figure_secs: list[dict]) -> dict:
             }
             for c in ceilings
         ],
-        "gaps": gap_list,
+        "gaps": gaps(run, {s["kind"] for s in figure_secs}),
     }
 
 

@@ -76,15 +76,14 @@ def interval_bars(ax, x, mean, half, width, color, label, capsize=3) -> None:
     )
 
 
-def legend_below(fig, axes, title: str | None = None, ncols: int = 4) -> None:
-    """One legend for all panels, below them (never collides with the title)."""
+def legend_below(fig, axes, title=None, ncols: int = 4, loc: str = "outside lower center") -> None:
+    """One legend for all panels (each label once), by default below them: never collides with
+    the title, however narrow the figure is."""
     handles = {}
     for ax in np.ravel(axes):
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(lab, h)
-    fig.legend(
-        handles.values(), handles.keys(), title=title, loc="outside lower center", ncols=ncols
-    )
+    fig.legend(handles.values(), handles.keys(), title=title, loc=loc, ncols=ncols)
 
 
 def wrap(text: str, width: int) -> str:
