@@ -405,7 +405,12 @@ def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
     or the document lists no job entries. ``warn`` receives one-line notes (several documents
     in one file).
     """
-    doc = load_fio_document(path, warn)
+    return document_rows(path, load_fio_document(path, warn))
+
+
+def document_rows(path: Path | str, doc: dict) -> list[dict]:
+    """:func:`parse_fio_file`'s rows of a document :func:`load_fio_document` returned for
+    ``path`` (the ``file`` column; messages name it)."""
     entries = _job_entries(doc)
     if not entries:
         raise FioParseError(f"{path}: fio JSON document lists no job entries")
@@ -513,7 +518,11 @@ def clat_histogram(
     Only job/direction pairs that carry ``bins`` appear (plain ``json`` output gives ``{}``).
     ``job_index`` matches the column of :func:`parse_fio_file`; counts of 0 are left out.
     """
-    doc = load_fio_document(path, warn)
+    return document_histograms(load_fio_document(path, warn))
+
+
+def document_histograms(doc: dict) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """:func:`clat_histogram` of a document :func:`load_fio_document` returned."""
     histograms = {}
     for index, entry, _host in _job_entries(doc):
         for direction in DIRECTIONS:
