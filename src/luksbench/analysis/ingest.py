@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 import os
 import re
 import sys
@@ -260,7 +261,7 @@ def _job_slots(rows: list[dict]) -> dict[str, int]:
 
 #: files parsed per task of the process pool (large enough to amortise pickling, small enough to
 #: balance two workers)
-CHUNK_FILES = 500
+CHUNK_FILES = 250
 #: below this many files to parse, a process pool costs more than it saves
 PARALLEL_MIN_FILES = 1000
 #: the incremental-ingest cache, inside the processed folder (never inside raw)
@@ -352,7 +353,7 @@ def _file_rows(key: str, run: str, rep: RepPath, rows: list[dict], cpu: dict) ->
             # The cell's rw and bs (the block); fio's own options stay in "bs" and io_bs_bytes.
             row["rw"], row["bs_bytes"] = wl.rw, wl.bs_bytes
         row.update(job_slot=slots[r["job"]], io_gib=float(r["io_bytes"] or 0) / GIB, _row=i)
-        out.append(tuple(row[c] for c in _CHUNK_COLUMNS))
+        out.append(_in_chunk_order(row))
     return out
 
 
@@ -369,6 +370,7 @@ _CPU_COLUMNS = (
 )
 #: the rows a worker returns: the table's columns but the design's, with ``_key``/``_row`` to order
 _CHUNK_COLUMNS = [c for c in fio_columns() if c not in _DESIGN_COLUMNS] + ["_key", "_row"]
+_in_chunk_order = operator.itemgetter(*_CHUNK_COLUMNS)
 #: json+ bins as a worker returns them (``_key`` names the file)
 _BIN_COLUMNS = ["_key", "job_index", "direction", "ns", "count"]
 _TEXT_COLUMNS = (
@@ -389,7 +391,9 @@ _TEXT_COLUMNS = (
 def _typed_column(name: str, values: tuple):
     """One column of :func:`_typed`'s types, built from Python values in one pass (a worker's
     rows): text -> string, bools -> boolean, ints without gaps -> int64, other numbers -> float64."""
-    kinds = {type(v) for v in values if v is not None and v == v}
+    kinds = set(map(type, values)) - {type(None)}
+    if float in kinds and len(kinds) > 1:  # NaN counts as missing, like None (a rare mix)
+        kinds = {type(v) for v in values if v is not None and v == v}
     if name in ("rep", "job_slot", "_row"):
         return np.array(values, dtype="int64")
     if kinds == {bool}:
@@ -586,8 +590,9 @@ def fio_and_latency_tables(
 
     for key in keys:
         res = results[key]
-        problems += [(raw_dir / k, why) for k, why in res["problems"]]
-        notes += [(raw_dir / k, why) for k, why in res["notes"]]
+        if res["problems"] or res["notes"]:  # most files have neither
+            problems += [(raw_dir / k, why) for k, why in res["problems"]]
+            notes += [(raw_dir / k, why) for k, why in res["notes"]]
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = _assemble(frames, keys, targets, fleets)
@@ -784,8 +789,8 @@ class _IngestCache:
         table = pd.DataFrame(
             [(k, *stats[k]) for k in keys], columns=["key", *self.STAT_COLUMNS]
         ).astype({c: "int64" for c in self.STAT_COLUMNS})
-        table["problems"] = [json.dumps(results[k]["problems"]) for k in keys]
-        table["notes"] = [json.dumps(results[k]["notes"]) for k in keys]
+        for column in ("problems", "notes"):
+            table[column] = [json.dumps(r) if (r := results[k][column]) else "[]" for k in keys]
         rows, bins = (self._kept(parts, keys) for parts in (frames, bins))
         rows = None if rows is None else _fio_dtypes(rows)
         for name, df in (*zip(self.TABLES, (rows, bins), strict=True), ("files.parquet", table)):

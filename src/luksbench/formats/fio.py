@@ -96,7 +96,8 @@ def _warn_on_stderr(message: str) -> None:
 
 def _read_text(path: Path) -> tuple[str, bytes]:
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as file:
+            raw = file.read()
     except OSError as exc:
         raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
     # fio writes ASCII; replacement characters keep a stray binary byte from aborting the parse.
