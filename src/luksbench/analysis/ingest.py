@@ -388,22 +388,23 @@ _TEXT_COLUMNS = (
 )
 
 
-def _typed_column(name: str, values: tuple):
-    """One column of :func:`_typed`'s types, built from Python values in one pass (a worker's
-    rows): text -> string, bools -> boolean, ints without gaps -> int64, other numbers -> float64."""
+def _typed_column(name, values, text_cols=_TEXT_COLUMNS, bool_cols=(), whole_numbers=True):
+    """One column of Python values in :func:`_typed`'s types, in one pass: text -> string, bools
+    -> boolean, numbers (None or NaN = missing) -> float64, or int64 for ``whole_numbers`` without
+    gaps (what pandas infers from a worker's rows)."""
     kinds = set(map(type, values)) - {type(None)}
     if float in kinds and len(kinds) > 1:  # NaN counts as missing, like None (a rare mix)
         kinds = {type(v) for v in values if v is not None and v == v}
     if name in ("rep", "job_slot", "_row"):
         return np.array(values, dtype="int64")
-    if kinds == {bool}:
+    if name in bool_cols or kinds == {bool}:
         return pd.array(values, dtype="boolean")
-    if name in _TEXT_COLUMNS or str in kinds:
+    if name in text_cols or str in kinds:
         text = [None if _missing(v) else v if isinstance(v, str) else str(v) for v in values]
         return pd.array(text, dtype="string")
-    if kinds == {int} and None not in values and len(values):
+    if whole_numbers and kinds == {int} and None not in values and len(values):
         try:
-            return np.array(values, dtype="int64")  # what pandas infers for whole numbers
+            return np.array(values, dtype="int64")
         except OverflowError:
             pass
     if kinds <= {int, float}:
@@ -820,20 +821,7 @@ class _IngestCache:
 def _fio_dtypes(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("rep", "job_slot"):
         df[col] = df[col].astype("int64")
-    text = (
-        "run",
-        "host",
-        "stack",
-        "workload",
-        "pattern",
-        "fio_hostname",
-        "job",
-        "direction",
-        "rw",
-        "file",
-        "bs",
-    )
-    return _typed(df, text_cols=text, bool_cols=("hit_cap",))
+    return _typed(df, text_cols=_TEXT_COLUMNS, bool_cols=("hit_cap",))
 
 
 _STRING = pd.StringDtype()
@@ -843,30 +831,16 @@ def _typed(df: pd.DataFrame, text_cols=(), bool_cols=()) -> pd.DataFrame:
     """Stable parquet types: text -> string, bools -> boolean, numbers (None = missing) -> float64,
     whatever the values of this particular run happen to be (an all-missing column stays typed)."""
     for col in df.columns:
-        if df[col].dtype.kind in "iuf" or col in ("rep", "job_slot"):
+        dtype = df[col].dtype
+        if dtype.kind in "iuf" or col in ("rep", "job_slot"):
             continue
         # already typed by an earlier pass (chunks of a parallel or incremental ingest): the same
         # outcome as below, without looking at every value again
-        if (
-            df[col].dtype == _STRING  # what the branch below makes (pandas' default str differs)
-            and col not in bool_cols
-            and (col in text_cols or df[col].notna().any())
-        ):
+        typed = (dtype == _STRING and col not in bool_cols) or isinstance(dtype, pd.BooleanDtype)
+        if typed and (col in text_cols or col in bool_cols or df[col].notna().any()):
             continue
-        if isinstance(df[col].dtype, pd.BooleanDtype) and (
-            col in bool_cols or df[col].notna().any()
-        ):
-            continue
-        values = df[col].dropna()
-        if col in bool_cols or (len(values) and values.map(lambda v: isinstance(v, bool)).all()):
-            df[col] = df[col].astype("boolean")
-        elif col in text_cols or (len(values) and values.map(lambda v: isinstance(v, str)).any()):
-            df[col] = df[col].map(
-                lambda v: None if _missing(v) else v if isinstance(v, str) else str(v)
-            )
-            df[col] = df[col].astype("string")
-        else:
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+        values = df[col].tolist()
+        df[col] = _typed_column(col, values, text_cols, bool_cols, whole_numbers=False)
     return df
 
 
