@@ -373,19 +373,7 @@ _CHUNK_COLUMNS = [c for c in fio_columns() if c not in _DESIGN_COLUMNS] + ["_key
 _in_chunk_order = operator.itemgetter(*_CHUNK_COLUMNS)
 #: json+ bins as a worker returns them (``_key`` names the file)
 _BIN_COLUMNS = ["_key", "job_index", "direction", "ns", "count"]
-_TEXT_COLUMNS = (
-    "run",
-    "host",
-    "stack",
-    "workload",
-    "pattern",
-    "fio_hostname",
-    "job",
-    "direction",
-    "rw",
-    "file",
-    "bs",
-)
+_TEXT_COLUMNS = (*FIO_LAYOUT_COLUMNS[:5], "fio_hostname", "job", "direction", "rw", "file", "bs")
 
 
 def _typed_column(name, values, text_cols=_TEXT_COLUMNS, bool_cols=(), whole_numbers=True):
