@@ -613,8 +613,7 @@ def _assemble(
     columns = fio_columns()
     frames = [f for f in frames if len(f)]
     if not frames:
-        df = pd.DataFrame.from_records([], columns=columns)
-        return _fio_dtypes(df)
+        return _fio_dtypes(pd.DataFrame.from_records([], columns=columns))
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
     # position of each row's file in the listing (-1: no longer there); hash lookups on plain
     # objects, not element-wise over Arrow strings
@@ -624,24 +623,12 @@ def _assemble(
         .sort_values(["_pos", "_row"], kind="stable")
         .reset_index(drop=True)
     )
-    design = [(h, w, t, cap) for h, ts in targets.items() for w, (t, cap) in ts.items()]
-    if design:
-        lookup = pd.DataFrame(design, columns=["host", "workload", "target_pairs", "hit_cap"])
-        cells = pd.MultiIndex.from_frame(lookup[["host", "workload"]].astype(object))
-        at = cells.get_indexer(
-            pd.MultiIndex.from_arrays(
-                [df["host"].to_numpy(dtype=object), df["workload"].to_numpy(dtype=object)]
-            )
-        )
-        found = at >= 0
-        target = np.full(len(df), None, dtype=object)
-        cap = np.full(len(df), None, dtype=object)
-        target[found] = lookup["target_pairs"].to_numpy(dtype=object)[at[found]]
-        cap[found] = lookup["hit_cap"].to_numpy(dtype=object)[at[found]]
-    else:  # fixed design: no targets.json anywhere
-        target = cap = np.full(len(df), None, dtype=object)
-    df["target_pairs"] = pd.Series(target, dtype="object", index=df.index)
-    df["hit_cap"] = pd.Series(cap.copy(), dtype="object", index=df.index)
+    cells = {(host, w): design for host, ts in targets.items() for w, design in ts.items()}
+    hosts_cells = zip(df["host"].tolist(), df["workload"].tolist(), strict=True)
+    design = [cells.get(cell, (None, None)) for cell in hosts_cells] if cells else []
+    for i, col in enumerate(("target_pairs", "hit_cap")):  # None: fixed design, no targets.json
+        values = [d[i] for d in design] if design else [None] * len(df)
+        df[col] = pd.Series(values, dtype="object", index=df.index)
     df["host_dir"] = df["host"]
     # fio client/server output: every server's entry is its own host (the parser names it);
     # the CPU sidecar measured the client here, not the servers doing the I/O: no CPU values
@@ -658,9 +645,7 @@ def _assemble(
         df["host"] = pd.array(hosts, dtype="string")
         for col in _CPU_COLUMNS:
             df[col] = df[col].mask(remote)
-    extra = sorted(set(df.columns) - set(columns) - {"_key", "_row", "_pos"})
-    df = df[columns + extra]
-    return _fio_dtypes(df)
+    return _fio_dtypes(df[columns])
 
 
 def _fleet_servers(host_dir: Path) -> list[dict]:
