@@ -316,7 +316,7 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
     cpu = _NO_CPU
     if os.path.exists(f"{root}/{cpu_key}"):
         try:
-            cpu = read_cpu_sidecar(Path(root, cpu_key))
+            cpu = read_cpu_sidecar(f"{root}/{cpu_key}")
         except ValueError as exc:
             return [], [], [(cpu_key, str(exc))], notes
     histograms, why = _histogram_rows(doc)
@@ -388,15 +388,17 @@ def _typed_column(name, values, text_cols=_TEXT_COLUMNS, bool_cols=(), whole_num
     if name in bool_cols or kinds == {bool}:
         return pd.array(values, dtype="boolean")
     if name in text_cols or str in kinds:
-        text = [None if _missing(v) else v if isinstance(v, str) else str(v) for v in values]
-        return pd.array(text, dtype="string")
+        if kinds != {str}:  # missing values and non-text among the text
+            values = [None if _missing(v) else v if isinstance(v, str) else str(v) for v in values]
+        return pd.array(values, dtype="string")
     if whole_numbers and kinds == {int} and None not in values and len(values):
         try:
             return np.array(values, dtype="int64")
         except OverflowError:
             pass
     if kinds <= {int, float}:
-        return np.array([math.nan if v is None else v for v in values], dtype="float64")
+        values = [math.nan if v is None else v for v in values] if None in values else values
+        return np.array(values, dtype="float64")
     return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype("float64")
 
 
