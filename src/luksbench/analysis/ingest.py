@@ -11,7 +11,9 @@
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
 ``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
 ``schedule_table``    one row per fio run of every session's manifest: when it ran, in which round.
-``write_processed``   all of the above as ``<processed_dir>/<table>.parquet`` (:data:`PROCESSED_FILES`);
+``latency``           the json+ completion-latency histograms of the fio table's measured rows
+                      (:data:`LATENCY_COLUMNS`), read in the same pass as the results.
+``write_processed``   all of the above as ``<processed_dir>/<table>.parquet`` (:data:`PROCESSED_TABLES`);
                       incremental (only new or changed raw files are parsed) and parallel.
 
 Strict by design: every raw file that cannot be read, does not follow the layout, or holds a failed
@@ -1195,7 +1197,7 @@ def write_processed(
     workers: int | None = None,
 ) -> dict[str, Path]:
     """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` for every table of
-    :func:`ingest_run` (:data:`PROCESSED_FILES`).
+    :func:`ingest_run` (:data:`PROCESSED_TABLES`, in that order).
 
     Returns {table name: path}. Every excluded file and every note is also printed on stderr,
     naming the file and why. Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only).
