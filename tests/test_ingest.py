@@ -199,6 +199,30 @@ def test_write_processed_is_read_only_on_raw(raw_dir, tmp_path):
         ingest.write_processed(raw_dir, raw_dir / "processed")
 
 
+def test_latency_table_holds_the_json_plus_bins_of_every_active_row(tmp_path):
+    """The sample's json+ histograms, read at ingest: per file in name order, its rows in table
+    order, only directions that carry the job's I/O; bins as the parser reads them."""
+    from luksbench.analysis.stats import active_rows
+    from luksbench.formats.fio import clat_histogram
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "raw" / "sample"
+    ingest.write_processed(sample, tmp_path / "processed")
+    tables = ingest.read_processed(tmp_path / "processed")
+    fio, latency = tables["fio"], tables["latency"]
+    assert list(latency.columns) == ingest.LATENCY_COLUMNS
+    want = []
+    for file, rows in active_rows(fio).groupby("file", sort=True):
+        bins = clat_histogram(sample / file)
+        for r in rows.itertuples():
+            for ns, count in bins.get((r.job_index, r.direction), []):
+                want.append(
+                    (r.host, r.stack, r.workload, r.rep, r.job_slot, r.direction, ns, count)
+                )
+    columns = ["host", "stack", "workload", "rep", "job_slot", "direction", "ns", "count"]
+    assert list(latency[columns].itertuples(index=False, name=None)) == want
+    assert len(want) > 10_000 and set(latency["direction"]) == {"read", "write"}
+
+
 def test_processed_is_independent_of_raw_location(raw_dir, tmp_path):
     moved = tmp_path / "elsewhere" / raw_dir.name
     shutil.copytree(raw_dir, moved)

@@ -37,7 +37,7 @@ def test_views_union_every_run(processed_root):
     con = warehouse.connect(processed_root)
     tables = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
     assert set(warehouse.TABLES) <= tables
-    for table in ("fio", "loss", "schedule", "env"):
+    for table in ("fio", "latency", "loss", "schedule", "env"):
         got = con.execute(f"SELECT run, count(*) FROM {table} GROUP BY run").fetchall()
         want = {
             run: len(pd.read_parquet(processed_root / run / f"{table}.parquet"))

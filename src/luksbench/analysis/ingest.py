@@ -11,7 +11,9 @@
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
 ``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
 ``schedule_table``    one row per fio run of every session's manifest: when it ran, in which round.
-``write_processed``   all of the above as ``<processed_dir>/<table>.parquet`` (:data:`PROCESSED_FILES`);
+``latency``           the json+ completion-latency histograms of the fio table's measured rows
+                      (:data:`LATENCY_COLUMNS`), read in the same pass as the results.
+``write_processed``   all of the above as ``<processed_dir>/<table>.parquet`` (:data:`PROCESSED_TABLES`);
                       incremental (only new or changed raw files are parsed) and parallel.
 
 Strict by design: every raw file that cannot be read, does not follow the layout, or holds a failed
@@ -21,8 +23,10 @@ read-only: nothing here writes into ``raw_dir``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 import os
 import re
 import sys
@@ -32,7 +36,15 @@ import numpy as np
 import pandas as pd
 
 from luksbench.analysis.design import read_targets
-from luksbench.formats.layout import LayoutError, RepPath, Workload, cpu_rep_path
+from luksbench.analysis.stats import active_rows, with_pattern
+from luksbench.formats.fio import (
+    FIO_COLUMNS,
+    FioParseError,
+    document_histograms,
+    document_rows,
+    load_fio_document,
+)
+from luksbench.formats.layout import LayoutError, RepPath, Workload
 
 GIB = 2**30
 
@@ -89,14 +101,25 @@ STACKS_COLUMNS = [
     "reason",
 ]
 
-PROCESSED_FILES = (
-    "fio.parquet",
-    "cryptsetup.parquet",
-    "env.parquet",
-    "stacks.parquet",
-    "schedule.parquet",
-    "problems.parquet",
-)
+#: completion-latency histograms from the json+ ``bins``, one row per bin of an active row
+LATENCY_COLUMNS = [
+    "host",
+    "stack",
+    "workload",
+    "rw",
+    "bs_bytes",
+    "iodepth",
+    "rep",
+    "job_slot",
+    "direction",
+    "pattern",
+    "ns",
+    "count",
+]
+
+#: the processed tables, in the order they are written (``<processed_dir>/<name>.parquet``)
+PROCESSED_TABLES = ("fio", "latency", "cryptsetup", "env", "stacks", "schedule", "problems")
+PROCESSED_FILES = tuple(f"{name}.parquet" for name in PROCESSED_TABLES)
 
 
 class IngestError(ValueError):
@@ -129,15 +152,9 @@ def host_dirs(raw_dir: Path) -> list[Path]:
 # --------------------------------------------------------------------------------------------- fio
 
 
-def _fio_columns() -> list[str]:
-    from luksbench.formats.fio import FIO_COLUMNS
-
-    return list(FIO_COLUMNS)
-
-
 def fio_columns() -> list[str]:
     """Column order of :func:`fio_table` (``host`` of the parser becomes ``fio_hostname``)."""
-    parser_cols = ["fio_hostname" if c == "host" else c for c in _fio_columns()]
+    parser_cols = ["fio_hostname" if c == "host" else c for c in FIO_COLUMNS]
     return FIO_LAYOUT_COLUMNS + parser_cols + FIO_DERIVED_COLUMNS
 
 
@@ -246,13 +263,13 @@ def _job_slots(rows: list[dict]) -> dict[str, int]:
 
 #: files parsed per task of the process pool (large enough to amortise pickling, small enough to
 #: balance two workers)
-CHUNK_FILES = 500
+CHUNK_FILES = 250
 #: below this many files to parse, a process pool costs more than it saves
 PARALLEL_MIN_FILES = 1000
 #: the incremental-ingest cache, inside the processed folder (never inside raw)
 CACHE_DIRNAME = ".ingest-cache"
 #: bump when the cache's files change shape; code changes are caught by the source digest
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 
 
 def default_workers() -> int:
@@ -267,69 +284,79 @@ _REP_NAME = re.compile(r"^rep(?P<rep>\d+)\.json$")
 _SIDECAR_OR_REP = re.compile(r"^rep\d+(\.cpu)?\.json$")
 
 
+@functools.lru_cache(maxsize=4096)
+def _workload(workload_id: str) -> Workload:
+    return Workload.from_id(workload_id)  # one parse per cell folder, not per file
+
+
 def _rep_of_key(key: str) -> RepPath:
     """What ``<host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json`` (a path inside the run folder,
     as :func:`_list_fio_folder` found it) says; LayoutError for a folder that is no workload id."""
     host, _fio, stack, workload, name = key.split("/")
-    return RepPath(host, stack, Workload.from_id(workload), int(_REP_NAME.match(name)["rep"]))
+    return RepPath(host, stack, _workload(workload), int(_REP_NAME.match(name)["rep"]))
 
 
-def _ingest_rep_file(raw_dir: Path, key: str, run: str) -> tuple[list[dict], list, list]:
-    """(records, problems, notes) of one ``rep<k>.json`` and its CPU sidecar.
+def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, list, list]:
+    """(rows, histograms, problems, notes) of one ``rep<k>.json`` and its CPU sidecar.
 
-    Records carry everything but the adaptive design's columns (per host, added later) and
-    ``_row``, their position in the file (row order of the table)."""
-    from luksbench.formats.fio import FioParseError, parse_fio_file
-
-    path = raw_dir / key
-    problems: list[tuple[Path, str]] = []
-    notes: list[tuple[Path, str]] = []
+    Rows are tuples in :data:`_CHUNK_COLUMNS` order; histograms (job_index, direction, ns, count)
+    tuples of its json+ bins; problems and notes (key of the file, why)."""
+    path = f"{root}/{key}"
+    notes: list[tuple[str, str]] = []
     try:
         rep = _rep_of_key(key)
-    except LayoutError as exc:
-        return [], [(path, str(exc))], notes
-    try:
-        rows = parse_fio_file(path, warn=lambda message: notes.append((path, message)))
-    except FioParseError as exc:
-        return [], [(path, str(exc))], notes
+        doc = load_fio_document(path, warn=lambda message: notes.append((key, message)))
+        rows = document_rows(path, doc)
+    except (FioParseError, LayoutError) as exc:
+        return [], [], [(key, str(exc))], notes
     except (OSError, ValueError) as exc:  # parser bug or unreadable file: still name the file
-        return [], [(path, f"{type(exc).__name__}: {exc}")], notes
+        return [], [], [(key, f"{type(exc).__name__}: {exc}")], notes
     reason = _check_rows(rows, rep)
     if reason:
-        return [], [(path, reason)], notes
-    cpu_path = cpu_rep_path(path)
-    cpu = dict(_NO_CPU)
-    if cpu_path.exists():
+        return [], [], [(key, reason)], notes
+    cpu_key = f"{key[: -len('.json')]}.cpu.json"
+    cpu = _NO_CPU
+    if os.path.exists(f"{root}/{cpu_key}"):
         try:
-            cpu = read_cpu_sidecar(cpu_path)
+            cpu = read_cpu_sidecar(f"{root}/{cpu_key}")
         except ValueError as exc:
-            return [], [(cpu_path, str(exc))], notes
-    file_gib = sum(float(r.get("io_bytes") or 0) for r in rows) / GIB
+            return [], [], [(cpu_key, str(exc))], notes
+    histograms, why = _histogram_rows(doc)
+    notes += [(key, why)] if why else []
+    return _file_rows(key, run, rep, rows, cpu), histograms, [], notes
+
+
+def _histogram_rows(doc: dict) -> tuple[list[tuple], str | None]:
+    """(job_index, direction, ns, count) of every json+ bin, and why there are none if unreadable
+    (the file's measurements stay usable)."""
+    try:
+        histograms = document_histograms(doc)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        return [], f"json+ latency histogram left out: {type(exc).__name__}: {exc}"
+    rows = [(i, d, ns, n) for (i, d), bins in histograms.items() for ns, n in bins]
+    return rows, None
+
+
+def _file_rows(key: str, run: str, rep: RepPath, rows: list[dict], cpu: dict) -> list[tuple]:
+    """The table's rows of one file (parser columns, where the file sits, its CPU sidecar)."""
+    file_gib = sum(float(r["io_bytes"] or 0) for r in rows) / GIB
+    per_gib = {
+        "busy_cpu_s_per_gib": cpu["busy_cpu_s"] / file_gib if file_gib > 0 else math.nan,
+        "sys_cpu_s_per_gib": cpu["sys_cpu_s"] / file_gib if file_gib > 0 else math.nan,
+    }
+    wl = rep.workload
     slots = _job_slots(rows)
-    records = []
+    place = {"file": key, "run": run, "host": rep.host, "stack": rep.stack, "workload": wl.id}
+    place.update(pattern=wl.pattern, rep=rep.rep, _key=key, **cpu, **per_gib)
+    out = []
     for i, r in enumerate(rows):
-        rec = {"fio_hostname" if k == "host" else k: v for k, v in r.items()}
-        rec["io_bs_bytes"] = r.get("bs_bytes")
-        if rep.workload.pattern:
+        row = {**r, **place, "fio_hostname": r["host"], "io_bs_bytes": r["bs_bytes"]}
+        if wl.pattern:
             # The cell's rw and bs (the block); fio's own options stay in "bs" and io_bs_bytes.
-            rec["rw"], rec["bs_bytes"] = rep.workload.rw, rep.workload.bs_bytes
-        rec.update(
-            file=key,
-            run=run,
-            host=rep.host,
-            stack=rep.stack,
-            workload=rep.workload.id,
-            pattern=rep.workload.pattern,
-            rep=rep.rep,
-            job_slot=slots[r.get("job")],
-            io_gib=float(r.get("io_bytes") or 0) / GIB,
-            **cpu,
-        )
-        rec["busy_cpu_s_per_gib"] = cpu["busy_cpu_s"] / file_gib if file_gib > 0 else math.nan
-        rec["sys_cpu_s_per_gib"] = cpu["sys_cpu_s"] / file_gib if file_gib > 0 else math.nan
-        rec["_row"] = i
-        records.append(rec)
-    return records, problems, notes
+            row["rw"], row["bs_bytes"] = wl.rw, wl.bs_bytes
+        row.update(job_slot=slots[r["job"]], io_gib=float(r["io_bytes"] or 0) / GIB, _row=i)
+        out.append(_in_chunk_order(row))
+    return out
 
 
 #: columns of the per-file part of the table: all but those added per host when assembling
@@ -343,51 +370,67 @@ _CPU_COLUMNS = (
     "busy_cpu_s_per_gib",
     "sys_cpu_s_per_gib",
 )
+#: the rows a worker returns: the table's columns but the design's, with ``_key``/``_row`` to order
+_CHUNK_COLUMNS = [c for c in fio_columns() if c not in _DESIGN_COLUMNS] + ["_key", "_row"]
+_in_chunk_order = operator.itemgetter(*_CHUNK_COLUMNS)
+#: json+ bins as a worker returns them (``_key`` names the file)
+_BIN_COLUMNS = ["_key", "job_index", "direction", "ns", "count"]
+_TEXT_COLUMNS = (*FIO_LAYOUT_COLUMNS[:5], "fio_hostname", "job", "direction", "rw", "file", "bs")
 
 
-def _rows_frame(records: list[dict]) -> pd.DataFrame:
-    """Typed rows of some files (with ``_key``/``_row`` for ordering); see :func:`_fio_dtypes`."""
-    columns = [c for c in fio_columns() if c not in _DESIGN_COLUMNS] + ["_key", "_row"]
-    extra = sorted({k for rec in records for k in rec} - set(columns))
-    df = pd.DataFrame.from_records(records, columns=columns + extra)
-    df["_row"] = df["_row"].astype("int64")
-    return _fio_dtypes(df)
+def _typed_column(name, values, text_cols=_TEXT_COLUMNS, bool_cols=(), whole_numbers=True):
+    """One column of Python values in :func:`_typed`'s types, in one pass: text -> string, bools
+    -> boolean, numbers (None or NaN = missing) -> float64, or int64 for ``whole_numbers`` without
+    gaps (what pandas infers from a worker's rows)."""
+    kinds = set(map(type, values)) - {type(None)}
+    if float in kinds and len(kinds) > 1:  # NaN counts as missing, like None (a rare mix)
+        kinds = {type(v) for v in values if v is not None and v == v}
+    if name in ("rep", "job_slot", "_row"):
+        return np.array(values, dtype="int64")
+    if name in bool_cols or kinds == {bool}:
+        return pd.array(values, dtype="boolean")
+    if name in text_cols or str in kinds:
+        if kinds != {str}:  # missing values and non-text among the text
+            values = [None if _missing(v) else v if isinstance(v, str) else str(v) for v in values]
+        return pd.array(values, dtype="string")
+    if whole_numbers and kinds == {int} and None not in values and len(values):
+        try:
+            return np.array(values, dtype="int64")
+        except OverflowError:
+            pass
+    if kinds <= {int, float}:
+        values = [math.nan if v is None else v for v in values] if None in values else values
+        return np.array(values, dtype="float64")
+    return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype("float64")
 
 
-def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, dict[str, dict]]:
-    """Worker task: parse the files ``raw_dir/<key>``; returns their typed rows and, per key, the
-    file's problems and notes (paths relative to ``raw_dir``)."""
-    raw = Path(raw_dir)
-    run = run_name(raw)
-    records: list[dict] = []
+def _chunk_frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
+    """Typed frame of rows (tuples in ``columns`` order)."""
+    values = list(zip(*rows, strict=True)) if rows else [()] * len(columns)
+    return pd.DataFrame({c: _typed_column(c, v) for c, v in zip(columns, values, strict=True)})
+
+
+def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Worker task: parse the files ``raw_dir/<key>``; returns their typed rows, their json+ bins
+    and, per key, the file's problems and notes (paths relative to ``raw_dir``)."""
+    run = run_name(Path(raw_dir))
+    rows: list[tuple] = []
+    bins: list[tuple] = []
     results: dict[str, dict] = {}
     for key in keys:
-        recs, problems, notes = _ingest_rep_file(raw, key, run)
-        for rec in recs:
-            rec["_key"] = key
-        records += recs
-        results[key] = {
-            "problems": [(_key_of(p, raw), why) for p, why in problems],
-            "notes": [(_key_of(p, raw), why) for p, why in notes],
-        }
-    return _rows_frame(records), results
-
-
-def _key_of(path: Path, raw_dir: Path) -> str:
-    """A path inside the run folder as the cache's key (relative, not resolved)."""
-    try:
-        return Path(path).relative_to(raw_dir).as_posix()
-    except ValueError:
-        return str(path)
+        file_rows, histograms, problems, notes = _ingest_rep_file(raw_dir, key, run)
+        rows += file_rows
+        bins += [(key, *b) for b in histograms]
+        results[key] = {"problems": problems, "notes": notes}
+    return _chunk_frame(rows, _CHUNK_COLUMNS), _chunk_frame(bins, _BIN_COLUMNS), results
 
 
 def _parse_files(
     raw_dir: Path, keys: list[str], workers: int
-) -> tuple[list[pd.DataFrame], dict[str, dict]]:
+) -> tuple[list[pd.DataFrame], list[pd.DataFrame], dict[str, dict]]:
     """Parse ``keys`` in chunks, with a process pool of ``workers`` when it pays off."""
     chunks = [keys[i : i + CHUNK_FILES] for i in range(0, len(keys), CHUNK_FILES)]
-    frames: list[pd.DataFrame] = []
-    results: dict[str, dict] = {}
+    done = None
     if workers > 1 and len(keys) >= PARALLEL_MIN_FILES:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -400,21 +443,17 @@ def _parse_files(
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         try:
             with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                done = pool.map(_ingest_chunk, [str(raw_dir)] * len(chunks), chunks)
-                for frame, res in done:
-                    frames.append(frame)
-                    results.update(res)
-            return frames, results
+                done = list(pool.map(_ingest_chunk, [str(raw_dir)] * len(chunks), chunks))
         except BrokenProcessPool as exc:  # e.g. a worker killed for memory: parse here instead
             print(
                 f"ingest: parallel parsing failed ({exc}); parsing in one process", file=sys.stderr
             )
-            frames, results = [], {}
-    for chunk in chunks:
-        frame, res = _ingest_chunk(str(raw_dir), chunk)
-        frames.append(frame)
+    if done is None:
+        done = [_ingest_chunk(str(raw_dir), chunk) for chunk in chunks]
+    results: dict[str, dict] = {}
+    for _, _, res in done:
         results.update(res)
-    return frames, results
+    return [d[0] for d in done], [d[1] for d in done], results
 
 
 def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
@@ -486,6 +525,17 @@ def fio_table(
     the parser code changes). The table is the same as without a cache. ``workers``: processes
     that parse in parallel (default: the CPUs available; 1 = in this process).
     """
+    return fio_and_latency_tables(raw_dir, strict, cache_dir, workers)[0]
+
+
+def fio_and_latency_tables(
+    raw_dir: Path,
+    strict: bool = True,
+    cache_dir: Path | None = None,
+    workers: int | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`fio_table` and the json+ latency histograms of its rows (:data:`LATENCY_COLUMNS`),
+    parsed in the same pass as the results they belong to."""
     raw_dir = Path(raw_dir)
     host_dirs(raw_dir)  # existence check
     workers = default_workers() if workers is None else max(1, int(workers))
@@ -515,24 +565,27 @@ def fio_table(
 
     cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
     frames: list[pd.DataFrame] = []
+    bins: list[pd.DataFrame] = []
     results: dict[str, dict] = {}
     todo = keys
     if cache is not None:
-        cached_rows, cached_results = cache.load(stats)
-        if len(cached_rows):
-            frames.append(cached_rows)
+        cached_rows, cached_bins, cached_results = cache.load(stats)
+        frames += [cached_rows] if len(cached_rows) else []
+        bins += [cached_bins] if len(cached_bins) else []
         results.update(cached_results)
         todo = [k for k in keys if k not in cached_results]
-    new_frames, new_results = _parse_files(raw_dir, todo, workers)
+    new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers)
     frames += new_frames
+    bins += new_bins
     results.update(new_results)
     if cache is not None and (todo or set(cache.keys) != set(keys)):
-        cache.save(stats, frames, results)
+        cache.save(stats, frames, bins, results)
 
     for key in keys:
         res = results[key]
-        problems += [(raw_dir / k, why) for k, why in res["problems"]]
-        notes += [(raw_dir / k, why) for k, why in res["notes"]]
+        if res["problems"] or res["notes"]:  # most files have neither
+            problems += [(raw_dir / k, why) for k, why in res["problems"]]
+            notes += [(raw_dir / k, why) for k, why in res["notes"]]
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = _assemble(frames, keys, targets, fleets)
@@ -540,7 +593,19 @@ def fio_table(
     df.attrs["notes"] = [(str(p), why) for p, why in notes]
     # how the table was made: files parsed now vs rows reused from the cache
     df.attrs["ingest"] = {"files": len(keys), "parsed": len(todo), "reused": len(keys) - len(todo)}
-    return df
+    return df, _latency_table(df, bins)
+
+
+def _latency_table(fio: pd.DataFrame, bins: list[pd.DataFrame]) -> pd.DataFrame:
+    """Completion-latency histograms (json+ ``bins``) of the fio table's active rows (columns
+    :data:`LATENCY_COLUMNS`): per file in name order, its rows in table order, bins by latency."""
+    bins = [b for b in bins if len(b)]
+    if fio.empty or not bins:
+        return pd.DataFrame.from_records([], columns=LATENCY_COLUMNS)
+    hist = pd.concat(bins, ignore_index=True).rename(columns={"_key": "file"})
+    active = active_rows(with_pattern(fio))[["file", "job_index", *LATENCY_COLUMNS[:-2]]]
+    table = active.merge(hist, on=["file", "job_index", "direction"], how="inner", sort=False)
+    return table.sort_values("file", kind="stable")[LATENCY_COLUMNS].reset_index(drop=True)
 
 
 def _assemble(
@@ -552,8 +617,7 @@ def _assemble(
     columns = fio_columns()
     frames = [f for f in frames if len(f)]
     if not frames:
-        df = pd.DataFrame.from_records([], columns=columns)
-        return _fio_dtypes(df)
+        return _fio_dtypes(pd.DataFrame.from_records([], columns=columns))
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
     # position of each row's file in the listing (-1: no longer there); hash lookups on plain
     # objects, not element-wise over Arrow strings
@@ -563,24 +627,12 @@ def _assemble(
         .sort_values(["_pos", "_row"], kind="stable")
         .reset_index(drop=True)
     )
-    design = [(h, w, t, cap) for h, ts in targets.items() for w, (t, cap) in ts.items()]
-    if design:
-        lookup = pd.DataFrame(design, columns=["host", "workload", "target_pairs", "hit_cap"])
-        cells = pd.MultiIndex.from_frame(lookup[["host", "workload"]].astype(object))
-        at = cells.get_indexer(
-            pd.MultiIndex.from_arrays(
-                [df["host"].to_numpy(dtype=object), df["workload"].to_numpy(dtype=object)]
-            )
-        )
-        found = at >= 0
-        target = np.full(len(df), None, dtype=object)
-        cap = np.full(len(df), None, dtype=object)
-        target[found] = lookup["target_pairs"].to_numpy(dtype=object)[at[found]]
-        cap[found] = lookup["hit_cap"].to_numpy(dtype=object)[at[found]]
-    else:  # fixed design: no targets.json anywhere
-        target = cap = np.full(len(df), None, dtype=object)
-    df["target_pairs"] = pd.Series(target, dtype="object", index=df.index)
-    df["hit_cap"] = pd.Series(cap.copy(), dtype="object", index=df.index)
+    cells = {(host, w): design for host, ts in targets.items() for w, design in ts.items()}
+    hosts_cells = zip(df["host"].tolist(), df["workload"].tolist(), strict=True)
+    design = [cells.get(cell, (None, None)) for cell in hosts_cells] if cells else []
+    for i, col in enumerate(("target_pairs", "hit_cap")):  # None: fixed design, no targets.json
+        values = [d[i] for d in design] if design else [None] * len(df)
+        df[col] = pd.Series(values, dtype="object", index=df.index)
     df["host_dir"] = df["host"]
     # fio client/server output: every server's entry is its own host (the parser names it);
     # the CPU sidecar measured the client here, not the servers doing the I/O: no CPU values
@@ -597,9 +649,7 @@ def _assemble(
         df["host"] = pd.array(hosts, dtype="string")
         for col in _CPU_COLUMNS:
             df[col] = df[col].mask(remote)
-    extra = sorted(set(df.columns) - set(columns) - {"_key", "_row", "_pos"})
-    df = df[columns + extra]
-    return _fio_dtypes(df)
+    return _fio_dtypes(df[columns])
 
 
 def _fleet_servers(host_dir: Path) -> list[dict]:
@@ -639,7 +689,8 @@ class _IngestCache:
 
     ``files.parquet``: one row per raw file: key (path in the run folder), size, mtime_ns and inode
     of the file and of its CPU sidecar, problems and notes (JSON). ``rows.parquet``: the typed rows
-    of every file with ``_key``/``_row``. ``meta.json``: format and a digest of the parser code.
+    of every file with ``_key``/``_row``; ``bins.parquet``: their json+ bins (``_key``, job_index,
+    direction, ns, count). ``meta.json``: format and a digest of the parser code.
     """
 
     STAT_COLUMNS = ("size", "mtime_ns", "ino", "cpu_size", "cpu_mtime_ns", "cpu_ino")
@@ -665,16 +716,17 @@ class _IngestCache:
             h.update((here / name).read_bytes())
         return h.hexdigest()
 
-    def load(self, stats: dict[str, tuple]) -> tuple[pd.DataFrame, dict[str, dict]]:
-        """Rows and results of the files whose stat key is unchanged (others: parse again)."""
-        meta, files, rows = (self.path / n for n in ("meta.json", "files.parquet", "rows.parquet"))
+    def load(self, stats: dict[str, tuple]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict]]:
+        """Rows, json+ bins and results of the files whose stat key is unchanged (others: parse
+        again)."""
+        meta, files = self.path / "meta.json", self.path / "files.parquet"
         try:
             ok = json.loads(meta.read_text()).get("code") == self.code_digest()
             table = pd.read_parquet(files) if ok else None
         except (OSError, ValueError):
             ok, table = False, None
         if not ok or table is None:
-            return pd.DataFrame(), {}
+            return pd.DataFrame(), pd.DataFrame(), {}
         self.keys = list(table["key"])
         cols = list(self.STAT_COLUMNS)
         same = [
@@ -690,29 +742,36 @@ class _IngestCache:
             for k, p, n in zip(reused.index, reused["problems"], reused["notes"], strict=True)
         }
         try:
-            cached = pd.read_parquet(rows) if rows.exists() else pd.DataFrame()
+            rows, bins = (self._read(name, same, len(table)) for name in self.TABLES)
         except (OSError, ValueError):
-            return pd.DataFrame(), {}
-        if len(cached) and len(same) < len(table):
-            keep = pd.Index(same).get_indexer(cached["_key"].to_numpy(dtype=object)) >= 0
-            cached = cached[keep]
-        return cached, results
+            return pd.DataFrame(), pd.DataFrame(), {}
+        return rows, bins, results
 
-    def save(self, stats: dict[str, tuple], frames: list[pd.DataFrame], results: dict) -> None:
+    #: the per-file tables kept: the fio rows and their json+ bins
+    TABLES = ("rows.parquet", "bins.parquet")
+
+    def _read(self, name: str, keys: list[str], files: int) -> pd.DataFrame:
+        """A cached table's rows of ``keys`` (all of them when every file is unchanged)."""
+        path = self.path / name
+        cached = pd.read_parquet(path) if path.exists() else pd.DataFrame()
+        if len(cached) and len(keys) < files:
+            cached = cached[pd.Index(keys).get_indexer(cached["_key"].to_numpy(dtype=object)) >= 0]
+        return cached
+
+    def save(
+        self, stats: dict[str, tuple], frames: list[pd.DataFrame], bins: list, results: dict
+    ) -> None:
         """Write the cache for the files of ``stats`` (replacing it atomically, file by file)."""
         self.path.mkdir(parents=True, exist_ok=True)
         keys = list(stats)
         table = pd.DataFrame(
             [(k, *stats[k]) for k in keys], columns=["key", *self.STAT_COLUMNS]
         ).astype({c: "int64" for c in self.STAT_COLUMNS})
-        table["problems"] = [json.dumps(results[k]["problems"]) for k in keys]
-        table["notes"] = [json.dumps(results[k]["notes"]) for k in keys]
-        frames = [f for f in frames if len(f)]
-        rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames or [None])[0]
-        if rows is not None:
-            keep = pd.Index(keys).get_indexer(rows["_key"].to_numpy(dtype=object)) >= 0
-            rows = _fio_dtypes(rows[keep].reset_index(drop=True))
-        for name, df in (("rows.parquet", rows), ("files.parquet", table)):
+        for column in ("problems", "notes"):
+            table[column] = [json.dumps(r) if (r := results[k][column]) else "[]" for k in keys]
+        rows, bins = (self._kept(parts, keys) for parts in (frames, bins))
+        rows = None if rows is None else _fio_dtypes(rows)
+        for name, df in (*zip(self.TABLES, (rows, bins), strict=True), ("files.parquet", table)):
             tmp = self.path / f".{name}.tmp"
             if df is None:
                 (self.path / name).unlink(missing_ok=True)
@@ -725,24 +784,21 @@ class _IngestCache:
         tmp.replace(self.path / "meta.json")
         self.keys = keys
 
+    @staticmethod
+    def _kept(parts: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame | None:
+        """The parts' rows of files still in ``keys``, as one frame (None: there are none)."""
+        parts = [f for f in parts if len(f)]
+        if not parts:
+            return None
+        df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+        keep = pd.Index(keys).get_indexer(df["_key"].to_numpy(dtype=object)) >= 0
+        return df[keep].reset_index(drop=True)
+
 
 def _fio_dtypes(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("rep", "job_slot"):
         df[col] = df[col].astype("int64")
-    text = (
-        "run",
-        "host",
-        "stack",
-        "workload",
-        "pattern",
-        "fio_hostname",
-        "job",
-        "direction",
-        "rw",
-        "file",
-        "bs",
-    )
-    return _typed(df, text_cols=text, bool_cols=("hit_cap",))
+    return _typed(df, text_cols=_TEXT_COLUMNS, bool_cols=("hit_cap",))
 
 
 _STRING = pd.StringDtype()
@@ -752,30 +808,16 @@ def _typed(df: pd.DataFrame, text_cols=(), bool_cols=()) -> pd.DataFrame:
     """Stable parquet types: text -> string, bools -> boolean, numbers (None = missing) -> float64,
     whatever the values of this particular run happen to be (an all-missing column stays typed)."""
     for col in df.columns:
-        if df[col].dtype.kind in "iuf" or col in ("rep", "job_slot"):
+        dtype = df[col].dtype
+        if dtype.kind in "iuf" or col in ("rep", "job_slot"):
             continue
         # already typed by an earlier pass (chunks of a parallel or incremental ingest): the same
         # outcome as below, without looking at every value again
-        if (
-            df[col].dtype == _STRING  # what the branch below makes (pandas' default str differs)
-            and col not in bool_cols
-            and (col in text_cols or df[col].notna().any())
-        ):
+        typed = (dtype == _STRING and col not in bool_cols) or isinstance(dtype, pd.BooleanDtype)
+        if typed and (col in text_cols or col in bool_cols or df[col].notna().any()):
             continue
-        if isinstance(df[col].dtype, pd.BooleanDtype) and (
-            col in bool_cols or df[col].notna().any()
-        ):
-            continue
-        values = df[col].dropna()
-        if col in bool_cols or (len(values) and values.map(lambda v: isinstance(v, bool)).all()):
-            df[col] = df[col].astype("boolean")
-        elif col in text_cols or (len(values) and values.map(lambda v: isinstance(v, str)).any()):
-            df[col] = df[col].map(
-                lambda v: None if _missing(v) else v if isinstance(v, str) else str(v)
-            )
-            df[col] = df[col].astype("string")
-        else:
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+        values = df[col].tolist()
+        df[col] = _typed_column(col, values, text_cols, bool_cols, whole_numbers=False)
     return df
 
 
@@ -1112,8 +1154,7 @@ def ingest_run(
     cache_dir: Path | None = None,
     workers: int | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """All tables of one run folder: {"fio", "cryptsetup", "env", "stacks", "schedule",
-    "problems"}.
+    """All tables of one run folder (:data:`PROCESSED_TABLES`).
 
     A bad raw file (truncated, empty, text only, not fio output, NaN or negative values, a failed
     fio job, in the wrong place) is left out and listed in the "problems" table with the reason
@@ -1123,18 +1164,17 @@ def ingest_run(
     incremental and parallel parsing of the fio results (:func:`fio_table`).
     """
     raw_dir = Path(raw_dir)
-    tables, problems, notes = {}, [], []
+    parsed = fio_and_latency_tables(raw_dir, False, cache_dir=cache_dir, workers=workers)
+    tables = dict(zip(("fio", "latency"), parsed, strict=True))
     for name, func in (
-        ("fio", lambda r, strict: fio_table(r, strict, cache_dir=cache_dir, workers=workers)),
         ("cryptsetup", cryptsetup_table),
         ("env", env_table),
         ("stacks", stacks_table),
         ("schedule", schedule_table),
     ):
-        table = func(raw_dir, strict=False)
-        problems += table.attrs.get("problems", [])
-        notes += table.attrs.get("notes", [])
-        tables[name] = table
+        tables[name] = func(raw_dir, strict=False)
+    problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
+    notes = [n for table in tables.values() for n in table.attrs.get("notes", [])]
     if problems and strict:
         raise IngestError(raw_dir, [(Path(p), why) for p, why in problems])
     records = [(p, "excluded", why) for p, why in problems] + [(p, "note", why) for p, why in notes]
@@ -1157,7 +1197,7 @@ def write_processed(
     workers: int | None = None,
 ) -> dict[str, Path]:
     """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` for every table of
-    :func:`ingest_run` (:data:`PROCESSED_FILES`).
+    :func:`ingest_run` (:data:`PROCESSED_TABLES`, in that order).
 
     Returns {table name: path}. Every excluded file and every note is also printed on stderr,
     naming the file and why. Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only).
@@ -1183,9 +1223,9 @@ def write_processed(
         print(f"ingest: {row.severity}: {raw_dir / row.file}: {row.reason}", file=sys.stderr)
     processed_dir.mkdir(parents=True, exist_ok=True)
     out = {}
-    for name, df in tables.items():
+    for name in PROCESSED_TABLES:
         path = processed_dir / f"{name}.parquet"
-        df = df.copy()
+        df = tables[name].copy()
         df.attrs = {}
         df.to_parquet(path, index=False)
         out[name] = path
@@ -1196,7 +1236,7 @@ def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:
     """The parquet files written by :func:`write_processed` (plus loss.parquet when present)."""
     processed_dir = Path(processed_dir)
     out = {}
-    for name in ("fio", "cryptsetup", "env", "stacks", "schedule", "problems", "loss"):
+    for name in (*PROCESSED_TABLES, "loss"):
         path = processed_dir / f"{name}.parquet"
         if path.exists():
             out[name] = pd.read_parquet(path)

@@ -5,8 +5,8 @@
     python -m luksbench.analysis.warehouse --database data/processed/warehouse.duckdb   # keep the views
 
 :func:`connect` opens DuckDB (in memory, or a file-backed database) with one view per processed
-table, each the union by column name of ``<processed_root>/*/<table>.parquet``: ``fio``, ``loss``,
-``env``, ``stacks``, ``cryptsetup``, ``schedule``, ``problems``. Every view has a ``run`` column
+table, each the union by column name of ``<processed_root>/*/<table>.parquet``: the tables ingest
+writes (:data:`luksbench.analysis.ingest.PROCESSED_TABLES`) and ``loss``. Every view has a ``run`` column
 (tables without one, like ``loss``, get the run folder's name). Views read the parquet files at
 query time, so a new or re-analysed run shows up without rebuilding anything; nothing is copied.
 
@@ -29,8 +29,10 @@ from pathlib import Path
 
 import duckdb
 
-#: the processed tables that get a view (the files of luksbench.analysis.ingest.PROCESSED_FILES + loss)
-TABLES = ("fio", "loss", "env", "stacks", "cryptsetup", "schedule", "problems")
+from luksbench.analysis.ingest import PROCESSED_TABLES
+
+#: the processed tables that get a view
+TABLES = (*PROCESSED_TABLES, "loss")
 
 EXAMPLE_QUERY = """\
 SELECT l.workload, l.run, l.host, e.kernel, l.variant, l.baseline,

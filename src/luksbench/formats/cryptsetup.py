@@ -52,7 +52,7 @@ _ARGON2 = re.compile(
     r"(?: for (?P<key_bits>\d+)-bit key)?(?: \(requested (?P<requested_ms>\d+) ms time\))?"
     r"|(?P<na>N/A))\s*$"
 )
-_SPEED = r"(?:[\d.,]+ MiB/s|N/A)"
+_SPEED = r"(?:\d+(?:[.,]\d+)? MiB/s|N/A)"  # one decimal mark: "1234.5" or "1234,5"
 _CIPHER_ROW = re.compile(
     rf"^\s*(?P<algorithm>\S+)\s+(?P<key_bits>\d+)b\s+(?P<enc>{_SPEED})\s+(?P<dec>{_SPEED})\s*$"
 )

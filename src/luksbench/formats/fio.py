@@ -78,7 +78,7 @@ ALL_CLIENTS_JOBNAME = "All clients"
 
 # A JSON document starts with '{' in column 0 (fio indents every nested object), possibly glued
 # to non-blank junk such as a stray '>' left by a shell; indented '{' are nested objects.
-_DOCUMENT_START = re.compile(r"^[^\s{]*\{", re.MULTILINE)
+_NOT_A_DOCUMENT_PREFIX = re.compile(r"[\s{]")
 
 Warn = Callable[[str], None]
 
@@ -96,7 +96,8 @@ def _warn_on_stderr(message: str) -> None:
 
 def _read_text(path: Path) -> tuple[str, bytes]:
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as file:
+            raw = file.read()
     except OSError as exc:
         raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
     # fio writes ASCII; replacement characters keep a stray binary byte from aborting the parse.
@@ -112,18 +113,20 @@ def _scan_json_documents(text: str) -> tuple[list[object], list[tuple[int, json.
     decoder = json.JSONDecoder()
     documents: list[object] = []
     failures: list[tuple[int, json.JSONDecodeError]] = []
-    end_of_last_document = 0
-    for match in _DOCUMENT_START.finditer(text):
-        start = match.end() - 1
-        if start < end_of_last_document:
-            continue
-        try:
-            value, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError as exc:
-            failures.append((start, exc))
-            continue
-        documents.append(value)
-        end_of_last_document = end
+    # str.find over '{' and a look at its line, not a regex tried at every position: after a
+    # document the search resumes at its end, so a plain fio file costs one decode and two finds.
+    start = text.find("{")
+    while start != -1:
+        resume = start + 1
+        if not _NOT_A_DOCUMENT_PREFIX.search(text, text.rfind("\n", 0, start) + 1, start):
+            try:
+                value, end = decoder.raw_decode(text, start)
+            except json.JSONDecodeError as exc:
+                failures.append((start, exc))
+            else:
+                documents.append(value)
+                resume = max(resume, end)
+        start = text.find("{", resume)
     return documents, failures
 
 
@@ -299,18 +302,19 @@ def _latency_stats(stats: dict, name: str) -> tuple[dict | None, int]:
     return None, 1
 
 
-def _latency_field(stats: dict, name: str, field: str) -> float | None:
-    lat, to_ns = _latency_stats(stats, name)
+def _latency_field(lat: dict | None, to_ns: int, field: str) -> float | None:
     if lat is None or lat.get(field) is None or lat.get("N") == 0:
         return None  # no samples (failed job, disable_lat): empty, not a fake 0
     return lat[field] * to_ns
 
 
-def _percentile(stats: dict, name: str, percent: float) -> float | int | None:
-    lat, to_ns = _latency_stats(stats, name)
+def _percentile(lat: dict | None, to_ns: int, percent: float) -> float | int | None:
     table = lat.get("percentile") if lat else None
     if not isinstance(table, dict):
         return None  # failed job, clat_percentiles=0, or lat_percentiles not requested
+    spelled = f"{percent:f}"  # fio's own spelling ("99.900000"): one lookup instead of a scan
+    if spelled in table:
+        return table[spelled] * to_ns
     for key, value in table.items():
         try:
             if abs(float(key) - percent) < 1e-6:
@@ -323,43 +327,57 @@ def _percentile(stats: dict, name: str, percent: float) -> float | int | None:
 # --------------------------------------------------------------------------- rows
 
 
-def _row(path, doc, index, entry, host, direction, stats) -> dict:
-    rw = _option_or_default(entry, doc, "rw", "readwrite")
-    bs_option = _option_or_default(entry, doc, "bs", "blocksize")
+def _job_options(doc: dict, entry: dict) -> dict:
+    """The options of a job entry that its rows carry (looked up once, not per direction)."""
+    return {
+        "rw": _option_or_default(entry, doc, "rw", "readwrite"),
+        "bs": _option_or_default(entry, doc, "bs", "blocksize"),
+        "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
+        "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
+        "ioengine": _option(entry, doc, "ioengine"),
+        "direct": _to_int(_option_or_default(entry, doc, "direct")),
+    }
+
+
+def _row(path, doc, index, entry, host, options, direction, stats) -> dict:
     stats = stats if isinstance(stats, dict) else {}
-    moved_data = _io_bytes(stats) > 0
+    io_bytes = _io_bytes(stats)
+    moved_data = io_bytes > 0
     steadystate = entry.get("steadystate")
+    lat, lat_ns = _latency_stats(stats, "lat") if moved_data else (None, 1)
+    clat, clat_ns = _latency_stats(stats, "clat") if moved_data else (None, 1)
+    slat, slat_ns = _latency_stats(stats, "slat") if moved_data else (None, 1)
     return {
         "file": str(path),
         "host": host,
         "job": str(entry.get("jobname", "")).strip(),  # some fio versions keep a trailing space
         "job_index": index,
         "direction": direction,
-        "rw": rw,
-        "bs_bytes": _bs_bytes_for_direction(bs_option, direction),
-        "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
-        "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
+        "rw": options["rw"],
+        "bs_bytes": _bs_bytes_for_direction(options["bs"], direction),
+        "iodepth": options["iodepth"],
+        "numjobs": options["numjobs"],
         "runtime_ms": stats.get("runtime"),
-        "io_bytes": _io_bytes(stats),
+        "io_bytes": io_bytes,
         "bw_bytes": _bw_bytes(stats) if moved_data else 0,
         "iops": stats.get("iops") if moved_data else 0,
-        "lat_mean_ns": _latency_field(stats, "lat", "mean") if moved_data else None,
-        "clat_mean_ns": _latency_field(stats, "clat", "mean") if moved_data else None,
-        "clat_p50_ns": _percentile(stats, "clat", 50.0) if moved_data else None,
-        "clat_p99_ns": _percentile(stats, "clat", 99.0) if moved_data else None,
-        "clat_p999_ns": _percentile(stats, "clat", 99.9) if moved_data else None,
+        "lat_mean_ns": _latency_field(lat, lat_ns, "mean"),
+        "clat_mean_ns": _latency_field(clat, clat_ns, "mean"),
+        "clat_p50_ns": _percentile(clat, clat_ns, 50.0),
+        "clat_p99_ns": _percentile(clat, clat_ns, 99.0),
+        "clat_p999_ns": _percentile(clat, clat_ns, 99.9),
         "usr_cpu": entry.get("usr_cpu"),
         "sys_cpu": entry.get("sys_cpu"),
         "error": entry.get("error"),
         "fio_version": doc.get("fio version", ""),
         "groupid": entry.get("groupid"),
-        "ioengine": _option(entry, doc, "ioengine"),
-        "direct": _to_int(_option_or_default(entry, doc, "direct")),
-        "bs": bs_option,
-        "clat_stddev_ns": _latency_field(stats, "clat", "stddev") if moved_data else None,
-        "clat_max_ns": _latency_field(stats, "clat", "max") if moved_data else None,
-        "slat_mean_ns": _latency_field(stats, "slat", "mean") if moved_data else None,
-        "lat_p99_ns": _percentile(stats, "lat", 99.0) if moved_data else None,
+        "ioengine": options["ioengine"],
+        "direct": options["direct"],
+        "bs": options["bs"],
+        "clat_stddev_ns": _latency_field(clat, clat_ns, "stddev"),
+        "clat_max_ns": _latency_field(clat, clat_ns, "max"),
+        "slat_mean_ns": _latency_field(slat, slat_ns, "mean"),
+        "lat_p99_ns": _percentile(lat, lat_ns, 99.0),
         "ctx": entry.get("ctx"),
         "job_runtime_ms": entry.get("job_runtime"),
         "ss_attained": steadystate.get("attained") if isinstance(steadystate, dict) else None,
@@ -388,7 +406,12 @@ def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
     or the document lists no job entries. ``warn`` receives one-line notes (several documents
     in one file).
     """
-    doc = load_fio_document(path, warn)
+    return document_rows(path, load_fio_document(path, warn))
+
+
+def document_rows(path: Path | str, doc: dict) -> list[dict]:
+    """:func:`parse_fio_file`'s rows of a document :func:`load_fio_document` returned for
+    ``path`` (the ``file`` column; messages name it)."""
     entries = _job_entries(doc)
     if not entries:
         raise FioParseError(f"{path}: fio JSON document lists no job entries")
@@ -410,15 +433,16 @@ def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
 
 
 def _job_rows(path, doc, index, entry, host) -> list[dict]:
+    options = _job_options(doc, entry)
     job_rows = [
-        _row(path, doc, index, entry, host, direction, entry[direction])
+        _row(path, doc, index, entry, host, options, direction, entry[direction])
         for direction in DIRECTIONS
         if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
     ]
     if not job_rows:
-        direction = _direction_of_rw(_option_or_default(entry, doc, "rw", "readwrite"))
+        direction = _direction_of_rw(options["rw"])
         stats = entry.get(direction) if direction else None
-        job_rows = [_row(path, doc, index, entry, host, direction, stats)]
+        job_rows = [_row(path, doc, index, entry, host, options, direction, stats)]
     return job_rows
 
 
@@ -441,14 +465,17 @@ _MEASUREMENT_COLUMNS = (
     "lat_p99_ns",
     "job_runtime_ms",
 )
+_CHECKED_COLUMNS = (*_MEASUREMENT_COLUMNS, "error")
 
 
 def _check_measurements(path: Path, row: dict) -> None:
     """Refuse NaN, infinities, negative numbers and non-numbers: they must never reach a table."""
-    for column in (*_MEASUREMENT_COLUMNS, "error"):
+    for column in _CHECKED_COLUMNS:
         value = row[column]
         if value is None:
             continue
+        if type(value) in (int, float) and value >= 0 and math.isfinite(value):
+            continue  # the common case, decided without the checks below
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         ok = ok and math.isfinite(value) and value >= 0
         if not ok:
@@ -492,7 +519,11 @@ def clat_histogram(
     Only job/direction pairs that carry ``bins`` appear (plain ``json`` output gives ``{}``).
     ``job_index`` matches the column of :func:`parse_fio_file`; counts of 0 are left out.
     """
-    doc = load_fio_document(path, warn)
+    return document_histograms(load_fio_document(path, warn))
+
+
+def document_histograms(doc: dict) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """:func:`clat_histogram` of a document :func:`load_fio_document` returned."""
     histograms = {}
     for index, entry, _host in _job_entries(doc):
         for direction in DIRECTIONS:
