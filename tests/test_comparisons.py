@@ -20,7 +20,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import copy_workflow
-from latency_stopgap import write_latency  # tests/ is on sys.path
 from PIL import Image
 from simulate import derived_run
 
@@ -167,7 +166,6 @@ def run(tmp_path_factory) -> dict:
     ingest.write_processed(raw, processed, workers=2)
     loss, _ = write_loss(processed, "plain", "luks", comparisons=json.dumps(COMPARISONS))
     figures_dir = base / "figures" / "cmp"
-    write_latency(raw, processed)
     figures = catalog.make_figures(processed, figures_dir, "cmp", workers=2)
     md = render.render_paper(processed, figures_dir, base / "paper" / "cmp" / "index.md", "cmp")
     return {

@@ -19,7 +19,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import copy_workflow
-from latency_stopgap import write_latency  # tests/ is on sys.path
 
 from luksbench.analysis import ingest, stats
 from luksbench.analysis.loss import write_loss
@@ -52,7 +51,6 @@ def fleet(tmp_path_factory) -> dict:
     processed = base / "processed" / "fleet"
     ingest.write_processed(raw, processed, workers=2)
     write_loss(processed)
-    write_latency(raw, processed)
     figures = catalog.make_figures(
         processed, base / "figures", "fleet", notebook="tests/test_multihost.py"
     )
@@ -277,7 +275,6 @@ def test_fleet_servers_are_the_hosts(fleet_run, tmp_path):
     assert set(bw.index) == {"client1", "client2"} and (bw["n"] == 3).all()
     assert (bw["verdict"] == "significant").all() and (bw["effect_pct"] > 50).all()
 
-    write_latency(fleet_run, processed)
     figures = catalog.make_figures(processed, tmp_path / "figures", "fleetrun", workers=2)
     assert {"throughput-client1-randread-bw_bytes", "hosts-bw_bytes"} <= set(figures)
     assert "latency-client2-randread" in figures  # json+ histograms, per server

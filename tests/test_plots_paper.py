@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-from latency_stopgap import write_latency  # tests/ is on sys.path
 from PIL import Image
 
 from luksbench.analysis import ingest, stats
@@ -272,7 +271,6 @@ def _pipeline(raw: Path, base: Path, run: str) -> dict:
     out = base / "processed" / run
     ingest.write_processed(raw, out)
     write_loss(out)
-    write_latency(raw, out)
     figs = catalog.make_figures(
         out, base / "figures" / run, run, notebook="tests/test_plots_paper.py"
     )
