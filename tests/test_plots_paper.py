@@ -38,8 +38,8 @@ def test_figures_written_with_provenance(figures, processed):
     cells = list(fio[["host", "rw"]].drop_duplicates().itertuples(index=False))
     hosts = sorted(fio["host"].unique())
     throughput = {f"throughput-{h}-{rw}-{m}" for h, rw in cells for m in ("bw_bytes", "iops")}
-    # two hosts: host in every per-host name; no raw_dir given: no latency figures; only
-    # tum-direct2 has CPU sidecars; one host has cipher rows, so the cipher bars exist
+    # two hosts: host in every per-host name; plain json results (no json+ bins): no latency
+    # figures; only tum-direct2 has CPU sidecars; one host has cipher rows, so the cipher bars exist
     expected = (
         {"loss", "ciphers"}
         | throughput
