@@ -47,7 +47,7 @@ A tiny but significant effect stays ``significant``; ``equivalent`` (the bool co
 whether it is also practically negligible. ``noisy`` is a separate bool column, not part of the
 verdict: a noisy cell still gets its honest interval, it just did not reach the target width.
 
-Several comparisons (config ``analysis.comparisons``): :func:`loss_tables` / :func:`write_loss`
+Several comparisons (config ``analysis.comparisons``): :func:`loss_tables` (written by :func:`luksbench.analysis.loss.write_loss`)
 concatenate one loss table per (baseline, variant) pair, the headline first; each is its own family
 for the Benjamini-Hochberg adjustment. A cell of a config pattern (workload id
 ``<rw>-<bs>-qd<iodepth>-<pattern>``) is a cell of its own (``pattern`` in :data:`CELL_ATTRS` and the
