@@ -21,6 +21,7 @@ string, so development builds (``fio-2.18-59-g618e``) are handled too.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -267,6 +268,7 @@ def _direction_of_rw(rw: str | None) -> str:
     }.get(pattern, "")
 
 
+@functools.lru_cache(maxsize=1024)  # a run has few distinct bs options
 def _bs_bytes_for_direction(bs_option: str | None, direction: str) -> int | None:
     """Bytes per I/O for one direction from fio's ``bs`` option (``4k``, ``4k,8k``, ``,64k``)."""
     if bs_option is None:
@@ -293,10 +295,14 @@ def _bw_bytes(stats: dict) -> float | int | None:
     return None if bw_kib is None else bw_kib * 1024
 
 
+_IN_NS = {name: f"{name}_ns" for name in ("lat", "clat", "slat")}
+
+
 def _latency_stats(stats: dict, name: str) -> tuple[dict | None, int]:
     """fio 3 ``<name>_ns`` (ns) or fio 2 ``<name>`` (µs), with the factor to nanoseconds."""
-    if isinstance(stats.get(f"{name}_ns"), dict):
-        return stats[f"{name}_ns"], 1
+    in_ns = stats.get(_IN_NS[name])
+    if isinstance(in_ns, dict):
+        return in_ns, 1
     if isinstance(stats.get(name), dict):
         return stats[name], 1000
     return None, 1
