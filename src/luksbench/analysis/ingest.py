@@ -23,7 +23,6 @@ read-only: nothing here writes into ``raw_dir``.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import operator
@@ -44,7 +43,7 @@ from luksbench.formats.fio import (
     document_rows,
     load_fio_document,
 )
-from luksbench.formats.layout import LayoutError, RepPath, Workload
+from luksbench.formats.layout import REP_NAME, LayoutError, RepPath, Workload, rep_of_key
 
 GIB = 2**30
 
@@ -280,20 +279,7 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_REP_NAME = re.compile(r"^rep(?P<rep>\d+)\.json$")
 _SIDECAR_OR_REP = re.compile(r"^rep\d+(\.cpu)?\.json$")
-
-
-@functools.lru_cache(maxsize=4096)
-def _workload(workload_id: str) -> Workload:
-    return Workload.from_id(workload_id)  # one parse per cell folder, not per file
-
-
-def _rep_of_key(key: str) -> RepPath:
-    """What ``<host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json`` (a path inside the run folder,
-    as :func:`_list_fio_folder` found it) says; LayoutError for a folder that is no workload id."""
-    host, _fio, stack, workload, name = key.split("/")
-    return RepPath(host, stack, _workload(workload), int(_REP_NAME.match(name)["rep"]))
 
 
 def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, list, list]:
@@ -304,7 +290,7 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
     path = f"{root}/{key}"
     notes: list[tuple[str, str]] = []
     try:
-        rep = _rep_of_key(key)
+        rep = rep_of_key(key)
         doc = load_fio_document(path, warn=lambda message: notes.append((key, message)))
         rows = document_rows(path, doc)
     except (FioParseError, LayoutError) as exc:
@@ -458,7 +444,7 @@ def _parse_files(
 
 def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
     """(rep files, stray JSON files) under ``<host>/fio/<stack>/<workload>/``, as paths inside the
-    run folder in :func:`luksbench.formats.layout.iter_rep_files`' order (the order of the table's rows).
+    run folder, sorted by their parts (the order of the table's rows).
 
     One directory walk for both (``os.scandir``: a run of 100,000 results is listed in well under a
     second); rep files are ``rep<k>.json``, strays are other ``*.json`` files that are neither a
@@ -483,11 +469,10 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
                     entries = [(e.name, e.is_file()) for e in it]
                 for name, is_file in entries:
                     key = f"{host}/fio/{stack}/{workload}/{name}"
-                    if _REP_NAME.match(name):
+                    if REP_NAME.match(name):
                         reps.append(key)
                     elif is_file and name.endswith(".json") and not _SIDECAR_OR_REP.match(name):
                         strays.append(key)
-    # pathlib orders paths by their parts: the same order as iter_rep_files' sorted() of Paths
     reps.sort(key=lambda k: k.split("/"))
     strays.sort(key=lambda k: k.split("/"))
     return reps, strays

@@ -21,6 +21,7 @@ string, so development builds (``fio-2.18-59-g618e``) are handled too.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -267,6 +268,7 @@ def _direction_of_rw(rw: str | None) -> str:
     }.get(pattern, "")
 
 
+@functools.lru_cache(maxsize=1024)  # a run has few distinct bs options
 def _bs_bytes_for_direction(bs_option: str | None, direction: str) -> int | None:
     """Bytes per I/O for one direction from fio's ``bs`` option (``4k``, ``4k,8k``, ``,64k``)."""
     if bs_option is None:
@@ -293,10 +295,14 @@ def _bw_bytes(stats: dict) -> float | int | None:
     return None if bw_kib is None else bw_kib * 1024
 
 
+_IN_NS = {name: f"{name}_ns" for name in ("lat", "clat", "slat")}
+
+
 def _latency_stats(stats: dict, name: str) -> tuple[dict | None, int]:
     """fio 3 ``<name>_ns`` (ns) or fio 2 ``<name>`` (µs), with the factor to nanoseconds."""
-    if isinstance(stats.get(f"{name}_ns"), dict):
-        return stats[f"{name}_ns"], 1
+    in_ns = stats.get(_IN_NS[name])
+    if isinstance(in_ns, dict):
+        return in_ns, 1
     if isinstance(stats.get(name), dict):
         return stats[name], 1000
     return None, 1
@@ -327,19 +333,9 @@ def _percentile(lat: dict | None, to_ns: int, percent: float) -> float | int | N
 # --------------------------------------------------------------------------- rows
 
 
-def _job_options(doc: dict, entry: dict) -> dict:
-    """The options of a job entry that its rows carry (looked up once, not per direction)."""
-    return {
-        "rw": _option_or_default(entry, doc, "rw", "readwrite"),
-        "bs": _option_or_default(entry, doc, "bs", "blocksize"),
-        "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
-        "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
-        "ioengine": _option(entry, doc, "ioengine"),
-        "direct": _to_int(_option_or_default(entry, doc, "direct")),
-    }
-
-
-def _row(path, doc, index, entry, host, options, direction, stats) -> dict:
+def _row(path, doc, index, entry, host, direction, stats) -> dict:
+    rw = _option_or_default(entry, doc, "rw", "readwrite")
+    bs_option = _option_or_default(entry, doc, "bs", "blocksize")
     stats = stats if isinstance(stats, dict) else {}
     io_bytes = _io_bytes(stats)
     moved_data = io_bytes > 0
@@ -353,10 +349,10 @@ def _row(path, doc, index, entry, host, options, direction, stats) -> dict:
         "job": str(entry.get("jobname", "")).strip(),  # some fio versions keep a trailing space
         "job_index": index,
         "direction": direction,
-        "rw": options["rw"],
-        "bs_bytes": _bs_bytes_for_direction(options["bs"], direction),
-        "iodepth": options["iodepth"],
-        "numjobs": options["numjobs"],
+        "rw": rw,
+        "bs_bytes": _bs_bytes_for_direction(bs_option, direction),
+        "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
+        "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
         "runtime_ms": stats.get("runtime"),
         "io_bytes": io_bytes,
         "bw_bytes": _bw_bytes(stats) if moved_data else 0,
@@ -371,9 +367,9 @@ def _row(path, doc, index, entry, host, options, direction, stats) -> dict:
         "error": entry.get("error"),
         "fio_version": doc.get("fio version", ""),
         "groupid": entry.get("groupid"),
-        "ioengine": options["ioengine"],
-        "direct": options["direct"],
-        "bs": options["bs"],
+        "ioengine": _option(entry, doc, "ioengine"),
+        "direct": _to_int(_option_or_default(entry, doc, "direct")),
+        "bs": bs_option,
         "clat_stddev_ns": _latency_field(clat, clat_ns, "stddev"),
         "clat_max_ns": _latency_field(clat, clat_ns, "max"),
         "slat_mean_ns": _latency_field(slat, slat_ns, "mean"),
@@ -433,16 +429,15 @@ def document_rows(path: Path | str, doc: dict) -> list[dict]:
 
 
 def _job_rows(path, doc, index, entry, host) -> list[dict]:
-    options = _job_options(doc, entry)
     job_rows = [
-        _row(path, doc, index, entry, host, options, direction, entry[direction])
+        _row(path, doc, index, entry, host, direction, entry[direction])
         for direction in DIRECTIONS
         if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
     ]
     if not job_rows:
-        direction = _direction_of_rw(options["rw"])
+        direction = _direction_of_rw(_option_or_default(entry, doc, "rw", "readwrite"))
         stats = entry.get(direction) if direction else None
-        job_rows = [_row(path, doc, index, entry, host, options, direction, stats)]
+        job_rows = [_row(path, doc, index, entry, host, direction, stats)]
     return job_rows
 
 

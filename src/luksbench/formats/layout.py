@@ -18,6 +18,7 @@ Standard library only: the test box imports this.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,8 @@ _WORKLOAD_RE = re.compile(
     r"^(?P<rw>[a-z]+)-(?P<bs>\d+[kmgt]?)-qd(?P<iodepth>\d+)(?:-(?P<pattern>[a-z][a-z0-9]*))?$"
 )
 PATTERN_NAME_RE = re.compile(r"^[a-z][a-z0-9]*$")
-_REP_RE = re.compile(r"^rep(?P<rep>\d+)\.json$")
+#: the name of a fio result file in its cell folder
+REP_NAME = re.compile(r"^rep(?P<rep>\d+)\.json$")
 
 
 class LayoutError(ValueError):
@@ -104,25 +106,16 @@ def cpu_rep_path(fio_path: Path) -> Path:
     return fio_path.with_name(fio_path.name.replace(".json", ".cpu.json"))
 
 
-def parse_rep_path(path: Path, raw_dir: Path) -> RepPath:
-    """Split ``<raw_dir>/<host>/fio/<stack>/<workload>/rep<k>.json`` into its parts."""
-    try:
-        rel = Path(path).resolve().relative_to(Path(raw_dir).resolve())
-    except ValueError as exc:
-        raise LayoutError(f"{path} is not under {raw_dir}") from exc
-    parts = rel.parts
-    if len(parts) != 5 or parts[1] != "fio":
-        raise LayoutError(
-            f"{path}: expected <host>/fio/<stack>/<workload>/rep<k>.json under {raw_dir}"
-        )
-    m = _REP_RE.match(parts[4])
-    if not m:
-        raise LayoutError(f"{path}: file name must be rep<k>.json")
-    return RepPath(parts[0], parts[2], Workload.from_id(parts[3]), int(m["rep"]))
+def rep_of_key(key: str) -> RepPath:
+    """What ``<host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json`` (a path inside the run
+    folder) says; LayoutError for anything else."""
+    parts = key.split("/")
+    m = REP_NAME.match(parts[-1])
+    if len(parts) != 5 or parts[1] != "fio" or not m:
+        raise LayoutError(f"{key}: expected <host>/fio/<stack>/<workload>/rep<k>.json")
+    return RepPath(parts[0], parts[2], _workload(parts[3]), int(m["rep"]))
 
 
-def iter_rep_files(raw_dir: Path):
-    """All fio result files of one run folder, sorted (sidecars and manifests excluded)."""
-    for path in sorted(Path(raw_dir).glob("*/fio/*/*/rep*.json")):
-        if _REP_RE.match(path.name):
-            yield path
+@functools.lru_cache(maxsize=4096)
+def _workload(workload_id: str) -> Workload:
+    return Workload.from_id(workload_id)  # one parse per cell folder, not per file
