@@ -144,7 +144,8 @@ def test_a_malformed_config_is_refused_naming_the_key(override, named):
             "claim(s) it exclusively",
         ),
         ("stacks:\n  plain: {kind: plain}\n  luks: {kind: luks, level: 5}\n", "stacks.luks.level"),
-        ("profile: nope\n", "config key 'profile': no profile 'nope'"),
+        ("study: nope\n", "config key 'study': no study 'nope'"),
+        ("profile: scs-2023\n", "config key 'profile' is now 'study'"),
     ],
 )
 def test_a_bad_device_or_stack_is_refused_before_anything_runs(tmp_path, config_text, named):

@@ -8,19 +8,19 @@ from pathlib import Path
 from snakemake.utils import min_version, validate
 
 from luksbench.analysis.contrasts import check_config as check_comparisons
-from luksbench.studies import apply_profile
+from luksbench.studies import STUDIES_DIR, apply_study
 from luksbench.testbox.plan import plan_from_config, write_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
 
 min_version("8.0")
 
 
-# A study profile (config key `profile`) replaces config/config.yaml as the base; the user's own
+# A study (config key `study`) replaces config/config.yaml as the base; the user's own
 # --configfile/--config keys (Snakemake's overwrite_config) go on top of it.
-_profiled = apply_profile(config, workflow.config_settings.overwrite_config, Path("config/profiles"))
-if _profiled is not config:
+_studied = apply_study(config, workflow.config_settings.overwrite_config, STUDIES_DIR)
+if _studied is not config:
     config.clear()
-    config.update(_profiled)
+    config.update(_studied)
 validate(config, schema="../schemas/config.schema.yaml")
 # (baseline, variant) pairs the analysis reports, headline first; an error names the key.
 COMPARISONS = check_comparisons(config)
