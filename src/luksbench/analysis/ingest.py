@@ -97,6 +97,7 @@ PROCESSED_FILES = (
     "schedule.parquet",
     "problems.parquet",
 )
+PROCESSED_TABLES = tuple(name.removesuffix(".parquet") for name in PROCESSED_FILES)
 
 
 class IngestError(ValueError):
