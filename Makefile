@@ -20,7 +20,7 @@ vmimage-workflow:
 vmtest:
 	$(PYTHON) -m pytest -m vm tests/test_vmbox.py
 
-# Every study profile (config/profiles/) in the guest as well: ~20 min more under TCG.
+# Every study (config/studies/) in the guest as well: ~20 min more under TCG.
 vmtest-full:
 	$(PYTHON) -m pytest -m "vm or vm_full" tests/test_vmbox.py tests/test_profiles.py
 

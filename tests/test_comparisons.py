@@ -143,7 +143,7 @@ def test_the_profiles_compare_what_their_studies_compared(profile, expected, tmp
     from luksbench.studies import load_config
 
     user = tmp_path / "user.yaml"
-    user.write_text(f"profile: {profile}\n")
+    user.write_text(f"study: {profile}\n")
     pairs = comparisons.check_config(load_config(REPO, [user]))
     assert pairs[0] == expected[0]  # the headline
     assert set(expected) <= set(pairs)

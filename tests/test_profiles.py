@@ -1,5 +1,5 @@
-"""Study profiles (config/profiles/): each validates, resolves into the study's plan, and its dry
-run lists the full matrix; a user file naming a profile merges as documented."""
+"""Studies (config/studies/): each validates, resolves into the study's plan, and its dry run
+lists the full matrix; a user file naming a study merges as documented."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import yaml
 from conftest import copy_workflow
 from snakemake.utils import validate
 
-from luksbench.studies import ProfileError, apply_profile, available_profiles
+from luksbench.studies import StudyError, apply_study, available_studies
 from luksbench.testbox.plan import (
     PlanError,
     cell_options,
@@ -27,7 +27,7 @@ from luksbench.testbox.plan import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-PROFILES_DIR = REPO / "config" / "profiles"
+STUDIES_DIR = REPO / "config" / "studies"
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 BIN = Path(sys.executable).parent
 
@@ -98,8 +98,8 @@ HEADER = re.compile(
 )
 
 
-def load_profile(name: str) -> dict:
-    return yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text())
+def load_study(name: str) -> dict:
+    return yaml.safe_load((STUDIES_DIR / f"{name}.yaml").read_text())
 
 
 def validated(config: dict) -> dict:
@@ -124,11 +124,11 @@ def device_refs(layer, above: tuple[str, ...] = ()):
 
 
 def plan_of(name: str, tmp_path: Path) -> dict:
-    return plan_from_config(validated(load_profile(name)), "pytest", tmp_path / "scratch")
+    return plan_from_config(validated(load_study(name)), "pytest", tmp_path / "scratch")
 
 
 def cell_ids(matrix: dict, pattern: str = "") -> set[str]:
-    """Workload ids written out from the profile's own matrix (its bs labels are canonical)."""
+    """Workload ids written out from the study's own matrix (its bs labels are canonical)."""
     suffix = f"-{pattern}" if pattern else ""
     return {
         f"{rw}-{bs}-qd{qd}{suffix}"
@@ -136,10 +136,10 @@ def cell_ids(matrix: dict, pattern: str = "") -> set[str]:
     }
 
 
-def profile_cell_ids(profile: dict) -> set[str]:
-    """The main matrix's cells and every pattern's, from the profile's own text."""
-    ids = cell_ids(profile["matrix"])
-    for name, pattern in (profile.get("patterns") or {}).items():
+def study_cell_ids(study: dict) -> set[str]:
+    """The main matrix's cells and every pattern's, from the study's own text."""
+    ids = cell_ids(study["matrix"])
+    for name, pattern in (study.get("patterns") or {}).items():
         ids |= cell_ids(pattern["matrix"], name)
     return ids
 
@@ -156,43 +156,43 @@ def snakemake(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def workflow_copy(tmp_path_factory) -> Path:
-    return copy_workflow(tmp_path_factory.mktemp("profiles") / "work")
+    return copy_workflow(tmp_path_factory.mktemp("studies") / "work")
 
 
-# --- every profile ---------------------------------------------------------------------------
+# --- every study -----------------------------------------------------------------------------
 
 
-def test_there_is_one_profile_per_seed_study():
-    assert available_profiles(PROFILES_DIR) == sorted(EXPECTED)
+def test_there_is_one_config_per_seed_study():
+    assert available_studies(STUDIES_DIR) == sorted(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_the_profile_is_a_complete_config_of_its_own(name):
-    profile = load_profile(name)
-    assert profile["profile"] == name
-    assert profile["run"] == name
-    assert profile["backend"] == "kernel"
-    assert profile["precondition"]["fill_passes"] == 2
-    assert profile["repetitions"] == 5
-    assert profile["fio"]["runtime_s"] == EXPECTED[name]["runtime_s"]
+def test_the_study_is_a_complete_config_of_its_own(name):
+    study = load_study(name)
+    assert study["study"] == name
+    assert study["run"] == name
+    assert study["backend"] == "kernel"
+    assert study["precondition"]["fill_passes"] == 2
+    assert study["repetitions"] == 5
+    assert study["fio"]["runtime_s"] == EXPECTED[name]["runtime_s"]
     # Scratch files on loop devices by default, small enough for a run on this kind of machine.
-    for device, spec in profile["devices"].items():
+    for device, spec in study["devices"].items():
         assert set(spec) == {"size_mib"}, f"{name}: devices.{device} is not a scratch device"
         assert 256 <= spec["size_mib"] <= 1024, f"{name}: devices.{device}"
     # The header says what the study did, what differs, and how to point it at real disks.
-    header = (PROFILES_DIR / f"{name}.yaml").read_text().split("\nprofile:")[0]
-    for topic in ("What the study measured", "reproduces", "differs", f"profile: {name}"):
+    header = (STUDIES_DIR / f"{name}.yaml").read_text().split("\nstudy:")[0]
+    for topic in ("What the study measured", "reproduces", "differs", f"study: {name}"):
         assert topic in header, f"{name}: the header comment lacks {topic!r}"
     assert "/dev/disk/by-id/" in header
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_the_profile_resolves_into_the_studys_plan(name, tmp_path):
+def test_the_study_resolves_into_its_plan(name, tmp_path):
     expected = EXPECTED[name]
     plan = plan_of(name, tmp_path)
     assert list(plan["stacks"]) == list(expected["stacks"])
     assert plan["baseline"] == expected["baseline"]
-    assert validated(load_profile(name))["analysis"]["variant"] == expected["variant"]
+    assert validated(load_study(name))["analysis"]["variant"] == expected["variant"]
     assert len(workloads(plan)) == expected["cells"]
     for stack, devices in expected["stacks"].items():
         named = {device for device, _ in device_refs(plan["stacks"][stack])}
@@ -358,7 +358,7 @@ def test_the_dry_run_lists_the_full_matrix(name, workflow_copy):
         "-n",
         "all",
         "--configfile",
-        f"config/profiles/{name}.yaml",
+        f"config/studies/{name}.yaml",
         "--config",
         "host=pytest",
         cwd=workflow_copy,
@@ -375,16 +375,16 @@ def test_the_dry_run_lists_the_full_matrix(name, workflow_copy):
     assert listed_stacks == list(expected["stacks"])
     listed_cells = re.findall(r"^  cell (\S+)$", out, re.M)
     assert len(listed_cells) == cells
-    assert set(listed_cells) == profile_cell_ids(load_profile(name))
+    assert set(listed_cells) == study_cell_ids(load_study(name))
     assert "run_fio" in result.stdout + out
     assert not (workflow_copy / "data" / "raw" / name).exists(), "a dry run must not measure"
 
 
-def test_a_user_file_runs_a_profile_on_its_own_disks(workflow_copy):
-    """README's mybox.yaml: profile + devices by stable path (+ a shorter runtime)."""
+def test_a_user_file_runs_a_study_on_its_own_disks(workflow_copy):
+    """README's mybox.yaml: study + devices by stable path (+ a shorter runtime)."""
     disks = {f"d{i}": f"/dev/disk/by-id/nvme-PYTEST_DISK_{i}" for i in range(8)}
     mybox = {
-        "profile": "scs-2023",
+        "study": "scs-2023",
         "run": "pytest-mybox",
         "devices": {name: {"path": path} for name, path in disks.items()},
         "fio": {"runtime_s": 5},
@@ -398,23 +398,60 @@ def test_a_user_file_runs_a_profile_on_its_own_disks(workflow_copy):
     header = HEADER.search(out)
     assert header and header["run"] == "pytest-mybox"
     assert (int(header["stacks"]), int(header["cells"]), int(header["runs"])) == (6, 48, 1440)
-    # 1440 runs of 5 s plus the profile's 1 s of ramp: the user's runtime, the profile's ramp.
+    # 1440 runs of 5 s plus the study's 1 s of ramp: the user's runtime, the study's ramp.
     assert "(8640 s of runtime + ramp)" in out
     for name, path in disks.items():
         assert f"  device {name}: {path} (real disk: WILL BE OVERWRITTEN)" in out
-    assert "scratch file" not in out, "no scratch device of the profile may survive"
+    assert "scratch file" not in out, "no scratch device of the study may survive"
 
 
-def test_an_unknown_profile_stops_the_dry_run_naming_the_choices(workflow_copy):
-    result = snakemake("-n", "all", "--config", "profile=nope", cwd=workflow_copy)
+def test_an_unknown_study_stops_the_dry_run_naming_the_choices(workflow_copy):
+    result = snakemake("-n", "all", "--config", "study=nope", cwd=workflow_copy)
     assert result.returncode != 0
     out = result.stdout + result.stderr
-    assert "'profile'" in out and "'nope'" in out
+    assert "'study'" in out and "'nope'" in out
     for name in EXPECTED:
         assert name in out
 
 
-# --- merging a user's config with a profile (luksbench.studies.apply_profile) ------------------
+def luksbench_plan(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "luksbench"), "plan", "--workdir", str(cwd), "--host", "pytest", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_luksbench_plan_reads_a_study_like_the_workflow(workflow_copy, tmp_path):
+    mybox = tmp_path / "mybox.yaml"
+    mybox.write_text("study: ceph-reef-2023\nrun: pytest-plan\nfio: {runtime_s: 5}\n")
+    result = luksbench_plan("--configfile", str(mybox), cwd=workflow_copy)
+    assert result.returncode == 0, result.stderr
+    header = HEADER.search(result.stdout)
+    assert header and (header["run"], header["host"]) == ("pytest-plan", "pytest")
+    assert (int(header["stacks"]), int(header["cells"])) == (6, 10)
+
+
+@pytest.mark.parametrize("where", ["configfile", "config"])
+def test_the_old_key_profile_is_refused_naming_its_new_spelling(where, workflow_copy, tmp_path):
+    """`profile` now means a Snakemake executor profile (profiles/): the study key is `study`."""
+    old = tmp_path / "old.yaml"
+    old.write_text("profile: scs-2023\n")
+    args = ("--configfile", str(old)) if where == "configfile" else ("--config", "profile=scs-2023")
+    results = [snakemake("-n", "all", *args, cwd=workflow_copy)]
+    if where == "configfile":
+        results.append(luksbench_plan(*args, cwd=workflow_copy))
+    for result in results:
+        assert result.returncode != 0
+        out = result.stdout + result.stderr
+        assert "config key 'profile' is now 'study': write `study: scs-2023`" in out, out[-3000:]
+        assert "luksbench plan: run" not in out  # refused before any plan was made
+    with pytest.raises(StudyError, match="config key 'profile' is now 'study'"):
+        apply_study(snakemake_config({"profile": "scs-2023"}), {}, STUDIES_DIR)
+
+
+# --- merging a user's config with a study (luksbench.studies.apply_study) ----------------------
 
 
 def snakemake_config(overrides: dict) -> dict:
@@ -428,19 +465,19 @@ def snakemake_config(overrides: dict) -> dict:
     return config
 
 
-def test_a_profile_with_the_users_devices_merges_as_documented(tmp_path):
+def test_a_study_with_the_users_devices_merges_as_documented(tmp_path):
     disks = {f"d{i}": {"path": f"/dev/disk/by-id/nvme-PYTEST_DISK_{i}"} for i in range(8)}
-    overrides = {"profile": "scs-2023", "run": "mybox", "devices": disks, "fio": {"runtime_s": 5}}
-    profile = load_profile("scs-2023")
+    overrides = {"study": "scs-2023", "run": "mybox", "devices": disks, "fio": {"runtime_s": 5}}
+    study = load_study("scs-2023")
 
-    merged = apply_profile(snakemake_config(overrides), overrides, PROFILES_DIR)
+    merged = apply_study(snakemake_config(overrides), overrides, STUDIES_DIR)
 
-    assert merged["profile"] == "scs-2023" and merged["run"] == "mybox"
+    assert merged["study"] == "scs-2023" and merged["run"] == "mybox"
     assert merged["devices"] == disks  # replaced whole: no scratch device left
-    assert merged["stacks"] == profile["stacks"]  # the profile's arms, not config.yaml's
+    assert merged["stacks"] == study["stacks"]  # the study's arms, not config.yaml's
     assert merged["baseline"] == "raw"
-    assert merged["fio"] == {**profile["fio"], "runtime_s": 5}  # merged key by key
-    assert merged["matrix"] == profile["matrix"]
+    assert merged["fio"] == {**study["fio"], "runtime_s": 5}  # merged key by key
+    assert merged["matrix"] == study["matrix"]
     plan = plan_from_config(validated(merged), "pytest", tmp_path)
     assert {n: d["path"] for n, d in plan["devices"].items()} == {
         n: d["path"] for n, d in disks.items()
@@ -448,33 +485,33 @@ def test_a_profile_with_the_users_devices_merges_as_documented(tmp_path):
     assert plan["fio"]["runtime_s"] == 5 and plan["fio"]["ioengine"] == "libaio"
 
 
-def test_the_users_devices_are_never_merged_with_the_profiles(tmp_path):
-    """Naming only d0 drops the profile's d1..d7: the stacks that need them are refused."""
-    overrides = {"profile": "scs-2023", "devices": {"d0": {"path": "/dev/disk/by-id/nvme-ONE"}}}
-    merged = apply_profile(snakemake_config(overrides), overrides, PROFILES_DIR)
+def test_the_users_devices_are_never_merged_with_the_study_devices(tmp_path):
+    """Naming only d0 drops the study's d1..d7: the stacks that need them are refused."""
+    overrides = {"study": "scs-2023", "devices": {"d0": {"path": "/dev/disk/by-id/nvme-ONE"}}}
+    merged = apply_study(snakemake_config(overrides), overrides, STUDIES_DIR)
     assert merged["devices"] == overrides["devices"]
     with pytest.raises(PlanError, match=r"device 'd1' is not in devices"):
         plan_from_config(validated(merged), "pytest", tmp_path)
 
 
-def test_the_users_stacks_replace_the_profiles_stacks():
+def test_the_users_stacks_replace_the_study_stacks():
     stacks = {"raw": {"kind": "raw", "device": "d0"}, "luks": {"kind": "luks", "over": "d0"}}
-    overrides = {"profile": "ceph-reef-2023", "stacks": stacks}
-    merged = apply_profile(snakemake_config(overrides), overrides, PROFILES_DIR)
+    overrides = {"study": "ceph-reef-2023", "stacks": stacks}
+    merged = apply_study(snakemake_config(overrides), overrides, STUDIES_DIR)
     assert merged["stacks"] == stacks
-    assert merged["devices"] == load_profile("ceph-reef-2023")["devices"]
+    assert merged["devices"] == load_study("ceph-reef-2023")["devices"]
 
 
-def test_an_unknown_profile_is_refused_naming_the_key_and_the_choices():
-    with pytest.raises(ProfileError) as err:
-        apply_profile(snakemake_config({"profile": "nope"}), {"profile": "nope"}, PROFILES_DIR)
+def test_an_unknown_study_is_refused_naming_the_key_and_the_choices():
+    with pytest.raises(StudyError) as err:
+        apply_study(snakemake_config({"study": "nope"}), {"study": "nope"}, STUDIES_DIR)
     message = str(err.value)
-    assert "'profile'" in message and "'nope'" in message
+    assert "'study'" in message and "'nope'" in message
     for name in EXPECTED:
         assert name in message
 
 
-# --- the profiles on a kernel with device-mapper and MD (the VM test box) ------------------------
+# --- the studies on a kernel with device-mapper and MD (the VM test box) -------------------------
 
 VMBOX_DIR = Path(__file__).parent / "vmbox"
 # Small enough for the guest's root disk (raid5-2012: 15 members), big enough for a LUKS2 header.
@@ -491,11 +528,11 @@ def _harness():
 
 
 def vm_case(name: str) -> dict:
-    """The profile's stacks, devices, fio engine and preconditioning as they are; only smaller:
+    """The study's stacks, devices, fio engine and preconditioning as they are; only smaller:
     devices of VM_DEVICE_MIB, the matrix at its smallest block size, 1 s runs, 1 repetition."""
     from luksbench.formats.layout import bs_to_bytes
 
-    config = validated(load_profile(name))
+    config = validated(load_study(name))
     config["devices"] = {device: {"size_mib": VM_DEVICE_MIB} for device in config["devices"]}
     matrix = config["matrix"]
     config["matrix"] = {**matrix, "bs": [min(matrix["bs"], key=bs_to_bytes)]}
@@ -513,7 +550,7 @@ def vm_case(name: str) -> dict:
         del plan[key]
     return {
         "description": (
-            f"profile {name}, shrunk to {VM_DEVICE_MIB} MiB devices, the smallest block of each "
+            f"study {name}, shrunk to {VM_DEVICE_MIB} MiB devices, the smallest block of each "
             "matrix and 1 s runs"
         ),
         "plan": plan,
@@ -533,7 +570,7 @@ def _cached_image(harness) -> Path | None:
 
 @pytest.fixture(scope="module")
 def vm_results(tmp_path_factory) -> Path:
-    """Boot the guest once; every profile is one case. Results per case under results/<name>."""
+    """Boot the guest once; every study is one case. Results per case under results/<name>."""
     import os
 
     harness = _harness()
@@ -542,10 +579,10 @@ def vm_results(tmp_path_factory) -> Path:
     missing = harness.missing_tools()
     if missing:
         pytest.skip(f"missing {', '.join(missing)}: bash scripts/setup.sh installs them")
-    tmp = tmp_path_factory.mktemp("vm-profiles")
+    tmp = tmp_path_factory.mktemp("vm-studies")
     cases = []
     for name in sorted(EXPECTED):
-        path = tmp / "cases" / f"profile-{name}.json"
+        path = tmp / "cases" / f"study-{name}.json"
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(vm_case(name), indent=2))
         cases.append(path)
@@ -557,10 +594,10 @@ def vm_results(tmp_path_factory) -> Path:
 @pytest.mark.vm
 @pytest.mark.vm_full
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_the_profile_runs_on_loop_devices_in_the_vm(vm_results, name):
+def test_the_study_runs_on_loop_devices_in_the_vm(vm_results, name):
     from luksbench.formats.fio import parse_fio_file
 
-    case_dir = vm_results / f"profile-{name}"
+    case_dir = vm_results / f"study-{name}"
     case = json.loads((case_dir / "case.json").read_text())
     assert case["ok"], f"{name}: {case['problems']}"
     plan = json.loads((case_dir / "plan.json").read_text())

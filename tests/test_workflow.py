@@ -144,7 +144,8 @@ def test_a_malformed_config_is_refused_naming_the_key(override, named):
             "claim(s) it exclusively",
         ),
         ("stacks:\n  plain: {kind: plain}\n  luks: {kind: luks, level: 5}\n", "stacks.luks.level"),
-        ("profile: nope\n", "config key 'profile': no profile 'nope'"),
+        ("study: nope\n", "config key 'study': no study 'nope'"),
+        ("profile: scs-2023\n", "config key 'profile' is now 'study'"),
     ],
 )
 def test_a_bad_device_or_stack_is_refused_before_anything_runs(tmp_path, config_text, named):
@@ -225,3 +226,46 @@ def test_the_sample_is_re_analysed_without_fio(tmp_path):
         p: p.read_bytes() for p in sorted((work / "data/raw/sample").rglob("*")) if p.is_file()
     }
     assert raw_after == raw_before
+
+
+@pytest.mark.parametrize(
+    ("changed", "reruns"),
+    [
+        ("formats/fio.py", {"ingest_raw", "compute_loss", "plot_figures", "render_paper"}),
+        ("analysis/ingest.py", {"ingest_raw", "compute_loss", "plot_figures", "render_paper"}),
+        ("analysis/contrasts.py", {"compute_loss", "plot_figures", "render_paper"}),
+        ("publish/templates/paper.md.j2", {"plot_figures", "render_paper"}),
+        ("testbox/runner.py", set()),
+        ("cli.py", set()),
+    ],
+)
+def test_an_analysis_step_reruns_when_the_code_it_runs_changes(tmp_path, changed, reruns):
+    """Each analysis rule lists the package code it runs, not all of src/."""
+    import os
+
+    from luksbench.analysis.ingest import PROCESSED_TABLES
+
+    work = copy_workflow(tmp_path / "wf", extra=("data/raw/sample",))
+    outputs = [
+        *(f"data/processed/sample/{table}.parquet" for table in PROCESSED_TABLES),
+        "data/processed/sample/notebooks/01-ingest.ipynb",
+        "data/processed/sample/loss.parquet",
+        "data/processed/sample/notebooks/02-loss.ipynb",
+        "figures/sample",
+        "data/processed/sample/notebooks/03-figures.ipynb",
+        "paper/sample/index.md",
+        "paper/sample/index.html",
+        "data/processed/sample/notebooks/04-paper.ipynb",
+    ]
+    later = max(p.stat().st_mtime for p in work.rglob("*")) + 10
+    for step, name in enumerate(outputs):  # every output up to date, in the order of the steps
+        path = work / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if name == "figures/sample" else path.touch()
+        os.utime(path, (later + step, later + step))
+    os.utime(work / "src/luksbench" / changed, (later + 100, later + 100))
+    result = snakemake("-n", "paper/sample/index.md", "--rerun-triggers", "mtime", cwd=work)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    ran = set(job_counts(out)) if "Job stats" in out else set()
+    assert ran == reruns, out[-3000:]

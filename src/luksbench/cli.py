@@ -124,12 +124,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.plan:
             plan = load_plan(Path(args.plan))
         else:
-            from luksbench.studies import ProfileError, load_config
+            from luksbench.studies import load_config  # a StudyError is a PlanError
 
-            try:
-                config = load_config(Path(args.workdir), args.configfile)
-            except ProfileError as exc:
-                raise PlanError(str(exc)) from exc
+            config = load_config(Path(args.workdir), args.configfile)
             host = args.host or config["host"] or socket.gethostname().split(".")[0]
             scratch = Path(args.workdir) / config["scratch_dir"] / config["run"] / host
             plan = plan_from_config(config, host, scratch)

@@ -1,15 +1,10 @@
-"""Study profiles: config/profiles/<name>.yaml, one per seed study, as the base of a run's config.
+"""Studies: config/studies/<name>.yaml, one per seed study, as the base of a run's config.
 
-A user's config names a profile and lists its devices::
-
-    profile: scs-2023
-    devices:
-      nvme0: {path: /dev/disk/by-id/nvme-..., wipe_serial: "S64F..."}
-
-and runs ``snakemake --cores 1 all --configfile mybox.yaml``. The profile replaces the embedded
-default (config/config.yaml) as the base; the keys the user gives (--configfile, --config)
-override it. ``devices`` and ``stacks`` are replaced as a whole, never merged: a profile's
-scratch-file devices must not survive next to the user's disks under the same name.
+A user's config names a study and its devices (``study: scs-2023``, ``devices: {d0: {path:
+/dev/disk/by-id/...}}``) for ``snakemake --cores 1 all --configfile mybox.yaml``. The study
+replaces the embedded default (config/config.yaml) as the base; the keys the user gives
+(--configfile, --config) override it. ``devices`` and ``stacks`` are replaced as a whole, never
+merged: a study's scratch-file devices must not survive next to the user's disks under one name.
 """
 
 from __future__ import annotations
@@ -19,31 +14,34 @@ from pathlib import Path
 
 import yaml
 
+from luksbench.testbox.plan import PlanError
+
+STUDIES_DIR = Path("config/studies")
 REPLACED_WHOLE = ("devices", "stacks")
 
 
-class ProfileError(ValueError):
-    """An unknown or unreadable profile; the message names the config key and the choices."""
+class StudyError(PlanError):
+    """An unknown or unreadable study, or a renamed key: a config that makes no plan."""
 
 
-def available_profiles(profiles_dir: Path) -> list[str]:
-    return sorted(p.stem for p in Path(profiles_dir).glob("*.yaml"))
+def available_studies(studies_dir: Path) -> list[str]:
+    return sorted(p.stem for p in Path(studies_dir).glob("*.yaml"))
 
 
-def load_profile(name: str, profiles_dir: Path) -> dict:
-    path = Path(profiles_dir) / f"{name}.yaml"
+def load_study(name: str, studies_dir: Path) -> dict:
+    path = Path(studies_dir) / f"{name}.yaml"
     if not path.is_file():
-        raise ProfileError(
-            f"config key 'profile': no profile {name!r} in {profiles_dir}/ "
-            f"(available: {', '.join(available_profiles(profiles_dir)) or 'none'})"
+        raise StudyError(
+            f"config key 'study': no study {name!r} in {studies_dir}/ "
+            f"(available: {', '.join(available_studies(studies_dir)) or 'none'})"
         )
     try:
-        profile = yaml.safe_load(path.read_text())
+        study = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ProfileError(f"config key 'profile': {path} is not valid YAML: {exc}") from exc
-    if not isinstance(profile, dict):
-        raise ProfileError(f"config key 'profile': {path} must hold a mapping of config keys")
-    return profile
+        raise StudyError(f"config key 'study': {path} is not valid YAML: {exc}") from exc
+    if not isinstance(study, dict):
+        raise StudyError(f"config key 'study': {path} must hold a mapping of config keys")
+    return study
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -56,25 +54,29 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
-def apply_profile(config: dict, overrides: dict, profiles_dir: Path) -> dict:
-    """The config a run uses: ``config`` unchanged when no profile is named, else the profile
-    with ``overrides`` (the user's --configfile/--config keys) on top."""
-    name = (overrides or {}).get("profile") or config.get("profile")
+def apply_study(config: dict, overrides: dict, studies_dir: Path) -> dict:
+    """The config a run uses: ``config`` unchanged when no study is named, else the study
+    with ``overrides`` (the user's --configfile/--config keys, also in ``config``) on top. The key
+    ``profile`` is refused naming its new spelling: "profiles" are Snakemake's executor profiles."""
+    if "profile" in config:
+        raise StudyError(f"config key 'profile' is now 'study': write `study: {config['profile']}`")
+    overrides = overrides or {}
+    name = overrides.get("study") or config.get("study")
     if not name:
         return config
-    merged = load_profile(name, profiles_dir)
-    for key, value in (overrides or {}).items():
+    merged = load_study(name, studies_dir)
+    for key, value in overrides.items():
         if key in REPLACED_WHOLE or not isinstance(value, dict):
             merged[key] = copy.deepcopy(value)
         else:
             merged[key] = _merge(merged.get(key) or {}, value)
-    merged["profile"] = name
+    merged["study"] = name
     return merged
 
 
 def load_config(workdir: Path, configfiles: list[Path] | None = None) -> dict:
     """The config a workflow run in ``workdir`` with ``--configfile``s would use: the embedded
-    default, the user's files on top (as Snakemake merges them), the profile, schema defaults."""
+    default, the user's files on top (as Snakemake merges them), the study, schema defaults."""
     from snakemake.utils import validate
 
     workdir = Path(workdir)
@@ -83,6 +85,6 @@ def load_config(workdir: Path, configfiles: list[Path] | None = None) -> dict:
     for path in configfiles or []:
         overrides = _merge(overrides, yaml.safe_load(Path(path).read_text()) or {})
     config = _merge(config, overrides)
-    config = apply_profile(config, overrides, workdir / "config" / "profiles")
+    config = apply_study(config, overrides, workdir / STUDIES_DIR)
     validate(config, str(workdir / "workflow" / "schemas" / "config.schema.yaml"))
     return config

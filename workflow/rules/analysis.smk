@@ -1,7 +1,9 @@
 """Notebooks run by papermill: raw JSON -> tidy tables -> loss tables -> figures -> paper.
 
-Each rule lists the notebook and the package sources as inputs, so a change to either re-runs it;
-the executed notebooks are kept beside the processed data as a record of what ran.
+Each rule lists its notebook and the package code it runs (common.smk: INGEST_CODE, ...) as
+inputs, so a change to either re-runs it; the executed notebooks are kept beside the processed
+data as a record of what ran. Ingest writes the package's table list (PROCESSED_TABLES); the steps
+after it read those tables.
 """
 
 import json
@@ -25,14 +27,9 @@ rule ingest_raw:
         envs=env_captures,
         ciphers=cipher_benchmarks,
         teardown=teardown_records,
-        src=PACKAGE_SOURCES,
+        code=INGEST_CODE,
     output:
-        fio=f"{PROCESSED}/{{run}}/fio.parquet",
-        cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
-        env=f"{PROCESSED}/{{run}}/env.parquet",
-        stacks=f"{PROCESSED}/{{run}}/stacks.parquet",
-        schedule=f"{PROCESSED}/{{run}}/schedule.parquet",
-        problems=f"{PROCESSED}/{{run}}/problems.parquet",
+        **processed(*PROCESSED_TABLES),
         notebook=f"{PROCESSED}/{{run}}/notebooks/01-ingest.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,
@@ -55,12 +52,10 @@ rule compute_loss:
     (analysis.comparisons: variant vs its baseline; the headline first)."""
     input:
         notebook=f"{NOTEBOOKS}/02-loss.ipynb",
-        fio=f"{PROCESSED}/{{run}}/fio.parquet",
-        src=PACKAGE_SOURCES,
+        **processed(*PROCESSED_TABLES),
+        code=ANALYSIS_CODE,
     output:
-        loss=f"{PROCESSED}/{{run}}/loss.parquet",
-        cpu_loss=f"{PROCESSED}/{{run}}/cpu_loss.parquet",
-        arms=f"{PROCESSED}/{{run}}/arms.parquet",
+        **processed("loss", "cpu_loss", "arms"),
         notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,
@@ -87,28 +82,19 @@ rule compute_loss:
 
 
 rule plot_figures:
-    """Seaborn figures (PNG + SVG with provenance metadata) from the processed tables; latency
-    percentiles from the json+ histograms of the raw files. Drawn by one process per thread."""
+    """Seaborn figures (PNG + SVG with provenance metadata) from the processed tables, drawn by
+    one process per thread."""
     input:
         notebook=f"{NOTEBOOKS}/03-figures.ipynb",
-        fio=f"{PROCESSED}/{{run}}/fio.parquet",
-        loss=f"{PROCESSED}/{{run}}/loss.parquet",
-        env=f"{PROCESSED}/{{run}}/env.parquet",
-        cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
-        stacks=f"{PROCESSED}/{{run}}/stacks.parquet",
-        manifests=fio_manifests,
-        src=PACKAGE_SOURCES,
+        **processed(*PROCESSED_TABLES, "loss", "cpu_loss", "arms"),
+        code=PUBLISH_CODE,
     output:
         figures=directory("figures/{run}"),
         notebook=f"{PROCESSED}/{{run}}/notebooks/03-figures.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,
-        raw_dir=abs_raw_dir,
         processed_dir=abs_processed_dir,
         figures_dir=abs_figures_dir,
-        baseline=config["baseline"],
-        variant=config["analysis"]["variant"],
-        confidence=config["analysis"]["confidence"],
     threads: 2
     conda:
         "../../envs/luksbench.yaml"
@@ -116,11 +102,8 @@ rule plot_figures:
         "logs/{run}/plot_figures.log",
     shell:
         "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p run {wildcards.run} -p raw_dir {params.raw_dir}"
-        " -p processed_dir {params.processed_dir}"
-        " -p figures_dir {params.figures_dir} -p baseline {params.baseline}"
-        " -p variant {params.variant} -p confidence {params.confidence}"
-        " -p workers {threads} > {log} 2>&1"
+        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
+        " -p figures_dir {params.figures_dir} -p workers {threads} > {log} 2>&1"
 
 
 rule render_paper:
@@ -128,15 +111,10 @@ rule render_paper:
     from the processed tables, the figures and the transcribed published results only."""
     input:
         notebook=f"{NOTEBOOKS}/04-paper.ipynb",
-        fio=f"{PROCESSED}/{{run}}/fio.parquet",
-        loss=f"{PROCESSED}/{{run}}/loss.parquet",
-        env=f"{PROCESSED}/{{run}}/env.parquet",
-        cryptsetup=f"{PROCESSED}/{{run}}/cryptsetup.parquet",
-        stacks=f"{PROCESSED}/{{run}}/stacks.parquet",
+        **processed(*PROCESSED_TABLES, "loss", "cpu_loss", "arms"),
         figures="figures/{run}",
         references=sorted(str(p) for p in Path("data/reference").glob("*.csv")),
-        src=PACKAGE_SOURCES,
-        templates=PACKAGE_TEMPLATES,
+        code=PUBLISH_CODE,
     output:
         paper="paper/{run}/index.md",
         html="paper/{run}/index.html",

@@ -8,19 +8,18 @@ Snakefile tears them down when any rule fails, so a failed run leaves no device 
 rule stack_up:
     """Create backing files, bring up every stack of the plan and precondition it."""
     input:
-        plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
-        env=ancient(f"{RAW}/{{run}}/{{host}}/env.json"),
-        ciphers=ancient(f"{RAW}/{{run}}/{{host}}/cryptsetup-benchmark.txt"),
+        plan=f"{HOST_SCRATCH}/plan.json",
+        env=ancient(f"{HOST_RAW}/env.json"),
+        ciphers=ancient(f"{HOST_RAW}/cryptsetup-benchmark.txt"),
     output:
-        state=temp(f"{SCRATCH}/{{run}}/{{host}}/state.json"),
-        stacks=f"{SCRATCH}/{{run}}/{{host}}/stacks.json",
+        state=temp(f"{HOST_SCRATCH}/state.json"),
+        stacks=f"{HOST_SCRATCH}/stacks.json",
     conda:
         "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/stack_up.log",
     wildcard_constraints:
-        run=MEASURED_RUN,
-        host=MEASURED_HOST,
+        **MEASURED,
     shell:
         "luksbench testbox stack-up --plan {input.plan} --state {output.state}"
         " --describe {output.stacks} 2> {log}"
@@ -29,11 +28,11 @@ rule stack_up:
 rule run_pilot:
     """Adaptive stage 1: run the pilot pairs (adaptive.pilot_pairs) of every cell on every stack."""
     input:
-        plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
-        state=ancient(f"{SCRATCH}/{{run}}/{{host}}/state.json"),
-        stacks=ancient(f"{SCRATCH}/{{run}}/{{host}}/stacks.json"),
+        plan=f"{HOST_SCRATCH}/plan.json",
+        state=ancient(f"{HOST_SCRATCH}/state.json"),
+        stacks=ancient(f"{HOST_SCRATCH}/stacks.json"),
     output:
-        manifest=f"{RAW}/{{run}}/{{host}}/fio/pilot-manifest.json",
+        manifest=f"{HOST_RAW}/fio/pilot-manifest.json",
     params:
         host_dir=measured_host_dir,
     conda:
@@ -41,8 +40,7 @@ rule run_pilot:
     log:
         "logs/{run}/{host}/run_pilot.log",
     wildcard_constraints:
-        run=MEASURED_RUN,
-        host=MEASURED_HOST,
+        **MEASURED,
     shell:
         "luksbench testbox run-fio --plan {input.plan} --state {input.state}"
         " --describe {input.stacks} --raw-host-dir {params.host_dir} --manifest {output.manifest}"
@@ -52,9 +50,9 @@ rule run_pilot:
 rule plan_repetitions:
     """Adaptive: per-cell pair targets from the pilot pairs alone (Stein's two-stage rule)."""
     input:
-        pilot=f"{RAW}/{{run}}/{{host}}/fio/pilot-manifest.json",
+        pilot=f"{HOST_RAW}/fio/pilot-manifest.json",
     output:
-        targets=f"{RAW}/{{run}}/{{host}}/fio/targets.json",
+        targets=f"{HOST_RAW}/fio/targets.json",
     params:
         raw_dir=abs_raw_dir,
         baseline=config["baseline"],
@@ -66,8 +64,7 @@ rule plan_repetitions:
     log:
         "logs/{run}/{host}/plan_repetitions.log",
     wildcard_constraints:
-        run=MEASURED_RUN,
-        host=MEASURED_HOST,
+        **MEASURED,
     run:
         from luksbench.analysis.design import write_targets
         from luksbench.analysis.ingest import fio_table
@@ -92,13 +89,13 @@ rule run_fio:
     With adaptive repetitions, each cell is topped up to its own target from the pilot.
     """
     input:
-        plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
+        plan=f"{HOST_SCRATCH}/plan.json",
         # Fresh stacks alone (e.g. after the scratch directory was cleaned) are no reason to measure.
-        state=ancient(f"{SCRATCH}/{{run}}/{{host}}/state.json"),
-        stacks=ancient(f"{SCRATCH}/{{run}}/{{host}}/stacks.json"),
+        state=ancient(f"{HOST_SCRATCH}/state.json"),
+        stacks=ancient(f"{HOST_SCRATCH}/stacks.json"),
         targets=adaptive_targets,
     output:
-        manifest=f"{RAW}/{{run}}/{{host}}/fio/manifest.json",
+        manifest=f"{HOST_RAW}/fio/manifest.json",
     params:
         host_dir=measured_host_dir,
         targets=targets_option,
@@ -107,8 +104,7 @@ rule run_fio:
     log:
         "logs/{run}/{host}/run_fio.log",
     wildcard_constraints:
-        run=MEASURED_RUN,
-        host=MEASURED_HOST,
+        **MEASURED,
     shell:
         # Progress goes to the terminal as well as the log: a default run takes minutes.
         "luksbench testbox run-fio --plan {input.plan} --state {input.state}"
@@ -119,16 +115,15 @@ rule run_fio:
 rule stack_down:
     """Tear every stack down and check that no mount, mapping, loop device or process is left."""
     input:
-        state=f"{SCRATCH}/{{run}}/{{host}}/state.json",
-        manifest=f"{RAW}/{{run}}/{{host}}/fio/manifest.json",
+        state=f"{HOST_SCRATCH}/state.json",
+        manifest=f"{HOST_RAW}/fio/manifest.json",
     output:
-        record=f"{SCRATCH}/{{run}}/{{host}}/teardown.json",
+        record=f"{HOST_SCRATCH}/teardown.json",
     conda:
         "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/stack_down.log",
     wildcard_constraints:
-        run=MEASURED_RUN,
-        host=MEASURED_HOST,
+        **MEASURED,
     shell:
         "luksbench testbox stack-down --state {input.state} --record {output.record} 2> {log}"

@@ -1,34 +1,42 @@
-"""Config validation, names and input functions shared by all rules."""
+"""Config validation, names, paths and input functions shared by all rules."""
 
 import re
-import sys
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
 from luksbench.analysis.contrasts import check_config as check_comparisons
-from luksbench.studies import apply_profile
-from luksbench.testbox.plan import plan_from_config, write_plan
+from luksbench.analysis.ingest import PROCESSED_TABLES
+from luksbench.studies import STUDIES_DIR, apply_study
+from luksbench.testbox.plan import plan_from_config, workloads, write_plan
+from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
 
 min_version("8.0")
 
 
-# A study profile (config key `profile`) replaces config/config.yaml as the base; the user's own
+# --- config: a study (config key `study`) replaces config/config.yaml as the base; the user's own
 # --configfile/--config keys (Snakemake's overwrite_config) go on top of it.
-_profiled = apply_profile(config, workflow.config_settings.overwrite_config, Path("config/profiles"))
-if _profiled is not config:
+_studied = apply_study(config, workflow.config_settings.overwrite_config, STUDIES_DIR)
+if _studied is not config:
     config.clear()
-    config.update(_profiled)
+    config.update(_studied)
 validate(config, schema="../schemas/config.schema.yaml")
 # (baseline, variant) pairs the analysis reports, headline first; an error names the key.
 COMPARISONS = check_comparisons(config)
+# Adaptive repetitions (two-stage): run_pilot -> plan_repetitions (targets.json) -> run_fio.
+# Disabled, run_fio alone measures the fixed design and the two extra rules are not in the DAG.
+ADAPTIVE = config["adaptive"]
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
 # when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
 shell.prefix(f'set -euo pipefail; export PATH="{Path(sys.executable).parent}:$PATH"; ')
 
+
+# --- names and paths
 RUN = config["run"]
 # Short hostname: the raw layout's <host> level; config can name the box explicitly.
 HOST = config["host"] or socket.gethostname().split(".")[0]
@@ -36,9 +44,9 @@ RAW = "data/raw"
 PROCESSED = "data/processed"
 SCRATCH = config["scratch_dir"]
 NOTEBOOKS = "notebooks"
-# Notebook rules list the package sources as inputs so a code change re-runs the analysis.
-PACKAGE_SOURCES = sorted(str(p) for p in Path("src/luksbench").rglob("*.py"))
-PACKAGE_TEMPLATES = sorted(str(p) for p in Path("src/luksbench/publish/templates").glob("*"))
+# One measured host's folders: raw results (kept) and the test box's working files.
+HOST_RAW = f"{RAW}/{{run}}/{{host}}"
+HOST_SCRATCH = f"{SCRATCH}/{{run}}/{{host}}"
 
 
 wildcard_constraints:
@@ -46,14 +54,34 @@ wildcard_constraints:
     host=r"[A-Za-z0-9][A-Za-z0-9._-]*",
 
 
+# The measuring rules' wildcard constraints. They measure only the configured run on this
+# machine; every other run folder under data/raw (the shipped sample, runs copied from other test
+# boxes) is analysed as it is.
+MEASURED = {"run": re.escape(RUN), "host": re.escape(HOST)}
+
+
+def processed(*tables):
+    """{table: data/processed/{run}/<table>.parquet}: named inputs and outputs."""
+    return {table: f"{PROCESSED}/{{run}}/{table}.parquet" for table in tables}
+
+
+def package_files(*patterns):
+    """Package files an analysis step runs (globs per subpackage under src/luksbench), listed as
+    inputs so a change to that code, and only to that code, re-runs the step."""
+    root = Path("src/luksbench")
+    files = {p for pattern in patterns for p in root.glob(pattern) if p.is_file()}
+    return sorted(str(p) for p in files if "__pycache__" not in p.parts)
+
+
+FORMATS_CODE = package_files("__init__.py", "formats/**/*.py")
+INGEST_CODE = FORMATS_CODE + package_files("analysis/__init__.py", "analysis/ingest.py")
+ANALYSIS_CODE = FORMATS_CODE + package_files("analysis/**/*.py")
+PUBLISH_CODE = ANALYSIS_CODE + package_files("publish/**/*")
+
+
+# --- input functions
 def host_dir(run, host):
     return f"{RAW}/{run}/{host}"
-
-
-# The benchmark rules measure only the configured run on this machine; every other run folder
-# under data/raw (the shipped sample, runs copied from other test boxes) is analysed as it is.
-MEASURED_RUN = re.escape(RUN)
-MEASURED_HOST = re.escape(HOST)
 
 
 def run_hosts(run):
@@ -120,12 +148,11 @@ def abs_figures_dir(wildcards):
 
 def tear_down_after_failure():
     """Called by `onerror`: tear down the stacks of this run if a state file says they are up."""
-    from luksbench.testbox.stacks import stack_down
-
     state = Path(SCRATCH) / RUN / HOST / "state.json"
     if state.exists():
         print(f"luksbench: tearing down the stacks of {state} after the failure", file=sys.stderr)
-        stack_down(state)
+        command = ["luksbench.cli", "testbox", "stack-down", "--state", str(state)]
+        subprocess.run([sys.executable, "-m", *command], check=False)
 
 
 def min_pairs(wildcards):
@@ -134,15 +161,6 @@ def min_pairs(wildcards):
     if wildcards.run != RUN:
         return 3
     return ADAPTIVE["pilot_pairs"] if ADAPTIVE["enabled"] else config["repetitions"]
-
-
-# Adaptive repetitions (two-stage): run_pilot -> plan_repetitions (targets.json) -> run_fio.
-# Disabled, run_fio alone measures the fixed design and the two extra rules are not in the DAG.
-ADAPTIVE = config["adaptive"]
-
-
-def pilot_manifest_path(wildcards):
-    return f"{host_dir(wildcards.run, wildcards.host)}/fio/pilot-manifest.json"
 
 
 def adaptive_targets(wildcards):
@@ -158,8 +176,6 @@ def targets_option(wildcards):
 
 def plan_cells(wildcards):
     """Workload ids of the configured matrix (cells missing from the pilot get the cap)."""
-    from luksbench.testbox.plan import workloads
-
     return [w.id for w in workloads(plan_for(wildcards))]
 
 
@@ -180,6 +196,4 @@ def _is_dry_run():
 # a device that md claims, ...) stops every invocation before anything runs, naming the key.
 MEASURED_PLAN = plan_from_config(config, HOST, Path(SCRATCH) / RUN / HOST)
 if _is_dry_run():
-    from luksbench.testbox.planview import describe_plan
-
     print("\n".join(describe_plan(MEASURED_PLAN)), file=sys.stderr)

@@ -8,15 +8,14 @@ rule write_plan:
     and refuses a plan that would mix incomparable measurements into a run that already has data.
     """
     output:
-        plan=f"{SCRATCH}/{{run}}/{{host}}/plan.json",
+        plan=f"{HOST_SCRATCH}/plan.json",
     params:
         plan=plan_for,
         measured_env=measured_env_path,
     log:
         "logs/{run}/{host}/write_plan.log",
     wildcard_constraints:
-        run=MEASURED_RUN,
-        host=MEASURED_HOST,
+        **MEASURED,
     run:
         check_tools(params.plan)
         check_scratch_space(params.plan)
@@ -26,16 +25,15 @@ rule write_plan:
 rule capture_env:
     """Record kernel, CPU (aes/vaes flags), tool versions and the chosen backend, before any stack."""
     input:
-        plan=ancient(f"{SCRATCH}/{{run}}/{{host}}/plan.json"),
+        plan=ancient(f"{HOST_SCRATCH}/plan.json"),
     output:
-        env=protected(f"{RAW}/{{run}}/{{host}}/env.json"),
+        env=protected(f"{HOST_RAW}/env.json"),
     conda:
         "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/capture_env.log",
     wildcard_constraints:
-        run=MEASURED_RUN,
-        host=MEASURED_HOST,
+        **MEASURED,
     shell:
         "luksbench testbox capture-env --plan {input.plan} --out {output.env} 2> {log}"
 
@@ -43,15 +41,14 @@ rule capture_env:
 rule benchmark_ciphers:
     """Run `cryptsetup benchmark`; its output is kept verbatim, also when ciphers are unavailable."""
     input:
-        env=ancient(f"{RAW}/{{run}}/{{host}}/env.json"),
+        env=ancient(f"{HOST_RAW}/env.json"),
     output:
-        benchmark=protected(f"{RAW}/{{run}}/{{host}}/cryptsetup-benchmark.txt"),
+        benchmark=protected(f"{HOST_RAW}/cryptsetup-benchmark.txt"),
     conda:
         "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/benchmark_ciphers.log",
     wildcard_constraints:
-        run=MEASURED_RUN,
-        host=MEASURED_HOST,
+        **MEASURED,
     shell:
         "luksbench testbox benchmark-ciphers --out {output.benchmark} 2> {log}"
