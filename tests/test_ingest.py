@@ -258,7 +258,7 @@ def test_bad_env_json_and_missing_run(raw_dir, tmp_path):
 
 
 def test_env_facts_of_testbox_capture():
-    """The shape luksbench.testbox.env.capture_env writes."""
+    """The shape luksbench.testbox.capture.capture_env writes."""
     env = {
         "hostname": "box",
         "kernel": {"sysname": "Linux", "release": "6.1.0-18-amd64"},

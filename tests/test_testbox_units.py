@@ -11,8 +11,9 @@ import pytest
 
 from luksbench.formats.layout import Workload
 from luksbench.testbox import safety
-from luksbench.testbox.env import TestboxError
-from luksbench.testbox.layers import losetup_argv, luks_format_argv, luks_open_argv
+from luksbench.testbox.backends.kernel import losetup_argv, luks_format_argv, luks_open_argv
+from luksbench.testbox.backends.userspace import qsd_argv
+from luksbench.testbox.plan import baseline_first
 from luksbench.testbox.plan import workloads as workloads_of
 from luksbench.testbox.runner import (
     cpu_sidecar,
@@ -22,7 +23,7 @@ from luksbench.testbox.runner import (
     schedule,
     stacks_for_round,
 )
-from luksbench.testbox.stacks import qsd_argv, stack_order
+from luksbench.testbox.sysutil import TestboxError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,8 +64,8 @@ def _plan(**over) -> dict:
     return plan
 
 
-def test_stack_order_puts_baseline_first():
-    assert stack_order(_plan()) == ["plain", "luks"]
+def test_baseline_first_puts_baseline_first():
+    assert baseline_first(_plan()) == ["plain", "luks"]
 
 
 def test_abba_counterbalancing():

@@ -45,6 +45,7 @@ import json
 from pathlib import Path
 
 from luksbench.formats.layout import PATTERN_NAME_RE, LayoutError, Workload, bs_to_bytes
+from luksbench.testbox.sysutil import TestboxError
 
 REQUIRED_KEYS = (
     "run",
@@ -125,6 +126,20 @@ def walk_layers(layer, where: str):
             yield from walk_layers(layer["over"], f"{where}.over")
         for i, member in enumerate(layer.get("members") or []):
             yield from walk_layers(member, f"{where}.members[{i}]")
+
+
+def plan_layers(plan: dict):
+    """Every layer (a dict) of every stack of the plan."""
+    for name, stack in plan["stacks"].items():
+        for _, layer in walk_layers(stack, name):
+            if isinstance(layer, dict):
+                yield layer
+
+
+def baseline_first(plan: dict) -> list[str]:
+    """The plan's stacks, baseline first, then the others in plan order."""
+    base = plan["baseline"]
+    return [base, *[s for s in plan["stacks"] if s != base]]
 
 
 def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
@@ -543,12 +558,45 @@ PRECONDITION_DEFAULTS = {
 }
 
 
-def precondition_options(value) -> dict:
-    """``precondition`` as config gives it (an object, or true/false in hand-written plans) ->
-    the full, checked option set (an error names a bad key)."""
-    from luksbench.testbox.measure import precondition_options as checked
+_BOOL_OPTS = ("enabled", "discard", "steady_state")
+_INT_OPTS = {"fill_passes": 1, "ss_max_rounds": 1, "ss_window": 2, "ss_iodepth": 1}
+_NUMBER_OPTS = {"ss_round_s": 1, "ss_range_pct": 0, "ss_slope_pct": 0}
+_STR_OPTS = ("block_size", "ss_rw", "ss_bs")
+SS_RW = ("randwrite", "write", "randrw", "rw", "randread", "read")
 
-    return checked({"enabled": value} if isinstance(value, bool) else value)
+
+def precondition_options(value) -> dict:
+    """``precondition`` as config gives it (an object, or true/false in hand-written plans; None:
+    the defaults) -> the full, checked option set; TestboxError names a bad or unknown key."""
+    opts = {"enabled": value} if isinstance(value, bool) else dict(value or {})
+    unknown = sorted(set(opts) - set(PRECONDITION_DEFAULTS))
+    if unknown:
+        raise TestboxError(
+            f"precondition: unknown option(s) {unknown}; known: {sorted(PRECONDITION_DEFAULTS)}"
+        )
+    merged = {**PRECONDITION_DEFAULTS, **opts}
+    for key in _BOOL_OPTS:
+        if not isinstance(merged[key], bool):
+            raise TestboxError(f"precondition.{key} must be true or false, not {merged[key]!r}")
+    for key, low in _INT_OPTS.items():
+        v = merged[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise TestboxError(f"precondition.{key} must be an integer >= {low}, not {v!r}")
+    for key, low in _NUMBER_OPTS.items():
+        v = merged[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < low:
+            raise TestboxError(f"precondition.{key} must be a number >= {low}, not {v!r}")
+    for key in _STR_OPTS:
+        if not isinstance(merged[key], str) or not merged[key]:
+            raise TestboxError(f"precondition.{key} must be a non-empty string")
+    if merged["ss_rw"] not in SS_RW:
+        raise TestboxError(f"precondition.ss_rw must be one of {SS_RW}, not {merged['ss_rw']!r}")
+    if merged["ss_max_rounds"] < merged["ss_window"]:
+        raise TestboxError(
+            f"precondition.ss_max_rounds ({merged['ss_max_rounds']}) is smaller than "
+            f"precondition.ss_window ({merged['ss_window']}): the gate could never pass"
+        )
+    return merged
 
 
 # The keys each kind of layer reads; the schema's defaults fill every key into every layer, so

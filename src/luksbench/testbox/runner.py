@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 from luksbench.formats.layout import Workload, cpu_rep_path, fio_rep_path
-from luksbench.testbox import measure, safety
-from luksbench.testbox.env import TestboxError, log, utc_now, write_json_atomic
-from luksbench.testbox.plan import RANDOM_RW, cell_options, workloads
-from luksbench.testbox.stacks import load_state, pid_alive, stack_order
+from luksbench.testbox import probes, safety
+from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
+from luksbench.testbox.stacks import load_state
+from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now, write_json_atomic
 
 PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back to back)"
 COUNTERBALANCE = (
@@ -92,7 +92,7 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
     rounds of the fixed design (and of an adaptive pilot) are the same with or without targets."""
     cells = workloads(plan)
     reps = cell_repetitions(plan, targets)
-    stacks = stack_order(plan)
+    stacks = baseline_first(plan)
     runs = []
     for k in range(1, max(reps.values(), default=0) + 1):
         order = list(cells)
@@ -107,15 +107,15 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
     return runs
 
 
-# --- /proc/stat and RAPL (sampling in luksbench.testbox.measure) --------------------------------
+# --- /proc/stat and RAPL (sampling in luksbench.testbox.probes) ---------------------------------
 
-read_proc_stat = measure.read_proc_stat
+read_proc_stat = probes.read_proc_stat
 
 
 def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None = None) -> dict:
     """The rep's sidecar: /proc/stat deltas over the fio run and its RAPL energy (None: absent)."""
     return {
-        **measure.cpu_delta(before, after, interval_s),
+        **probes.cpu_delta(before, after, interval_s),
         "window": "fio process lifetime (startup, ramp_time and runtime); aggregate cpu line of /proc/stat; iowait counts as idle",
         "rapl": rapl,
     }
@@ -442,7 +442,7 @@ def run_fio(
         if not fleet_clients(plan):
             clocksource = fio_clocksource()
         # Once per session, before any fio run: the load and power of the box doing nothing.
-        cpu_idle_baseline = measure.idle_baseline()
+        cpu_idle_baseline = probes.idle_baseline()
         for r in runs:
             w: Workload = r["workload"]
             stack = r["stack"]
@@ -501,7 +501,7 @@ def run_fio(
             "backend_reason": state["backend_reason"],
             "baseline": plan["baseline"],
             "fleet": plan.get("fleet"),
-            "stacks": stack_order(measured_plan),
+            "stacks": baseline_first(measured_plan),
             "unavailable_stacks": unavailable,
             "cells": [w.id for w in workloads(plan)],
             "pairing": PAIRING,
@@ -598,7 +598,7 @@ def _one_run(
             job = tmp.with_suffix(".job.tmp")  # matched by the stale-file glob above
             argv, job_text = client_argv(argv, job, clients)
             job.write_text(job_text)
-        before, rapl_before, t0 = read_proc_stat(), measure.read_rapl(), time.monotonic()
+        before, rapl_before, t0 = read_proc_stat(), probes.read_rapl(), time.monotonic()
         # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
         proc = subprocess.Popen(
             argv,
@@ -609,7 +609,7 @@ def _one_run(
             start_new_session=True,
         )
         _, err = proc.communicate()
-        t1, after, rapl_after = time.monotonic(), read_proc_stat(), measure.read_rapl()
+        t1, after, rapl_after = time.monotonic(), read_proc_stat(), probes.read_rapl()
         if err.strip():
             for line in err.strip().splitlines():
                 log(f"    fio: {line}")
@@ -629,7 +629,7 @@ def _one_run(
         if errs:
             return False, f"FAILED: fio job error {errs}; no rep file written"
         sidecar = cpu_sidecar(
-            before, after, t1 - t0, measure.rapl_delta(rapl_before, rapl_after, t1 - t0)
+            before, after, t1 - t0, probes.rapl_delta(rapl_before, rapl_after, t1 - t0)
         )
         # The sidecar goes first: the rep file's appearance is the commit point.
         write_json_atomic(cpu_rep_path(path), sidecar, mode=0o444)

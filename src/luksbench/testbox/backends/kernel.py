@@ -34,9 +34,17 @@ import time
 from pathlib import Path
 
 from luksbench.testbox import safety
-from luksbench.testbox.env import TestboxError, log, run_quiet, run_tool, which
-from luksbench.testbox.plan import NULL_CIPHERS
+from luksbench.testbox.plan import NULL_CIPHERS, baseline_first, luks_layer, walk_layers
 from luksbench.testbox.sysinfo import strip_dm_table_keys
+from luksbench.testbox.sysutil import (
+    TestboxError,
+    log,
+    private_dir,
+    run_quiet,
+    run_tool,
+    which,
+    write_json_atomic,
+)
 
 MIB = 1024 * 1024
 SECTOR = 512
@@ -291,8 +299,6 @@ def mdstat() -> str | None:
 def planned_dm_names(plan: dict, stacks: list[str]) -> list[str]:
     """The device-mapper names :class:`KernelBuilder` will give the plan's luks and linear layers
     (in build order), so that a name already in use is refused before anything is created."""
-    from luksbench.testbox.plan import walk_layers
-
     names = []
     for stack in stacks:
         base = safety.mapper_name(plan["run"], stack)
@@ -736,4 +742,132 @@ def leftovers(objects: list[dict]) -> dict[str, list[str]]:
             for o in objects
             if o["type"] in ("file", "backing_file") and os.path.lexists(o["path"])
         ],
+    }
+
+
+# --- building a plan's stacks ------------------------------------------------------------------
+
+
+def build_order(plan: dict) -> list[str]:
+    """Stacks in the order they can be built: a linear arm after the stack it covers."""
+    order = baseline_first(plan)
+    late = [
+        n
+        for n in order
+        if isinstance(plan["stacks"][n], dict) and plan["stacks"][n]["kind"] == "linear"
+    ]
+    return [n for n in order if n not in late] + late
+
+
+def _layer_summary(desc: dict) -> str:
+    """'luks aes-xts-plain64 on md raid0 [loop, loop]': the tree in one line."""
+    kind = desc.get("kind")
+    if kind == "luks":
+        head = f"luks {desc.get('cipher')}"
+    elif kind == "md":
+        head = f"md raid{desc.get('level')}"
+    elif kind == "fs":
+        head = f"{desc.get('fstype')} file"
+    elif kind in ("raw", "loop") and desc.get("device_name"):
+        head = f"{kind} {desc['device_name']}"
+    else:
+        head = str(kind)
+    if "members" in desc:
+        return f"{head} [{', '.join(_layer_summary(m) for m in desc['members'])}]"
+    if isinstance(desc.get("over"), dict):
+        return f"{head} on {_layer_summary(desc['over'])}"
+    return head
+
+
+def _first_of(desc: dict, kind: str) -> dict | None:
+    """The first layer of ``kind`` in the described tree, depth first."""
+    if desc.get("kind") == kind:
+        return desc
+    for child in ([desc["over"]] if isinstance(desc.get("over"), dict) else []) + list(
+        desc.get("members") or []
+    ):
+        found = _first_of(child, kind)
+        if found:
+            return found
+    return None
+
+
+def build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict) -> dict:
+    if any(
+        isinstance(layer, dict) and layer["kind"] == "luks"
+        for stack in plan["stacks"].values()
+        for _, layer in walk_layers(stack, "")
+    ):
+        state["key_dir"] = str(private_dir(Path(state["scratch_dir"]), ".luksbench-keys-"))
+    write_json_atomic(state_path, state, mode=0o600)
+
+    def save() -> None:
+        write_json_atomic(state_path, state, mode=0o600)
+
+    builder = KernelBuilder(plan, state, save, device_checks)
+    described: dict[str, dict] = {}
+    for name in build_order(plan):
+        entry = state["stacks"][name]
+        mark = len(state["objects"])
+        try:
+            built = builder.build_stack(name)
+        except (TestboxError, safety.SafetyError) as exc:
+            if not plan["stacks"][name].get("optional") or name == plan["baseline"]:
+                raise
+            described[name] = _unavailable(name, plan, state, builder, mark, exc)
+            save()
+            continue
+        entry.update(
+            device=built["device"],
+            device_type=built["device_type"],
+            size_bytes=built["size_bytes"],
+            mountpoint=built.get("mountpoint"),
+        )
+        save()
+        tree = built["description"]
+        luks = _first_of(tree, "luks") or {}
+        loop = _first_of(tree, "loop") or {}
+        notes = [n for d in (tree, luks, loop) for n in d.get("notes", [])]
+        described[name] = {
+            "kind": plan["stacks"][name]["kind"],
+            "backend": state["backend"],
+            "layout": _layer_summary(tree),
+            "cipher": luks.get("cipher"),
+            "key_bits": luks.get("key_bits"),
+            "hash": luks.get("hash"),
+            "luks_type": luks.get("luks_type"),
+            "sector_size": luks.get("sector_size"),
+            "perf_flags": luks.get("perf_flags_applied"),
+            "backing_file": loop.get("backing_file"),
+            "loop_device": loop.get("loop_device"),
+            "loop_direct_io": loop.get("loop_direct_io"),
+            "device": built["device"],
+            "device_type": built["device_type"],
+            "device_size_bytes": built["size_bytes"],
+            "layers": tree,
+            "notes": sorted(set(notes), key=notes.index),
+        }
+    return {name: described[name] for name in state["order"]}
+
+
+def _unavailable(name: str, plan: dict, state: dict, builder, mark: int, exc: Exception) -> dict:
+    """An optional stack that cannot be built here: undo its objects, record why."""
+    actions: list[str] = []
+    errors: list[str] = []
+    undo(state["objects"][mark:], actions, errors)
+    if errors:
+        raise TestboxError(f"stack {name}: could not be built ({exc}) nor undone: {errors}")
+    del state["objects"][mark:]
+    # shared devices first built for this stack are gone again
+    builder.shared = {k: v for k, v in builder.shared.items() if os.path.exists(v["device"])}
+    builder.stack_luks.pop(name, None)
+    reason = str(exc)
+    state["stacks"][name]["unavailable"] = reason
+    log(f"  {name}: UNAVAILABLE here, left out of the run: {reason}")
+    return {
+        "kind": plan["stacks"][name]["kind"],
+        "backend": state["backend"],
+        "unavailable": reason,
+        "cipher": (luks_layer(plan, name) or {}).get("cipher"),
+        "notes": [f"optional stack not built here: {reason}"],
     }
