@@ -91,7 +91,11 @@ def build_raw(external_dir: Path, raw_dir: Path) -> Path:
                 "reason": "dm-crypt available",
             },
         },
-        "tum-vm": {"hostname": "tum-vm", "backend": "kernel", "cpu_flags": "fpu sse2 aes avx2"},
+        "tum-vm": {
+            "hostname": "tum-vm",
+            "backend": {"selected": "kernel"},
+            "cpu": {"aes": True, "vaes": False, "flags": ["fpu", "sse2", "aes", "avx2"]},
+        },
     }
     for host, doc in env.items():
         (raw_dir / host / "env.json").write_text(json.dumps(doc))

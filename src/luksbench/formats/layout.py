@@ -18,6 +18,7 @@ Standard library only: the test box imports this.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,3 +127,14 @@ def iter_rep_files(raw_dir: Path):
     for path in sorted(Path(raw_dir).glob("*/fio/*/*/rep*.json")):
         if _REP_RE.match(path.name):
             yield path
+
+
+def read_json_object(path: Path) -> dict:
+    """One of the raw layout's JSON documents (env.json, a manifest): ValueError saying why not."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not readable JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError("must be a JSON object")
+    return data

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from luksbench.formats.envdoc import env_plan, parse_env_json
+
 #: rw pattern -> words, as the SCS post names its tables
 RW_WORDS = {
     "read": "sequential read",
@@ -128,7 +130,7 @@ def planned_stacks(env: pd.DataFrame) -> dict[str, list[str]]:
     """Stacks each host's plan (env.json) asked for: {host: [stack, ...]}."""
     out = {}
     for _, row in env.iterrows():
-        plan = _env_dict(row.get("env_json")).get("plan") or {}
+        plan = env_plan(parse_env_json(row.get("env_json")))
         stacks = plan.get("stacks") or {}
         if isinstance(stacks, dict) and stacks:
             out[str(row["host"])] = sorted(stacks)
@@ -190,7 +192,7 @@ def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
         return []
     fio = with_pattern(fio)
     plans = (
-        [_env_dict(j).get("plan") or {} for j in env.get("env_json", [])] if env is not None else []
+        [env_plan(parse_env_json(j)) for j in env.get("env_json", [])] if env is not None else []
     )
     declared: dict = {}
     for plan in plans:
@@ -281,7 +283,7 @@ def config_hashes(env: pd.DataFrame) -> dict[str, str]:
     """{host: hash of the plan recorded in its env.json} ("unknown" when env.json has no plan)."""
     out = {}
     for _, row in env.iterrows():
-        plan = _env_dict(row.get("env_json")).get("plan")
+        plan = env_plan(parse_env_json(row.get("env_json")))
         out[str(row["host"])] = plan_hash(plan) if isinstance(plan, dict) and plan else "unknown"
     return out
 

@@ -41,81 +41,36 @@ a run's measurements incomparable.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from luksbench.formats.envdoc import env_plan, read_env
 from luksbench.formats.layout import PATTERN_NAME_RE, LayoutError, Workload, bs_to_bytes
-from luksbench.testbox.sysutil import TestboxError
-
-REQUIRED_KEYS = (
-    "run",
-    "host",
-    "backend",
-    "scratch_dir",
-    "device_size_mib",
-    "precondition",
-    "baseline",
-    "stacks",
-    "matrix",
-    "fio",
-    "repetitions",
-    "seed",
+from luksbench.formats.plan import (
+    PlanError,
+    check_document,
+    check_run_options,
+    plan_changes,
+    read_plan_document,
+    write_plan_document,
 )
-BACKENDS = ("auto", "kernel", "userspace")
-
-
-class PlanError(ValueError):
-    """A plan file that is missing a key or holds a wrong value; the message names the key."""
+from luksbench.testbox.sysutil import TestboxError
 
 
 def load_plan(path: Path) -> dict:
-    try:
-        plan = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PlanError(f"{path}: cannot read plan: {exc}") from exc
+    """A plan.json, checked (PlanError names the file and the problem)."""
+    plan = read_plan_document(path)
     check_plan(plan, source=str(path))
     return plan
 
 
 def check_plan(plan: dict, source: str = "plan") -> None:
-    missing = [k for k in REQUIRED_KEYS if k not in plan]
-    if missing:
-        raise PlanError(f"{source}: missing key(s) {', '.join(missing)}")
-    if plan["backend"] not in BACKENDS:
-        raise PlanError(
-            f"{source}: backend must be one of {', '.join(BACKENDS)}, not {plan['backend']!r}"
-        )
-    if plan["baseline"] not in plan["stacks"]:
-        raise PlanError(
-            f"{source}: baseline {plan['baseline']!r} is not one of the stacks {sorted(plan['stacks'])}"
-        )
-    if int(plan["repetitions"]) < 1:
-        raise PlanError(f"{source}: repetitions must be >= 1")
-    for key in ("rw", "bs", "iodepth"):
-        if not plan["matrix"].get(key):
-            raise PlanError(f"{source}: matrix.{key} must be a non-empty list")
+    """The document's keys (:mod:`luksbench.formats.plan`), its stacks, patterns and block sizes,
+    then its fleet and adaptive sections; PlanError names the first problem."""
+    check_document(plan, source)
     check_stacks(plan, source)
     check_patterns(plan, source)
     check_blocks_fit(plan, source)
-    fleet = plan.get("fleet")
-    if fleet is not None:
-        hosts = fleet.get("hosts") or []
-        if fleet.get("mode") == "clients" and not hosts:
-            raise PlanError(f"{source}: fleet.hosts must list the fio servers for mode clients")
-        names = [h.get("name") for h in hosts]
-        if len(set(names)) != len(names):
-            raise PlanError(f"{source}: fleet.hosts names must be unique, not {names}")
-    adaptive = plan.get("adaptive")
-    if adaptive is not None:
-        if not isinstance(adaptive, dict):
-            raise PlanError(f"{source}: adaptive must be an object")
-        n0, cap = int(adaptive.get("pilot_pairs", 4)), int(adaptive.get("max_pairs", 12))
-        if n0 < 2:
-            raise PlanError(f"{source}: adaptive.pilot_pairs must be >= 2, not {n0}")
-        if cap < n0:
-            raise PlanError(
-                f"{source}: adaptive.max_pairs ({cap}) must be >= adaptive.pilot_pairs ({n0})"
-            )
+    check_run_options(plan, source)
 
 
 def walk_layers(layer, where: str):
@@ -515,17 +470,6 @@ def check_blocks_fit(plan: dict, source: str = "plan") -> None:
 # Keys whose change makes new repetitions incomparable with the ones already measured in a run.
 # Not in here on purpose: repetitions, seed, matrix (extending a run) and adaptive (the design of
 # how many repetitions, not how each is measured).
-_MEASUREMENT_KEYS = (
-    "backend",
-    "device_size_mib",
-    "precondition",
-    "stacks",
-    "fio",
-    "devices",
-    "fleet",
-)
-# Per pattern: how its cells are measured (its matrix may grow, and a new pattern adds cells).
-_PATTERN_MEASUREMENT_KEYS = ("io_bs", "fsync_per_block", "fio")
 LUKS_DEFAULTS = {
     "cipher": "aes-xts-plain64",
     "key_bits": 512,
@@ -708,35 +652,6 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
     return plan
 
 
-def plan_changes(measured: dict, new: dict) -> list[str]:
-    """Differences that would mix incomparable measurements into one run, as 'key: old -> new'.
-
-    Adding repetitions or cells, or changing the seed, is allowed: that is how a run is resumed or
-    extended. Changing how each measurement is taken is not.
-    """
-    changes: list[str] = []
-    for key in _MEASUREMENT_KEYS:
-        _diff(key, measured.get(key), new.get(key), changes)
-    old_patterns, new_patterns = measured.get("patterns") or {}, new.get("patterns") or {}
-    for name in sorted(set(old_patterns) & set(new_patterns)):
-        for key in _PATTERN_MEASUREMENT_KEYS:
-            _diff(
-                f"patterns.{name}.{key}",
-                old_patterns[name].get(key),
-                new_patterns[name].get(key),
-                changes,
-            )
-    return changes
-
-
-def _diff(key: str, old, new, changes: list[str]) -> None:
-    if isinstance(old, dict) and isinstance(new, dict):
-        for sub in sorted(set(old) | set(new)):
-            _diff(f"{key}.{sub}", old.get(sub), new.get(sub), changes)
-    elif old != new:
-        changes.append(f"{key}: {old!r} -> {new!r}")
-
-
 def write_plan(
     plan: dict, out: Path, measured_env: Path | None = None, log: Path | None = None
 ) -> None:
@@ -748,7 +663,7 @@ def write_plan(
     """
     lines = []
     if measured_env is not None and Path(measured_env).exists():
-        measured = json.loads(Path(measured_env).read_text()).get("plan", {})
+        measured = env_plan(read_env(measured_env))
         changes = plan_changes(measured, plan)
         if changes:
             raise PlanError(
@@ -758,9 +673,7 @@ def write_plan(
                 + "\nChoose a new run name (config key 'run') to measure with the new settings."
             )
         lines.append(f"resuming run {plan['run']!r}: plan compatible with {measured_env}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    write_plan_document(out, plan)
     lines.append(f"wrote {out}")
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)

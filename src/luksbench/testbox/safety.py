@@ -474,7 +474,34 @@ def check_device(name: str, spec: dict) -> dict:
     where = f"devices.{name}"
     path = spec.get("path")
     wipe_serial = spec.get("wipe_serial") or ""
-    allow_unstable = spec.get("allow_unstable_path", False)
+    _check_spec(where, path, wipe_serial, spec.get("allow_unstable_path", False))
+    resolved, shown, sysdir, size_bytes = _block_device(where, path)
+    _check_unused(where, resolved, shown)
+    serial, signatures = _check_wipe_confirmed(where, resolved, shown, wipe_serial)
+    rdev = _block_rdev(resolved)
+    disk = _whole_disk(sysdir)
+    return {
+        "name": name,
+        "path": path,
+        "resolved": resolved,
+        "kernel_name": sysdir.name,
+        "major_minor": _major_minor(rdev),
+        "is_partition": _is_partition(sysdir),
+        "whole_disk": disk.name,
+        "size_bytes": size_bytes,
+        "serial": serial,
+        "model": device_model(resolved),
+        "rotational": _queue_value(sysdir, "rotational") == 1,
+        "logical_block_size": _queue_value(sysdir, "logical_block_size"),
+        "physical_block_size": _queue_value(sysdir, "physical_block_size"),
+        "read_only": read_text(sysdir / "ro") == "1",
+        "signatures": signatures,
+        "wipe_confirmed": bool(wipe_serial) and wipe_serial == serial,
+    }
+
+
+def _check_spec(where: str, path, wipe_serial, allow_unstable) -> None:
+    """The entry's keys are well-formed and its path is a stable name (or allowed not to be)."""
     if not isinstance(path, str) or not os.path.isabs(path):
         raise SafetyError(
             f"{where}.path must be an absolute device path such as /dev/disk/by-id/..., "
@@ -502,6 +529,10 @@ def check_device(name: str, spec: dict) -> dict:
             f"{where}: path {path} does not exist{dangling}; check the name "
             "(ls -l /dev/disk/by-id/) and that the disk is attached"
         )
+
+
+def _block_device(where: str, path: str) -> tuple[str, str, Path, int]:
+    """(resolved path, how to show it, sysfs dir, size in bytes) of a block device with a size."""
     resolved = os.path.realpath(path)
     shown = path if resolved == path else f"{path} (-> {resolved})"
     mode = os.stat(resolved).st_mode
@@ -512,13 +543,17 @@ def check_device(name: str, spec: dict) -> dict:
             f"size_mib instead of path for a scratch file on a loop device"
         )
     sysdir = _sysfs_dir(resolved)
-    rdev = _block_rdev(resolved)
     size_bytes = int(read_text(sysdir / "size") or 0) * 512
     if size_bytes == 0:
         raise SafetyError(
             f"{where}: {shown} has size 0 (an unattached loop device, or no medium); "
             "attach the disk or fix the path"
         )
+    return resolved, shown, sysdir, size_bytes
+
+
+def _check_unused(where: str, resolved: str, shown: str) -> None:
+    """Not mounted (nor swap), no holders, not open by any process."""
     mounts = device_mounts(resolved)
     if mounts:
         at = ", ".join("as swap" if m == "[swap]" else f"at {m}" for m in mounts)
@@ -538,6 +573,12 @@ def check_device(name: str, spec: dict) -> dict:
         raise SafetyError(
             f"{where}: {shown} is in use: {busy}; stop that first, or name another disk"
         )
+
+
+def _check_wipe_confirmed(
+    where: str, resolved: str, shown: str, wipe_serial: str
+) -> tuple[str | None, list[dict]]:
+    """(serial, signatures): a disk with signatures only when wipe_serial names its serial."""
     serial = device_serial(resolved)
     if wipe_serial and serial is None:
         raise SafetyError(
@@ -561,25 +602,7 @@ def check_device(name: str, spec: dict) -> dict:
             f"{where}: {shown} is not blank, it carries {_describe_signatures(signatures)}; "
             f"if its data may go, {fix}"
         )
-    disk = _whole_disk(sysdir)
-    return {
-        "name": name,
-        "path": path,
-        "resolved": resolved,
-        "kernel_name": sysdir.name,
-        "major_minor": _major_minor(rdev),
-        "is_partition": _is_partition(sysdir),
-        "whole_disk": disk.name,
-        "size_bytes": size_bytes,
-        "serial": serial,
-        "model": device_model(resolved),
-        "rotational": _queue_value(sysdir, "rotational") == 1,
-        "logical_block_size": _queue_value(sysdir, "logical_block_size"),
-        "physical_block_size": _queue_value(sysdir, "physical_block_size"),
-        "read_only": read_text(sysdir / "ro") == "1",
-        "signatures": signatures,
-        "wipe_confirmed": bool(wipe_serial) and wipe_serial == serial,
-    }
+    return serial, signatures
 
 
 def check_devices(devices: dict[str, dict]) -> dict[str, dict]:

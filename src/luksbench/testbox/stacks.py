@@ -78,81 +78,17 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     Returns the description.
     """
     state_path, describe_path = Path(state_path), Path(describe_path)
-    run, host = safety.check_name(plan["run"], "run"), safety.check_name(plan["host"], "host")
-    for name in plan["stacks"]:
-        safety.check_name(name, "stack")
-    if state_path.exists():
-        raise TestboxError(
-            f"{state_path} exists: stacks may still be up; run `luksbench testbox stack-down --state {state_path}` first"
-        )
-    backend = resolve_plan_backend(plan)
-    if backend["selected"] is None:
-        raise TestboxError(f"no usable backend: {backend['reason']}")
-    log(f"luksbench testbox stack-up: backend {backend['selected']} ({backend['reason']})")
-
+    backend = _check_before_building(plan, state_path)
     scratch = safety.check_scratch_dir(plan["scratch_dir"])
     scratch.mkdir(parents=True, exist_ok=True)
     scratch = scratch.resolve()
     size = int(plan["device_size_mib"]) * MIB
-    order = baseline_first(plan)
     # Everything the stacks will use, checked before anything is created.
     device_checks: dict[str, dict] = {}
     if backend["selected"] == "kernel":
         device_checks = safety.check_devices(_real_devices_used(plan))
-        for name in kernel.planned_dm_names(plan, kernel.build_order(plan)):
-            if os.path.exists(f"/dev/mapper/{name}"):
-                raise safety.SafetyError(
-                    f"device-mapper name {name} is already in use (/dev/mapper/{name}): another "
-                    "run's or tool's device; luksbench leaves it alone (remove it, or choose "
-                    "another run name)"
-                )
-    entries: dict[str, dict] = {}
-    for name in order:
-        cfg = plan["stacks"][name]
-        kind = cfg.get("kind", "plain")
-        entry = {
-            "stack": name,
-            "kind": kind,
-            "device": None,
-            "device_type": None,
-            "size_bytes": None,
-            "mountpoint": None,
-        }
-        if backend["selected"] == "userspace":
-            if userspace_compatible({"stacks": {name: cfg}}):
-                raise TestboxError(
-                    f"stack {name}: the userspace backend builds only plain and luks arms on "
-                    f"their own backing file, not {kind}: use the kernel backend"
-                )
-            backing = safety.check_inside(scratch / f"luksbench-{run}-{name}.img", scratch)
-            entry.update(
-                backing_file=str(backing),
-                backing_size_bytes=size,
-                daemon=None,
-                key_file=None,
-                mountpoint=str(
-                    safety.check_inside(scratch / f"luksbench-{run}-{name}.fuse", scratch)
-                ),
-            )
-            safety.check_free(mountpoint=Path(entry["mountpoint"]), backing=backing)
-        entries[name] = entry
-
-    state = {
-        "version": STATE_VERSION,
-        "run": run,
-        "host": host,
-        "backend": backend["selected"],
-        "backend_reason": backend["reason"],
-        "scratch_dir": str(scratch),
-        "key_dir": None,
-        "runtime_dir": None,
-        "created": utc_now(),
-        "complete": False,
-        "order": order,
-        "io_size_bytes": None,
-        "stacks": entries,
-        "objects": [],  # kernel backend: the undo log (kernel.KernelBuilder)
-    }
+        _check_dm_names_free(plan)
+    state = _new_state(plan, backend, scratch, size)
     # Before anything is created: one benchmark per test box (the state file is the lock's proof).
     lock.acquire(plan, state_path)
     write_json_atomic(state_path, state, mode=0o600)
@@ -163,21 +99,104 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
             described = userspace.build_userspace(plan, state, state_path, size)
         description = _finish(plan, state, state_path, described)
     except BaseException as exc:
-        log(f"luksbench testbox stack-up: failed ({exc!r}); tearing down what was built")
-        try:
-            stack_down(state_path)
-        except Exception as down_exc:
-            log(f"luksbench testbox stack-up: teardown after failure also failed: {down_exc}")
-        if isinstance(exc, TestboxError | safety.SafetyError):
-            raise
-        if isinstance(exc, Exception):
-            raise TestboxError(f"stack-up failed: {exc}") from exc
+        _undo_failed_stack_up(state_path, exc)
         raise
     write_json_atomic(describe_path, description)
     log(
-        f"luksbench testbox stack-up: {len(order)} stack(s) up; state {state_path}, description {describe_path}"
+        f"luksbench testbox stack-up: {len(state['order'])} stack(s) up; state {state_path}, description {describe_path}"
     )
     return description
+
+
+def _check_before_building(plan: dict, state_path: Path) -> dict:
+    """Names are safe, no stacks are up for this STATE, a backend can build the plan here."""
+    safety.check_name(plan["run"], "run")
+    safety.check_name(plan["host"], "host")
+    for name in plan["stacks"]:
+        safety.check_name(name, "stack")
+    if state_path.exists():
+        raise TestboxError(
+            f"{state_path} exists: stacks may still be up; run `luksbench testbox stack-down --state {state_path}` first"
+        )
+    backend = resolve_plan_backend(plan)
+    if backend["selected"] is None:
+        raise TestboxError(f"no usable backend: {backend['reason']}")
+    log(f"luksbench testbox stack-up: backend {backend['selected']} ({backend['reason']})")
+    return backend
+
+
+def _check_dm_names_free(plan: dict) -> None:
+    for name in kernel.planned_dm_names(plan, kernel.build_order(plan)):
+        if os.path.exists(f"/dev/mapper/{name}"):
+            raise safety.SafetyError(
+                f"device-mapper name {name} is already in use (/dev/mapper/{name}): another "
+                "run's or tool's device; luksbench leaves it alone (remove it, or choose "
+                "another run name)"
+            )
+
+
+def _new_entry(plan: dict, name: str, backend: str, scratch: Path, size: int) -> dict:
+    """A stack's STATE entry before it is built (userspace: its backing file and mountpoint)."""
+    cfg = plan["stacks"][name]
+    kind = cfg.get("kind", "plain")
+    entry = {
+        "stack": name,
+        "kind": kind,
+        "device": None,
+        "device_type": None,
+        "size_bytes": None,
+        "mountpoint": None,
+    }
+    if backend != "userspace":
+        return entry
+    if userspace_compatible({"stacks": {name: cfg}}):
+        raise TestboxError(
+            f"stack {name}: the userspace backend builds only plain and luks arms on "
+            f"their own backing file, not {kind}: use the kernel backend"
+        )
+    run = plan["run"]
+    backing = safety.check_inside(scratch / f"luksbench-{run}-{name}.img", scratch)
+    mountpoint = safety.check_inside(scratch / f"luksbench-{run}-{name}.fuse", scratch)
+    entry.update(
+        backing_file=str(backing),
+        backing_size_bytes=size,
+        daemon=None,
+        key_file=None,
+        mountpoint=str(mountpoint),
+    )
+    safety.check_free(mountpoint=mountpoint, backing=backing)
+    return entry
+
+
+def _new_state(plan: dict, backend: dict, scratch: Path, size: int) -> dict:
+    order = baseline_first(plan)
+    return {
+        "version": STATE_VERSION,
+        "run": plan["run"],
+        "host": plan["host"],
+        "backend": backend["selected"],
+        "backend_reason": backend["reason"],
+        "scratch_dir": str(scratch),
+        "key_dir": None,
+        "runtime_dir": None,
+        "created": utc_now(),
+        "complete": False,
+        "order": order,
+        "io_size_bytes": None,
+        "stacks": {n: _new_entry(plan, n, backend["selected"], scratch, size) for n in order},
+        "objects": [],  # kernel backend: the undo log (kernel.KernelBuilder)
+    }
+
+
+def _undo_failed_stack_up(state_path: Path, exc: BaseException) -> None:
+    """Tear down what a failed stack-up built; an unexpected error becomes a TestboxError."""
+    log(f"luksbench testbox stack-up: failed ({exc!r}); tearing down what was built")
+    try:
+        stack_down(state_path)
+    except Exception as down_exc:
+        log(f"luksbench testbox stack-up: teardown after failure also failed: {down_exc}")
+    if isinstance(exc, Exception) and not isinstance(exc, TestboxError | safety.SafetyError):
+        raise TestboxError(f"stack-up failed: {exc}") from exc
 
 
 def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
@@ -283,38 +302,45 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
             write_json_atomic(Path(record_path), record)
         return record
     state = load_state(state_path)
-    run = state["run"]
     stacks = [state["stacks"][n] for n in reversed(state.get("order") or list(state["stacks"]))]
     actions: list[str] = []
     errors: list[str] = []
+    _tear_down(state, stacks, actions, errors)
+    checks, details = _verify_clean(state, stacks)
+    ok = all(checks.values()) and not errors
+    if ok and lock.release(state_path):
+        actions.append("released the test box lock")
+    record = {
+        "state": str(state_path),
+        "state_found": True,
+        "run": state["run"],
+        "host": state.get("host"),
+        "backend": state.get("backend"),
+        "started": started,
+        "ended": utc_now(),
+        "already_down": not actions,
+        "actions": actions,
+        "errors": errors,
+        "checks": checks,
+        "leftovers": details,
+        "ok": ok,
+    }
+    _record_teardown(state_path, record, record_path)
+    return record
 
+
+def _tear_down(state: dict, stacks: list[dict], actions: list[str], errors: list[str]) -> None:
+    """Stop fio, then undo every stack newest first: daemons and mounts (userspace), the undo log
+    (kernel), keys, backing files, the runtime directory. Keeps going after an error."""
     _kill_fio([e.get("device") for e in stacks], actions)
     # Userspace backend (and states written before the undo log): per-stack daemons and mounts.
     for entry in stacks:
-        name = entry["stack"]
         try:
-            if entry.get("daemon") is not None or (
-                entry.get("mountpoint") and entry.get("device_type") in (None, "file")
-            ):
-                userspace.stop_daemon(entry, actions)
-                userspace.unmount(entry["mountpoint"], name, actions)
-                if not safety.is_mounted(entry["mountpoint"]):
-                    _remove_file(entry["mountpoint"], f"{name} FUSE mountpoint file", actions)
-            mapper = entry.get("mapper_name")
-            if (
-                mapper
-                and mapper.startswith(safety.MAPPER_PREFIX)
-                and os.path.exists(f"/dev/mapper/{mapper}")
-            ):
-                kernel.undo([{"type": "crypt", "name": mapper}], actions, errors)
-            if entry.get("backing_file"):
-                kernel.undo([{"type": "loop", "backing": entry["backing_file"]}], actions, errors)
+            _tear_down_entry(entry, actions, errors)
         except Exception as exc:  # keep going: tear down as much as possible
-            errors.append(f"{name}: {exc}")
+            errors.append(f"{entry['stack']}: {exc}")
     # Kernel backend: every recorded object, newest first.
-    objects = state.get("objects") or []
-    kernel.undo(objects, actions, errors)
-
+    kernel.undo(state.get("objects") or [], actions, errors)
     try:
         _shred_keys(state.get("key_dir"), actions)
     except OSError as exc:
@@ -329,55 +355,64 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
         shutil.rmtree(rt, ignore_errors=True)
         actions.append(f"removed runtime directory {rt}")
 
-    # Verify.
-    mounts = set(safety.mountpoints())
-    ours_mounts = [
-        e["mountpoint"]
-        for e in stacks
-        if e.get("mountpoint")
-        and e.get("device_type") in (None, "file")
-        and e["mountpoint"] in mounts
-    ]
+
+def _fuse_mountpoint(entry: dict) -> str | None:
+    """The stack's FUSE export file (userspace backend), if it has one."""
+    if entry.get("mountpoint") and entry.get("device_type") in (None, "file"):
+        return entry["mountpoint"]
+    return None
+
+
+def _tear_down_entry(entry: dict, actions: list[str], errors: list[str]) -> None:
+    name = entry["stack"]
+    if entry.get("daemon") is not None or _fuse_mountpoint(entry):
+        userspace.stop_daemon(entry, actions)
+        userspace.unmount(entry["mountpoint"], name, actions)
+        if not safety.is_mounted(entry["mountpoint"]):
+            _remove_file(entry["mountpoint"], f"{name} FUSE mountpoint file", actions)
+    mapper = entry.get("mapper_name")
+    if (
+        mapper
+        and mapper.startswith(safety.MAPPER_PREFIX)
+        and os.path.exists(f"/dev/mapper/{mapper}")
+    ):
+        kernel.undo([{"type": "crypt", "name": mapper}], actions, errors)
+    if entry.get("backing_file"):
+        kernel.undo([{"type": "loop", "backing": entry["backing_file"]}], actions, errors)
+
+
+def _our_processes(stacks: list[dict], objects: list[dict]) -> list[int]:
+    """Daemons and fio processes still running on anything of ours."""
     markers = [e.get("mountpoint") for e in stacks] + [e.get("backing_file") for e in stacks]
     markers += [o.get("backing") for o in objects if o["type"] == "loop"]
-    procs = find_our_processes(markers) + [
+    return find_our_processes(markers) + [
         e["daemon"]["pid"]
         for e in stacks
         if (e.get("daemon") or {}).get("pid")
         and pid_alive(e["daemon"]["pid"])
         and any(m and m in "\0".join(cmdline(e["daemon"]["pid"])) for m in markers)
     ]
+
+
+def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
+    """(checks, leftovers): no mount, process, loop device, mapping, md array, key or file of
+    this run is left."""
+    objects = state.get("objects") or []
+    mounts = set(safety.mountpoints())
+    ours_mounts = [m for e in stacks if (m := _fuse_mountpoint(e)) and m in mounts]
+    procs = _our_processes(stacks, objects)
     left = kernel.leftovers(objects)
-    loops = sorted(
-        set(
-            safety.loop_devices_backed_by(
-                [e["backing_file"] for e in stacks if e.get("backing_file")]
-            )
-        )
-        | set(left["loop_devices"])
-    )
+    backing = [e["backing_file"] for e in stacks if e.get("backing_file")]
+    loops = sorted(set(safety.loop_devices_backed_by(backing)) | set(left["loop_devices"]))
     # Only mappings this run made count: a foreign device with a similar name is not ours.
     ours = {o["name"] for o in objects if o["type"] in ("crypt", "dm")}
     ours |= {e["mapper_name"] for e in stacks if e.get("mapper_name")}
-    mappers = [
-        n for n in safety.mapper_names_with_prefix(f"{safety.MAPPER_PREFIX}{run}-") if n in ours
+    prefix = f"{safety.MAPPER_PREFIX}{state['run']}-"
+    mappers = [n for n in safety.mapper_names_with_prefix(prefix) if n in ours]
+    files_left = [p for e in stacks for p in (e.get("backing_file"), e.get("key_file")) if p] + [
+        m for e in stacks if (m := _fuse_mountpoint(e))
     ]
-    files_left = (
-        [
-            p
-            for e in stacks
-            for p in (e.get("backing_file"), e.get("key_file"))
-            if p and os.path.lexists(p)
-        ]
-        + [
-            e["mountpoint"]
-            for e in stacks
-            if e.get("mountpoint")
-            and e.get("device_type") in (None, "file")
-            and os.path.lexists(e["mountpoint"])
-        ]
-        + left["files"]
-    )
+    files_left = [p for p in files_left if os.path.lexists(p)] + left["files"]
     checks = {
         "no_mounts": not ours_mounts and not left["mounts"],
         "no_processes": not procs,
@@ -395,29 +430,17 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
         "md_devices": left["md_devices"],
         "files": files_left,
     }
-    ok = all(checks.values()) and not errors
-    if ok and lock.release(state_path):
-        actions.append("released the test box lock")
-    record = {
-        "state": str(state_path),
-        "state_found": True,
-        "run": run,
-        "host": state.get("host"),
-        "backend": state.get("backend"),
-        "started": started,
-        "ended": utc_now(),
-        "already_down": not actions,
-        "actions": actions,
-        "errors": errors,
-        "checks": checks,
-        "leftovers": details,
-        "ok": ok,
-    }
+    return checks, details
+
+
+def _record_teardown(state_path: Path, record: dict, record_path) -> None:
+    """Write and log the record; STATE goes only when everything is down."""
     if record_path:
         write_json_atomic(Path(record_path), record)
+    actions = record["actions"]
     for a in actions:
         log(f"  {a}")
-    if ok:
+    if record["ok"]:
         state_path.unlink(missing_ok=True)
         log(
             "luksbench testbox stack-down: "
@@ -425,8 +448,8 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
             + "; checks passed"
         )
     else:
+        failed = [k for k, v in record["checks"].items() if not v]
         log(
-            f"luksbench testbox stack-down: NOT clean: errors {errors}, failed checks "
-            f"{[k for k, v in checks.items() if not v]}, leftovers {details}; keeping {state_path}"
+            f"luksbench testbox stack-down: NOT clean: errors {record['errors']}, failed checks "
+            f"{failed}, leftovers {record['leftovers']}; keeping {state_path}"
         )
-    return record
