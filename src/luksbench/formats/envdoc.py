@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 from luksbench.formats.layout import read_json_object
-
-ENV_NAME = "env.json"
 
 read_env = read_json_object
 
@@ -82,7 +79,3 @@ def env_plan(doc: dict) -> dict:
     """The plan the environment was captured with ({} when not recorded)."""
     plan = doc.get("plan")
     return plan if isinstance(plan, dict) else {}
-
-
-def env_path(host_dir: Path) -> Path:
-    return Path(host_dir) / ENV_NAME

@@ -29,7 +29,6 @@ from luksbench.formats.layout import read_json_object
 MANIFEST_NAME = "manifest.json"
 PILOT_MANIFEST_NAME = "pilot-manifest.json"
 SESSIONS_DIR = "sessions"
-DEFAULT_FIO_SERVER_PORT = 8765
 
 PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back to back)"
 COUNTERBALANCE = (

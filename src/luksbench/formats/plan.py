@@ -1,11 +1,44 @@
 """``plan.json``: the one input of the test box, written by the workflow from the validated
-config (:func:`luksbench.testbox.plan.plan_from_config`).
+config; the test box reads only this JSON, so it runs with the standard library alone. This module
+reads, writes and checks the document as a whole (required keys, top-level values, which keys make
+two plans' measurements incomparable); :mod:`luksbench.testbox.plan` checks what stacks, patterns
+and block sizes mean. Standard library only: the test box imports this.
 
-This module reads, writes and checks the document as a whole: its required keys and their
-top-level values, and which keys make two plans' measurements incomparable. What the stacks,
-patterns and block sizes mean is checked by :mod:`luksbench.testbox.plan`, which documents the keys.
+Example (all keys are required; the workflow fills defaults)::
 
-Standard library only: the test box imports this.
+    {
+      "run": "default",
+      "host": "testbox1",
+      "backend": "auto",                 # auto | kernel | userspace
+      "scratch_dir": "/abs/path/data/scratch/default/testbox1",
+      "device_size_mib": 1024,           # size of each backing file
+      "precondition": true,              # fill each stack sequentially once before measuring
+      "baseline": "plain",
+      "stacks": {
+        "plain": {"kind": "plain"},
+        "luks": {"kind": "luks", "cipher": "aes-xts-plain64", "key_bits": 512,
+                 "hash": "sha256", "luks_type": "luks2", "sector_size": 512,
+                 "pbkdf_iterations": 1000}
+      },
+      "matrix": {"rw": ["read", "write", "randread", "randwrite"],
+                 "bs": ["4k", "1m"], "iodepth": [1, 32]},
+      "fio": {"ioengine": "libaio", "direct": true, "runtime_s": 3, "ramp_time_s": 1,
+              "output_format": "json+"},
+      "repetitions": 3,
+      "seed": 20231124
+    }
+
+Optional: ``"patterns": {"largeblock": {"description": "...", "matrix": {...}, "io_bs": "8k",
+"fsync_per_block": true, "fio": {"ioengine": "psync", "direct": false, "sync": false}}}``: families
+of cells beside the main matrix, each with its own fio options (``fio`` resolved against the
+top-level ``fio`` section: no nulls); absent when the config has none. See
+:func:`luksbench.testbox.plan.cell_options`.
+
+Optional: ``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2,
+"max_pairs": 12, "metric": "bw_bytes"}`` (only when the config enables adaptive repetitions; then
+``repetitions`` is the pilot's n0 and the second stage gets per-cell targets from ``run-fio
+--targets``). It is a record of the design, not a measurement setting: changing it does not make
+a run's measurements incomparable.
 """
 
 from __future__ import annotations

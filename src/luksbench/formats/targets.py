@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TARGETS_NAME = "targets.json"
-
 
 class TargetsError(ValueError):
     """A targets file that cannot be used; the message says why (not which file)."""

@@ -9,12 +9,19 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from luksbench.testbox.backends.choose import resolve_plan_backend
 from luksbench.testbox.sysinfo import capture_system
-from luksbench.testbox.sysutil import TestboxError, log, read_text, run_quiet, utc_now, which
+from luksbench.testbox.sysutil import (
+    TestboxError,
+    log,
+    read_text,
+    run_quiet,
+    utc_now,
+    which,
+    write_atomic,
+)
 
 TOOLS = ("fio", "cryptsetup", "qemu-storage-daemon", "losetup", "dmsetup", "fusermount3")
 
@@ -155,20 +162,9 @@ def benchmark_ciphers(out: Path, extra_args: list[str] | None = None) -> int:
     cryptsetup = which("cryptsetup")
     if cryptsetup is None:
         raise TestboxError("cryptsetup is not installed; cannot run `cryptsetup benchmark`")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     argv = [cryptsetup, "benchmark", *(extra_args or [])]
     log(f"luksbench testbox: running {' '.join(argv[1:])} (takes ~15 s) ...")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, check=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    write_atomic(Path(out), proc.stdout)
     log(f"luksbench testbox: cryptsetup benchmark exit code {proc.returncode}; output in {out}")
     return proc.returncode

@@ -1,42 +1,6 @@
-"""The plan: everything the test box needs to know, as one JSON file written by the workflow.
-
-The workflow (Snakemake, with YAML config and JSON-Schema validation) resolves the config into a
-plan; the test-box code reads only this JSON, so it runs with the standard library alone.
-
-Example (all keys are required; the workflow fills defaults)::
-
-    {
-      "run": "default",
-      "host": "testbox1",
-      "backend": "auto",                 # auto | kernel | userspace
-      "scratch_dir": "/abs/path/data/scratch/default/testbox1",
-      "device_size_mib": 1024,           # size of each backing file
-      "precondition": true,              # fill each stack sequentially once before measuring
-      "baseline": "plain",
-      "stacks": {
-        "plain": {"kind": "plain"},
-        "luks": {"kind": "luks", "cipher": "aes-xts-plain64", "key_bits": 512,
-                 "hash": "sha256", "luks_type": "luks2", "sector_size": 512,
-                 "pbkdf_iterations": 1000}
-      },
-      "matrix": {"rw": ["read", "write", "randread", "randwrite"],
-                 "bs": ["4k", "1m"], "iodepth": [1, 32]},
-      "fio": {"ioengine": "libaio", "direct": true, "runtime_s": 3, "ramp_time_s": 1,
-              "output_format": "json+"},
-      "repetitions": 3,
-      "seed": 20231124
-    }
-
-Optional: ``"patterns": {"largeblock": {"description": "...", "matrix": {...}, "io_bs": "8k",
-"fsync_per_block": true, "fio": {"ioengine": "psync", "direct": false, "sync": false}}}``: families
-of cells beside the main matrix, each with its own fio options (``fio`` resolved against the
-top-level ``fio`` section: no nulls); absent when the config has none. See :func:`cell_options`.
-
-Optional: ``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2,
-"max_pairs": 12, "metric": "bw_bytes"}`` (only when the config enables adaptive repetitions; then
-``repetitions`` is the pilot's n0 and the second stage gets per-cell targets from ``run-fio
---targets``). It is a record of the design, not a measurement setting: changing it does not make
-a run's measurements incomparable.
+"""The plan's meaning: building it from the config (:func:`plan_from_config`), checking its
+stacks, patterns and block sizes, its cells and layers, and the preconditioning options. The
+document itself (keys, reading, writing) is :mod:`luksbench.formats.plan`.
 """
 
 from __future__ import annotations
@@ -485,6 +449,7 @@ _LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
 KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
 PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
 NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
+# One set of defaults for the schema's documentation, the plan and the test box.
 PRECONDITION_DEFAULTS = {
     "enabled": True,
     "discard": True,
@@ -502,6 +467,7 @@ PRECONDITION_DEFAULTS = {
 }
 
 
+# The checked types of the precondition options (PRECONDITION_DEFAULTS has every key).
 _BOOL_OPTS = ("enabled", "discard", "steady_state")
 _INT_OPTS = {"fill_passes": 1, "ss_max_rounds": 1, "ss_window": 2, "ss_iodepth": 1}
 _NUMBER_OPTS = {"ss_round_s": 1, "ss_range_pct": 0, "ss_slope_pct": 0}

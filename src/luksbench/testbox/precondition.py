@@ -26,7 +26,6 @@ from luksbench.testbox.sysutil import log as default_log
 # --- preconditioning: command lines --------------------------------------------------------------
 
 
-# One set of defaults for the schema's documentation, the plan and the test box.
 def blkdiscard_argv(device: str | Path) -> list[str]:
     """Discard every sector. No ``--force``: blkdiscard then opens the device exclusively, so it
     refuses a device that is mounted or held by another kernel subsystem."""

@@ -288,16 +288,8 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
         log(
             f"luksbench testbox stack-down: {state_path} does not exist; nothing to tear down (already down)"
         )
-        record = {
-            "state": str(state_path),
-            "started": started,
-            "ended": utc_now(),
-            "already_down": True,
-            "state_found": False,
-            "actions": [],
-            "checks": {},
-            "ok": True,
-        }
+        record = {"state": str(state_path), "started": started, "ended": utc_now()}
+        record.update(already_down=True, state_found=False, actions=[], checks={}, ok=True)
         if record_path:
             write_json_atomic(Path(record_path), record)
         return record

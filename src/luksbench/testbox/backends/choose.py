@@ -182,12 +182,7 @@ def resolve_backend(
     loop = os.path.exists("/dev/loop-control") and which("losetup") is not None
     us = userspace_status()
     if userspace_blockers:
-        us = {
-            **us,
-            "available": False,
-            "blocked_by": list(userspace_blockers),
-            "missing_tools": us["missing_tools"],
-        }
+        us = {**us, "available": False, "blocked_by": list(userspace_blockers)}
     kernel_ok = loop and (dm["available"] or not needs_dm) and (md is None or md["available"])
     if not loop:
         kernel_why = "no loop devices (/dev/loop-control or losetup missing)"
@@ -201,21 +196,15 @@ def resolve_backend(
         )
     else:
         kernel_why = "loop devices available (no luks stack, so dm-crypt is not needed)"
+    us_problems = [f"missing {tool}" for tool in us["missing_tools"]]
+    us_problems += [] if us["dev_fuse"] else ["no /dev/fuse"]
+    if us.get("blocked_by"):
+        arms = "it builds only plain and luks-on-its-own-file arms"
+        us_problems.append(f"{arms}, not {', '.join(us['blocked_by'])}")
     us_why = (
         "qemu-storage-daemon with FUSE export available"
         if us["available"]
-        else "userspace backend unavailable: "
-        + ", ".join(
-            [f"missing {t}" for t in us["missing_tools"]]
-            + ([] if us["dev_fuse"] else ["no /dev/fuse"])
-            + (
-                [
-                    f"it builds only plain and luks-on-its-own-file arms, not {', '.join(us['blocked_by'])}"
-                ]
-                if us.get("blocked_by")
-                else []
-            )
-        )
+        else "userspace backend unavailable: " + ", ".join(us_problems)
     )
     selected: str | None
     if requested == "kernel":

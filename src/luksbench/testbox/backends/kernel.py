@@ -47,7 +47,6 @@ from luksbench.testbox.sysutil import (
 )
 
 MIB = 1024 * 1024
-SECTOR = 512
 BLKGETSIZE64 = 0x80081272
 # dm-crypt target versions that brought the optional parameters (kernel 4.0 and 5.9).
 PERF_FLAG_MIN_CRYPT_VERSION = {
@@ -154,6 +153,28 @@ def luks_format_argv(
         str(target),
     ]
     return argv
+
+
+def luks_facts(cfg: dict, luks_type: str, sector: int) -> dict:
+    """How a luks layer is formatted, as its description records it."""
+    return {
+        "cipher": cfg.get("cipher", "aes-xts-plain64"),
+        "key_bits": int(cfg.get("key_bits", 512)),
+        "hash": cfg.get("hash", "sha256"),
+        "luks_type": luks_type,
+        "luks_type_requested": cfg.get("luks_type", "luks2"),
+        "sector_size": sector,
+        "pbkdf": "pbkdf2",
+        "pbkdf_iterations": int(cfg.get("pbkdf_iterations", 1000)),
+    }
+
+
+def luks_dump(device: str | Path, key_file: str | Path, stack: str) -> str:
+    """``cryptsetup luksDump``, refused if it holds the key (it prints none: belt and braces)."""
+    dump = run_tool(["cryptsetup", "luksDump", str(device)], f"stack {stack}: luksDump").stdout
+    if Path(key_file).read_text() in dump:
+        raise TestboxError(f"stack {stack}: luksDump output contains key material")
+    return dump
 
 
 def luks_open_argv(
@@ -490,9 +511,7 @@ class KernelBuilder:
             missing = [f for f in applied if f not in table.split()]
             if missing:
                 notes.append(f"perf flags {missing} requested but not in the dm table")
-        dump = run_tool(["cryptsetup", "luksDump", below["device"]], f"stack {stack}: luksDump")
-        if key_file.read_text() in dump.stdout:  # luksDump without --dump-*-key prints no key
-            raise TestboxError(f"stack {stack}: luksDump output contains key material")
+        dump = luks_dump(below["device"], key_file, stack)
         log(f"  {stack}: {below['device']} -> {device} (dm-crypt {cipher}, flags {applied})")
         info = {
             "mapper": name,
@@ -507,15 +526,8 @@ class KernelBuilder:
             "size_bytes": device_size(device),
             "description": {
                 "kind": "luks",
-                "cipher": cipher,
+                **luks_facts(layer, luks_type, sector),
                 "null_cipher": is_null_cipher(cipher),
-                "key_bits": int(layer.get("key_bits", 512)),
-                "hash": layer.get("hash", "sha256"),
-                "luks_type": luks_type,
-                "luks_type_requested": layer.get("luks_type", "luks2"),
-                "sector_size": sector,
-                "pbkdf": "pbkdf2",
-                "pbkdf_iterations": int(layer.get("pbkdf_iterations", 1000)),
                 "perf_flags_requested": list(layer.get("perf_flags") or []),
                 "perf_flags_applied": applied,
                 "perf_flags_skipped": skipped,
@@ -523,7 +535,7 @@ class KernelBuilder:
                 "payload_offset_sectors": status.get("offset_sectors"),
                 "cryptsetup_status": status,
                 "dm_table": table,
-                "luks_dump": dump.stdout,
+                "luks_dump": dump,
                 "notes": notes,
                 "over": below["description"],
             },

@@ -19,6 +19,8 @@ from luksbench.testbox import safety
 from luksbench.testbox.backends.kernel import (
     create_backing,
     device_size,
+    luks_dump,
+    luks_facts,
     luks_format_argv,
     write_key,
 )
@@ -136,19 +138,16 @@ def _start_daemon(entry: dict, state: dict) -> None:
 
 
 def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dict:
-    scratch = Path(state["scratch_dir"])
-    needs_key = any(e["kind"] == "luks" for e in state["stacks"].values())
-    if needs_key:
-        state["key_dir"] = str(private_dir(scratch, ".luksbench-keys-"))
-    state["runtime_dir"] = str(
-        private_dir(_runtime_parent() or tempfile.gettempdir(), "luksbench-")
-    )
+    """Every stack as a qemu-storage-daemon FUSE export of its own backing file; STATE is saved
+    before each step. Returns the stacks' descriptions."""
+    if any(e["kind"] == "luks" for e in state["stacks"].values()):
+        state["key_dir"] = str(private_dir(state["scratch_dir"], ".luksbench-keys-"))
+    runtime_parent = _runtime_parent() or tempfile.gettempdir()
+    state["runtime_dir"] = str(private_dir(runtime_parent, "luksbench-"))
     write_json_atomic(state_path, state, mode=0o600)
-
     described: dict[str, dict] = {}
     for name in state["order"]:
         entry = state["stacks"][name]
-        cfg = plan["stacks"][name]
         desc = {
             "kind": entry["kind"],
             "backend": state["backend"],
@@ -156,63 +155,13 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
             "backing_size_bytes": size,
             "notes": [],
         }
-        backing = Path(entry["backing_file"])
-        log(f"  {name}: backing file {backing} ({size // MIB} MiB, fully allocated)")
-        create_backing(backing, size)
+        log(f"  {name}: backing file {entry['backing_file']} ({size // MIB} MiB, fully allocated)")
+        create_backing(Path(entry["backing_file"]), size)
         if entry["kind"] == "luks":
-            luks_type = cfg.get("luks_type", "luks2")
-            sector = int(cfg.get("sector_size", 512))
-            if luks_type != "luks1":
-                desc["notes"].append(USERSPACE_LUKS_NOTE)
-                luks_type = "luks1"
-            if sector != 512:
-                desc["notes"].append(f"luks1 supports only 512-byte sectors; plan asked {sector}")
-                sector = 512
-            if cfg.get("perf_flags"):
-                desc["notes"].append(
-                    f"perf flags {cfg['perf_flags']} skipped: they are dm-crypt options and the "
-                    "userspace backend does not use dm-crypt"
-                )
-            entry["key_file"] = str(write_key(Path(state["key_dir"]), name))
-            write_json_atomic(state_path, state, mode=0o600)
-            log(f"  {name}: luksFormat --type {luks_type} {cfg.get('cipher', 'aes-xts-plain64')}")
-            run_tool(
-                luks_format_argv(cfg, backing, entry["key_file"], luks_type),
-                f"stack {name}: luksFormat",
-            )
-            desc.update(
-                cipher=cfg.get("cipher", "aes-xts-plain64"),
-                key_bits=int(cfg.get("key_bits", 512)),
-                hash=cfg.get("hash", "sha256"),
-                luks_type=luks_type,
-                luks_type_requested=cfg.get("luks_type", "luks2"),
-                sector_size=sector,
-                pbkdf="pbkdf2",
-                pbkdf_iterations=int(cfg.get("pbkdf_iterations", 1000)),
-            )
-            dump = run_tool(
-                ["cryptsetup", "luksDump", str(backing)], f"stack {name}: luksDump"
-            ).stdout
-            if Path(entry["key_file"]).read_text() in dump:  # luksDump prints no key: belt, braces
-                raise TestboxError(
-                    f"stack {name}: luksDump output contains key material; refusing to keep it"
-                )
-            desc["luks_dump"] = dump
+            _format_luks1(plan["stacks"][name], entry, desc, state, state_path)
         else:
             desc.update(cipher=None, key_bits=None, hash=None, luks_type=None, sector_size=None)
-        rt = Path(state["runtime_dir"])
-        entry["daemon"] = {
-            "pid": None,
-            "qmp_socket": str(rt / f"{name}.qmp"),
-            "pidfile": str(rt / f"{name}.pid"),
-        }
-        write_json_atomic(state_path, state, mode=0o600)
-        _start_daemon(entry, state)
-        entry["device"] = entry["mountpoint"]
-        entry["device_type"] = "file"
-        write_json_atomic(state_path, state, mode=0o600)
-        entry["size_bytes"] = device_size(entry["device"])
-        write_json_atomic(state_path, state, mode=0o600)
+        _export(entry, state, state_path)
         desc.update(
             layout="plain file (FUSE)" if entry["kind"] == "plain" else "luks1 (qemu, FUSE)",
             device=entry["device"],
@@ -221,6 +170,49 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
         )
         described[name] = desc
     return described
+
+
+def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: Path) -> None:
+    """luksFormat the backing file as qemu can read it (LUKS1, 512-byte sectors); notes say
+    what of the plan's luks settings this backend cannot honour."""
+    name, sector = entry["stack"], int(cfg.get("sector_size", 512))
+    if cfg.get("luks_type", "luks2") != "luks1":
+        desc["notes"].append(USERSPACE_LUKS_NOTE)
+    if sector != 512:
+        desc["notes"].append(f"luks1 supports only 512-byte sectors; plan asked {sector}")
+    if cfg.get("perf_flags"):
+        desc["notes"].append(
+            f"perf flags {cfg['perf_flags']} skipped: they are dm-crypt options and the "
+            "userspace backend does not use dm-crypt"
+        )
+    entry["key_file"] = str(write_key(Path(state["key_dir"]), name))
+    write_json_atomic(state_path, state, mode=0o600)
+    log(f"  {name}: luksFormat --type luks1 {cfg.get('cipher', 'aes-xts-plain64')}")
+    backing = entry["backing_file"]
+    run_tool(
+        luks_format_argv(cfg, backing, entry["key_file"], "luks1"), f"stack {name}: luksFormat"
+    )
+    desc.update(
+        luks_facts(cfg, "luks1", 512), luks_dump=luks_dump(backing, entry["key_file"], name)
+    )
+
+
+def _export(entry: dict, state: dict, state_path: Path) -> None:
+    """Start the stack's daemon; its FUSE file becomes the stack's device."""
+    rt = Path(state["runtime_dir"])
+    name = entry["stack"]
+    entry["daemon"] = {
+        "pid": None,
+        "qmp_socket": str(rt / f"{name}.qmp"),
+        "pidfile": str(rt / f"{name}.pid"),
+    }
+    write_json_atomic(state_path, state, mode=0o600)
+    _start_daemon(entry, state)
+    entry["device"] = entry["mountpoint"]
+    entry["device_type"] = "file"
+    write_json_atomic(state_path, state, mode=0o600)
+    entry["size_bytes"] = device_size(entry["device"])
+    write_json_atomic(state_path, state, mode=0o600)
 
 
 def stop_daemon(entry: dict, actions: list[str]) -> None:
