@@ -16,9 +16,9 @@ from conftest import loop_plan
 from conftest import testbox as tb
 
 from luksbench.formats.fio import parse_fio_file
-from luksbench.testbox.env import TestboxError
 from luksbench.testbox.plan import PlanError, check_plan
 from luksbench.testbox.runner import check_servers, client_argv
+from luksbench.testbox.sysutil import TestboxError
 
 
 def free_port() -> int:

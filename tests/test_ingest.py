@@ -91,7 +91,11 @@ def build_raw(external_dir: Path, raw_dir: Path) -> Path:
                 "reason": "dm-crypt available",
             },
         },
-        "tum-vm": {"hostname": "tum-vm", "backend": "kernel", "cpu_flags": "fpu sse2 aes avx2"},
+        "tum-vm": {
+            "hostname": "tum-vm",
+            "backend": {"selected": "kernel"},
+            "cpu": {"aes": True, "vaes": False, "flags": ["fpu", "sse2", "aes", "avx2"]},
+        },
     }
     for host, doc in env.items():
         (raw_dir / host / "env.json").write_text(json.dumps(doc))
@@ -282,7 +286,7 @@ def test_bad_env_json_and_missing_run(raw_dir, tmp_path):
 
 
 def test_env_facts_of_testbox_capture():
-    """The shape luksbench.testbox.env.capture_env writes."""
+    """The shape luksbench.testbox.capture.capture_env writes."""
     env = {
         "hostname": "box",
         "kernel": {"sysname": "Linux", "release": "6.1.0-18-amd64"},

@@ -15,20 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from luksbench.testbox import measure, runner, sysinfo
-from luksbench.testbox.env import TestboxError
-from luksbench.testbox.measure import (
+from luksbench.testbox import probes, runner, sysinfo
+from luksbench.testbox.plan import precondition_options
+from luksbench.testbox.precondition import (
     blkdiscard_argv,
     fill_argv,
-    idle_baseline,
     precondition,
-    precondition_options,
-    rapl_delta,
-    read_rapl,
     snia_steady_state,
     steady_state_round_argv,
 )
+from luksbench.testbox.probes import idle_baseline, rapl_delta, read_rapl
 from luksbench.testbox.sysinfo import KEY_STRIPPED, parse_scheduler, strip_dm_table_keys
+from luksbench.testbox.sysutil import TestboxError
 
 MIB = 1024 * 1024
 
@@ -40,8 +38,8 @@ def test_idle_baseline_on_real_proc_stat():
     b = idle_baseline(0.5)
     elapsed = time.monotonic() - t0
     assert 0.5 <= b["interval_s"] <= elapsed
-    assert set(b["delta_s"]) == set(measure.STAT_FIELDS)
-    assert b["busy_s"] == pytest.approx(sum(b["delta_s"][k] for k in measure.BUSY_FIELDS), abs=1e-5)
+    assert set(b["delta_s"]) == set(probes.STAT_FIELDS)
+    assert b["busy_s"] == pytest.approx(sum(b["delta_s"][k] for k in probes.BUSY_FIELDS), abs=1e-5)
     # Every CPU's time is counted: all fields together cover about cpu_count x the interval.
     counted = sum(b["delta_s"].values())
     assert counted == pytest.approx(b["cpu_count"] * b["interval_s"], rel=0.25)
@@ -66,7 +64,7 @@ def test_idle_baseline_sees_a_busy_cpu():
 def test_read_proc_stat_pads_and_rejects(tmp_path):
     old = tmp_path / "stat"
     old.write_text("cpu  10 20 30 40\ncpu0 10 20 30 40\n")
-    assert measure.read_proc_stat(old) == {
+    assert probes.read_proc_stat(old) == {
         "user": 10,
         "nice": 20,
         "system": 30,
@@ -78,11 +76,11 @@ def test_read_proc_stat_pads_and_rejects(tmp_path):
     }
     (tmp_path / "bad").write_text("intr 1 2 3\n")
     with pytest.raises(TestboxError, match="no aggregate cpu line"):
-        measure.read_proc_stat(tmp_path / "bad")
+        probes.read_proc_stat(tmp_path / "bad")
 
 
 def test_cpu_sidecar_keeps_its_keys_and_adds_rapl():
-    before = measure.read_proc_stat()
+    before = probes.read_proc_stat()
     after = dict(before, user=before["user"] + os.sysconf("SC_CLK_TCK"))
     rapl = {"package_joules": 1.0}
     s = runner.cpu_sidecar(before, after, 2.0, rapl)
@@ -127,17 +125,17 @@ def test_read_rapl_from_sysfs_tree(tmp_path):
         "energy_uj": 1_000_000,
         "max_energy_range_uj": 262_143_328_850,
     }
-    assert measure.rapl_unavailable_reason(root) is None
+    assert probes.rapl_unavailable_reason(root) is None
 
 
 def test_read_rapl_absent_or_unreadable(tmp_path):
     assert read_rapl(tmp_path / "nothing") is None
-    assert "no RAPL zones" in measure.rapl_unavailable_reason(tmp_path / "nothing")
+    assert "no RAPL zones" in probes.rapl_unavailable_reason(tmp_path / "nothing")
     root = tmp_path / "powercap"
     make_zone(root, "intel-rapl:0", "package-0", 1, 100)
     (root / "intel-rapl:0" / "energy_uj").write_text("not a number\n")
     assert read_rapl(root) is None
-    assert "not readable" in measure.rapl_unavailable_reason(root)
+    assert "not readable" in probes.rapl_unavailable_reason(root)
 
 
 def test_rapl_delta_watts_and_package_total(tmp_path):
@@ -187,7 +185,7 @@ def test_rapl_on_this_machine():
     """The real powercap tree: a reading with sane counters, or None with a reason."""
     zones = read_rapl()
     if zones is None:
-        assert measure.rapl_unavailable_reason()
+        assert probes.rapl_unavailable_reason()
         return
     assert all(0 <= z["energy_uj"] <= z["max_energy_range_uj"] for z in zones)
     time.sleep(0.2)

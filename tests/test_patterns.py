@@ -21,7 +21,6 @@ from snakemake.utils import validate
 
 from luksbench.analysis import ingest
 from luksbench.formats.layout import Workload, fio_rep_path
-from luksbench.testbox.env import TestboxError
 from luksbench.testbox.plan import (
     PlanError,
     cell_options,
@@ -33,6 +32,7 @@ from luksbench.testbox.plan import (
 )
 from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.runner import fio_argv
+from luksbench.testbox.sysutil import TestboxError
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"

@@ -19,7 +19,7 @@ from conftest import testbox as tb
 
 from luksbench.formats.fio import parse_fio_file
 from luksbench.testbox import safety
-from luksbench.testbox.env import dm_crypt_status
+from luksbench.testbox.backends.choose import dm_crypt_status
 from luksbench.testbox.plan import PlanError, check_plan
 
 pytestmark = pytest.mark.device
@@ -51,7 +51,7 @@ def plan_file(tmp: Path, run: str, stacks: dict, devices: dict, **over) -> Path:
 
 def ours_left(state: dict) -> dict:
     """Mounts, loop devices and files of the run still present."""
-    from luksbench.testbox.layers import leftovers
+    from luksbench.testbox.backends.kernel import leftovers
 
     return {k: v for k, v in leftovers(state.get("objects", [])).items() if v}
 

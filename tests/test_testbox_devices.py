@@ -20,8 +20,9 @@ from conftest import luksbench_testbox_argv, run_fio_args
 from conftest import testbox as tb
 
 from luksbench.testbox import safety
-from luksbench.testbox.env import resolve_backend
-from luksbench.testbox.stacks import find_our_processes, pid_alive, stack_down
+from luksbench.testbox.backends.choose import resolve_backend
+from luksbench.testbox.stacks import stack_down
+from luksbench.testbox.sysutil import find_our_processes, pid_alive
 
 pytestmark = pytest.mark.device
 

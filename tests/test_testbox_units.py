@@ -11,18 +11,19 @@ import pytest
 
 from luksbench.formats.layout import Workload
 from luksbench.testbox import safety
-from luksbench.testbox.env import TestboxError
-from luksbench.testbox.layers import losetup_argv, luks_format_argv, luks_open_argv
+from luksbench.testbox.backends.kernel import losetup_argv, luks_format_argv, luks_open_argv
+from luksbench.testbox.backends.userspace import qsd_argv
+from luksbench.testbox.plan import baseline_first
 from luksbench.testbox.plan import workloads as workloads_of
 from luksbench.testbox.runner import (
+    check_fio_result,
     cpu_sidecar,
     fio_argv,
     load_targets,
-    parse_fio_output,
     schedule,
     stacks_for_round,
 )
-from luksbench.testbox.stacks import qsd_argv, stack_order
+from luksbench.testbox.sysutil import TestboxError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,8 +64,8 @@ def _plan(**over) -> dict:
     return plan
 
 
-def test_stack_order_puts_baseline_first():
-    assert stack_order(_plan()) == ["plain", "luks"]
+def test_baseline_first_puts_baseline_first():
+    assert baseline_first(_plan()) == ["plain", "luks"]
 
 
 def test_abba_counterbalancing():
@@ -287,12 +288,21 @@ def test_cpu_sidecar_math():
     assert s["clk_tck"] == clk and s["interval_s"] == 5.0
 
 
-def test_parse_fio_output_strips_leading_text():
-    assert parse_fio_output('fio: warning\n{"jobs": [{"error": 0}]}')["jobs"][0]["error"] == 0
-    with pytest.raises(ValueError):
-        parse_fio_output("fio: no output")
-    with pytest.raises(ValueError):
-        parse_fio_output('{"jobs": [')
+def test_check_fio_result_strips_leading_text_and_refuses_what_ingest_refuses(tmp_path):
+    """The runner accepts a result exactly as ingest's loader and parser do."""
+    sample = REPO / "data/raw/sample/vm/fio/luks/randread-1m-qd1/rep1.json"
+    out = tmp_path / "rep1.json"
+    out.write_text("fio: warning\n" + sample.read_text())
+    assert check_fio_result(out)["jobs"][0]["error"] == 0
+    for bad in ("fio: no output", '{"jobs": ['):
+        out.write_text(bad)
+        with pytest.raises(ValueError, match="fio output unreadable"):
+            check_fio_result(out)
+    doc = json.loads(sample.read_text())
+    doc["jobs"][0]["error"] = 5
+    out.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"fio job error \[5\]"):
+        check_fio_result(out)
 
 
 def test_safety_names_and_paths(tmp_path):

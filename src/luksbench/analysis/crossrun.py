@@ -28,7 +28,6 @@ run folder (``data/raw/<run>``, ingested in memory) or a run name looked up in b
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from luksbench.analysis import ingest, stats
+from luksbench.formats.envdoc import env_plan, parse_env_json
 
 #: metrics compared by default: throughput, tail latency and CPU cost (all non-idle CPU, which
 #: counts userspace encryption too)
@@ -416,11 +416,7 @@ def _env_row(env: pd.DataFrame, host: str) -> dict:
 
 
 def _plan_fio(env_row: dict) -> dict:
-    try:
-        doc = json.loads(env_row.get("env_json") or "{}")
-    except (TypeError, json.JSONDecodeError):
-        return {}
-    return (doc.get("plan") or {}).get("fio") or {}
+    return env_plan(parse_env_json(env_row.get("env_json"))).get("fio") or {}
 
 
 def _text(x) -> str:

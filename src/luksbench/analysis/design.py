@@ -22,7 +22,6 @@ A pilot cell without ``n0`` usable pairs (a failed run) gets the cap and counts 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from luksbench.analysis import stats
+from luksbench.formats.targets import write_targets as write_targets_document
 
 TARGETS_KIND = "luksbench adaptive repetitions targets v1"
 
@@ -169,10 +169,7 @@ def write_targets(
         raise ValueError(f"no pilot data for host {host!r}")
     doc = docs[host]
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    tmp.replace(out)
+    write_targets_document(out, doc)
     if log is not None:
         lines = [
             f"{w}: pilot sd {c['pilot_sd_log_ratio']}, requires {c['required_pairs']} pairs -> "
@@ -184,20 +181,3 @@ def write_targets(
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         Path(log).write_text("\n".join(lines) + "\n")
     return doc
-
-
-def read_targets(path: Path) -> dict[str, tuple[int, bool]]:
-    """workload id -> (target pairs, capped) from a targets file (ValueError if malformed)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"targets file is not readable JSON: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("pairs"), dict):
-        raise ValueError("targets file: 'pairs' must be an object (workload id -> pairs)")
-    noisy = set(doc.get("noisy") or [])
-    out = {}
-    for w, n in doc["pairs"].items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"targets file: pairs of {w!r} must be a positive integer, not {n!r}")
-        out[w] = (n, w in noisy)
-    return out

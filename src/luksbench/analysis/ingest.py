@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from luksbench.analysis.design import read_targets
 from luksbench.analysis.stats import active_rows, with_pattern
+from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import (
     FIO_COLUMNS,
     FioParseError,
@@ -43,7 +43,22 @@ from luksbench.formats.fio import (
     document_rows,
     load_fio_document,
 )
-from luksbench.formats.layout import REP_NAME, LayoutError, RepPath, Workload, rep_of_key
+from luksbench.formats.layout import (
+    REP_NAME,
+    LayoutError,
+    RepPath,
+    Workload,
+    read_json_object,
+    rep_of_key,
+)
+from luksbench.formats.manifest import (
+    fleet_servers,
+    read_manifest,
+    session_records,
+    stack_descriptions,
+)
+from luksbench.formats.sidecar import read_cpu_sidecar
+from luksbench.formats.targets import read_targets
 
 GIB = 2**30
 
@@ -155,38 +170,6 @@ def fio_columns() -> list[str]:
     """Column order of :func:`fio_table` (``host`` of the parser becomes ``fio_hostname``)."""
     parser_cols = ["fio_hostname" if c == "host" else c for c in FIO_COLUMNS]
     return FIO_LAYOUT_COLUMNS + parser_cols + FIO_DERIVED_COLUMNS
-
-
-def read_cpu_sidecar(path: Path) -> dict:
-    """``rep<k>.cpu.json`` -> busy_cpu_s, busy_cpu_pct, sys_cpu_s, cpu_interval_s (ValueError if malformed)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"CPU sidecar is not readable JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError("CPU sidecar must be a JSON object")
-    delta = data.get("delta_s") or {}
-    if not isinstance(delta, dict):
-        raise ValueError("CPU sidecar: delta_s must be an object")
-
-    def num(value, name):
-        if value is None:
-            return math.nan
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"CPU sidecar: {name} is not a number: {value!r}")
-        return float(value)
-
-    busy_s = num(data.get("busy_s"), "busy_s")
-    if math.isnan(busy_s) and delta:
-        busy_s = sum(
-            num(v, f"delta_s.{k}") for k, v in delta.items() if k not in ("idle", "iowait")
-        )
-    return {
-        "busy_cpu_s": busy_s,
-        "busy_cpu_pct": num(data.get("busy_pct"), "busy_pct"),
-        "sys_cpu_s": num(delta.get("system"), "delta_s.system"),
-        "cpu_interval_s": num(data.get("interval_s"), "interval_s"),
-    }
 
 
 _NO_CPU = {
@@ -640,13 +623,9 @@ def _assemble(
 def _fleet_servers(host_dir: Path) -> list[dict]:
     """The fio servers of a host's fleet run (``fleet.hosts`` of its manifest), or []."""
     try:
-        manifest = json.loads((Path(host_dir) / "fio" / "manifest.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return fleet_servers(read_manifest(Path(host_dir) / "fio" / "manifest.json"))
+    except ValueError:
         return []
-    fleet = manifest.get("fleet") if isinstance(manifest, dict) else None
-    if not isinstance(fleet, dict) or fleet.get("mode") != "clients":
-        return []
-    return [h for h in fleet.get("hosts") or [] if isinstance(h, dict) and h.get("name")]
 
 
 def fleet_names(host_dir: Path) -> dict[str, str]:
@@ -847,91 +826,12 @@ def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 # -------------------------------------------------------------------------------------------- env
 
 
-def _get(data, *paths, default=None):
-    """First value found under any of the dotted paths (``"cpu.model"``)."""
-    for path in paths:
-        node = data
-        for key in path.split("."):
-            if isinstance(node, dict) and key in node:
-                node = node[key]
-            else:
-                node = None
-                break
-        if node is not None and node != "":
-            return node
-    return default
-
-
-def _flag(env: dict, name: str):
-    """CPU flag as True/False/None from a flags list, a flags string or a {flag: bool} dict."""
-    for path in ("cpu.flags", "cpu_flags", "cpuinfo.flags", "cpu.features"):
-        flags = _get(env, path)
-        if isinstance(flags, dict):
-            if name in flags:
-                return bool(flags[name])
-            continue
-        if isinstance(flags, str):
-            flags = flags.split()
-        if isinstance(flags, list):
-            return name in flags
-    value = _get(env, f"cpu.{name}", f"cpu.has_{name}", name)
-    return None if value is None else bool(value)
-
-
-def _version(env: dict, tool: str):
-    value = _get(
-        env,
-        f"tools.{tool}.version",
-        f"tools.{tool}",
-        f"versions.{tool}",
-        f"{tool}_version",
-        f"{tool}.version",
-    )
-    if isinstance(value, dict):
-        value = value.get("version") or value.get("output") or json.dumps(value, sort_keys=True)
-    return None if value is None else str(value).strip().splitlines()[0]
-
-
-def env_facts(env: dict) -> dict:
-    """The key facts of one ``env.json`` (tolerant of how the capture nests them)."""
-    backend = _get(env, "backend")
-    backend_reason = _get(env, "backend_reason", "backend.reason", "plan.backend_reason")
-    if isinstance(
-        backend, dict
-    ):  # testbox.env.resolve_backend: {"requested", "selected", "reason"}
-        backend = backend.get("selected") or backend.get("name") or backend.get("kind")
-    kernel = _get(env, "kernel.release", "kernel", "uname.release", "os.kernel")
-    if isinstance(kernel, dict):
-        kernel = json.dumps(kernel, sort_keys=True)
-    cpu_model = _get(
-        env, "cpu.model", "cpu.model_name", "cpu_model", "cpuinfo.model_name", "cpu.name"
-    )
-    cpu_count = _get(env, "cpu.count", "cpu.cpu_count", "cpu_count", "cpu.logical")
-    return {
-        "hostname": _get(env, "hostname", "host.hostname", "uname.nodename"),
-        "kernel": None if kernel is None else str(kernel),
-        "cpu_model": None if cpu_model is None else str(cpu_model),
-        "cpu_count": cpu_count if isinstance(cpu_count, int) else None,
-        "aes": _flag(env, "aes"),
-        "vaes": _flag(env, "vaes"),
-        "backend": None if backend is None else str(backend),
-        "backend_reason": None if backend_reason is None else str(backend_reason),
-        "fio_version": _version(env, "fio"),
-        "cryptsetup_version": _version(env, "cryptsetup"),
-        "qemu_version": _version(env, "qemu-storage-daemon") or _version(env, "qemu"),
-    }
-
-
 def _read_json(path: Path, problems: list) -> dict | None:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        problems.append((path, f"not readable JSON: {exc}"))
+        return read_json_object(path)
+    except ValueError as exc:
+        problems.append((path, str(exc)))
         return None
-    if not isinstance(data, dict):
-        problems.append((path, "must be a JSON object"))
-        return None
-    return data
 
 
 def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
@@ -998,11 +898,7 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
         manifest = _read_json(path, problems)
         if manifest is None:
             continue
-        data = manifest.get("stack_descriptions") or {}
-        stacks = data.get("stacks", data) if isinstance(data.get("stacks"), dict) else data
-        unavailable = manifest.get("unavailable_stacks") or {}
-        unavailable = unavailable if isinstance(unavailable, dict) else {}
-        stacks = {**{n: {"unavailable": why} for n, why in unavailable.items()}, **stacks}
+        stacks, unavailable = stack_descriptions(manifest)
         for name, desc in sorted(stacks.items()):
             desc = desc if isinstance(desc, dict) else {"value": desc}
             key_bits = desc.get("key_bits", desc.get("key_size"))
@@ -1050,16 +946,6 @@ SCHEDULE_COLUMNS = [
     "ended",
     "status",
 ]
-
-
-def session_records(hdir: Path) -> list[tuple[Path, str]]:
-    """(manifest file, session name) of every session of a host: the write-once copies in
-    ``fio/sessions/`` when there are any, else ``fio/manifest.json`` (and the adaptive pilot's)."""
-    fio = hdir / "fio"
-    sessions = sorted((fio / "sessions").glob("*.json")) if (fio / "sessions").is_dir() else []
-    if sessions:
-        return [(p, p.stem) for p in sessions]
-    return [(p, p.stem) for p in (fio / "pilot-manifest.json", fio / "manifest.json") if p.exists()]
 
 
 def _timestamp(value):

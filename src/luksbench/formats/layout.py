@@ -19,6 +19,7 @@ Standard library only: the test box imports this.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,3 +120,14 @@ def rep_of_key(key: str) -> RepPath:
 @functools.lru_cache(maxsize=4096)
 def _workload(workload_id: str) -> Workload:
     return Workload.from_id(workload_id)  # one parse per cell folder, not per file
+
+
+def read_json_object(path: Path) -> dict:
+    """One of the raw layout's JSON documents (env.json, a manifest): ValueError saying why not."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not readable JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError("must be a JSON object")
+    return data

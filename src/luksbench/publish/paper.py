@@ -22,6 +22,7 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs, label
+from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
 from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
@@ -49,7 +50,6 @@ from luksbench.publish.text import (
     cell_name,
     cell_words,
     effect_ci,
-    env_dict,
     fmt_bool,
     fmt_ci,
     fmt_num,
@@ -111,7 +111,7 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
                 "backend_long": long,
                 "backend_reason": fmt_text(row["backend_reason"]),
                 # a fio server of a fleet run: results, but no environment capture of its own
-                "coordinator": env_dict(row["env_json"]).get("coordinator"),
+                "coordinator": parse_env_json(row["env_json"]).get("coordinator"),
             }
         )
     return hosts
@@ -138,7 +138,7 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
     for _, row in stacks.iterrows():
         if (str(row["host"]), str(row["stack"])) in gone:
             continue
-        desc = env_dict(row["description_json"])
+        desc = parse_env_json(row["description_json"])
         settings = [f"{k} {desc[k]}" for k in _STACK_SETTINGS if desc.get(k) is not None]
         settings += [f"note: {note}" for note in desc.get("notes") or []]
         details = "; ".join(settings)
@@ -170,7 +170,7 @@ def _matrix(fio: pd.DataFrame, env: pd.DataFrame) -> dict:
     direct = sorted(fio["direct"].dropna().unique()) if "direct" in fio else []
     plan_fio = {}
     for env_json in env["env_json"]:
-        plan_fio = env_dict(env_json).get("plan", {}).get("fio", {}) or plan_fio
+        plan_fio = parse_env_json(env_json).get("plan", {}).get("fio", {}) or plan_fio
     cells = fio[["workload"]].drop_duplicates()
     reps_min, reps_max = (int(reps.min()), int(reps.max())) if len(reps) else (0, 0)
     return {

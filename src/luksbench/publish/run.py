@@ -21,8 +21,9 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs
+from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
-from luksbench.publish.text import env_dict, missing
+from luksbench.publish.text import missing
 
 #: tables a run cannot be published without (written by notebooks 01 and 02)
 REQUIRED = ("fio", "env", "loss")
@@ -122,7 +123,7 @@ def unavailable_stacks(stacks: pd.DataFrame) -> list[dict]:
         reason = row.get("reason") if "reason" in stacks.columns else None
         available = row.get("available") if "available" in stacks.columns else None
         if missing(reason):
-            reason = env_dict(row.get("description_json")).get("unavailable")
+            reason = parse_env_json(row.get("description_json")).get("unavailable")
         has_reason = isinstance(reason, str) and bool(reason.strip())
         if (available is not None and not missing(available) and not bool(available)) or has_reason:
             out.append(
@@ -142,7 +143,7 @@ def planned_stacks(env: pd.DataFrame) -> dict[str, list[str]]:
     """Stacks each host's plan (env.json) asked for: {host: [stack, ...]}."""
     out = {}
     for _, row in env.iterrows():
-        stacks = (env_dict(row.get("env_json")).get("plan") or {}).get("stacks") or {}
+        stacks = (parse_env_json(row.get("env_json")).get("plan") or {}).get("stacks") or {}
         if isinstance(stacks, dict) and stacks:
             out[str(row["host"])] = sorted(stacks)
     return out
@@ -183,7 +184,7 @@ def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
     fio = with_pattern(fio)
     declared: dict = {}
     for env_json in env.get("env_json", []) if env is not None else []:
-        declared.update((env_dict(env_json).get("plan") or {}).get("patterns") or {})
+        declared.update((parse_env_json(env_json).get("plan") or {}).get("patterns") or {})
     out = []
     for name in sorted(fio["pattern"].dropna().unique(), key=lambda n: (n != "", n)):
         rows = fio[fio["pattern"] == name]
@@ -210,7 +211,7 @@ def run_date(env: pd.DataFrame, fio: pd.DataFrame) -> str:
     """Date of the measurement: the latest env.json capture, else the latest fio timestamp."""
     dates = []
     for env_json in env.get("env_json", []):
-        captured = env_dict(env_json).get("captured")
+        captured = parse_env_json(env_json).get("captured")
         if isinstance(captured, str) and len(captured) >= 10:
             dates.append(captured[:10])
     if dates:
@@ -251,7 +252,7 @@ def config_hashes(env: pd.DataFrame) -> dict[str, str]:
     """{host: hash of the plan recorded in its env.json} ("unknown" when env.json has no plan)."""
     out = {}
     for _, row in env.iterrows():
-        plan = env_dict(row.get("env_json")).get("plan")
+        plan = parse_env_json(row.get("env_json")).get("plan")
         out[str(row["host"])] = plan_hash(plan) if isinstance(plan, dict) and plan else "unknown"
     return out
 

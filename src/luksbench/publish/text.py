@@ -3,7 +3,6 @@ words, cell names, number formatting. Missing values print as "n/a", never as "n
 
 from __future__ import annotations
 
-import json
 import math
 
 import pandas as pd
@@ -121,17 +120,6 @@ def bs_human(bs_bytes) -> str:
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
     return f"{n} B"
-
-
-def env_dict(env_json) -> dict:
-    """An env.json / description JSON column value as a dict ({} when missing or not JSON)."""
-    if missing(env_json):
-        return {}
-    try:
-        data = json.loads(env_json)
-    except (TypeError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 # --------------------------------------------------------------------------------------- cells

@@ -14,18 +14,22 @@ error handler does).
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
+
+from luksbench.testbox.capture import benchmark_ciphers, capture_env
+from luksbench.testbox.plan import PlanError, load_plan
+from luksbench.testbox.runner import Interrupted, run_fio
+from luksbench.testbox.safety import SafetyError
+from luksbench.testbox.stacks import stack_down, stack_up
+from luksbench.testbox.sysutil import TestboxError, log, write_json_atomic
 
 
 def _plan(args):
-    from luksbench.testbox.plan import load_plan
-
     return load_plan(Path(args.plan))
 
 
 def _cmd_capture_env(args) -> int:
-    from luksbench.testbox.env import capture_env, log, write_json_atomic
-
     env = capture_env(_plan(args))
     write_json_atomic(Path(args.out), env)
     b = env["backend"]
@@ -34,8 +38,6 @@ def _cmd_capture_env(args) -> int:
 
 
 def _cmd_benchmark_ciphers(args) -> int:
-    from luksbench.testbox.env import benchmark_ciphers
-
     if args.plan:
         _plan(args)  # validate only
     extra = []
@@ -48,10 +50,6 @@ def _cmd_benchmark_ciphers(args) -> int:
 
 
 def _cmd_stack_up(args) -> int:
-    import signal
-
-    from luksbench.testbox.stacks import stack_up
-
     def on_term(signum, _frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -62,10 +60,6 @@ def _cmd_stack_up(args) -> int:
 
 
 def _cmd_run_fio(args) -> int:
-    import signal
-
-    from luksbench.testbox.runner import Interrupted, run_fio
-
     try:
         return run_fio(
             _plan(args),
@@ -80,18 +74,12 @@ def _cmd_run_fio(args) -> int:
 
 
 def _cmd_stack_down(args) -> int:
-    from luksbench.testbox.stacks import stack_down
-
     record = stack_down(Path(args.state), Path(args.record) if args.record else None)
     return 0 if record["ok"] else 1
 
 
 def _run(func):
     def wrapper(args) -> int:
-        from luksbench.testbox.env import TestboxError, log
-        from luksbench.testbox.plan import PlanError
-        from luksbench.testbox.safety import SafetyError
-
         try:
             return func(args)
         except (TestboxError, PlanError, SafetyError) as exc:

@@ -17,7 +17,7 @@ import os
 import socket
 from pathlib import Path
 
-from luksbench.testbox.env import TestboxError, log, utc_now
+from luksbench.testbox.sysutil import TestboxError, log, utc_now
 
 LOCK_DIR = Path("/run/luksbench")
 LOCK_NAME = "measure.lock"

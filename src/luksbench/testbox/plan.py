@@ -1,120 +1,40 @@
-"""The plan: everything the test box needs to know, as one JSON file written by the workflow.
-
-The workflow (Snakemake, with YAML config and JSON-Schema validation) resolves the config into a
-plan; the test-box code reads only this JSON, so it runs with the standard library alone.
-
-Example (all keys are required; the workflow fills defaults)::
-
-    {
-      "run": "default",
-      "host": "testbox1",
-      "backend": "auto",                 # auto | kernel | userspace
-      "scratch_dir": "/abs/path/data/scratch/default/testbox1",
-      "device_size_mib": 1024,           # size of each backing file
-      "precondition": true,              # fill each stack sequentially once before measuring
-      "baseline": "plain",
-      "stacks": {
-        "plain": {"kind": "plain"},
-        "luks": {"kind": "luks", "cipher": "aes-xts-plain64", "key_bits": 512,
-                 "hash": "sha256", "luks_type": "luks2", "sector_size": 512,
-                 "pbkdf_iterations": 1000}
-      },
-      "matrix": {"rw": ["read", "write", "randread", "randwrite"],
-                 "bs": ["4k", "1m"], "iodepth": [1, 32]},
-      "fio": {"ioengine": "libaio", "direct": true, "runtime_s": 3, "ramp_time_s": 1,
-              "output_format": "json+"},
-      "repetitions": 3,
-      "seed": 20231124
-    }
-
-Optional: ``"patterns": {"largeblock": {"description": "...", "matrix": {...}, "io_bs": "8k",
-"fsync_per_block": true, "fio": {"ioengine": "psync", "direct": false, "sync": false}}}``: families
-of cells beside the main matrix, each with its own fio options (``fio`` resolved against the
-top-level ``fio`` section: no nulls); absent when the config has none. See :func:`cell_options`.
-
-Optional: ``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2,
-"max_pairs": 12, "metric": "bw_bytes"}`` (only when the config enables adaptive repetitions; then
-``repetitions`` is the pilot's n0 and the second stage gets per-cell targets from ``run-fio
---targets``). It is a record of the design, not a measurement setting: changing it does not make
-a run's measurements incomparable.
+"""The plan's meaning: building it from the config (:func:`plan_from_config`), checking its
+stacks, patterns and block sizes, its cells and layers, and the preconditioning options. The
+document itself (keys, reading, writing) is :mod:`luksbench.formats.plan`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from luksbench.formats.envdoc import env_plan, read_env
 from luksbench.formats.layout import PATTERN_NAME_RE, LayoutError, Workload, bs_to_bytes
-
-REQUIRED_KEYS = (
-    "run",
-    "host",
-    "backend",
-    "scratch_dir",
-    "device_size_mib",
-    "precondition",
-    "baseline",
-    "stacks",
-    "matrix",
-    "fio",
-    "repetitions",
-    "seed",
+from luksbench.formats.plan import (
+    PlanError,
+    check_document,
+    check_run_options,
+    plan_changes,
+    read_plan_document,
+    write_plan_document,
 )
-BACKENDS = ("auto", "kernel", "userspace")
-
-
-class PlanError(ValueError):
-    """A plan file that is missing a key or holds a wrong value; the message names the key."""
+from luksbench.testbox.sysutil import TestboxError
 
 
 def load_plan(path: Path) -> dict:
-    try:
-        plan = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PlanError(f"{path}: cannot read plan: {exc}") from exc
+    """A plan.json, checked (PlanError names the file and the problem)."""
+    plan = read_plan_document(path)
     check_plan(plan, source=str(path))
     return plan
 
 
 def check_plan(plan: dict, source: str = "plan") -> None:
-    missing = [k for k in REQUIRED_KEYS if k not in plan]
-    if missing:
-        raise PlanError(f"{source}: missing key(s) {', '.join(missing)}")
-    if plan["backend"] not in BACKENDS:
-        raise PlanError(
-            f"{source}: backend must be one of {', '.join(BACKENDS)}, not {plan['backend']!r}"
-        )
-    if plan["baseline"] not in plan["stacks"]:
-        raise PlanError(
-            f"{source}: baseline {plan['baseline']!r} is not one of the stacks {sorted(plan['stacks'])}"
-        )
-    if int(plan["repetitions"]) < 1:
-        raise PlanError(f"{source}: repetitions must be >= 1")
-    for key in ("rw", "bs", "iodepth"):
-        if not plan["matrix"].get(key):
-            raise PlanError(f"{source}: matrix.{key} must be a non-empty list")
+    """The document's keys (:mod:`luksbench.formats.plan`), its stacks, patterns and block sizes,
+    then its fleet and adaptive sections; PlanError names the first problem."""
+    check_document(plan, source)
     check_stacks(plan, source)
     check_patterns(plan, source)
     check_blocks_fit(plan, source)
-    fleet = plan.get("fleet")
-    if fleet is not None:
-        hosts = fleet.get("hosts") or []
-        if fleet.get("mode") == "clients" and not hosts:
-            raise PlanError(f"{source}: fleet.hosts must list the fio servers for mode clients")
-        names = [h.get("name") for h in hosts]
-        if len(set(names)) != len(names):
-            raise PlanError(f"{source}: fleet.hosts names must be unique, not {names}")
-    adaptive = plan.get("adaptive")
-    if adaptive is not None:
-        if not isinstance(adaptive, dict):
-            raise PlanError(f"{source}: adaptive must be an object")
-        n0, cap = int(adaptive.get("pilot_pairs", 4)), int(adaptive.get("max_pairs", 12))
-        if n0 < 2:
-            raise PlanError(f"{source}: adaptive.pilot_pairs must be >= 2, not {n0}")
-        if cap < n0:
-            raise PlanError(
-                f"{source}: adaptive.max_pairs ({cap}) must be >= adaptive.pilot_pairs ({n0})"
-            )
+    check_run_options(plan, source)
 
 
 def walk_layers(layer, where: str):
@@ -125,6 +45,20 @@ def walk_layers(layer, where: str):
             yield from walk_layers(layer["over"], f"{where}.over")
         for i, member in enumerate(layer.get("members") or []):
             yield from walk_layers(member, f"{where}.members[{i}]")
+
+
+def plan_layers(plan: dict):
+    """Every layer (a dict) of every stack of the plan."""
+    for name, stack in plan["stacks"].items():
+        for _, layer in walk_layers(stack, name):
+            if isinstance(layer, dict):
+                yield layer
+
+
+def baseline_first(plan: dict) -> list[str]:
+    """The plan's stacks, baseline first, then the others in plan order."""
+    base = plan["baseline"]
+    return [base, *[s for s in plan["stacks"] if s != base]]
 
 
 def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
@@ -500,17 +434,6 @@ def check_blocks_fit(plan: dict, source: str = "plan") -> None:
 # Keys whose change makes new repetitions incomparable with the ones already measured in a run.
 # Not in here on purpose: repetitions, seed, matrix (extending a run) and adaptive (the design of
 # how many repetitions, not how each is measured).
-_MEASUREMENT_KEYS = (
-    "backend",
-    "device_size_mib",
-    "precondition",
-    "stacks",
-    "fio",
-    "devices",
-    "fleet",
-)
-# Per pattern: how its cells are measured (its matrix may grow, and a new pattern adds cells).
-_PATTERN_MEASUREMENT_KEYS = ("io_bs", "fsync_per_block", "fio")
 LUKS_DEFAULTS = {
     "cipher": "aes-xts-plain64",
     "key_bits": 512,
@@ -526,6 +449,7 @@ _LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
 KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
 PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
 NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
+# One set of defaults for the schema's documentation, the plan and the test box.
 PRECONDITION_DEFAULTS = {
     "enabled": True,
     "discard": True,
@@ -543,12 +467,46 @@ PRECONDITION_DEFAULTS = {
 }
 
 
-def precondition_options(value) -> dict:
-    """``precondition`` as config gives it (an object, or true/false in hand-written plans) ->
-    the full, checked option set (an error names a bad key)."""
-    from luksbench.testbox.measure import precondition_options as checked
+# The checked types of the precondition options (PRECONDITION_DEFAULTS has every key).
+_BOOL_OPTS = ("enabled", "discard", "steady_state")
+_INT_OPTS = {"fill_passes": 1, "ss_max_rounds": 1, "ss_window": 2, "ss_iodepth": 1}
+_NUMBER_OPTS = {"ss_round_s": 1, "ss_range_pct": 0, "ss_slope_pct": 0}
+_STR_OPTS = ("block_size", "ss_rw", "ss_bs")
+SS_RW = ("randwrite", "write", "randrw", "rw", "randread", "read")
 
-    return checked({"enabled": value} if isinstance(value, bool) else value)
+
+def precondition_options(value) -> dict:
+    """``precondition`` as config gives it (an object, or true/false in hand-written plans; None:
+    the defaults) -> the full, checked option set; TestboxError names a bad or unknown key."""
+    opts = {"enabled": value} if isinstance(value, bool) else dict(value or {})
+    unknown = sorted(set(opts) - set(PRECONDITION_DEFAULTS))
+    if unknown:
+        raise TestboxError(
+            f"precondition: unknown option(s) {unknown}; known: {sorted(PRECONDITION_DEFAULTS)}"
+        )
+    merged = {**PRECONDITION_DEFAULTS, **opts}
+    for key in _BOOL_OPTS:
+        if not isinstance(merged[key], bool):
+            raise TestboxError(f"precondition.{key} must be true or false, not {merged[key]!r}")
+    for key, low in _INT_OPTS.items():
+        v = merged[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise TestboxError(f"precondition.{key} must be an integer >= {low}, not {v!r}")
+    for key, low in _NUMBER_OPTS.items():
+        v = merged[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < low:
+            raise TestboxError(f"precondition.{key} must be a number >= {low}, not {v!r}")
+    for key in _STR_OPTS:
+        if not isinstance(merged[key], str) or not merged[key]:
+            raise TestboxError(f"precondition.{key} must be a non-empty string")
+    if merged["ss_rw"] not in SS_RW:
+        raise TestboxError(f"precondition.ss_rw must be one of {SS_RW}, not {merged['ss_rw']!r}")
+    if merged["ss_max_rounds"] < merged["ss_window"]:
+        raise TestboxError(
+            f"precondition.ss_max_rounds ({merged['ss_max_rounds']}) is smaller than "
+            f"precondition.ss_window ({merged['ss_window']}): the gate could never pass"
+        )
+    return merged
 
 
 # The keys each kind of layer reads; the schema's defaults fill every key into every layer, so
@@ -660,35 +618,6 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
     return plan
 
 
-def plan_changes(measured: dict, new: dict) -> list[str]:
-    """Differences that would mix incomparable measurements into one run, as 'key: old -> new'.
-
-    Adding repetitions or cells, or changing the seed, is allowed: that is how a run is resumed or
-    extended. Changing how each measurement is taken is not.
-    """
-    changes: list[str] = []
-    for key in _MEASUREMENT_KEYS:
-        _diff(key, measured.get(key), new.get(key), changes)
-    old_patterns, new_patterns = measured.get("patterns") or {}, new.get("patterns") or {}
-    for name in sorted(set(old_patterns) & set(new_patterns)):
-        for key in _PATTERN_MEASUREMENT_KEYS:
-            _diff(
-                f"patterns.{name}.{key}",
-                old_patterns[name].get(key),
-                new_patterns[name].get(key),
-                changes,
-            )
-    return changes
-
-
-def _diff(key: str, old, new, changes: list[str]) -> None:
-    if isinstance(old, dict) and isinstance(new, dict):
-        for sub in sorted(set(old) | set(new)):
-            _diff(f"{key}.{sub}", old.get(sub), new.get(sub), changes)
-    elif old != new:
-        changes.append(f"{key}: {old!r} -> {new!r}")
-
-
 def write_plan(
     plan: dict, out: Path, measured_env: Path | None = None, log: Path | None = None
 ) -> None:
@@ -700,7 +629,7 @@ def write_plan(
     """
     lines = []
     if measured_env is not None and Path(measured_env).exists():
-        measured = json.loads(Path(measured_env).read_text()).get("plan", {})
+        measured = env_plan(read_env(measured_env))
         changes = plan_changes(measured, plan)
         if changes:
             raise PlanError(
@@ -710,9 +639,7 @@ def write_plan(
                 + "\nChoose a new run name (config key 'run') to measure with the new settings."
             )
         lines.append(f"resuming run {plan['run']!r}: plan compatible with {measured_env}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    write_plan_document(out, plan)
     lines.append(f"wrote {out}")
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
-from luksbench.testbox.env import resolve_plan_backend
+from luksbench.testbox.backends.choose import resolve_plan_backend, userspace_compatible
+from luksbench.testbox.plan import plan_layers, precondition_options, walk_layers
 
 # tool -> (Debian/Ubuntu package, Fedora package)
 PACKAGES = {
@@ -36,14 +37,11 @@ class MissingTools(RuntimeError):
 
 def required_tools(plan: dict, backend: str | None) -> dict[str, str]:
     """Tool -> why this plan needs it, for the backend that will build its stacks."""
-    from luksbench.testbox.env import _plan_layers
-    from luksbench.testbox.plan import precondition_options
-
     tools = {
         "fio": "runs every measurement",
         "cryptsetup": "runs `cryptsetup benchmark` and formats the luks stacks",
     }
-    layers = list(_plan_layers(plan))
+    layers = list(plan_layers(plan))
     kinds = {layer["kind"] for layer in layers}
     if backend == "kernel":
         tools["losetup"] = "attaches the backing files as loop devices"
@@ -88,8 +86,6 @@ def check_tools(plan: dict, path: str | None = None) -> dict:
     backend = resolution["selected"]
     # With no usable backend, list the tools of the one that was asked for (or userspace for auto:
     # the backend that needs no kernel support).
-    from luksbench.testbox.env import userspace_compatible
-
     wanted = backend or (
         plan["backend"]
         if plan["backend"] != "auto"
@@ -116,8 +112,6 @@ def scratch_space_needed(plan: dict) -> int:
     (plain, loop, luks on nothing) and one per scratch-file device."""
     mib = 0
     for stack in plan["stacks"].values():
-        from luksbench.testbox.plan import walk_layers
-
         for _, layer in walk_layers(stack, ""):
             if not isinstance(layer, dict):
                 continue

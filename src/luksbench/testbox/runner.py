@@ -31,16 +31,28 @@ import tempfile
 import time
 from pathlib import Path
 
-from luksbench.formats.layout import Workload, cpu_rep_path, fio_rep_path
-from luksbench.testbox import measure, safety
-from luksbench.testbox.env import TestboxError, log, utc_now, write_json_atomic
-from luksbench.testbox.plan import RANDOM_RW, cell_options, workloads
-from luksbench.testbox.stacks import load_state, pid_alive, stack_order
-
-PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back to back)"
-COUNTERBALANCE = (
-    "ABBA across rounds: rounds 1,4,5,8,... stacks in order; rounds 2,3,6,7,... reversed"
+from luksbench.formats.fio import (
+    ALL_CLIENTS_JOBNAME,
+    FioParseError,
+    load_fio_document,
+    parse_fio_file,
 )
+from luksbench.formats.layout import Workload, cpu_rep_path, fio_rep_path
+from luksbench.formats.manifest import (
+    CELL_ORDER,
+    COUNTERBALANCE,
+    PAIRING,
+    SESSIONS_DIR,
+    new_session_path,
+    read_manifest,
+    run_times,
+)
+from luksbench.formats.sidecar import cpu_sidecar_document
+from luksbench.formats.targets import TargetsError, read_targets
+from luksbench.testbox import probes, safety
+from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
+from luksbench.testbox.stacks import load_state
+from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now, write_json_atomic
 
 
 class Interrupted(BaseException):
@@ -60,21 +72,12 @@ def stacks_for_round(stacks: list[str], round_no: int) -> list[str]:
 
 
 def load_targets(path: Path) -> dict[str, int]:
-    """Per-cell repetition targets (workload id -> pairs) from an adaptive targets file.
-
-    The file is written by the analysis side (``luksbench.analysis.design``); only its ``pairs`` object is
-    read here. Raises TestboxError naming the file when it is malformed."""
+    """Per-cell repetition targets (workload id -> pairs) from an adaptive targets file
+    (:mod:`luksbench.formats.targets`); TestboxError naming the file when it is malformed."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TestboxError(f"{path}: cannot read targets: {exc}") from exc
-    pairs = doc.get("pairs") if isinstance(doc, dict) else None
-    if not isinstance(pairs, dict):
-        raise TestboxError(f"{path}: 'pairs' must be an object (workload id -> pairs)")
-    for w, n in pairs.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise TestboxError(f"{path}: pairs of {w!r} must be a positive integer, not {n!r}")
-    return dict(pairs)
+        return {w: n for w, (n, _capped) in read_targets(Path(path)).items()}
+    except TargetsError as exc:
+        raise TestboxError(f"{path}: {exc}") from exc
 
 
 def cell_repetitions(plan: dict, targets: dict[str, int] | None = None) -> dict[str, int]:
@@ -92,7 +95,7 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
     rounds of the fixed design (and of an adaptive pilot) are the same with or without targets."""
     cells = workloads(plan)
     reps = cell_repetitions(plan, targets)
-    stacks = stack_order(plan)
+    stacks = baseline_first(plan)
     runs = []
     for k in range(1, max(reps.values(), default=0) + 1):
         order = list(cells)
@@ -107,18 +110,14 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
     return runs
 
 
-# --- /proc/stat and RAPL (sampling in luksbench.testbox.measure) --------------------------------
+# --- /proc/stat and RAPL (sampling in luksbench.testbox.probes) ---------------------------------
 
-read_proc_stat = measure.read_proc_stat
+read_proc_stat = probes.read_proc_stat
 
 
 def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None = None) -> dict:
     """The rep's sidecar: /proc/stat deltas over the fio run and its RAPL energy (None: absent)."""
-    return {
-        **measure.cpu_delta(before, after, interval_s),
-        "window": "fio process lifetime (startup, ramp_time and runtime); aggregate cpu line of /proc/stat; iowait counts as idle",
-        "rapl": rapl,
-    }
+    return cpu_sidecar_document(probes.cpu_delta(before, after, interval_s), rapl)
 
 
 # --- fio -----------------------------------------------------------------------------------------
@@ -270,26 +269,29 @@ def check_servers(clients: list[dict], timeout: float = 5.0) -> None:
         )
 
 
-def parse_fio_output(text: str) -> dict:
-    """fio's JSON document (fio may print warnings before it); raises ValueError."""
-    start = text.find("{")
-    if start < 0:
-        raise ValueError("no JSON object in fio output")
-    doc = json.loads(text[start:])
-    if not (doc.get("jobs") or doc.get("client_stats")):
-        raise ValueError("fio output has no jobs")
+def check_fio_result(path: Path) -> dict:
+    """The fio document in ``path``, accepted only as ingest accepts it (the loader and parser of
+    :mod:`luksbench.formats.fio`) and without a job error; ValueError says why not."""
+    try:
+        doc = load_fio_document(path, warn=log)
+        rows = parse_fio_file(path, warn=lambda _note: None)  # the loader has said it already
+    except FioParseError as exc:
+        raise ValueError(f"fio output unreadable ({exc})") from exc
+    errors = [e for e in dict.fromkeys(r["error"] for r in rows) if e]
+    if errors:
+        raise ValueError(f"fio job error {errors}")
     return doc
 
 
-def job_entries(doc: dict) -> list[dict]:
+def _job_entries(doc: dict) -> list[dict]:
     """Per-job entries: ``jobs``, or in client/server output every server's (not the sum)."""
     if doc.get("client_stats"):
-        return [e for e in doc["client_stats"] if e.get("jobname") != "All clients"]
+        return [e for e in doc["client_stats"] if e.get("jobname") != ALL_CLIENTS_JOBNAME]
     return doc["jobs"]
 
 
 def _summary(doc: dict) -> str:
-    entries = job_entries(doc)
+    entries = _job_entries(doc)
     if len(entries) > 1:
         per_host = ", ".join(
             f"{e.get('hostname')}:{e.get('port')} "
@@ -348,15 +350,11 @@ def check_state_live(state: dict) -> None:
 
 
 def _previous_times(manifest_path: Path) -> dict:
+    """When the runs the last session's manifest records were measured ({} without one)."""
     try:
-        old = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError):
+        return run_times(read_manifest(manifest_path))
+    except ValueError:
         return {}
-    return {
-        (r["stack"], r["workload"], r["rep"]): (r.get("started"), r.get("ended"))
-        for r in old.get("runs", [])
-        if r.get("started")
-    }
 
 
 # --- run-fio -------------------------------------------------------------------------------------
@@ -379,7 +377,31 @@ def run_fio(
     also leaves a write-once copy in ``fio/sessions/`` so no session's record is ever lost. Both
     carry the stack descriptions (``describe_path``, written by stack-up: no key material).
     """
-    state = load_state(Path(state_path))
+    session = _open_session(plan, Path(state_path), Path(raw_host_dir), targets_path)
+    session["manifest_path"] = Path(manifest_path)
+    session["previous"] = _previous_times(Path(manifest_path))
+    session["stack_descriptions"] = (
+        json.loads(Path(describe_path).read_text()) if describe_path is not None else None
+    )
+    outcome: dict = {"started": utc_now(), "done": [], "failed": [], "interrupted": None}
+    outcome.update(cpu_idle_baseline=None, clocksource=None)
+    try:
+        _measure(plan, session, outcome)
+    finally:  # also after an error: the manifest says what this session measured
+        _write_manifest(plan, session, outcome)
+    if outcome["interrupted"] is not None:
+        raise outcome["interrupted"]
+    if outcome["failed"]:
+        failed = outcome["failed"]
+        log(f"luksbench testbox run-fio: {len(failed)} fio run(s) failed: {', '.join(failed)}")
+        return 1
+    log(f"luksbench testbox run-fio: done; manifest {manifest_path}")
+    return 0
+
+
+def _live_state(plan: dict, state_path: Path) -> dict:
+    """STATE of the stacks this plan's run measures, checked to be up."""
+    state = load_state(state_path)
     if state["run"] != plan["run"] or set(state["stacks"]) != set(plan["stacks"]):
         raise TestboxError(
             f"{state_path} is for run {state['run']!r} with stacks {sorted(state['stacks'])}, "
@@ -388,18 +410,18 @@ def run_fio(
     check_state_live(state)
     if fleet_clients(plan):
         check_servers(fleet_clients(plan))
-    raw_host_dir = Path(raw_host_dir).resolve()
-    raw_dir, host = raw_host_dir.parent, raw_host_dir.name
+    return state
+
+
+def _open_session(plan: dict, state_path: Path, raw_host_dir: Path, targets_path) -> dict:
+    """Everything a session measures: live stacks, where results go, the schedule."""
+    state = _live_state(plan, state_path)
+    raw_host_dir = raw_host_dir.resolve()
+    host = raw_host_dir.name
     if host != plan["host"]:
         log(
             f"luksbench testbox run-fio: warning: host dir {host!r} differs from plan host {plan['host']!r}"
         )
-    manifest_path = Path(manifest_path)
-    previous = _previous_times(manifest_path)
-    stack_descriptions = (
-        json.loads(Path(describe_path).read_text()) if describe_path is not None else None
-    )
-    io_size = int(state.get("io_size_bytes") or 0)
     targets = load_targets(Path(targets_path)) if targets_path is not None else None
     if targets:
         unknown = sorted(set(targets) - {w.id for w in workloads(plan)})
@@ -407,136 +429,164 @@ def run_fio(
             log(f"luksbench testbox run-fio: warning: targets for cells not in the plan: {unknown}")
     # Optional stacks that could not be built here (stack-up recorded why) are not measured.
     unavailable = {n: e["unavailable"] for n, e in state["stacks"].items() if e.get("unavailable")}
+    for name, why in unavailable.items():
+        log(f"luksbench testbox run-fio: stack {name} unavailable here, not measured: {why}")
     measured_plan = {
         **plan,
         "stacks": {n: s for n, s in plan["stacks"].items() if n not in unavailable},
     }
-    for name, why in unavailable.items():
-        log(f"luksbench testbox run-fio: stack {name} unavailable here, not measured: {why}")
-    runs = schedule(measured_plan, targets)
-    reps = cell_repetitions(plan, targets)
-    total = len(runs)
-    width = len(str(total))
+    session = {
+        "state": state,
+        "raw_host_dir": raw_host_dir,
+        "host": host,
+        "io_size": int(state.get("io_size_bytes") or 0),
+        "targets_path": targets_path,
+        "unavailable": unavailable,
+        "measured_plan": measured_plan,
+        "runs": schedule(measured_plan, targets),
+        "reps": cell_repetitions(plan, targets),
+    }
+    _announce(plan, session, targets)
+    return session
+
+
+def _announce(plan: dict, session: dict, targets: dict | None) -> None:
+    reps = session["reps"]
     rep_text = (
         f"{plan['repetitions']} reps"
         if len(set(reps.values())) <= 1 and not targets
-        else f"{min(reps.values())}-{max(reps.values())} reps per cell from {targets_path}"
+        else f"{min(reps.values())}-{max(reps.values())} reps per cell from {session['targets_path']}"
     )
     log(
-        f"luksbench testbox run-fio: {total} fio runs ({len(workloads(plan))} cells x "
-        f"{len(measured_plan['stacks'])} stacks x {rep_text}), backend {state['backend']}"
+        f"luksbench testbox run-fio: {len(session['runs'])} fio runs ({len(workloads(plan))} cells x "
+        f"{len(session['measured_plan']['stacks'])} stacks x {rep_text}), "
+        f"backend {session['state']['backend']}"
     )
-    done: list[dict] = []
-    failed: list[str] = []
-    started = utc_now()
+
+
+def _measure(plan: dict, session: dict, outcome: dict) -> None:
+    """Every scheduled run into ``outcome``, under SIGINT/SIGTERM handlers that stop the
+    running fio."""
 
     def on_signal(signum, _frame):
         raise Interrupted(signum)
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    interrupted: Interrupted | None = None
-    cpu_idle_baseline: dict | None = None
-    clocksource: str | None = None
     try:
         # fio servers pick their own clock; here one probe per session instead of one per fio start.
         if not fleet_clients(plan):
-            clocksource = fio_clocksource()
+            outcome["clocksource"] = fio_clocksource()
         # Once per session, before any fio run: the load and power of the box doing nothing.
-        cpu_idle_baseline = measure.idle_baseline()
-        for r in runs:
-            w: Workload = r["workload"]
-            stack = r["stack"]
-            path = fio_rep_path(raw_dir, host, stack, w, r["rep"])
-            rec = {
-                "index": r["index"],
-                "round": r["round"],
-                "rep": r["rep"],
-                "stack": stack,
-                "workload": w.id,
-                "position_in_cell": r["position_in_cell"],
-                "path": str(path.relative_to(raw_host_dir)),
-                "cpu_path": str(cpu_rep_path(path).relative_to(raw_host_dir)),
-                "started": None,
-                "ended": None,
-                "skipped_existing": False,
-                "status": None,
-            }
-            tag = f"[{r['index']:>{width}}/{total}] {stack} {w.id} rep{r['rep']}"
-            if path.exists():
-                rec["skipped_existing"] = True
-                rec["status"] = "skipped_existing"
-                rec["started"], rec["ended"] = previous.get((stack, w.id, r["rep"]), (None, None))
-                done.append(rec)
-                log(f"{tag}: exists, skipped")
-                continue
-            check_state_live(state)
-            check_free_space(path.parent)
-            rec["started"] = utc_now()
-            ok, msg = _one_run(plan, state["stacks"][stack], stack, w, path, io_size, clocksource)
-            rec["ended"] = utc_now()
-            rec["status"] = "ok" if ok else "failed"
-            done.append(rec)
-            log(f"{tag}: {msg}")
-            if not ok:
-                failed.append(f"{stack} {w.id} rep{r['rep']}")
-                # A full disk fails every later run too: stop now, keeping what was measured.
-                check_free_space(path.parent)
+        outcome["cpu_idle_baseline"] = probes.idle_baseline()
+        for r in session["runs"]:
+            _scheduled_run(plan, session, r, outcome)
     except Interrupted as exc:
-        interrupted = exc
+        outcome["interrupted"] = exc
         log(
             f"luksbench testbox run-fio: interrupted by {exc}; fio stopped, no partial rep kept; devices stay up (run stack-down)"
         )
     finally:
         for s, h in old_handlers.items():
             signal.signal(s, h)
-        manifest = {
-            "run": plan["run"],
-            "host": host,
-            "seed": plan["seed"],
-            "repetitions": plan["repetitions"],
-            "cell_repetitions": reps,
-            "targets": str(targets_path) if targets_path is not None else None,
-            "adaptive": plan.get("adaptive"),
-            "backend": state["backend"],
-            "backend_reason": state["backend_reason"],
-            "baseline": plan["baseline"],
-            "fleet": plan.get("fleet"),
-            "stacks": stack_order(measured_plan),
-            "unavailable_stacks": unavailable,
-            "cells": [w.id for w in workloads(plan)],
-            "pairing": PAIRING,
-            "counterbalance": COUNTERBALANCE,
-            "cell_order": (
-                "round k shuffles the cells with random.Random(seed + k) and runs those with at "
-                "least k repetitions (cell_repetitions)"
-            ),
-            "io_size_bytes": io_size,
-            "cpu_idle_baseline": cpu_idle_baseline,
-            "fio_clocksource": clocksource,
-            "fio": plan["fio"],
-            "started": started,
-            "ended": utc_now(),
-            "complete": interrupted is None and not failed and len(done) == total,
-            "interrupted": str(interrupted) if interrupted else None,
-            "failed": failed,
-            "stack_descriptions": stack_descriptions,
-            "runs": done,
-        }
-        try:
-            write_json_atomic(manifest_path, manifest)
-            _keep_session_record(manifest_path.parent / "sessions", manifest)
-        except OSError as exc:
-            # The rep files are the data and are already safe; say why the record is missing.
-            log(f"luksbench testbox run-fio: could not write the manifest {manifest_path}: {exc}")
-            if interrupted is None and not failed:
-                raise TestboxError(f"could not write the manifest {manifest_path}: {exc}") from exc
-    if interrupted is not None:
-        raise interrupted
-    if failed:
-        log(f"luksbench testbox run-fio: {len(failed)} fio run(s) failed: {', '.join(failed)}")
-        return 1
-    log(f"luksbench testbox run-fio: done; manifest {manifest_path}")
-    return 0
+
+
+def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
+    """One entry of the schedule: skipped when its result exists, else measured; recorded."""
+    w: Workload = r["workload"]
+    stack, raw_host_dir = r["stack"], session["raw_host_dir"]
+    path = fio_rep_path(raw_host_dir.parent, session["host"], stack, w, r["rep"])
+    rec = {
+        **{k: r[k] for k in ("index", "round", "rep", "stack")},
+        "workload": w.id,
+        "position_in_cell": r["position_in_cell"],
+        "path": str(path.relative_to(raw_host_dir)),
+        "cpu_path": str(cpu_rep_path(path).relative_to(raw_host_dir)),
+        "started": None,
+        "ended": None,
+        "skipped_existing": False,
+        "status": None,
+    }
+    total = len(session["runs"])
+    tag = f"[{r['index']:>{len(str(total))}}/{total}] {stack} {w.id} rep{r['rep']}"
+    if path.exists():
+        rec["skipped_existing"] = True
+        rec["status"] = "skipped_existing"
+        rec["started"], rec["ended"] = session["previous"].get(
+            (stack, w.id, r["rep"]), (None, None)
+        )
+        outcome["done"].append(rec)
+        log(f"{tag}: exists, skipped")
+        return
+    state = session["state"]
+    check_state_live(state)
+    check_free_space(path.parent)
+    rec["started"] = utc_now()
+    ok, msg = _one_run(
+        plan, state["stacks"][stack], stack, w, path, session["io_size"], outcome["clocksource"]
+    )
+    rec["ended"] = utc_now()
+    rec["status"] = "ok" if ok else "failed"
+    outcome["done"].append(rec)
+    log(f"{tag}: {msg}")
+    if not ok:
+        outcome["failed"].append(f"{stack} {w.id} rep{r['rep']}")
+        # A full disk fails every later run too: stop now, keeping what was measured.
+        check_free_space(path.parent)
+
+
+def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
+    """The session's record (:mod:`luksbench.formats.manifest`)."""
+    state, targets_path, interrupted = (
+        session["state"],
+        session["targets_path"],
+        outcome["interrupted"],
+    )
+    return {
+        "run": plan["run"],
+        "host": session["host"],
+        "seed": plan["seed"],
+        "repetitions": plan["repetitions"],
+        "cell_repetitions": session["reps"],
+        "targets": str(targets_path) if targets_path is not None else None,
+        "adaptive": plan.get("adaptive"),
+        "backend": state["backend"],
+        "backend_reason": state["backend_reason"],
+        "baseline": plan["baseline"],
+        "fleet": plan.get("fleet"),
+        "stacks": baseline_first(session["measured_plan"]),
+        "unavailable_stacks": session["unavailable"],
+        "cells": [w.id for w in workloads(plan)],
+        "pairing": PAIRING,
+        "counterbalance": COUNTERBALANCE,
+        "cell_order": CELL_ORDER,
+        "io_size_bytes": session["io_size"],
+        "cpu_idle_baseline": outcome["cpu_idle_baseline"],
+        "fio_clocksource": outcome["clocksource"],
+        "fio": plan["fio"],
+        "started": outcome["started"],
+        "ended": utc_now(),
+        "complete": interrupted is None
+        and not outcome["failed"]
+        and len(outcome["done"]) == len(session["runs"]),
+        "interrupted": str(interrupted) if interrupted else None,
+        "failed": outcome["failed"],
+        "stack_descriptions": session["stack_descriptions"],
+        "runs": outcome["done"],
+    }
+
+
+def _write_manifest(plan: dict, session: dict, outcome: dict) -> None:
+    """The manifest and this session's write-once copy; a failure to write them is an error
+    only when the session itself went well (the rep files are the data and are already safe)."""
+    manifest_path = session["manifest_path"]
+    manifest = _manifest(plan, session, outcome)
+    try:
+        write_json_atomic(manifest_path, manifest)
+        _keep_session_record(manifest_path.parent / SESSIONS_DIR, manifest)
+    except OSError as exc:
+        log(f"luksbench testbox run-fio: could not write the manifest {manifest_path}: {exc}")
+        if outcome["interrupted"] is None and not outcome["failed"]:
+            raise TestboxError(f"could not write the manifest {manifest_path}: {exc}") from exc
 
 
 # Room a fio run needs in the raw directory: a json+ result with its CPU sidecar is ~10-60 KiB;
@@ -560,12 +610,7 @@ def check_free_space(directory: Path, min_free: int = MIN_FREE_BYTES) -> None:
 def _keep_session_record(sessions_dir: Path, manifest: dict) -> None:
     """A read-only copy of this session's manifest, named by its start time; never overwritten."""
     sessions_dir.mkdir(parents=True, exist_ok=True)
-    stamp = "".join(ch for ch in manifest["started"] if ch.isalnum())
-    path = sessions_dir / f"{stamp}.json"
-    suffix = 1
-    while path.exists():
-        suffix += 1
-        path = sessions_dir / f"{stamp}-{suffix}.json"
+    path = new_session_path(sessions_dir, manifest["started"])
     write_json_atomic(path, manifest)
     path.chmod(0o444)
 
@@ -598,7 +643,7 @@ def _one_run(
             job = tmp.with_suffix(".job.tmp")  # matched by the stale-file glob above
             argv, job_text = client_argv(argv, job, clients)
             job.write_text(job_text)
-        before, rapl_before, t0 = read_proc_stat(), measure.read_rapl(), time.monotonic()
+        before, rapl_before, t0 = read_proc_stat(), probes.read_rapl(), time.monotonic()
         # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
         proc = subprocess.Popen(
             argv,
@@ -609,7 +654,7 @@ def _one_run(
             start_new_session=True,
         )
         _, err = proc.communicate()
-        t1, after, rapl_after = time.monotonic(), read_proc_stat(), measure.read_rapl()
+        t1, after, rapl_after = time.monotonic(), read_proc_stat(), probes.read_rapl()
         if err.strip():
             for line in err.strip().splitlines():
                 log(f"    fio: {line}")
@@ -620,16 +665,12 @@ def _one_run(
             )
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-            text = f.read().decode(errors="replace")
         try:
-            doc = parse_fio_output(text)
+            doc = check_fio_result(tmp)
         except ValueError as exc:
-            return False, f"FAILED: fio output unreadable ({exc}); no rep file written"
-        errs = [j.get("error") for j in job_entries(doc) if j.get("error")]
-        if errs:
-            return False, f"FAILED: fio job error {errs}; no rep file written"
+            return False, f"FAILED: {exc}; no rep file written"
         sidecar = cpu_sidecar(
-            before, after, t1 - t0, measure.rapl_delta(rapl_before, rapl_after, t1 - t0)
+            before, after, t1 - t0, probes.rapl_delta(rapl_before, rapl_after, t1 - t0)
         )
         # The sidecar goes first: the rep file's appearance is the commit point.
         write_json_atomic(cpu_rep_path(path), sidecar, mode=0o444)

@@ -18,10 +18,11 @@ import errno
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 from pathlib import Path
+
+from luksbench.testbox.sysutil import read_text, run_quiet
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAPPER_PREFIX = "luksbench-"
@@ -192,32 +193,6 @@ _FILE_KINDS = (
 )
 
 
-def _which(tool: str) -> str | None:
-    return shutil.which(tool) or next(
-        (p for d in ("/usr/sbin", "/sbin") if os.access(p := f"{d}/{tool}", os.X_OK)), None
-    )
-
-
-def _run_tool(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
-    """Run a read-only probe; None when the tool is missing or hangs."""
-    tool = _which(argv[0])
-    if tool is None:
-        return None
-    try:
-        return subprocess.run(
-            [tool, *argv[1:]], capture_output=True, text=True, check=False, timeout=timeout
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def is_stable_path(path: str) -> bool:
     """``path`` is one link directly inside a STABLE_PATH_PREFIXES directory (``..`` resolved)."""
     norm = os.path.normpath(path)
@@ -284,7 +259,7 @@ def _family(sysdir: Path) -> list[Path]:
 
 
 def _rdev_of(sysdir: Path) -> int | None:
-    text = _read(sysdir / "dev")
+    text = read_text(sysdir / "dev")
     if not text or ":" not in text:
         return None
     major, minor = text.split(":", 1)
@@ -293,14 +268,14 @@ def _rdev_of(sysdir: Path) -> int | None:
 
 def _dev_node(sysdir: Path) -> str:
     """/dev node of a sysfs block entry (DEVNAME from uevent; the kernel name otherwise)."""
-    for line in (_read(sysdir / "uevent") or "").splitlines():
+    for line in (read_text(sysdir / "uevent") or "").splitlines():
         if line.startswith("DEVNAME="):
             return "/dev/" + line.removeprefix("DEVNAME=")
     return f"/dev/{sysdir.name}"
 
 
 def _lsblk_field(node: str, column: str) -> str | None:
-    proc = _run_tool(["lsblk", "-dno", column, node])
+    proc = run_quiet(["lsblk", "-dno", column, node])
     if proc is None or proc.returncode != 0:
         return None
     return proc.stdout.strip() or None
@@ -315,25 +290,25 @@ def device_serial(resolved: str) -> str | None:
     """
     disk = _whole_disk(_sysfs_dir(resolved))
     if (disk / "loop").is_dir():
-        backing = _read(disk / "loop" / "backing_file")
+        backing = read_text(disk / "loop" / "backing_file")
         return backing or None
     for candidate in (disk / "device" / "serial", disk / "serial"):
-        if value := _read(candidate):
+        if value := read_text(candidate):
             return value
     if value := _lsblk_field(_dev_node(disk), "SERIAL"):
         return value
-    return _read(disk / "device" / "wwid") or None
+    return read_text(disk / "device" / "wwid") or None
 
 
 def device_model(resolved: str) -> str | None:
     disk = _whole_disk(_sysfs_dir(resolved))
     if (disk / "loop").is_dir():
         return None
-    return _read(disk / "device" / "model") or _lsblk_field(_dev_node(disk), "MODEL")
+    return read_text(disk / "device" / "model") or _lsblk_field(_dev_node(disk), "MODEL")
 
 
 def _signatures_of(node: str) -> list[dict]:
-    proc = _run_tool(["wipefs", "--no-act", "--json", node])
+    proc = run_quiet(["wipefs", "--no-act", "--json", node])
     if proc is not None and proc.returncode == 0:
         if not proc.stdout.strip():
             return []  # older wipefs prints nothing for a blank device
@@ -347,7 +322,7 @@ def _signatures_of(node: str) -> list[dict]:
                 for s in found
             ]
     # Fallback (no wipefs, or one without --json): blkid reports the first signature only.
-    probe = _run_tool(["blkid", "-p", "-o", "export", node])
+    probe = run_quiet(["blkid", "-p", "-o", "export", node])
     if probe is not None and probe.returncode == 2:
         return []
     if probe is not None and probe.returncode == 8:
@@ -426,7 +401,7 @@ def device_holders(resolved: str) -> list[str]:
         except OSError:
             continue
         for holder in holders:
-            dm_name = _read(Path("/sys/class/block") / holder / "dm" / "name")
+            dm_name = read_text(Path("/sys/class/block") / holder / "dm" / "name")
             found.add(f"{holder} ({dm_name})" if dm_name else holder)
     return sorted(found)
 
@@ -449,7 +424,7 @@ def processes_using_device(resolved: str) -> list[int]:
 
 
 def _process_name(pid: int) -> str:
-    return _read(Path(f"/proc/{pid}/comm")) or "?"
+    return read_text(Path(f"/proc/{pid}/comm")) or "?"
 
 
 def device_in_use(resolved: str) -> str | None:
@@ -474,7 +449,7 @@ def device_in_use(resolved: str) -> str | None:
 
 def _queue_value(sysdir: Path, name: str) -> int | None:
     # Partitions have no queue/: it is their disk's.
-    text = _read(_whole_disk(sysdir) / "queue" / name)
+    text = read_text(_whole_disk(sysdir) / "queue" / name)
     return int(text) if text and text.isdigit() else None
 
 
@@ -499,7 +474,34 @@ def check_device(name: str, spec: dict) -> dict:
     where = f"devices.{name}"
     path = spec.get("path")
     wipe_serial = spec.get("wipe_serial") or ""
-    allow_unstable = spec.get("allow_unstable_path", False)
+    _check_spec(where, path, wipe_serial, spec.get("allow_unstable_path", False))
+    resolved, shown, sysdir, size_bytes = _block_device(where, path)
+    _check_unused(where, resolved, shown)
+    serial, signatures = _check_wipe_confirmed(where, resolved, shown, wipe_serial)
+    rdev = _block_rdev(resolved)
+    disk = _whole_disk(sysdir)
+    return {
+        "name": name,
+        "path": path,
+        "resolved": resolved,
+        "kernel_name": sysdir.name,
+        "major_minor": _major_minor(rdev),
+        "is_partition": _is_partition(sysdir),
+        "whole_disk": disk.name,
+        "size_bytes": size_bytes,
+        "serial": serial,
+        "model": device_model(resolved),
+        "rotational": _queue_value(sysdir, "rotational") == 1,
+        "logical_block_size": _queue_value(sysdir, "logical_block_size"),
+        "physical_block_size": _queue_value(sysdir, "physical_block_size"),
+        "read_only": read_text(sysdir / "ro") == "1",
+        "signatures": signatures,
+        "wipe_confirmed": bool(wipe_serial) and wipe_serial == serial,
+    }
+
+
+def _check_spec(where: str, path, wipe_serial, allow_unstable) -> None:
+    """The entry's keys are well-formed and its path is a stable name (or allowed not to be)."""
     if not isinstance(path, str) or not os.path.isabs(path):
         raise SafetyError(
             f"{where}.path must be an absolute device path such as /dev/disk/by-id/..., "
@@ -527,6 +529,10 @@ def check_device(name: str, spec: dict) -> dict:
             f"{where}: path {path} does not exist{dangling}; check the name "
             "(ls -l /dev/disk/by-id/) and that the disk is attached"
         )
+
+
+def _block_device(where: str, path: str) -> tuple[str, str, Path, int]:
+    """(resolved path, how to show it, sysfs dir, size in bytes) of a block device with a size."""
     resolved = os.path.realpath(path)
     shown = path if resolved == path else f"{path} (-> {resolved})"
     mode = os.stat(resolved).st_mode
@@ -537,13 +543,17 @@ def check_device(name: str, spec: dict) -> dict:
             f"size_mib instead of path for a scratch file on a loop device"
         )
     sysdir = _sysfs_dir(resolved)
-    rdev = _block_rdev(resolved)
-    size_bytes = int(_read(sysdir / "size") or 0) * 512
+    size_bytes = int(read_text(sysdir / "size") or 0) * 512
     if size_bytes == 0:
         raise SafetyError(
             f"{where}: {shown} has size 0 (an unattached loop device, or no medium); "
             "attach the disk or fix the path"
         )
+    return resolved, shown, sysdir, size_bytes
+
+
+def _check_unused(where: str, resolved: str, shown: str) -> None:
+    """Not mounted (nor swap), no holders, not open by any process."""
     mounts = device_mounts(resolved)
     if mounts:
         at = ", ".join("as swap" if m == "[swap]" else f"at {m}" for m in mounts)
@@ -563,6 +573,12 @@ def check_device(name: str, spec: dict) -> dict:
         raise SafetyError(
             f"{where}: {shown} is in use: {busy}; stop that first, or name another disk"
         )
+
+
+def _check_wipe_confirmed(
+    where: str, resolved: str, shown: str, wipe_serial: str
+) -> tuple[str | None, list[dict]]:
+    """(serial, signatures): a disk with signatures only when wipe_serial names its serial."""
     serial = device_serial(resolved)
     if wipe_serial and serial is None:
         raise SafetyError(
@@ -586,25 +602,7 @@ def check_device(name: str, spec: dict) -> dict:
             f"{where}: {shown} is not blank, it carries {_describe_signatures(signatures)}; "
             f"if its data may go, {fix}"
         )
-    disk = _whole_disk(sysdir)
-    return {
-        "name": name,
-        "path": path,
-        "resolved": resolved,
-        "kernel_name": sysdir.name,
-        "major_minor": _major_minor(rdev),
-        "is_partition": _is_partition(sysdir),
-        "whole_disk": disk.name,
-        "size_bytes": size_bytes,
-        "serial": serial,
-        "model": device_model(resolved),
-        "rotational": _queue_value(sysdir, "rotational") == 1,
-        "logical_block_size": _queue_value(sysdir, "logical_block_size"),
-        "physical_block_size": _queue_value(sysdir, "physical_block_size"),
-        "read_only": _read(sysdir / "ro") == "1",
-        "signatures": signatures,
-        "wipe_confirmed": bool(wipe_serial) and wipe_serial == serial,
-    }
+    return serial, signatures
 
 
 def check_devices(devices: dict[str, dict]) -> dict[str, dict]:

@@ -20,8 +20,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from luksbench.testbox.env import which
-from luksbench.testbox.measure import POWERCAP_ROOT, rapl_unavailable_reason, read_rapl
+from luksbench.testbox.probes import POWERCAP_ROOT, rapl_unavailable_reason, read_rapl
+from luksbench.testbox.sysutil import read_text, which
 
 KEY_STRIPPED = "<key stripped>"
 TOOL_TIMEOUT_S = 30
@@ -134,13 +134,6 @@ def _tool(argv: list[str], parse_json: bool = False, ok_codes: tuple[int, ...] =
     return rec
 
 
-def _read(path: str | Path) -> str | None:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return None
-
-
 # --- block devices -------------------------------------------------------------------------------
 
 
@@ -157,10 +150,10 @@ def block_queues(sys_block: str | Path = "/sys/block") -> dict:
     root = Path(sys_block)
     for dev in sorted(root.iterdir()) if root.is_dir() else []:
         queue = dev / "queue"
-        sched = _read(queue / "scheduler")
+        sched = read_text(queue / "scheduler")
         entry: dict = {"scheduler": parse_scheduler(sched) if sched is not None else None}
         for attr in QUEUE_ATTRS:
-            entry[attr] = _read(queue / attr)
+            entry[attr] = read_text(queue / attr)
         slaves = dev / "slaves"
         if slaves.is_dir():
             entry["slaves"] = sorted(p.name for p in slaves.iterdir())
@@ -226,10 +219,10 @@ def cpufreq(sys_cpu: str | Path = "/sys/devices/system/cpu") -> dict:
     governors = {}
     drivers = set()
     for cpu in sorted(root.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:])):
-        gov = _read(cpu / "cpufreq" / "scaling_governor")
+        gov = read_text(cpu / "cpufreq" / "scaling_governor")
         if gov is not None:
             governors[cpu.name] = gov
-            drivers.add(_read(cpu / "cpufreq" / "scaling_driver"))
+            drivers.add(read_text(cpu / "cpufreq" / "scaling_driver"))
     if not governors:
         return _absent(f"no cpufreq under {root} (no frequency scaling driver, or a VM)")
     return {
@@ -237,9 +230,9 @@ def cpufreq(sys_cpu: str | Path = "/sys/devices/system/cpu") -> dict:
         "governors": governors,
         "governors_in_use": sorted(set(governors.values())),
         "drivers": sorted(d for d in drivers if d),
-        "intel_pstate_status": _read(root / "intel_pstate" / "status"),
-        "intel_pstate_no_turbo": _read(root / "intel_pstate" / "no_turbo"),
-        "cpufreq_boost": _read(root / "cpufreq" / "boost"),
+        "intel_pstate_status": read_text(root / "intel_pstate" / "status"),
+        "intel_pstate_no_turbo": read_text(root / "intel_pstate" / "no_turbo"),
+        "cpufreq_boost": read_text(root / "cpufreq" / "boost"),
     }
 
 
@@ -247,7 +240,7 @@ def cpu_vulnerabilities(vuln_dir: str | Path = "/sys/devices/system/cpu/vulnerab
     root = Path(vuln_dir)
     if not root.is_dir():
         return _absent(f"{root} not present")
-    return {p.name: _read(p) for p in sorted(root.iterdir())}
+    return {p.name: read_text(p) for p in sorted(root.iterdir())}
 
 
 # --- device-mapper -------------------------------------------------------------------------------
@@ -291,7 +284,7 @@ def capture_system(
     if devices is None:
         devices = _disks_from_lsblk(lsblk)
     rapl = read_rapl(powercap_root)
-    mdstat = _read("/proc/mdstat")
+    mdstat = read_text("/proc/mdstat")
     return {
         "tools": {t: which(t) for t in PROBE_TOOLS},
         "lsblk": lsblk,
@@ -299,7 +292,7 @@ def capture_system(
         "paths": [disk_of_path(p) for p in paths or []],
         "identify": identify_devices(devices),
         "cpufreq": cpufreq(),
-        "cmdline": _read("/proc/cmdline"),
+        "cmdline": read_text("/proc/cmdline"),
         "cpu_vulnerabilities": cpu_vulnerabilities(),
         "mdstat": (
             {"status": "ok", "text": mdstat}

@@ -34,12 +34,19 @@ import time
 from pathlib import Path
 
 from luksbench.testbox import safety
-from luksbench.testbox.env import TestboxError, log, run_quiet, run_tool, which
-from luksbench.testbox.plan import NULL_CIPHERS
+from luksbench.testbox.plan import NULL_CIPHERS, baseline_first, luks_layer, walk_layers
 from luksbench.testbox.sysinfo import strip_dm_table_keys
+from luksbench.testbox.sysutil import (
+    TestboxError,
+    log,
+    private_dir,
+    run_quiet,
+    run_tool,
+    which,
+    write_json_atomic,
+)
 
 MIB = 1024 * 1024
-SECTOR = 512
 BLKGETSIZE64 = 0x80081272
 # dm-crypt target versions that brought the optional parameters (kernel 4.0 and 5.9).
 PERF_FLAG_MIN_CRYPT_VERSION = {
@@ -146,6 +153,28 @@ def luks_format_argv(
         str(target),
     ]
     return argv
+
+
+def luks_facts(cfg: dict, luks_type: str, sector: int) -> dict:
+    """How a luks layer is formatted, as its description records it."""
+    return {
+        "cipher": cfg.get("cipher", "aes-xts-plain64"),
+        "key_bits": int(cfg.get("key_bits", 512)),
+        "hash": cfg.get("hash", "sha256"),
+        "luks_type": luks_type,
+        "luks_type_requested": cfg.get("luks_type", "luks2"),
+        "sector_size": sector,
+        "pbkdf": "pbkdf2",
+        "pbkdf_iterations": int(cfg.get("pbkdf_iterations", 1000)),
+    }
+
+
+def luks_dump(device: str | Path, key_file: str | Path, stack: str) -> str:
+    """``cryptsetup luksDump``, refused if it holds the key (it prints none: belt and braces)."""
+    dump = run_tool(["cryptsetup", "luksDump", str(device)], f"stack {stack}: luksDump").stdout
+    if Path(key_file).read_text() in dump:
+        raise TestboxError(f"stack {stack}: luksDump output contains key material")
+    return dump
 
 
 def luks_open_argv(
@@ -291,8 +320,6 @@ def mdstat() -> str | None:
 def planned_dm_names(plan: dict, stacks: list[str]) -> list[str]:
     """The device-mapper names :class:`KernelBuilder` will give the plan's luks and linear layers
     (in build order), so that a name already in use is refused before anything is created."""
-    from luksbench.testbox.plan import walk_layers
-
     names = []
     for stack in stacks:
         base = safety.mapper_name(plan["run"], stack)
@@ -484,9 +511,7 @@ class KernelBuilder:
             missing = [f for f in applied if f not in table.split()]
             if missing:
                 notes.append(f"perf flags {missing} requested but not in the dm table")
-        dump = run_tool(["cryptsetup", "luksDump", below["device"]], f"stack {stack}: luksDump")
-        if key_file.read_text() in dump.stdout:  # luksDump without --dump-*-key prints no key
-            raise TestboxError(f"stack {stack}: luksDump output contains key material")
+        dump = luks_dump(below["device"], key_file, stack)
         log(f"  {stack}: {below['device']} -> {device} (dm-crypt {cipher}, flags {applied})")
         info = {
             "mapper": name,
@@ -501,15 +526,8 @@ class KernelBuilder:
             "size_bytes": device_size(device),
             "description": {
                 "kind": "luks",
-                "cipher": cipher,
+                **luks_facts(layer, luks_type, sector),
                 "null_cipher": is_null_cipher(cipher),
-                "key_bits": int(layer.get("key_bits", 512)),
-                "hash": layer.get("hash", "sha256"),
-                "luks_type": luks_type,
-                "luks_type_requested": layer.get("luks_type", "luks2"),
-                "sector_size": sector,
-                "pbkdf": "pbkdf2",
-                "pbkdf_iterations": int(layer.get("pbkdf_iterations", 1000)),
                 "perf_flags_requested": list(layer.get("perf_flags") or []),
                 "perf_flags_applied": applied,
                 "perf_flags_skipped": skipped,
@@ -517,7 +535,7 @@ class KernelBuilder:
                 "payload_offset_sectors": status.get("offset_sectors"),
                 "cryptsetup_status": status,
                 "dm_table": table,
-                "luks_dump": dump.stdout,
+                "luks_dump": dump,
                 "notes": notes,
                 "over": below["description"],
             },
@@ -736,4 +754,132 @@ def leftovers(objects: list[dict]) -> dict[str, list[str]]:
             for o in objects
             if o["type"] in ("file", "backing_file") and os.path.lexists(o["path"])
         ],
+    }
+
+
+# --- building a plan's stacks ------------------------------------------------------------------
+
+
+def build_order(plan: dict) -> list[str]:
+    """Stacks in the order they can be built: a linear arm after the stack it covers."""
+    order = baseline_first(plan)
+    late = [
+        n
+        for n in order
+        if isinstance(plan["stacks"][n], dict) and plan["stacks"][n]["kind"] == "linear"
+    ]
+    return [n for n in order if n not in late] + late
+
+
+def _layer_summary(desc: dict) -> str:
+    """'luks aes-xts-plain64 on md raid0 [loop, loop]': the tree in one line."""
+    kind = desc.get("kind")
+    if kind == "luks":
+        head = f"luks {desc.get('cipher')}"
+    elif kind == "md":
+        head = f"md raid{desc.get('level')}"
+    elif kind == "fs":
+        head = f"{desc.get('fstype')} file"
+    elif kind in ("raw", "loop") and desc.get("device_name"):
+        head = f"{kind} {desc['device_name']}"
+    else:
+        head = str(kind)
+    if "members" in desc:
+        return f"{head} [{', '.join(_layer_summary(m) for m in desc['members'])}]"
+    if isinstance(desc.get("over"), dict):
+        return f"{head} on {_layer_summary(desc['over'])}"
+    return head
+
+
+def _first_of(desc: dict, kind: str) -> dict | None:
+    """The first layer of ``kind`` in the described tree, depth first."""
+    if desc.get("kind") == kind:
+        return desc
+    for child in ([desc["over"]] if isinstance(desc.get("over"), dict) else []) + list(
+        desc.get("members") or []
+    ):
+        found = _first_of(child, kind)
+        if found:
+            return found
+    return None
+
+
+def build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict) -> dict:
+    if any(
+        isinstance(layer, dict) and layer["kind"] == "luks"
+        for stack in plan["stacks"].values()
+        for _, layer in walk_layers(stack, "")
+    ):
+        state["key_dir"] = str(private_dir(Path(state["scratch_dir"]), ".luksbench-keys-"))
+    write_json_atomic(state_path, state, mode=0o600)
+
+    def save() -> None:
+        write_json_atomic(state_path, state, mode=0o600)
+
+    builder = KernelBuilder(plan, state, save, device_checks)
+    described: dict[str, dict] = {}
+    for name in build_order(plan):
+        entry = state["stacks"][name]
+        mark = len(state["objects"])
+        try:
+            built = builder.build_stack(name)
+        except (TestboxError, safety.SafetyError) as exc:
+            if not plan["stacks"][name].get("optional") or name == plan["baseline"]:
+                raise
+            described[name] = _unavailable(name, plan, state, builder, mark, exc)
+            save()
+            continue
+        entry.update(
+            device=built["device"],
+            device_type=built["device_type"],
+            size_bytes=built["size_bytes"],
+            mountpoint=built.get("mountpoint"),
+        )
+        save()
+        tree = built["description"]
+        luks = _first_of(tree, "luks") or {}
+        loop = _first_of(tree, "loop") or {}
+        notes = [n for d in (tree, luks, loop) for n in d.get("notes", [])]
+        described[name] = {
+            "kind": plan["stacks"][name]["kind"],
+            "backend": state["backend"],
+            "layout": _layer_summary(tree),
+            "cipher": luks.get("cipher"),
+            "key_bits": luks.get("key_bits"),
+            "hash": luks.get("hash"),
+            "luks_type": luks.get("luks_type"),
+            "sector_size": luks.get("sector_size"),
+            "perf_flags": luks.get("perf_flags_applied"),
+            "backing_file": loop.get("backing_file"),
+            "loop_device": loop.get("loop_device"),
+            "loop_direct_io": loop.get("loop_direct_io"),
+            "device": built["device"],
+            "device_type": built["device_type"],
+            "device_size_bytes": built["size_bytes"],
+            "layers": tree,
+            "notes": sorted(set(notes), key=notes.index),
+        }
+    return {name: described[name] for name in state["order"]}
+
+
+def _unavailable(name: str, plan: dict, state: dict, builder, mark: int, exc: Exception) -> dict:
+    """An optional stack that cannot be built here: undo its objects, record why."""
+    actions: list[str] = []
+    errors: list[str] = []
+    undo(state["objects"][mark:], actions, errors)
+    if errors:
+        raise TestboxError(f"stack {name}: could not be built ({exc}) nor undone: {errors}")
+    del state["objects"][mark:]
+    # shared devices first built for this stack are gone again
+    builder.shared = {k: v for k, v in builder.shared.items() if os.path.exists(v["device"])}
+    builder.stack_luks.pop(name, None)
+    reason = str(exc)
+    state["stacks"][name]["unavailable"] = reason
+    log(f"  {name}: UNAVAILABLE here, left out of the run: {reason}")
+    return {
+        "kind": plan["stacks"][name]["kind"],
+        "backend": state["backend"],
+        "unavailable": reason,
+        "cipher": (luks_layer(plan, name) or {}).get("cipher"),
+        "notes": [f"optional stack not built here: {reason}"],
     }

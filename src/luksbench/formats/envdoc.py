@@ -1,0 +1,81 @@
+"""``<host>/env.json``: the environment document, written once per host by ``luksbench testbox
+capture-env`` and read by ingest (the env table) and, through its ``env_json`` column, by the
+publishing side (the plan a host measured with, when it was captured).
+
+One spelling of every fact, the one capture writes (other keys are kept in ``env_json`` only)::
+
+    {"captured": "<ISO time, UTC>", "hostname": "...",
+     "kernel": {"sysname", "release", "version", "machine"}, "cmdline": "...",
+     "cpu": {"model", "vendor", "microcode", "count", "aes", "vaes", "avx2", "avx512f",
+             "vpclmulqdq", "flags": [...]},
+     "memory_bytes": {...}, "mitigations": {...}, "kernel_crypto": [...],
+     "tools": {"fio": "<first line of --version>", "cryptsetup": ..., "qemu-storage-daemon": ...,
+               ...},                                   # null: not installed
+     "backend": {"requested", "selected", "reason", ...},
+     "euid": 0, "system": {...}, "plan": {...}}       # the plan it was captured with
+
+Fleet servers (fio client/server mode) get no env.json; ingest gives them a row whose
+``env_json`` is ``{"fleet_server": {...}, "coordinator": "<host>"}``.
+
+Standard library only: the test box imports this.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from luksbench.formats.layout import read_json_object
+
+read_env = read_json_object
+
+
+def _text(value) -> str | None:
+    """First line of a recorded string; None when not recorded."""
+    if value is None or value == "":
+        return None
+    return str(value).strip().splitlines()[0]
+
+
+def _flag(cpu: dict, name: str) -> bool | None:
+    value = cpu.get(name)
+    return None if value is None else bool(value)
+
+
+def env_facts(doc: dict) -> dict:
+    """The key facts of one environment document (None where it does not record them)."""
+    cpu = doc.get("cpu") if isinstance(doc.get("cpu"), dict) else {}
+    kernel = doc.get("kernel") if isinstance(doc.get("kernel"), dict) else {}
+    backend = doc.get("backend") if isinstance(doc.get("backend"), dict) else {}
+    tools = doc.get("tools") if isinstance(doc.get("tools"), dict) else {}
+    count = cpu.get("count")
+    return {
+        "hostname": _text(doc.get("hostname")),
+        "kernel": _text(kernel.get("release")),
+        "cpu_model": _text(cpu.get("model")),
+        "cpu_count": count if isinstance(count, int) and not isinstance(count, bool) else None,
+        "aes": _flag(cpu, "aes"),
+        "vaes": _flag(cpu, "vaes"),
+        "backend": _text(backend.get("selected")),
+        "backend_reason": _text(backend.get("reason")),
+        "fio_version": _text(tools.get("fio")),
+        "cryptsetup_version": _text(tools.get("cryptsetup")),
+        "qemu_version": _text(tools.get("qemu-storage-daemon")),
+    }
+
+
+def parse_env_json(env_json) -> dict:
+    """The document stored in a processed table's ``env_json`` cell ({} when missing or bad)."""
+    if env_json is None or (isinstance(env_json, float) and math.isnan(env_json)):
+        return {}
+    try:
+        data = json.loads(env_json)
+    except (TypeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def env_plan(doc: dict) -> dict:
+    """The plan the environment was captured with ({} when not recorded)."""
+    plan = doc.get("plan")
+    return plan if isinstance(plan, dict) else {}

@@ -1,0 +1,93 @@
+"""``<host>/fio/manifest.json`` and ``<host>/fio/sessions/*.json``: the record of how a run was
+measured.
+
+The runner rewrites ``manifest.json`` at the end of every ``run-fio`` session (the index of the run
+as it stands) and leaves a write-once, read-only copy of it in ``fio/sessions/<start time>.json``
+(an adaptive pilot writes ``pilot-manifest.json``). Ingest reads them for the stacks table (the
+``stack_descriptions`` and ``unavailable_stacks``), the schedule table (every session's ``runs``)
+and the fio servers of a fleet run (``fleet``). The document (keys the readers use)::
+
+    {"run", "host", "seed", "repetitions", "cell_repetitions": {cell: n}, "targets", "adaptive",
+     "backend", "backend_reason", "baseline", "fleet": {"mode": "clients", "hosts": [...]} | null,
+     "stacks": [...], "unavailable_stacks": {stack: reason}, "cells": [...],
+     "pairing", "counterbalance", "cell_order",                # the design, in words
+     "io_size_bytes", "cpu_idle_baseline", "fio_clocksource", "fio",
+     "started", "ended", "complete", "interrupted", "failed": [...],
+     "stack_descriptions": {"stacks": {stack: {...}}, ...},    # stack-up's description
+     "runs": [{"index", "round", "rep", "stack", "workload", "position_in_cell", "path",
+               "cpu_path", "started", "ended", "skipped_existing", "status"}, ...]}
+
+Standard library only: the test box imports this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from luksbench.formats.layout import read_json_object
+
+MANIFEST_NAME = "manifest.json"
+PILOT_MANIFEST_NAME = "pilot-manifest.json"
+SESSIONS_DIR = "sessions"
+
+PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back to back)"
+COUNTERBALANCE = (
+    "ABBA across rounds: rounds 1,4,5,8,... stacks in order; rounds 2,3,6,7,... reversed"
+)
+CELL_ORDER = (
+    "round k shuffles the cells with random.Random(seed + k) and runs those with at "
+    "least k repetitions (cell_repetitions)"
+)
+
+read_manifest = read_json_object
+
+
+def session_records(host_dir: Path) -> list[tuple[Path, str]]:
+    """(manifest file, session name) of every session of a host: the write-once copies in
+    ``fio/sessions/`` when there are any, else ``fio/manifest.json`` (and the adaptive pilot's)."""
+    fio = Path(host_dir) / "fio"
+    sessions_dir = fio / SESSIONS_DIR
+    sessions = sorted(sessions_dir.glob("*.json")) if sessions_dir.is_dir() else []
+    if sessions:
+        return [(p, p.stem) for p in sessions]
+    candidates = (fio / PILOT_MANIFEST_NAME, fio / MANIFEST_NAME)
+    return [(p, p.stem) for p in candidates if p.exists()]
+
+
+def new_session_path(sessions_dir: Path, started: str) -> Path:
+    """A not yet existing name for a session's record, from its start time."""
+    stamp = "".join(ch for ch in started if ch.isalnum())
+    path = Path(sessions_dir) / f"{stamp}.json"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = Path(sessions_dir) / f"{stamp}-{suffix}.json"
+    return path
+
+
+def run_times(manifest: dict) -> dict[tuple[str, str, int], tuple[str | None, str | None]]:
+    """(stack, workload, rep) -> (started, ended) of every run the manifest timed."""
+    return {
+        (r["stack"], r["workload"], r["rep"]): (r.get("started"), r.get("ended"))
+        for r in manifest.get("runs", [])
+        if r.get("started")
+    }
+
+
+def fleet_servers(manifest: dict) -> list[dict]:
+    """The fio servers of a fleet run (``fleet.hosts`` in client mode), or []."""
+    fleet = manifest.get("fleet")
+    if not isinstance(fleet, dict) or fleet.get("mode") != "clients":
+        return []
+    return [h for h in fleet.get("hosts") or [] if isinstance(h, dict) and h.get("name")]
+
+
+def stack_descriptions(manifest: dict) -> tuple[dict[str, dict], dict[str, str]]:
+    """({stack: description}, {stack: why unavailable}): stack-up's descriptions, with a stub
+    for every optional stack that could not be built."""
+    data = manifest.get("stack_descriptions") or {}
+    stacks = data.get("stacks", data) if isinstance(data.get("stacks"), dict) else data
+    unavailable = manifest.get("unavailable_stacks") or {}
+    unavailable = unavailable if isinstance(unavailable, dict) else {}
+    stacks = {**{n: {"unavailable": why} for n, why in unavailable.items()}, **stacks}
+    return stacks, unavailable

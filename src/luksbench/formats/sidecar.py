@@ -1,0 +1,63 @@
+"""``rep<k>.cpu.json``: the CPU sidecar beside each fio result.
+
+Written by the runner (after fio, before the result appears); read by ingest into the
+``busy_cpu_s``, ``busy_cpu_pct``, ``sys_cpu_s`` and ``cpu_interval_s`` columns. The document::
+
+    {"interval_s": 6.02, "clk_tck": 100, "cpu_count": 2,
+     "delta_s": {"user": ..., "nice": ..., "system": ..., "idle": ..., "iowait": ...,
+                 "irq": ..., "softirq": ..., "steal": ...},   # /proc/stat deltas, seconds
+     "busy_s": ..., "busy_pct": ...,                           # busy: all but idle and iowait
+     "window": "<what the interval covers>",
+     "rapl": {...} | null}                                     # energy, when RAPL is readable
+
+Standard library only: the test box imports this.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+FIO_WINDOW = (
+    "fio process lifetime (startup, ramp_time and runtime); aggregate cpu line of /proc/stat; "
+    "iowait counts as idle"
+)
+
+
+def cpu_sidecar_document(cpu: dict, rapl: dict | None = None) -> dict:
+    """The sidecar of one fio run: ``cpu`` (/proc/stat deltas over the run), its RAPL energy."""
+    return {**cpu, "window": FIO_WINDOW, "rapl": rapl}
+
+
+def _number(value, name: str) -> float:
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"CPU sidecar: {name} is not a number: {value!r}")
+    return float(value)
+
+
+def read_cpu_sidecar(path: Path) -> dict:
+    """``rep<k>.cpu.json`` -> busy_cpu_s, busy_cpu_pct, sys_cpu_s, cpu_interval_s (NaN: not
+    recorded); ValueError if malformed."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"CPU sidecar is not readable JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError("CPU sidecar must be a JSON object")
+    delta = data.get("delta_s") or {}
+    if not isinstance(delta, dict):
+        raise ValueError("CPU sidecar: delta_s must be an object")
+    busy_s = _number(data.get("busy_s"), "busy_s")
+    if math.isnan(busy_s) and delta:
+        busy_s = sum(
+            _number(v, f"delta_s.{k}") for k, v in delta.items() if k not in ("idle", "iowait")
+        )
+    return {
+        "busy_cpu_s": busy_s,
+        "busy_cpu_pct": _number(data.get("busy_pct"), "busy_pct"),
+        "sys_cpu_s": _number(delta.get("system"), "delta_s.system"),
+        "cpu_interval_s": _number(data.get("interval_s"), "interval_s"),
+    }

@@ -1,0 +1,50 @@
+"""``<host>/fio/targets.json``: the adaptive design's per-cell repetition targets.
+
+Written by the analysis (:func:`luksbench.analysis.design.write_targets`, from the pilot) and read
+by the runner (``run-fio --targets``: cells are topped up to their target) and by ingest (the
+design columns). The document::
+
+    {"pairs": {"<workload id>": <pairs, int >= 1>, ...},   # what the runner reads
+     "noisy": ["<workload id>", ...],                       # cells whose target hit the cap
+     "cells": {"<workload id>": {"pilot_sd_log_ratio": ..., "required_pairs": ...,
+                                 "pairs": ..., "capped": ...}, ...}, ...}
+
+Standard library only: the test box imports this.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class TargetsError(ValueError):
+    """A targets file that cannot be used; the message says why (not which file)."""
+
+
+def read_targets(path: Path) -> dict[str, tuple[int, bool]]:
+    """workload id -> (target pairs, capped) from a targets file (:class:`TargetsError`)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TargetsError(f"targets file is not readable JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("pairs"), dict):
+        raise TargetsError("targets file: 'pairs' must be an object (workload id -> pairs)")
+    noisy = set(doc.get("noisy") or [])
+    out = {}
+    for w, n in doc["pairs"].items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise TargetsError(
+                f"targets file: pairs of {w!r} must be a positive integer, not {n!r}"
+            )
+        out[w] = (n, w in noisy)
+    return out
+
+
+def write_targets(path: Path, doc: dict) -> None:
+    """Write the targets document (replaced in one rename: the runner never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,248 @@
+"""Which backend builds the stacks on this machine (kernel or userspace), and why.
+
+The kernel backend needs loop devices, and device-mapper with the crypt target (or MD) for the
+layers a plan uses; the userspace backend needs qemu-storage-daemon with FUSE and builds only
+plain and luks arms on their own backing files. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from luksbench.testbox.plan import plan_layers
+from luksbench.testbox.sysutil import read_text, run_quiet, which
+
+
+def _proc_misc_has(name: str) -> bool:
+    try:
+        return any(line.split()[-1] == name for line in Path("/proc/misc").read_text().splitlines())
+    except (OSError, IndexError):
+        return False
+
+
+def dm_crypt_status(try_modprobe: bool = True) -> dict:
+    """Is the kernel's device-mapper with the crypt target usable here?"""
+    status: dict = {
+        "root": os.geteuid() == 0,
+        "dev_mapper_control": os.path.exists("/dev/mapper/control"),
+        "proc_misc_device_mapper": _proc_misc_has("device-mapper"),
+        "dmsetup_version_ok": False,
+        "crypt_target": False,
+        "modprobe": None,
+    }
+    dmsetup = which("dmsetup")
+
+    def probe_dmsetup() -> None:
+        # Only when the control node exists: dmsetup would otherwise mknod it as a side effect.
+        if dmsetup and os.path.exists("/dev/mapper/control"):
+            proc = run_quiet([dmsetup, "version"])
+            status["dmsetup_version_ok"] = bool(proc and proc.returncode == 0)
+
+    probe_dmsetup()
+
+    def dm_present() -> bool:
+        return status["dev_mapper_control"] and (
+            status["dmsetup_version_ok"] or status["proc_misc_device_mapper"]
+        )
+
+    def crypt_loaded() -> bool:
+        if os.path.isdir("/sys/module/dm_crypt"):
+            return True
+        if dmsetup and os.path.exists("/dev/mapper/control"):
+            proc = run_quiet([dmsetup, "targets"])
+            if proc and proc.returncode == 0:
+                return any(line.split()[:1] == ["crypt"] for line in proc.stdout.splitlines())
+        return False
+
+    if not (dm_present() and crypt_loaded()) and try_modprobe and status["root"]:
+        modprobe = which("modprobe")
+        if modprobe is None:
+            status["modprobe"] = "modprobe not installed"
+        else:
+            proc = run_quiet([modprobe, "dm_crypt"])
+            status["modprobe"] = (
+                "modprobe dm_crypt failed"
+                if proc is None
+                else f"modprobe dm_crypt exit {proc.returncode}"
+            )
+            status["dev_mapper_control"] = os.path.exists("/dev/mapper/control")
+            status["proc_misc_device_mapper"] = _proc_misc_has("device-mapper")
+            probe_dmsetup()
+    status["crypt_target"] = crypt_loaded() if dm_present() else False
+    status["available"] = bool(
+        status["root"] and dm_present() and status["crypt_target"] and which("cryptsetup")
+    )
+    return status
+
+
+def _dm_reason(dm: dict) -> str:
+    if not dm["root"]:
+        return "not running as root"
+    if not dm["dev_mapper_control"]:
+        return "no device-mapper in this kernel (/dev/mapper/control missing" + (
+            f"; {dm['modprobe']})" if dm["modprobe"] else ")"
+        )
+    if not (dm["dmsetup_version_ok"] or dm["proc_misc_device_mapper"]):
+        return "device-mapper driver not answering (dmsetup version failed, not in /proc/misc)"
+    if not dm["crypt_target"]:
+        return "device-mapper has no crypt target (dm_crypt not loaded)"
+    if not which("cryptsetup"):
+        return "cryptsetup not installed"
+    return "device-mapper with dm-crypt available"
+
+
+def userspace_status() -> dict:
+    missing = [t for t in ("qemu-storage-daemon", "fusermount3", "cryptsetup") if not which(t)]
+    fuse = os.path.exists("/dev/fuse")
+    return {"available": not missing and fuse, "missing_tools": missing, "dev_fuse": fuse}
+
+
+def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> dict:
+    """Is the kernel's MD (software RAID) usable here, with the personalities the plan needs?"""
+    personalities = {0: "raid0", 5: "raid5"}
+    modules = {0: "raid0", 5: "raid456"}
+
+    def active() -> set[str]:
+        text = read_text("/proc/mdstat") or ""
+        for line in text.splitlines():
+            if line.startswith("Personalities"):
+                return {p.strip("[]") for p in line.split(":", 1)[1].split()}
+        return set()
+
+    status: dict = {"root": os.geteuid() == 0, "mdadm": which("mdadm") is not None, "modprobe": []}
+    wanted = {personalities[lvl] for lvl in levels if lvl in personalities}
+    if (
+        (not os.path.exists("/proc/mdstat") or wanted - active())
+        and try_modprobe
+        and status["root"]
+    ):
+        modprobe = which("modprobe")
+        for lvl in levels:
+            if modprobe and personalities.get(lvl) not in active():
+                proc = run_quiet([modprobe, modules[lvl]])
+                status["modprobe"].append(
+                    f"modprobe {modules[lvl]}: "
+                    + ("failed to run" if proc is None else f"exit {proc.returncode}")
+                )
+    status["proc_mdstat"] = os.path.exists("/proc/mdstat")
+    status["personalities"] = sorted(active())
+    missing = sorted(wanted - set(status["personalities"]))
+    status["available"] = bool(
+        status["root"] and status["proc_mdstat"] and status["mdadm"] and not missing
+    )
+    if not status["root"]:
+        status["reason"] = "not running as root"
+    elif not status["proc_mdstat"]:
+        status["reason"] = "no MD (software RAID) in this kernel (/proc/mdstat missing)"
+    elif missing:
+        status["reason"] = f"MD personalities {missing} not available"
+    elif not status["mdadm"]:
+        status["reason"] = "mdadm not installed"
+    else:
+        status["reason"] = "MD available"
+    return status
+
+
+def plan_md_levels(plan: dict) -> tuple[int, ...]:
+    """RAID levels the plan's md layers use (empty: no MD needed)."""
+    return tuple(
+        sorted({int(lay.get("level", 0)) for lay in plan_layers(plan) if lay["kind"] == "md"})
+    )
+
+
+def userspace_compatible(plan: dict) -> list[str]:
+    """Why the userspace backend cannot build this plan (empty list: it can).
+
+    It exports whole backing files through FUSE: only ``plain`` and a ``luks`` arm on its own
+    backing file are possible; layers on devices, md, filesystems and dm-linear need the kernel."""
+    why = []
+    for name, stack in plan["stacks"].items():
+        kind = stack.get("kind") if isinstance(stack, dict) else None
+        if kind not in ("plain", "luks") or "over" in stack:
+            why.append(f"stack {name} ({kind}{' on another layer' if 'over' in stack else ''})")
+    return why
+
+
+def resolve_backend(
+    requested: str,
+    try_modprobe: bool = True,
+    needs_dm: bool = True,
+    md_levels: tuple[int, ...] = (),
+    userspace_blockers: list[str] | None = None,
+) -> dict:
+    """Which backend will be used and why. ``selected`` is None when none can be used.
+
+    ``needs_dm``: the plan has a luks or linear layer (a plain-only plan needs loop devices only);
+    ``md_levels``: RAID levels of its md layers; ``userspace_blockers``: the stacks the userspace
+    backend cannot build (:func:`userspace_compatible`).
+    """
+    dm = dm_crypt_status(try_modprobe=try_modprobe)
+    md = md_status(try_modprobe=try_modprobe, levels=md_levels) if md_levels else None
+    loop = os.path.exists("/dev/loop-control") and which("losetup") is not None
+    us = userspace_status()
+    if userspace_blockers:
+        us = {**us, "available": False, "blocked_by": list(userspace_blockers)}
+    kernel_ok = loop and (dm["available"] or not needs_dm) and (md is None or md["available"])
+    if not loop:
+        kernel_why = "no loop devices (/dev/loop-control or losetup missing)"
+    elif needs_dm and not dm["available"]:
+        kernel_why = _dm_reason(dm)
+    elif md is not None and not md["available"]:
+        kernel_why = md["reason"]
+    elif needs_dm:
+        kernel_why = "device-mapper with dm-crypt and loop devices available" + (
+            "; MD available" if md else ""
+        )
+    else:
+        kernel_why = "loop devices available (no luks stack, so dm-crypt is not needed)"
+    us_problems = [f"missing {tool}" for tool in us["missing_tools"]]
+    us_problems += [] if us["dev_fuse"] else ["no /dev/fuse"]
+    if us.get("blocked_by"):
+        arms = "it builds only plain and luks-on-its-own-file arms"
+        us_problems.append(f"{arms}, not {', '.join(us['blocked_by'])}")
+    us_why = (
+        "qemu-storage-daemon with FUSE export available"
+        if us["available"]
+        else "userspace backend unavailable: " + ", ".join(us_problems)
+    )
+    selected: str | None
+    if requested == "kernel":
+        selected = "kernel" if kernel_ok else None
+        reason = f"plan requests kernel; {kernel_why}"
+    elif requested == "userspace":
+        selected = "userspace" if us["available"] else None
+        reason = f"plan requests userspace; {us_why}"
+    elif kernel_ok:
+        selected, reason = "kernel", f"auto: {kernel_why}"
+    elif us["available"]:
+        selected = "userspace"
+        reason = (
+            f"auto: kernel backend unavailable ({kernel_why}); using qemu-storage-daemon + FUSE"
+        )
+    else:
+        selected, reason = None, f"auto: kernel backend unavailable ({kernel_why}); {us_why}"
+    return {
+        "requested": requested,
+        "selected": selected,
+        "reason": reason,
+        "dm_crypt": dm,
+        "md": md,
+        "loop_devices": loop,
+        "userspace": us,
+    }
+
+
+def plan_needs_dm(plan: dict) -> bool:
+    return any(lay["kind"] in ("luks", "linear") for lay in plan_layers(plan))
+
+
+def resolve_plan_backend(plan: dict, try_modprobe: bool = True) -> dict:
+    """:func:`resolve_backend` for what this plan's layers need."""
+    return resolve_backend(
+        plan["backend"],
+        try_modprobe=try_modprobe,
+        needs_dm=plan_needs_dm(plan),
+        md_levels=plan_md_levels(plan),
+        userspace_blockers=userspace_compatible(plan),
+    )

@@ -1,0 +1,255 @@
+"""Userspace backend: ``qemu-storage-daemon`` exports each backing file through FUSE (plain: the
+raw driver, luks: qemu's luks driver), so both arms take the same path. For machines without
+device-mapper (CI, containers). qemu 7.2's luks driver reads LUKS1 only, so this backend forces
+luks1. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+from luksbench.testbox import safety
+from luksbench.testbox.backends.kernel import (
+    create_backing,
+    device_size,
+    luks_dump,
+    luks_facts,
+    luks_format_argv,
+    write_key,
+)
+from luksbench.testbox.sysutil import (
+    TestboxError,
+    cmdline,
+    find_our_processes,
+    log,
+    pid_alive,
+    private_dir,
+    run_tool,
+    wait_gone,
+    write_json_atomic,
+)
+
+MIB = 1024 * 1024
+USERSPACE_LUKS_NOTE = (
+    "userspace backend forces luks1: qemu-storage-daemon 7.2's luks block driver reads LUKS1 "
+    "headers only (LUKS2 support arrived in later qemu versions)"
+)
+
+
+def _qemu_escape(value: str) -> str:
+    """qemu option values escape ',' as ',,'."""
+    return str(value).replace(",", ",,")
+
+
+def qsd_argv(
+    *,
+    kind: str,
+    backing: str | Path,
+    mountpoint: str | Path,
+    qmp_socket: str | Path,
+    pidfile: str | Path,
+    key_file: str | Path | None = None,
+) -> list[str]:
+    """qemu-storage-daemon exporting ``backing`` (raw, or through qemu's luks driver) via FUSE."""
+    argv = [
+        "qemu-storage-daemon",
+        "--chardev",
+        f"socket,id=qmp0,path={_qemu_escape(qmp_socket)},server=on,wait=off",
+        "--monitor",
+        "chardev=qmp0",
+        "--blockdev",
+        f"driver=file,node-name=file0,filename={_qemu_escape(backing)},cache.direct=on",
+    ]
+    if kind == "luks":
+        if key_file is None:
+            raise ValueError("luks export needs a key file")
+        argv += [
+            "--object",
+            f"secret,id=sec0,file={_qemu_escape(key_file)},format=raw",
+            "--blockdev",
+            "driver=luks,node-name=dev0,file=file0,key-secret=sec0",
+        ]
+    else:
+        argv += ["--blockdev", "driver=raw,node-name=dev0,file=file0"]
+    argv += [
+        "--export",
+        f"type=fuse,id=exp0,node-name=dev0,mountpoint={_qemu_escape(mountpoint)},writable=on",
+        "--pidfile",
+        str(pidfile),
+        "--daemonize",
+    ]
+    return argv
+
+
+def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
+    """Ask qemu-storage-daemon to quit over its QMP monitor socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(sock_path)
+        f = s.makefile("rw")
+        json.loads(f.readline())  # greeting
+        for cmd in ("qmp_capabilities", "quit"):
+            f.write(json.dumps({"execute": cmd}) + "\n")
+            f.flush()
+            while True:  # skip asynchronous events until the command's reply
+                line = f.readline()
+                if not line:
+                    return  # daemon closed the socket: it is quitting
+                reply = json.loads(line)
+                if "error" in reply:
+                    raise TestboxError(f"QMP {cmd}: {reply['error']}")
+                if "return" in reply:
+                    break
+
+
+def _runtime_parent() -> str | None:
+    """Short directory for QMP sockets and pid files (AF_UNIX paths are limited to 107 bytes)."""
+    return "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else None
+
+
+def _start_daemon(entry: dict, state: dict) -> None:
+    mnt = Path(entry["mountpoint"])
+    mnt.touch(mode=0o600)  # FUSE exports need an existing regular file as mountpoint
+    argv = qsd_argv(
+        kind=entry["kind"],
+        backing=entry["backing_file"],
+        mountpoint=mnt,
+        qmp_socket=entry["daemon"]["qmp_socket"],
+        pidfile=entry["daemon"]["pidfile"],
+        key_file=entry.get("key_file"),
+    )
+    log(f"  {entry['stack']}: qemu-storage-daemon FUSE export -> {mnt}")
+    run_tool(argv, f"stack {entry['stack']}: start qemu-storage-daemon", timeout=60)
+    try:
+        entry["daemon"]["pid"] = int(Path(entry["daemon"]["pidfile"]).read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise TestboxError(
+            f"stack {entry['stack']}: qemu-storage-daemon wrote no pid file: {exc}"
+        ) from exc
+    if not safety.is_mounted(mnt):
+        raise TestboxError(f"stack {entry['stack']}: FUSE export {mnt} is not mounted after start")
+
+
+def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dict:
+    """Every stack as a qemu-storage-daemon FUSE export of its own backing file; STATE is saved
+    before each step. Returns the stacks' descriptions."""
+    if any(e["kind"] == "luks" for e in state["stacks"].values()):
+        state["key_dir"] = str(private_dir(state["scratch_dir"], ".luksbench-keys-"))
+    runtime_parent = _runtime_parent() or tempfile.gettempdir()
+    state["runtime_dir"] = str(private_dir(runtime_parent, "luksbench-"))
+    write_json_atomic(state_path, state, mode=0o600)
+    described: dict[str, dict] = {}
+    for name in state["order"]:
+        entry = state["stacks"][name]
+        desc = {
+            "kind": entry["kind"],
+            "backend": state["backend"],
+            "backing_file": entry["backing_file"],
+            "backing_size_bytes": size,
+            "notes": [],
+        }
+        log(f"  {name}: backing file {entry['backing_file']} ({size // MIB} MiB, fully allocated)")
+        create_backing(Path(entry["backing_file"]), size)
+        if entry["kind"] == "luks":
+            _format_luks1(plan["stacks"][name], entry, desc, state, state_path)
+        else:
+            desc.update(cipher=None, key_bits=None, hash=None, luks_type=None, sector_size=None)
+        _export(entry, state, state_path)
+        desc.update(
+            layout="plain file (FUSE)" if entry["kind"] == "plain" else "luks1 (qemu, FUSE)",
+            device=entry["device"],
+            device_type=entry["device_type"],
+            device_size_bytes=entry["size_bytes"],
+        )
+        described[name] = desc
+    return described
+
+
+def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: Path) -> None:
+    """luksFormat the backing file as qemu can read it (LUKS1, 512-byte sectors); notes say
+    what of the plan's luks settings this backend cannot honour."""
+    name, sector = entry["stack"], int(cfg.get("sector_size", 512))
+    if cfg.get("luks_type", "luks2") != "luks1":
+        desc["notes"].append(USERSPACE_LUKS_NOTE)
+    if sector != 512:
+        desc["notes"].append(f"luks1 supports only 512-byte sectors; plan asked {sector}")
+    if cfg.get("perf_flags"):
+        desc["notes"].append(
+            f"perf flags {cfg['perf_flags']} skipped: they are dm-crypt options and the "
+            "userspace backend does not use dm-crypt"
+        )
+    entry["key_file"] = str(write_key(Path(state["key_dir"]), name))
+    write_json_atomic(state_path, state, mode=0o600)
+    log(f"  {name}: luksFormat --type luks1 {cfg.get('cipher', 'aes-xts-plain64')}")
+    backing = entry["backing_file"]
+    run_tool(
+        luks_format_argv(cfg, backing, entry["key_file"], "luks1"), f"stack {name}: luksFormat"
+    )
+    desc.update(
+        luks_facts(cfg, "luks1", 512), luks_dump=luks_dump(backing, entry["key_file"], name)
+    )
+
+
+def _export(entry: dict, state: dict, state_path: Path) -> None:
+    """Start the stack's daemon; its FUSE file becomes the stack's device."""
+    rt = Path(state["runtime_dir"])
+    name = entry["stack"]
+    entry["daemon"] = {
+        "pid": None,
+        "qmp_socket": str(rt / f"{name}.qmp"),
+        "pidfile": str(rt / f"{name}.pid"),
+    }
+    write_json_atomic(state_path, state, mode=0o600)
+    _start_daemon(entry, state)
+    entry["device"] = entry["mountpoint"]
+    entry["device_type"] = "file"
+    write_json_atomic(state_path, state, mode=0o600)
+    entry["size_bytes"] = device_size(entry["device"])
+    write_json_atomic(state_path, state, mode=0o600)
+
+
+def stop_daemon(entry: dict, actions: list[str]) -> None:
+    daemon = entry.get("daemon") or {}
+    markers = [entry.get("mountpoint"), entry.get("backing_file")]
+    pids = set(find_our_processes(markers, names=("qemu-storage-daemon",)))
+    pid = daemon.get("pid")
+    if pid and pid_alive(pid) and any(m and m in "\0".join(cmdline(pid)) for m in markers):
+        pids.add(pid)
+    for pid in sorted(pids):
+        sock = daemon.get("qmp_socket")
+        quit_ok = False
+        if sock and os.path.exists(sock):
+            try:
+                qmp_quit(sock)
+                quit_ok = wait_gone(pid, 10)
+            except (OSError, ValueError, TestboxError) as exc:
+                log(f"  {entry['stack']}: QMP quit failed ({exc}); falling back to SIGTERM")
+        if quit_ok:
+            actions.append(f"{entry['stack']}: qemu-storage-daemon pid {pid} quit via QMP")
+            continue
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+            if wait_gone(pid, wait):
+                actions.append(
+                    f"{entry['stack']}: qemu-storage-daemon pid {pid} stopped by {sig.name}"
+                )
+                break
+
+
+def unmount(path: str, stack: str, actions: list[str]) -> None:
+    if not safety.is_mounted(path):
+        return
+    for argv in (["fusermount3", "-u", path], ["umount", path], ["umount", "-l", path]):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(argv, capture_output=True, check=False, timeout=30)
+        if not safety.is_mounted(path):
+            actions.append(f"{stack}: unmounted stale FUSE mount {path} ({argv[0]})")
+            return

@@ -1,0 +1,170 @@
+"""Environment capture: what machine this is, which tools it has, which backend a plan gets
+(env.json), and the verbatim ``cryptsetup benchmark``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from luksbench.testbox.backends.choose import resolve_plan_backend
+from luksbench.testbox.sysinfo import capture_system
+from luksbench.testbox.sysutil import (
+    TestboxError,
+    log,
+    read_text,
+    run_quiet,
+    utc_now,
+    which,
+    write_atomic,
+)
+
+TOOLS = ("fio", "cryptsetup", "qemu-storage-daemon", "losetup", "dmsetup", "fusermount3")
+
+
+def tool_version(tool: str) -> str | None:
+    """First line of ``TOOL --version``. dmsetup is probed only where /dev/mapper/control exists:
+    libdevmapper creates that node as a side effect when it is missing."""
+    path = which(tool)
+    if path is None:
+        return None
+    if tool == "dmsetup" and not os.path.exists("/dev/mapper/control"):
+        # Even `dmsetup --version` mknods /dev/mapper/control; leave machines without DM alone.
+        return f"{path} (version not probed: no /dev/mapper/control)"
+    proc = run_quiet([path, "--version"])
+    if proc is None:
+        return None
+    text = (proc.stdout or proc.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def tool_versions() -> dict:
+    versions = {tool: tool_version(tool) for tool in TOOLS}
+    versions["python"] = sys.version.split()[0]
+    return versions
+
+
+# --- capture-env ---------------------------------------------------------------------------------
+
+
+def _cpuinfo() -> dict:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    info: dict = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if (
+            sep
+            and key in ("model name", "flags", "Features", "vendor_id", "microcode")
+            and key not in info
+        ):
+            info[key] = value.strip()
+    return info
+
+
+def _meminfo() -> dict:
+    out = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("MemTotal", "MemAvailable", "SwapTotal"):
+                out[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def _kernel_crypto(names: tuple[str, ...] = ("xts(aes)", "aes", "cbc(aes)")) -> list[dict]:
+    """Kernel crypto drivers for the ciphers dm-crypt would use, with priorities."""
+    text = read_text("/proc/crypto")
+    if text is None:
+        return []
+    found = []
+    for block in text.split("\n\n"):
+        entry = {}
+        for line in block.splitlines():
+            key, _, value = line.partition(":")
+            entry[key.strip()] = value.strip()
+        if entry.get("name") in names:
+            found.append(
+                {k: entry.get(k) for k in ("name", "driver", "module", "priority", "type")}
+            )
+    return found
+
+
+def capture_env(plan: dict) -> dict:
+    cpu = _cpuinfo()
+    flags = (cpu.get("flags") or cpu.get("Features") or "").split()
+    uname = platform.uname()
+    vuln_dir = Path("/sys/devices/system/cpu/vulnerabilities")
+    mitigations = {}
+    if vuln_dir.is_dir():
+        for p in sorted(vuln_dir.iterdir()):
+            mitigations[p.name] = read_text(str(p))
+    return {
+        "captured": utc_now(),
+        "hostname": socket.gethostname(),
+        "kernel": {
+            "sysname": uname.system,
+            "release": uname.release,
+            "version": uname.version,
+            "machine": uname.machine,
+        },
+        "cmdline": read_text("/proc/cmdline"),
+        "cpu": {
+            "model": cpu.get("model name"),
+            "vendor": cpu.get("vendor_id"),
+            "microcode": cpu.get("microcode"),
+            "count": os.cpu_count(),
+            "aes": "aes" in flags,
+            "vaes": "vaes" in flags,
+            "avx2": "avx2" in flags,
+            "avx512f": "avx512f" in flags,
+            "vpclmulqdq": "vpclmulqdq" in flags,
+            "flags": flags,
+        },
+        "memory_bytes": _meminfo(),
+        "mitigations": mitigations,
+        "kernel_crypto": _kernel_crypto(),
+        "tools": tool_versions(),
+        "backend": resolve_plan_backend(plan),
+        "euid": os.geteuid(),
+        # Identify the configured disks; with none (scratch files only) every disk lsblk lists.
+        "system": capture_system(
+            devices=[
+                d["path"]
+                for d in (plan.get("devices") or {}).values()
+                if isinstance(d, dict) and d.get("path")
+            ]
+            or None,
+            paths=[plan["scratch_dir"]] if plan.get("scratch_dir") else None,
+        ),
+        "plan": plan,
+    }
+
+
+# --- benchmark-ciphers ---------------------------------------------------------------------------
+
+
+def benchmark_ciphers(out: Path, extra_args: list[str] | None = None) -> int:
+    """Run ``cryptsetup benchmark``; its output goes verbatim (stderr interleaved) into ``out``.
+
+    A non-zero exit (e.g. ciphers the kernel crypto API does not offer) is recorded on stderr
+    but is not a failure of this step. Returns the tool's exit code.
+    """
+    cryptsetup = which("cryptsetup")
+    if cryptsetup is None:
+        raise TestboxError("cryptsetup is not installed; cannot run `cryptsetup benchmark`")
+    argv = [cryptsetup, "benchmark", *(extra_args or [])]
+    log(f"luksbench testbox: running {' '.join(argv[1:])} (takes ~15 s) ...")
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    write_atomic(Path(out), proc.stdout)
+    log(f"luksbench testbox: cryptsetup benchmark exit code {proc.returncode}; output in {out}")
+    return proc.returncode

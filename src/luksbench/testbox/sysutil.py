@@ -1,0 +1,166 @@
+"""Helpers every test-box module shares: errors, progress on stderr, timestamps, atomic writes,
+running tools and probes, and looking at processes. A leaf: imports no other luksbench module.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+
+class TestboxError(RuntimeError):
+    """A test-box step failed; the message says which and why."""
+
+    __test__ = False  # not a pytest test class
+
+
+# --- progress, time, files ---------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+    """Write to a temp file in the same directory, fsync, chmod, rename into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj, mode: int = 0o644) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n", mode)
+
+
+def private_dir(parent: str | Path, prefix: str) -> Path:
+    """A new 0700 directory under ``parent`` (for key files, sockets, pid files)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o700)
+    return path
+
+
+def read_text(path: str | Path) -> str | None:
+    """A small kernel or sysfs file, stripped; None when it cannot be read."""
+    try:
+        return Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def run_quiet(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
+    """Run a read-only probe; None when the tool is missing or hangs."""
+    tool = which(argv[0])
+    if tool is None:
+        return None
+    try:
+        return subprocess.run(
+            [tool, *argv[1:]], capture_output=True, text=True, check=False, timeout=timeout
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def run_tool(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a tool; raise TestboxError with its stderr on failure. Never logs key material:
+    keys only ever travel in files, so argv is safe to print."""
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError as exc:
+        raise TestboxError(f"{what}: {argv[0]} not installed") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise TestboxError(f"{what}: `{' '.join(argv)}` timed out after {timeout} s") from exc
+    if proc.returncode != 0:
+        raise TestboxError(
+            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
+        )
+    return proc
+
+
+def which(tool: str) -> str | None:
+    return shutil.which(tool) or next(
+        (p for d in ("/usr/sbin", "/sbin") if os.access(p := f"{d}/{tool}", os.X_OK)), None
+    )
+
+
+# --- processes -----------------------------------------------------------------------------------
+
+
+def _pid_state(pid: int) -> str | None:
+    """Process state letter (R, S, Z, ...) or None if there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()[0]
+
+
+def pid_alive(pid: int | None) -> bool:
+    return pid is not None and _pid_state(pid) not in (None, "Z", "X")
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def find_our_processes(
+    markers: list[str], names=("qemu-storage-daemon", "fio"), exact: bool = False
+) -> list[int]:
+    """PIDs of qemu-storage-daemon / fio processes whose command line mentions one of ``markers``
+    (our mountpoints, backing files; with ``exact``, whole arguments such as
+    ``--filename=/dev/loop3``). Catches daemons whose pid never reached STATE and fio processes
+    left by a killed run-fio."""
+    found = []
+    markers = [m for m in markers if m]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        argv = cmdline(int(entry))
+        if not argv or os.path.basename(argv[0]) not in names:
+            continue
+        joined = "\0".join(argv)
+        hit = any(m in argv for m in markers) if exact else any(m in joined for m in markers)
+        if hit and pid_alive(int(entry)):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return not pid_alive(pid)
