@@ -1,0 +1,89 @@
+"""fio's client/server mode for real: two fio servers on 127.0.0.1, every run sent to both."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import loop_plan
+from conftest import testbox as tb
+from test_fleet import free_port
+
+from luksbench.formats.fio import parse_fio_file
+from luksbench.testbox.env import TestboxError
+from luksbench.testbox.plan import check_plan
+from luksbench.testbox.runner import check_servers
+
+
+@pytest.fixture
+def fio_servers(tmp_path):
+    """Two `fio --server` daemons on 127.0.0.1 (stopped afterwards)."""
+    servers = []
+    for i in (1, 2):
+        port, pidfile = free_port(), tmp_path / f"fio-server{i}.pid"
+        subprocess.run(
+            ["fio", f"--server=ip:127.0.0.1,{port}", f"--daemonize={pidfile}"], check=True
+        )
+        servers.append(
+            {"name": f"client{i}", "address": "127.0.0.1", "port": port, "pidfile": pidfile}
+        )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            check_servers(servers, timeout=1)
+            break
+        except TestboxError:
+            time.sleep(0.2)
+    yield [{k: v for k, v in s.items() if k != "pidfile"} for s in servers]
+    for s in servers:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(s["pidfile"].read_text()), 15)
+
+
+@pytest.mark.device
+def test_every_run_goes_to_both_servers_and_parses_per_host(tmp_path, fio_servers):
+    run = f"fl{os.getpid()}"
+    plan = loop_plan(
+        run,
+        tmp_path / "scratch",
+        host="coord",
+        matrix={"rw": ["randread"], "bs": ["4k"], "iodepth": [4]},
+        repetitions=2,
+        fleet={"mode": "clients", "hosts": fio_servers},
+    )
+    check_plan(plan)
+    plan_path, state = tmp_path / "plan.json", tmp_path / "state.json"
+    plan_path.write_text(json.dumps(plan))
+
+    tb("stack-up", "--plan", plan_path, "--state", state, "--describe", tmp_path / "s.json")
+    host_dir = tmp_path / "raw" / run / "coord"
+    try:
+        out = tb(
+            "run-fio",
+            "--plan",
+            plan_path,
+            "--state",
+            state,
+            "--raw-host-dir",
+            host_dir,
+            "--manifest",
+            tmp_path / "m.json",
+        )
+    finally:
+        tb("stack-down", "--state", state)
+    assert "MiB/s per server" in out.stderr
+    manifest = json.loads((tmp_path / "m.json").read_text())
+    assert manifest["complete"] and manifest["fleet"]["hosts"] == fio_servers
+    for stack in ("plain", "other"):
+        for rep in (1, 2):
+            path = host_dir / "fio" / stack / "randread-4k-qd4" / f"rep{rep}.json"
+            rows = parse_fio_file(path)
+            hosts = sorted(r["host"] for r in rows)
+            assert hosts == sorted(f"127.0.0.1:{s['port']}" for s in fio_servers)
+            assert all(r["iops"] > 0 and r["rw"] == "randread" for r in rows)
+    assert not list(Path(host_dir).rglob("*.job.tmp"))
