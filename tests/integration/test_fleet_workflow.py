@@ -14,7 +14,7 @@ import re
 import pandas as pd
 import pytest
 from conftest import copy_workflow
-from test_fleet_servers import fio_servers  # noqa: F401 (fixture: two fio servers, stopped afterwards)
+from test_fleet import fio_servers  # noqa: F401 (fixture: two fio servers, stopped afterwards)
 from test_workflow_run import our_mounts, our_processes, snakemake
 
 from luksbench.formats.fio import parse_fio_file
