@@ -1,4 +1,4 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures and helpers; each test's tier marker comes from its folder."""
 
 from __future__ import annotations
 
@@ -12,6 +12,22 @@ REPO_DIR = Path(__file__).parents[1]
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
 # Real-world tool outputs collected by the project (read-only, described in PROVENANCE.md).
 EXTERNAL_DIR = REPO_DIR.parent / "shared/datasets/external"
+
+
+# A test's folder is its tier (tests/README.md); the notebooks (nbval) run the whole analysis.
+TIERS = ("unit", "integration", "vm")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not item.path.is_relative_to(REPO_DIR):
+            continue
+        parts = item.path.relative_to(REPO_DIR).parts
+        if parts[0] == "notebooks":
+            item.add_marker("integration")
+        elif parts[0] == "tests" and parts[1] in TIERS:
+            item.add_marker(parts[1])
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,62 @@
+"""The box lock for real: a second stack-up on the test box is refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_lock import CONFIG, LUKSBENCH
+
+from luksbench.testbox import lock
+from luksbench.testbox.plan import plan_from_config
+
+
+@pytest.mark.device
+def test_a_second_stack_up_on_the_box_is_refused(tmp_path):
+    def stack_up(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        work = tmp_path / name
+        work.mkdir()
+        plan = work / "plan.json"
+        plan.write_text(
+            json.dumps(plan_from_config({**CONFIG, "run": name}, "box", work / "scratch"))
+        )
+        result = subprocess.run(
+            [
+                *LUKSBENCH,
+                "stack-up",
+                "--plan",
+                str(plan),
+                "--state",
+                str(work / "state.json"),
+                "--describe",
+                str(work / "stacks.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return result, work
+
+    def stack_down(work: Path) -> None:
+        subprocess.run(
+            [*LUKSBENCH, "stack-down", "--state", str(work / "state.json")],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    first, first_work = stack_up("first")
+    assert first.returncode == 0, first.stderr
+    try:
+        second, second_work = stack_up("second")
+        assert second.returncode != 0
+        assert "the test box is busy: run 'first'" in second.stderr
+        assert not list((second_work / "scratch").glob("*.img")), "refused before creating anything"
+    finally:
+        stack_down(first_work)
+    third, third_work = stack_up("third")
+    assert third.returncode == 0, third.stderr
+    stack_down(third_work)
+    assert not (lock.LOCK_DIR / lock.LOCK_NAME).exists()

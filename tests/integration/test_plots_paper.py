@@ -1,0 +1,588 @@
+"""Figures and paper from the real-fio raw layout of test_ingest (smoke + the paper's promises)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from luksbench.analysis import ingest, stats
+from luksbench.analysis.loss import write_loss
+from luksbench.publish import catalog, paper, render, style
+from luksbench.publish.ceilings import crypto_ceilings
+from luksbench.publish.text import bs_human, fmt_ci, fmt_pct
+
+
+@pytest.fixture(scope="module")
+def processed(external_dir, tmp_path_factory) -> Path:
+    from test_ingest import build_raw  # tests/unit is on sys.path (pyproject: pythonpath)
+
+    base = tmp_path_factory.mktemp("pp")
+    raw = build_raw(external_dir, base / "raw" / "tumrun")
+    out = base / "processed" / "tumrun"
+    ingest.write_processed(raw, out)
+    write_loss(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def figures(processed) -> dict:
+    return catalog.make_figures(processed, processed.parent.parent / "figures" / "tumrun", "tumrun")
+
+
+def test_figures_written_with_provenance(figures, processed):
+    fio = ingest.read_processed(processed)["fio"]
+    cells = list(fio[["host", "rw"]].drop_duplicates().itertuples(index=False))
+    hosts = sorted(fio["host"].unique())
+    throughput = {f"throughput-{h}-{rw}-{m}" for h, rw in cells for m in ("bw_bytes", "iops")}
+    # two hosts: host in every per-host name; plain json results (no json+ bins): no latency
+    # figures; only tum-direct2 has CPU sidecars; one host has cipher rows, so the cipher bars exist
+    expected = (
+        {"loss", "ciphers"}
+        | throughput
+        | {f"heatmap-{h}-{m}" for h in hosts for m in ("bw_bytes", "clat_p99_ns")}
+        | {f"ceiling-{h}" for h in hosts}
+        | {f"cpu-tum-direct2-{m}" for m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")}
+        | {f"hosts-{m}" for m in ("bw_bytes", "clat_p99_ns")}  # the two boxes side by side
+    )
+    assert set(figures) == expected
+    for name, (png, svg) in figures.items():
+        assert png.suffix == ".png" and svg.suffix == ".svg"
+        assert png.stat().st_size > 1000 and svg.stat().st_size > 1000
+        text = Image.open(png).text
+        assert text["run"] == "tumrun" and text["figure"] == name
+        assert text["made_by"].startswith("luksbench.publish.figures.")
+        assert "fio.parquet" in json.loads(text["sources_sha256"])
+        for key in ("git_commit", "config_hash", "fio_version", "cryptsetup_version"):
+            assert text[key], (name, key)
+        head = svg.read_text()
+        assert "luksbench.publish.figures." in head and "<dc:date>" not in head
+        assert '"git_commit"' in head and '"config_hash"' in head
+
+
+def test_crypto_ceiling_from_the_cipher_benchmark(figures, processed):
+    """Host tum-direct2 recorded aes-xts 512b: ceiling = its speed x CPUs; the other host's cipher
+    benchmark failed, and its ceiling figure records why instead of a number."""
+    import pandas as pd
+
+    tables = ingest.read_processed(processed)
+    ceilings = {
+        c["host"]: c for c in crypto_ceilings(tables["cryptsetup"], tables["stacks"], tables["env"])
+    }
+    a = ceilings["tum-direct2"]
+    cpus = int(tables["env"].set_index("host").loc["tum-direct2", "cpu_count"])
+    assert a["reason"] is None and a["algorithm"] == "aes-xts" and a["key_bits"] == 512
+    assert a["read_ceiling_mib_s"] == pytest.approx(1979.6 * cpus)
+    assert a["write_ceiling_mib_s"] == pytest.approx(1983.0 * cpus)
+    others = [c for h, c in ceilings.items() if h != "tum-direct2"]
+    assert others and all(c["reason"] and c["read_ceiling_mib_s"] is None for c in others)
+    for c in others:
+        params = json.loads(Image.open(figures[f"ceiling-{c['host']}"][0]).text["params"])
+        assert params["ceilings"][0]["unavailable"] == c["reason"]
+        assert params["ceilings"][0]["read_ceiling_mib_s"] is None
+    assert isinstance(tables["cryptsetup"], pd.DataFrame)
+
+
+def test_figures_are_byte_stable(figures, processed, tmp_path):
+    again = catalog.make_figures(processed, tmp_path / "again", "tumrun")
+    for name, (png, svg) in figures.items():
+        assert again[name][0].read_bytes() == png.read_bytes(), name
+        assert again[name][1].read_bytes() == svg.read_bytes(), name
+
+
+def test_save_figure_accepts_suffix(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    paths = style.save_figure(fig, tmp_path / "x.png", {"run": "r", "nested": {"a": 1}})
+    plt.close(fig)
+    assert [p.name for p in paths] == ["x.png", "x.svg"]
+    assert json.loads(Image.open(paths[0]).text["nested"]) == {"a": 1}
+
+
+def test_paper_contains_loss_table_and_no_nan(processed, figures, tmp_path):
+    out = tmp_path / "paper" / "tumrun" / "index.md"
+    md = render.render_paper(
+        processed, processed.parent.parent / "figures" / "tumrun", out, "tumrun"
+    )
+    text = md.read_text()
+    meta, body = render.split_front_matter(text)
+    assert text.startswith("---\n") and meta["title"] and meta["author"] and meta["date"]
+    assert body.lstrip().startswith("# ")
+    assert "**TL;DR.**" in text and "significant" in text
+    assert "kernel dm-crypt" in text  # the backend the run recorded, said explicitly
+    assert "### Bandwidth (loss)" in text and "### p99 completion latency (increase)" in text
+    assert "| tum-direct2: randread 4k QD1, job `alat randread` |" in text
+    assert not re.search(r"\bnan\b", text, re.IGNORECASE)
+    assert "[n/a]" in text  # the single-pair host has no interval, and says so
+    assert "insufficient" in text
+    # cryptsetup: the cipher table of host A and the recorded failure of the other host
+    assert "| aes-xts | 512 | 1,983.0 | 1,979.6 |" in text
+    assert "did not run" in text
+    # every figure linked relative to the .md and present
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(links) == len(figures)
+    for link in links:
+        assert not Path(link).is_absolute() and (md.parent / link).exists(), link
+    html = render.render_html(md)
+    assert "<table>" in html.read_text()
+
+
+def test_paper_numbers_come_from_the_tables(processed, figures, tmp_path):
+    """The TL;DR's largest significant loss is the table's, formatted."""
+    loss = ingest.read_processed(processed)["loss"]
+    sig = loss[
+        (loss["metric"] == "bw_bytes")
+        & (loss["verdict"] == "significant")
+        & (loss["effect_pct"] > 0)
+    ]
+    md = render.render_paper(
+        processed, processed.parent.parent / "figures" / "tumrun", tmp_path / "p.md", "tumrun"
+    )
+    tldr = md.read_text().split("**TL;DR.**")[1].split("\n")[0]
+    if sig.empty:
+        assert "No significant bandwidth loss" in tldr
+    else:
+        worst = sig.loc[sig["effect_pct"].idxmax()]
+        assert fmt_pct(worst["effect_pct"]) in tldr
+        assert fmt_ci(worst["ci_low"], worst["ci_high"]) in tldr
+
+
+def test_userspace_backend_is_named(processed, figures, tmp_path):
+    import pandas as pd
+
+    env = pd.read_parquet(processed / "env.parquet")
+    alt = tmp_path / "processed"
+    alt.mkdir()
+    for p in processed.glob("*.parquet"):
+        (alt / p.name).write_bytes(p.read_bytes())
+    env.assign(backend="userspace").to_parquet(alt / "env.parquet", index=False)
+    md = render.render_paper(
+        alt, processed.parent.parent / "figures" / "tumrun", tmp_path / "u.md", "tumrun"
+    )
+    assert "qemu-storage-daemon's LUKS driver via FUSE, not dm-crypt" in md.read_text()
+
+
+# ------------------------------------------------------------------------ published references
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE = REPO / "data" / "reference"
+
+
+def test_reference_tables_are_transcribed_with_provenance(external_dir):
+    import pandas as pd
+
+    shared = external_dir / "SovereignCloudStack__website"
+    scs = REFERENCE / "scs_2023_loss_tables.csv"
+    assert (
+        scs.read_bytes()
+        == (shared / "scs_blog_2023-02-24_luks_loss_tables_DERIVED.csv").read_bytes()
+    )
+    ceph = pd.read_csv(REFERENCE / "ceph_reef_2023_luks.csv")
+    published = ceph["pct_of_unencrypted_as_published"].str.rstrip("%").astype(float)
+    assert (100 - published - ceph["loss_pct"]).abs().max() < 1e-9
+    assert set(ceph["rw"]) == {"randread", "randwrite"} and set(ceph["iodepth"]) == {1, 128}
+    raid5 = pd.read_csv(REFERENCE / "raid5_2012_conclusions.csv")
+    seed = (REPO.parent / "shared" / "seeds" / "003_241cdf8e2e59a806.txt").read_text()
+    for claim in raid5["claim_as_published"]:  # verbatim from the seed (modulo line breaks)
+        assert claim.split(", ")[-1].split()[0] in seed
+    readme = (REFERENCE / "README.md").read_text()
+    for name in (
+        "scs_2023_loss_tables.csv",
+        "ceph_reef_2023_luks.csv",
+        "raid5_2012_conclusions.csv",
+    ):
+        assert name in readme
+    assert "000_68094c2a7250d3db.txt" in readme and "002_a5f91ba7f457fa49.txt" in readme
+
+
+def _loss_row(**kw):
+    row = {
+        "host": "h",
+        "workload": f"{kw['rw']}-{kw['bs']}-qd1",
+        "rw": kw["rw"],
+        "bs_bytes": {"4k": 4096, "1m": 2**20}[kw["bs"]],
+        "iodepth": 1,
+        "direction": "write" if "write" in kw["rw"] else "read",
+        "job": "j",
+        "job_slot": 0,
+        "metric": "bw_bytes",
+        "baseline": "plain",
+        "variant": "luks",
+        "n": 5,
+        "effect": "loss",
+        "effect_pct": kw["eff"],
+        "ci_low": kw["lo"],
+        "ci_high": kw["hi"],
+        "confidence": 0.95,
+        "verdict": kw["verdict"],
+    }
+    return row
+
+
+def test_recommendation_follows_the_stated_thresholds():
+    import pandas as pd
+
+    hosts = [{"backend": "kernel"}]
+    small = pd.DataFrame(
+        [
+            _loss_row(rw="read", bs="4k", eff=1.0, lo=-1.0, hi=3.0, verdict="inconclusive"),
+            _loss_row(rw="write", bs="1m", eff=2.0, lo=0.5, hi=4.9, verdict="significant"),
+        ]
+    )
+    rec = paper.recommendation(small, hosts)
+    assert "below 5 %" in rec["thresholds"] and "above 20 %" in rec["thresholds"]
+    assert "0 of 2 cells material, 2 negligible, 0 undecided" in rec["verdicts"][0]
+    assert "Turn it on" in rec["verdicts"][0]
+    assert rec["caveats"] == []
+    big = pd.concat(
+        [
+            small,
+            pd.DataFrame(
+                [_loss_row(rw="write", bs="4k", eff=30, lo=20.5, hi=40, verdict="significant")]
+            ),
+        ]
+    )
+    rec = paper.recommendation(big, [{"backend": "userspace"}])
+    assert "1 of 3 cells material, 2 negligible" in rec["verdicts"][0]
+    assert "Turn it on" not in rec["verdicts"][0]
+    assert "30.0 % [20.5, 40.0]" in rec["verdicts"][0]
+    assert "not the kernel's dm-crypt" in rec["caveats"][0]
+    # a cell whose interval straddles 20 % is undecided, not material
+    edge = pd.DataFrame(
+        [_loss_row(rw="read", bs="1m", eff=30, lo=19.9, hi=40, verdict="significant")]
+    )
+    assert (
+        "0 of 1 cells material, 0 negligible, 1 undecided"
+        in paper.recommendation(edge, hosts)["verdicts"][0]
+    )
+
+
+# ------------------------------------------------------------------ the shipped sample, end to end
+
+SAMPLE = REPO / "data" / "raw" / "sample"
+
+
+def _pipeline(raw: Path, base: Path, run: str) -> dict:
+    out = base / "processed" / run
+    ingest.write_processed(raw, out)
+    write_loss(out)
+    figs = catalog.make_figures(
+        out, base / "figures" / run, run, notebook="tests/test_plots_paper.py"
+    )
+    md = render.render_paper(out, base / "figures" / run, base / "paper" / run / "index.md", run)
+    return {"processed": out, "figures": figs, "md": md, "html": render.render_html(md)}
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory) -> dict:
+    import shutil
+
+    base = tmp_path_factory.mktemp("sample")
+    raw = base / "raw" / "sample"
+    shutil.copytree(SAMPLE, raw)
+    return _pipeline(raw, base, "sample")
+
+
+def test_sample_has_every_figure_family(sample):
+    kinds = {name.split("-")[0] for name in sample["figures"]}
+    assert kinds == {"throughput", "heatmap", "latency", "cpu", "ceiling", "loss"}, kinds
+    # json+ histograms: one latency figure per access pattern; no cipher rows: no cipher bars
+    assert {n for n in sample["figures"] if n.startswith("latency")} == {
+        "latency-read",
+        "latency-write",
+        "latency-randread",
+        "latency-randwrite",
+    }
+    text = Image.open(sample["figures"]["ceiling"][0]).text
+    assert text["notebook"] == "tests/test_plots_paper.py"
+    ceiling = json.loads(text["params"])["ceilings"][0]
+    assert ceiling["read_ceiling_mib_s"] is None
+    assert "Required kernel crypto interface not available" in ceiling["unavailable"]
+
+
+def test_latency_histograms_come_from_the_raw_json_plus(sample):
+    import pandas as pd
+
+    from luksbench.formats import fio as fio_parser
+    from luksbench.publish import figures as plots
+
+    fio = pd.read_parquet(sample["processed"] / "fio.parquet")
+    lat = pd.read_parquet(sample["processed"] / "latency.parquet")
+    one = fio[(fio["stack"] == "luks") & (fio["workload"] == "read-1m-qd1") & (fio["rep"] == 1)]
+    row = one[one["direction"] == "read"].iloc[0]
+    hist = fio_parser.clat_histogram(SAMPLE / row["file"])[(int(row["job_index"]), "read")]
+    got = lat[(lat["stack"] == "luks") & (lat["workload"] == "read-1m-qd1") & (lat["rep"] == 1)]
+    assert sorted(zip(got["ns"], got["count"], strict=True)) == sorted(hist)
+    assert set(got["direction"]) == {"read"}  # the idle write direction is not a measurement
+    # pooled percentile curve is monotone and ends below p100
+    x, y = plots.percentile_curve(got)
+    assert (x[1:] > x[:-1]).all() and (y[1:] > y[:-1]).all()
+
+
+def test_sample_paper_is_computed_from_the_tables(sample):
+    import pandas as pd
+
+    md = sample["md"].read_text()
+    meta, body = render.split_front_matter(md)
+    assert meta["title"] == "What does luks cost? luksbench run sample"
+    assert meta["author"] == "luksbench" and meta["date"] == "2026-11-21"  # env.json "captured"
+    loss = pd.read_parquet(sample["processed"] / "loss.parquet")
+    bw = loss[(loss["metric"] == "bw_bytes") & (loss["verdict"] == "significant")]
+    worst = bw.loc[bw["effect_pct"].idxmax()]
+    tldr = body.split("**TL;DR.**")[1].split("\n")[0]
+    rw = {"read": "sequential read", "write": "sequential write"}.get(worst["rw"], "")
+    rw = rw or {"randread": "random read", "randwrite": "random write"}[worst["rw"]]
+    expected = (
+        f"Worst bandwidth loss: {rw}, {bs_human(worst['bs_bytes'])}, "
+        f"QD{int(worst['iodepth'])} — {fmt_pct(worst['effect_pct'])} "
+        f"{fmt_ci(worst['ci_low'], worst['ci_high'])}"
+    )
+    assert expected in tldr
+    assert "not dm-crypt" in tldr  # the backend, in the first sentence
+    assert "**Recommendation.**" in body and "below 5 %" in body and "above 20 %" in body
+    assert "**no crypto ceiling**" in body and "Required kernel crypto interface" in body
+    # SCS-shaped tables: stack rows x block-size columns
+    assert "### Sequential write: bandwidth loss" in body
+    assert "| stack | 4 KiB % loss | 1 MiB % loss |" in body
+    cell = loss[(loss["metric"] == "bw_bytes") & (loss["workload"] == "write-1m-qd32")].iloc[0]
+    table = body.split("### Sequential write: bandwidth loss")[1].split("###")[0]
+    row = next(line for line in table.splitlines() if line.startswith("| luks, QD32 |"))
+    ci = fmt_ci(cell["ci_low"], cell["ci_high"])
+    assert row.split(" | ")[2].rstrip(" |") == f"{fmt_pct(cell['effect_pct'])} {ci} ●"
+    assert "## Methodology" in body and "## Appendix: environment" in body
+
+
+def test_sample_paper_compares_with_published_results(sample):
+    import pandas as pd
+
+    body = sample["md"].read_text().split("## Compared with published results")[1]
+    assert "other hardware with other backends" in body
+    loss = pd.read_parquet(sample["processed"] / "loss.parquet")
+    ours = loss[(loss["metric"] == "bw_bytes") & (loss["workload"] == "write-1m-qd1")].iloc[0]
+    scs = pd.read_csv(REFERENCE / "scs_2023_loss_tables.csv")
+    nvme = scs[
+        (scs["metric"] == "write bandwidth")
+        & (scs["device_config"] == "NVME")
+        & (scs["block_size"] == "1 MiB")
+    ]["loss_pct"].item()
+    row = next(
+        line
+        for line in body.splitlines()
+        if line.startswith("| sequential write, 1 MiB, QD1 | Bandwidth")
+    )
+    assert fmt_pct(ours["effect_pct"]) in row and fmt_pct(nvme, 2) in row
+    # SCS rows at iodepth=32 are matched to QD32 cells, never to QD1
+    qd32 = scs[
+        (scs["metric"] == "write bandwidth")
+        & (scs["device_config"] == "NVME iodepth=32")
+        & (scs["block_size"] == "1 MiB")
+    ]["loss_pct"].item()
+    row32 = next(
+        line
+        for line in body.splitlines()
+        if line.startswith("| sequential write, 1 MiB, QD32 | Bandwidth")
+    )
+    assert fmt_pct(qd32, 2) in row32
+    # Ceph: only the QD1 sync 4 KiB rows match this run's cells; the rest are counted
+    assert "single-client sync" in body and "| 100.89% |" in body
+    assert "24 of 28 published rows have no matching cell" in body
+    # RAID-5 2012: small-block random reads against this run's randread cells; the buffered
+    # large-block writes are said not to match direct I/O
+    assert "about 5% for small block random reads" in body
+    assert "buffered I/O with fsync, this run direct I/O" in body
+
+
+# ------------------------------------------------------------------------------- other profiles
+
+
+def _subset(raw: Path, workloads=("read-1m-qd1", "read-4k-qd32", "write-1m-qd32")) -> None:
+    """Keep only a few cells of a copied sample (the figures are what take time)."""
+    import shutil
+
+    for cell in raw.glob("*/fio/*/*"):
+        if cell.is_dir() and cell.name not in workloads:
+            shutil.rmtree(cell)
+
+
+def _edit_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.unlink()
+    path.write_text(json.dumps(data))
+
+
+def _no_cipher_benchmark(raw: Path) -> None:
+    (raw / "vm" / "cryptsetup-benchmark.txt").unlink()
+
+
+def _third_stack(raw: Path) -> None:
+    import shutil
+
+    fio = raw / "vm" / "fio"
+    shutil.copytree(fio / "luks", fio / "luks4k")
+
+    def manifest(m):
+        stacks = m["stack_descriptions"].get("stacks", m["stack_descriptions"])
+        stacks["luks4k"] = {**stacks["luks"], "sector_size": 4096}
+
+    def env(e):  # the plan also asked for a serpent stack that never ran: a skipped stack
+        e["plan"]["stacks"]["luks4k"] = {**e["plan"]["stacks"]["luks"], "sector_size": 4096}
+        e["plan"]["stacks"]["serpent"] = {"kind": "luks", "cipher": "serpent-xts-plain64"}
+
+    _edit_json(fio / "manifest.json", manifest)
+    _edit_json(raw / "vm" / "env.json", env)
+
+
+def _two_hosts(raw: Path) -> None:
+    import shutil
+
+    shutil.copytree(raw / "vm", raw / "vm2")
+
+
+@pytest.mark.parametrize("profile", ["no_cipher_benchmark", "third_stack", "two_hosts"])
+def test_other_profiles_render(profile, tmp_path):
+    import shutil
+
+    raw = tmp_path / "raw" / profile
+    shutil.copytree(SAMPLE, raw)
+    for p in raw.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)  # the sample's results are read-only
+    _subset(raw)
+    {
+        "no_cipher_benchmark": _no_cipher_benchmark,
+        "third_stack": _third_stack,
+        "two_hosts": _two_hosts,
+    }[profile](raw)
+    out = _pipeline(raw, tmp_path, profile)
+    md, figures = out["md"].read_text(), out["figures"]
+    assert not re.search(r"\bnan\b", md, re.IGNORECASE)
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(links) == len(figures)
+    assert out["html"].read_text().count('src="data:image/png;base64,') == len(links)
+    if profile == "no_cipher_benchmark":
+        assert "No `cryptsetup benchmark` output was recorded on `vm`." in md
+        text = json.loads(Image.open(figures["ceiling"][0]).text["params"])
+        assert (
+            text["ceilings"][0]["unavailable"]
+            == "no `cryptsetup benchmark` output was recorded on vm"
+        )
+    elif profile == "third_stack":
+        # every stack against the baseline: two comparisons, the headline (luks) first
+        assert "2 comparisons, the headline first: `luks` against `plain`; `luks4k` against" in md
+        assert "| luks4k, QD1 |" in md and "| luks, QD1 |" in md
+        assert "`serpent`" in md and "skipped" in md
+        assert {"heatmap-bw_bytes", "loss", "loss-luks4k-vs-plain"} <= set(figures)
+        loss4k = stats.loss_table(pd_read(out["processed"] / "fio.parquet"), "plain", "luks4k")
+        row = loss4k[(loss4k["metric"] == "bw_bytes") & (loss4k["workload"] == "read-1m-qd1")].iloc[
+            0
+        ]
+        tables = md.split("## Loss tables")[1].split("\n## ")[0]
+        section = tables.split("### `luks4k` against `plain`")[1]
+        table = section.split("#### Sequential read: bandwidth loss")[1].split("###")[0]
+        line = next(x for x in table.splitlines() if x.startswith("| luks4k, QD1 |"))
+        assert line.split(" | ")[1] == "not measured"  # 4 KiB at QD1 is not in this subset
+        assert line.split(" | ")[2].startswith(fmt_pct(row["effect_pct"]))
+    else:
+        assert "`vm`, `vm2`" in md.split("**TL;DR.**")[1].split("\n")[0]
+        assert "| vm2: luks, QD32 |" in md and "| vm: luks, QD32 |" in md
+        for kind in (
+            "throughput-vm2-read-bw_bytes",
+            "heatmap-vm2-bw_bytes",
+            "latency-vm2-read",
+            "ceiling-vm2",
+        ):
+            assert kind in figures, kind
+
+
+def pd_read(path):
+    import pandas as pd
+
+    return pd.read_parquet(path)
+
+
+# --------------------------------------------------------------------------- in a real browser
+
+
+def _chromium() -> str:
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if found := shutil.which(name):
+            return found
+    pytest.fail(
+        "no chromium found: install it (scripts/setup.sh does: apt-get install chromium)",
+        pytrace=False,
+    )
+
+
+def _browser(*args: str, tmp: Path) -> str:
+    import subprocess
+
+    result = subprocess.run(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp / 'chromium-profile'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+CHECK_SCRIPT = """<script>
+window.addEventListener("load", () => {
+  const imgs = [...document.images];
+  const out = {
+    images: imgs.length,
+    broken: imgs.filter((i) => !(i.complete && i.naturalWidth > 0)).map((i) => i.alt),
+    tables: document.querySelectorAll("table").length,
+    rows: document.querySelectorAll("table tbody tr").length,
+    h1: document.querySelector("h1") ? document.querySelector("h1").textContent : null,
+  };
+  const pre = document.createElement("pre");
+  pre.id = "luksbench-check";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def test_html_renders_in_a_real_browser(sample, tmp_path):
+    """The self-contained page, alone in an empty folder, opened by headless chromium: every
+    image decodes (naturalWidth > 0), the tables render; a screenshot is saved for a human."""
+    import html as html_lib
+
+    page = tmp_path / "alone" / "index.html"
+    page.parent.mkdir()
+    page.write_text(sample["html"].read_text())  # nothing beside it: must work on its own
+    check = page.with_name("check.html")
+    check.write_text(page.read_text().replace("</body>", CHECK_SCRIPT + "</body>"))
+    dom = _browser("--virtual-time-budget=20000", "--dump-dom", check.as_uri(), tmp=tmp_path)
+    found = re.search(r'<pre id="luksbench-check">(.*?)</pre>', dom, re.S)
+    assert found, dom[-2000:]
+    result = json.loads(html_lib.unescape(found.group(1)))
+    n_links = len(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", sample["md"].read_text()))
+    assert result["images"] == n_links > 10 and result["broken"] == [], result
+    assert result["tables"] >= 20 and result["rows"] >= 100, result
+    assert result["h1"] == "What does luks cost? luksbench run sample"
+
+    shot = tmp_path / "paper-screenshot.png"
+    _browser("--window-size=1280,9000", f"--screenshot={shot}", page.as_uri(), tmp=tmp_path)
+    print(f"screenshot: {shot}")
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1280, 9000)
+    # not a blank page: text, tables and figures give many distinct colours
+    assert len(image.getcolors(maxcolors=1 << 20) or []) > 500
