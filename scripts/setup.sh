@@ -16,7 +16,7 @@ declare -A debian_package=(
   [fusermount3]=fuse3
   [mkfs.xfs]=xfsprogs  # fs layers (xfs); ext4's e2fsprogs is in every Debian base system
   [chromium]=chromium  # the test suite opens the generated HTML paper in headless chromium
-  # tests/test_vmbox.py builds a Debian guest and boots it to run dm-crypt and MD for real
+  # tests/vm/test_vmbox.py builds a Debian guest and boots it to run dm-crypt and MD for real
   [mmdebstrap]=mmdebstrap
   [qemu-system-x86_64]=qemu-system-x86
 )

@@ -313,7 +313,7 @@ def test_active_swap_is_refused(box):
 
 def test_holders_are_empty_on_real_devices(box):
     # Holders (dm, md, bcache stacked on the disk) cannot be made on this kernel: it has neither
-    # device-mapper nor MD. The refusal is proven in the VM test (tests/vmbox), which has both;
+    # device-mapper nor MD. The refusal is proven in the VM test (tests/vm), which has both;
     # here device_holders reads the real sysfs of a disk and of a disk with a partition.
     loop = box.loop(32, mbr_partition=True)
     assert safety.device_holders(loop) == []
