@@ -209,7 +209,7 @@ def test_latency_table_holds_the_json_plus_bins_of_every_active_row(tmp_path):
     from luksbench.analysis.stats import active_rows
     from luksbench.formats.fio import clat_histogram
 
-    sample = Path(__file__).resolve().parents[1] / "data" / "raw" / "sample"
+    sample = Path(__file__).resolve().parents[2] / "data" / "raw" / "sample"
     ingest.write_processed(sample, tmp_path / "processed")
     tables = ingest.read_processed(tmp_path / "processed")
     fio, latency = tables["fio"], tables["latency"]
