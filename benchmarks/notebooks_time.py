@@ -73,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
                 "03-figures.ipynb",
                 {
                     **common,
-                    "raw_dir": str(raw),
                     "processed_dir": str(processed),
                     "figures_dir": str(figures),
                     "workers": "2",

@@ -48,16 +48,7 @@ PARAMS = {
         "equivalence_margin_pct",
         "min_pairs",
     },
-    "03-figures": {
-        "run",
-        "raw_dir",
-        "processed_dir",
-        "figures_dir",
-        "baseline",
-        "variant",
-        "confidence",
-        "workers",
-    },
+    "03-figures": {"run", "processed_dir", "figures_dir", "workers"},
     "04-paper": {
         "run",
         "processed_dir",

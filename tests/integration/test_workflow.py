@@ -249,7 +249,7 @@ def test_an_analysis_step_reruns_when_the_code_it_runs_changes(tmp_path, changed
     outputs = [
         *(f"data/processed/sample/{table}.parquet" for table in PROCESSED_TABLES),
         "data/processed/sample/notebooks/01-ingest.ipynb",
-        "data/processed/sample/loss.parquet",
+        *(f"data/processed/sample/{table}.parquet" for table in ("loss", "cpu_loss", "arms")),
         "data/processed/sample/notebooks/02-loss.ipynb",
         "figures/sample",
         "data/processed/sample/notebooks/03-figures.ipynb",

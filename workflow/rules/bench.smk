@@ -69,18 +69,9 @@ rule plan_repetitions:
         from luksbench.analysis.design import write_targets
         from luksbench.analysis.ingest import fio_table
 
-        write_targets(
-            fio_table(Path(params.raw_dir)),
-            wildcards.host,
-            output.targets,
-            baseline=params.baseline,
-            variants=params.variants,
-            adaptive=params.adaptive,
-            confidence=params.confidence,
-            cells=params.cells,
-            log=log[0],
-            comparisons=params.comparisons,
-        )
+        design = {k: v for k, v in params.items() if k != "raw_dir"}
+        fio = fio_table(Path(params.raw_dir))
+        write_targets(fio, wildcards.host, output.targets, log=log[0], **design)
 
 
 rule run_fio:
