@@ -35,6 +35,7 @@ from luksbench.publish.style import (
     interval_bars,
     legend_below,
     log_y,
+    panels,
     wrap,
 )
 from luksbench.publish.text import (
@@ -121,14 +122,7 @@ def throughput_figure(
     depths = sorted(summ["iodepth"].unique())
     scale = {"bw_bytes": 2**20}.get(metric, 1)
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
-    fig, axes = plt.subplots(
-        1,
-        len(depths),
-        figsize=(max(4.0, 3.2 * len(depths)) + 1.2, 3.8),
-        sharey=True,
-        squeeze=False,
-        layout="constrained",
-    )
+    fig, axes = panels(1, len(depths), max(4.0, 3.2 * len(depths)) + 1.2, 3.8, sharey=True)
     for ax, qd in zip(axes[0], depths, strict=True):
         _stack_bars(ax, summ[summ["iodepth"] == qd], stacks, colors, scale)
         ax.set_title(f"iodepth {qd}")
@@ -175,13 +169,8 @@ def loss_figure(
     )["cell"]
     cells = list(dict.fromkeys(cells))
     y = {c: i for i, c in enumerate(cells)}
-    fig, axes = plt.subplots(
-        1,
-        len(metrics),
-        figsize=(3.4 * len(metrics) + 1.5, 0.4 * len(cells) + 1.6),
-        sharey=True,
-        squeeze=False,
-        layout="constrained",
+    fig, axes = panels(
+        1, len(metrics), 3.4 * len(metrics) + 1.5, 0.4 * len(cells) + 1.6, sharey=True
     )
     for ax, metric in zip(axes[0], metrics, strict=True):
         sub = df[df["metric"] == metric]
@@ -272,15 +261,11 @@ def loss_heatmap(
     lim = float(np.nanmax(np.abs(df["effect_pct"].to_numpy(float)))) if len(df) else 1.0
     lim = min(max(lim, 1.0), 100.0) if df["higher_is_better"].all() else max(lim, 1.0)
     cmap = sns.color_palette("vlag", as_cmap=True)
-    fig, axes = plt.subplots(
+    fig, axes = panels(
         len(comparisons),
         len(depths),
-        figsize=(
-            1.0 + 1.9 * len(bss) * len(depths),
-            0.8 + 0.75 * len(rows) * len(comparisons) + 1,
-        ),
-        squeeze=False,
-        layout="constrained",
+        1.0 + 1.9 * len(bss) * len(depths),
+        0.8 + 0.75 * len(rows) * len(comparisons) + 1,
     )
     kind = str(df["effect"].iloc[0])
     mesh = None
@@ -361,13 +346,8 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
     comparisons = list(dict.fromkeys(zip(df["baseline"], df["variant"], strict=True)))
     colors = dict(zip(hosts, sns.color_palette(n_colors=len(hosts)), strict=True))
     step = 0.7 / len(hosts)
-    fig, axes = plt.subplots(
-        1,
-        len(comparisons),
-        figsize=(4.2 * len(comparisons) + 2.2, 0.45 * len(cells) + 1.8),
-        sharey=True,
-        squeeze=False,
-        layout="constrained",
+    fig, axes = panels(
+        1, len(comparisons), 4.2 * len(comparisons) + 2.2, 0.45 * len(cells) + 1.8, sharey=True
     )
     kind = str(df["effect"].iloc[0])
     for ax, (baseline, variant) in zip(axes[0], comparisons, strict=True):
@@ -464,13 +444,8 @@ def latency_figure(
     depths = sorted(df["iodepth"].unique())
     directions = sorted(df["direction"].unique())
     styles = dict(zip(directions, ["-", "--", ":"], strict=False))
-    fig, axes = plt.subplots(
-        len(bss),
-        len(depths),
-        figsize=(1.2 + 3.4 * len(depths), 1.2 + 2.6 * len(bss)),
-        squeeze=False,
-        sharex=True,
-        layout="constrained",
+    fig, axes = panels(
+        len(bss), len(depths), 1.2 + 3.4 * len(depths), 1.2 + 2.6 * len(bss), sharex=True
     )
     max_x = 0.0
     for i, (pat, bs) in enumerate(bss):
@@ -533,14 +508,7 @@ def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
         raise ValueError("no cipher benchmark rows")
     hosts = sorted(cs["host"].unique())
     n = cs.groupby("host").size().max()
-    fig, axes = plt.subplots(
-        1,
-        len(hosts),
-        figsize=(1.5 + 4.5 * len(hosts), 1.4 + 0.32 * n * 2),
-        squeeze=False,
-        sharex=True,
-        layout="constrained",
-    )
+    fig, axes = panels(1, len(hosts), 1.5 + 4.5 * len(hosts), 1.4 + 0.32 * n * 2, sharex=True)
     palette = sns.color_palette(n_colors=2)
     for ax, host in zip(axes[0], hosts, strict=True):
         sub = cs[cs["host"] == host].reset_index(drop=True)
@@ -581,13 +549,8 @@ def cpu_figure(
     stacks = [s for s in stacks if s in set(summ["stack"])]
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
     rws, depths = sorted(summ["rw"].unique()), sorted(summ["iodepth"].unique())
-    fig, axes = plt.subplots(
-        len(depths),
-        len(rws),
-        figsize=(1.2 + 2.6 * len(rws), 1.4 + 2.6 * len(depths)),
-        squeeze=False,
-        sharey=True,
-        layout="constrained",
+    fig, axes = panels(
+        len(depths), len(rws), 1.2 + 2.6 * len(rws), 1.4 + 2.6 * len(depths), sharey=True
     )
     for i, qd in enumerate(depths):
         for j, rw in enumerate(rws):
