@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from luksbench.analysis.contrasts import Pair, label
+from luksbench.analysis.loss import CPU_METRICS
 from luksbench.publish import figures
 from luksbench.publish.ceilings import crypto_ceilings, undescribed
 from luksbench.publish.run import Run, load_run, package_version, provenance_facts
@@ -36,7 +37,6 @@ INDEX = "index.json"
 HEATMAP_METRICS = ("bw_bytes", "clat_p99_ns")
 #: metrics that get a hosts-side-by-side figure in a run with several hosts
 HOSTS_METRICS = ("bw_bytes", "clat_p99_ns")
-CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 
 
 @dataclass(frozen=True)

@@ -219,10 +219,6 @@ def _one_comparison(loss: pd.DataFrame, comparison: tuple[str, str] | None) -> p
 
 # ---------------------------------------------------------------------------------------- heatmap
 
-#: metrics that get a heatmap (IOPS repeats bandwidth at a fixed block size; every metric is in
-#: the loss chart and the paper's tables)
-HEATMAP_METRICS = ("bw_bytes", "clat_p99_ns")
-
 
 def _row_label(row, multi_job: bool, multi_pattern: bool = False) -> str:
     label = str(row["rw"])
@@ -317,8 +313,6 @@ def loss_heatmap(
 
 # ------------------------------------------------------------------------------------------ hosts
 
-#: metrics that get a hosts-side-by-side figure in a run with several hosts
-HOSTS_METRICS = ("bw_bytes", "clat_p99_ns")
 #: the hosts figure's axis stops at -this % (intervals reaching further are labelled at the edge)
 HOSTS_AXIS_MIN_PCT = 100.0
 

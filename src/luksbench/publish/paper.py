@@ -22,6 +22,7 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs, label
+from luksbench.analysis.loss import CPU_METRICS
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
@@ -80,6 +81,10 @@ BACKEND_TEXT = {
 # ---------------------------------------------------------------------------------------- context
 
 
+_HOST_TEXT = ("hostname", "cpu_model", "cpu_count", "kernel", "fio_version", "cryptsetup_version")
+_HOST_TEXT += ("qemu_version", "backend_reason")
+
+
 def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
     hosts = []
     for _, row in env.iterrows():
@@ -97,19 +102,12 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
         hosts.append(
             {
                 "host": row["host"],
-                "hostname": fmt_text(row["hostname"]),
-                "cpu_model": fmt_text(row["cpu_model"]),
-                "cpu_count": fmt_text(row["cpu_count"]),
+                **{k: fmt_text(row.get(k)) for k in _HOST_TEXT},
                 "aes": fmt_bool(row["aes"]),
                 "vaes": fmt_bool(row["vaes"]),
-                "kernel": fmt_text(row["kernel"]),
-                "fio_version": fmt_text(row["fio_version"]),
-                "cryptsetup_version": fmt_text(row["cryptsetup_version"]),
-                "qemu_version": fmt_text(row.get("qemu_version")),
                 "backend": backend,
                 "backend_short": short,
                 "backend_long": long,
-                "backend_reason": fmt_text(row["backend_reason"]),
                 # a fio server of a fleet run: results, but no environment capture of its own
                 "coordinator": parse_env_json(row["env_json"]).get("coordinator"),
             }
@@ -132,7 +130,6 @@ _STACK_SETTINGS = (
 def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
     """The stacks that were built, with their role in the comparisons (unavailable ones are in
     "Not in this run")."""
-
     gone = {(u["host"], u["stack"]) for u in unavailable_stacks(stacks)}
     rows = []
     for _, row in stacks.iterrows():
@@ -147,12 +144,11 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
             for role, side in (("baseline", 0), ("variant", 1))
             if any(pair[side] == row["stack"] for pair in pairs)
         ]
-        role = ", ".join(roles)
         rows.append(
             {
                 "host": row["host"],
                 "stack": row["stack"],
-                "role": role,
+                "role": ", ".join(roles),
                 "kind": fmt_text(row["kind"]),
                 "backend": fmt_text(row["backend"]),
                 "cipher": fmt_text(row["cipher"]),
@@ -235,7 +231,6 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
 def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
     """One section per comparison, in ``pairs`` order (the headline first): its label, stacks,
     SCS-shaped tables, detailed loss tables and how many of its rows are significant."""
-
     out = []
     for k, (baseline, variant) in enumerate(pairs):
         rows = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
@@ -360,7 +355,6 @@ MATERIAL_LOSS_PCT = 20.0
 
 #: metrics that get SCS-shaped tables (all metrics are in the detailed Results section)
 SCS_TABLE_METRICS = ("bw_bytes", "iops", "clat_p99_ns")
-CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 
 
 def _worst_by_rw(bw: pd.DataFrame, pos: pd.DataFrame) -> str:
