@@ -55,17 +55,8 @@ COMPARE_TEXT += ("job", "pattern", "metric", "design", "verdict", "outcome")
 COMPARE_INTS = ("bs_bytes", "iodepth", "job_slot", "n_a", "n_b", "n")
 
 #: env facts whose difference between A and B is worth saying (a kernel change is the usual point)
-ENV_FACTS = (
-    "kernel",
-    "cpu_model",
-    "cpu_count",
-    "aes",
-    "vaes",
-    "backend",
-    "fio_version",
-    "cryptsetup_version",
-    "qemu_version",
-)
+ENV_FACTS = ("kernel", "cpu_model", "cpu_count", "aes", "vaes", "backend", "fio_version")
+ENV_FACTS += ("cryptsetup_version", "qemu_version")
 
 
 class CompareError(ValueError):

@@ -117,14 +117,8 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
 
 # Stack settings a reader needs to judge the comparison (the rest, e.g. paths and the LUKS header
 # dump, stays in the processed table).
-_STACK_SETTINGS = (
-    "luks_type",
-    "sector_size",
-    "hash",
-    "pbkdf",
-    "device_size_bytes",
-    "loop_direct_io",
-)
+_STACK_SETTINGS = ("luks_type", "sector_size", "hash", "pbkdf")
+_STACK_SETTINGS += ("device_size_bytes", "loop_direct_io")
 
 
 def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:

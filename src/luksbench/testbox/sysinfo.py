@@ -27,19 +27,9 @@ KEY_STRIPPED = "<key stripped>"
 TOOL_TIMEOUT_S = 30
 PROBE_TOOLS = ("lsblk", "nvme", "smartctl", "dmsetup", "cryptsetup")
 # Queue attributes that change how a device performs (the scheduler is parsed separately).
-QUEUE_ATTRS = (
-    "rotational",
-    "logical_block_size",
-    "physical_block_size",
-    "nr_requests",
-    "max_sectors_kb",
-    "read_ahead_kb",
-    "discard_max_bytes",
-    "write_cache",
-    "nomerges",
-    "rq_affinity",
-    "add_random",
-)
+QUEUE_ATTRS = ("rotational", "logical_block_size", "physical_block_size", "nr_requests")
+QUEUE_ATTRS += ("max_sectors_kb", "read_ahead_kb", "discard_max_bytes", "write_cache", "nomerges")
+QUEUE_ATTRS += ("rq_affinity", "add_random")
 # dm-integrity optional arguments that carry a key: "<name>:<algorithm>:<key>".
 _INTEGRITY_KEY_ARG = re.compile(r"^((?:internal_hash|journal_crypt|journal_mac):[^:]+):.+$")
 _NUMBER = re.compile(r"^\d+$")
