@@ -112,8 +112,6 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
 
 # --- /proc/stat and RAPL (sampling in luksbench.testbox.probes) ---------------------------------
 
-read_proc_stat = probes.read_proc_stat
-
 
 def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None = None) -> dict:
     """The rep's sidecar: /proc/stat deltas over the fio run and its RAPL energy (None: absent)."""
@@ -643,7 +641,7 @@ def _one_run(
             job = tmp.with_suffix(".job.tmp")  # matched by the stale-file glob above
             argv, job_text = client_argv(argv, job, clients)
             job.write_text(job_text)
-        before, rapl_before, t0 = read_proc_stat(), probes.read_rapl(), time.monotonic()
+        before, rapl_before, t0 = probes.read_proc_stat(), probes.read_rapl(), time.monotonic()
         # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
         proc = subprocess.Popen(
             argv,
@@ -654,7 +652,7 @@ def _one_run(
             start_new_session=True,
         )
         _, err = proc.communicate()
-        t1, after, rapl_after = time.monotonic(), read_proc_stat(), probes.read_rapl()
+        t1, after, rapl_after = time.monotonic(), probes.read_proc_stat(), probes.read_rapl()
         if err.strip():
             for line in err.strip().splitlines():
                 log(f"    fio: {line}")
