@@ -750,8 +750,10 @@ def paper_context(
 ) -> dict:
     """Everything the template needs, as formatted strings (no raw floats reach the template).
 
-    The headline is loss.parquet's first comparison, unless ``baseline``/``variant`` name one of
-    the others."""
+    Figure links are relative to ``out_md``'s folder. The headline is loss.parquet's first
+    comparison, unless ``baseline``/``variant`` name one of the others; ``title`` empty = generated
+    from run and variant; ``reference_dir`` holds the transcribed published results (default: the
+    repository's ``data/reference``)."""
     data = load_run(processed_dir)
     pairs = data.headline_first(baseline, variant)
     hosts = _hosts(data.env, data.stacks)
