@@ -430,9 +430,6 @@ def flag_outliers(
     return flags
 
 
-# -------------------------------------------------------------------------------------- transform
-
-
 def effect_from_log_ratio(
     mean: float, low: float, high: float, better_high: bool
 ) -> tuple[float, float, float]:
@@ -447,9 +444,6 @@ def effect_bounds_from_ratio(low: float, high: float, better_high: bool) -> tupl
     if better_high:
         return 100 * (1 - high), 100 * (1 - low)
     return 100 * (low - 1), 100 * (high - 1)
-
-
-# ---------------------------------------------------------------------------------------- verdict
 
 
 def verdict(ci: LogRatioCI) -> str:

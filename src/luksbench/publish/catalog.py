@@ -141,9 +141,6 @@ def caption(stem: str, headline: Pair | None = None) -> str:
     return FIGURE_FAMILIES.get(kind, (stem,))[0]
 
 
-# ------------------------------------------------------------------------------------ the catalog
-
-
 def figure_specs(run: Run) -> list[FigureSpec]:
     """Every figure of ``run``, in drawing order.
 
@@ -282,9 +279,6 @@ def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
     return specs
 
 
-# ---------------------------------------------------------------------------------- drawing
-
-
 def make_figures(
     processed_dir: Path,
     figures_dir: Path,
@@ -373,9 +367,6 @@ def _draw_share(specs, draw, errors) -> None:
             errors.put(f"{spec.name}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             raise SystemExit(1) from exc
     raise SystemExit(0)
-
-
-# ------------------------------------------------------------------------------------ the index
 
 
 def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:

@@ -48,8 +48,6 @@ from luksbench.publish.text import (
     metric_label,
 )
 
-# ------------------------------------------------------------------------------------- throughput
-
 
 def _arm_rows(arms: pd.DataFrame, metric: str, host: str | None = None) -> pd.DataFrame:
     """The arms.parquet rows of one metric (and host) that have a mean."""
@@ -143,9 +141,6 @@ def throughput_figure(
     return fig
 
 
-# ------------------------------------------------------------------------------------------- loss
-
-
 def loss_figure(
     loss: pd.DataFrame,
     metrics: Iterable[str] | None = None,
@@ -215,9 +210,6 @@ def _one_comparison(loss: pd.DataFrame, comparison: tuple[str, str] | None) -> p
     if out.empty:
         raise ValueError(f"no rows of {comparison[1]} against {comparison[0]}")
     return out
-
-
-# ---------------------------------------------------------------------------------------- heatmap
 
 
 def _row_label(row, multi_job: bool, multi_pattern: bool = False) -> str:
@@ -311,8 +303,6 @@ def loss_heatmap(
     return fig
 
 
-# ------------------------------------------------------------------------------------------ hosts
-
 #: the hosts figure's axis stops at -this % (intervals reaching further are labelled at the edge)
 HOSTS_AXIS_MIN_PCT = 100.0
 
@@ -391,8 +381,6 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
     legend_below(fig, axes[0][0], "host", ncols=len(hosts))
     return fig
 
-
-# ---------------------------------------------------------------------------------------- latency
 
 _NINES = [0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999]
 
@@ -488,9 +476,6 @@ def latency_figure(
     return fig
 
 
-# ---------------------------------------------------------------------------------------- ciphers
-
-
 def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
     """``cryptsetup benchmark`` cipher rows: encryption and decryption MiB/s per cipher and key
     size (one panel per host); raises ValueError when no cipher row is available."""
@@ -518,8 +503,6 @@ def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
     legend_below(fig, axes[0][0], ncols=2)
     return fig
 
-
-# -------------------------------------------------------------------------------------------- cpu
 
 _CPU_WHAT = {
     "busy_cpu_s_per_gib": "all non-idle CPU time (user + system + irq …)",
@@ -563,9 +546,6 @@ def cpu_figure(
     )
     legend_below(fig, axes[0][0], "stack", ncols=len(stacks))
     return fig
-
-
-# ---------------------------------------------------------------------------------------- ceiling
 
 
 def _ceiling_cells(arms: pd.DataFrame, ceilings: list[dict], host: str | None) -> pd.DataFrame:

@@ -78,8 +78,6 @@ BACKEND_TEXT = {
     ),
 }
 
-# ---------------------------------------------------------------------------------------- context
-
 
 _HOST_TEXT = ("hostname", "cpu_model", "cpu_count", "kernel", "fio_version", "cryptsetup_version")
 _HOST_TEXT += ("qemu_version", "backend_reason")
@@ -652,9 +650,6 @@ def figure_sections(figures_dir: Path, out_md: Path) -> list[dict]:
         ]
         sections.append({"kind": kind, "heading": heading, "intro": intro, "figures": figures})
     return sections
-
-
-# ---------------------------------------------------------------------------------------- context
 
 
 def _yaml_str(value) -> str:

@@ -97,9 +97,6 @@ def wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
-# ----------------------------------------------------------------------------------------- saving
-
-
 def figure_paths(path: Path) -> list[Path]:
     """``[<path>.png, <path>.svg]`` (a .png/.svg suffix of ``path`` is dropped first; other dots,
     e.g. in a host name, stay part of the name)."""

@@ -110,9 +110,6 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
     return runs
 
 
-# --- /proc/stat and RAPL (sampling in luksbench.testbox.probes) ---------------------------------
-
-
 def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None = None) -> dict:
     """The rep's sidecar: /proc/stat deltas over the fio run and its RAPL energy (None: absent)."""
     return cpu_sidecar_document(probes.cpu_delta(before, after, interval_s), rapl)
@@ -312,9 +309,6 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(wait)
-
-
-# --- checks --------------------------------------------------------------------------------------
 
 
 def check_state_live(state: dict) -> None:

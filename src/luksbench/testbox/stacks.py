@@ -40,9 +40,6 @@ STATE_VERSION = 1
 MIB = 1024 * 1024
 
 
-# --- small helpers -------------------------------------------------------------------------------
-
-
 def load_state(state_path: Path) -> dict:
     try:
         return json.loads(Path(state_path).read_text())

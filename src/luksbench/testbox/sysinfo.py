@@ -85,9 +85,6 @@ def strip_dm_table_keys(text: str) -> str:
     )
 
 
-# --- running tools -------------------------------------------------------------------------------
-
-
 def _absent(reason: str) -> dict:
     return {"status": "absent", "reason": reason}
 
@@ -200,9 +197,6 @@ def identify_devices(devices: list[str]) -> dict:
     return out
 
 
-# --- CPU -----------------------------------------------------------------------------------------
-
-
 def cpufreq(sys_cpu: str | Path = "/sys/devices/system/cpu") -> dict:
     """Frequency governor and driver of each CPU, plus turbo/boost switches where the driver has them."""
     root = Path(sys_cpu)
@@ -233,9 +227,6 @@ def cpu_vulnerabilities(vuln_dir: str | Path = "/sys/devices/system/cpu/vulnerab
     return {p.name: read_text(p) for p in sorted(root.iterdir())}
 
 
-# --- device-mapper -------------------------------------------------------------------------------
-
-
 def dm_table() -> dict:
     """``dmsetup table`` with keys stripped. Only where /dev/mapper/control exists: dmsetup would
     otherwise create the node as a side effect."""
@@ -255,9 +246,6 @@ def luksbench_mappings(mapper_dir: str | Path = "/dev/mapper") -> dict:
     root = Path(mapper_dir)
     names = sorted(p.name for p in root.glob("luksbench-*")) if root.is_dir() else []
     return {name: _tool(["cryptsetup", "status", name]) for name in names}
-
-
-# --- all -----------------------------------------------------------------------------------------
 
 
 def capture_system(

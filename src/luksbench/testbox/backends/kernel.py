@@ -60,9 +60,6 @@ PERF_FLAG_MIN_CRYPT_VERSION = {
 MD_FIRST_MINOR = 120
 
 
-# --- small helpers -------------------------------------------------------------------------------
-
-
 def device_size(path: str | Path) -> int:
     """Size in bytes of a block device (BLKGETSIZE64) or regular file."""
     st = os.stat(path)
