@@ -74,9 +74,6 @@ class RunData:
     schedule: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
-# ------------------------------------------------------------------------------------------ input
-
-
 def load_run(
     spec: str | Path,
     processed_root: Path = Path("data/processed"),
@@ -147,9 +144,6 @@ def host_pairs(a: RunData, b: RunData, specs: list[str] | None = None) -> list[t
     return pairs
 
 
-# ----------------------------------------------------------------------------------------- design
-
-
 def _sessions(schedule: pd.DataFrame, host: str) -> pd.DataFrame:
     if schedule is None or schedule.empty:
         return pd.DataFrame()
@@ -202,9 +196,6 @@ def _span(sched: pd.DataFrame) -> str:
     if pd.isna(lo) or pd.isna(hi):
         return "unknown times"
     return f"{lo:%Y-%m-%d %H:%M} to {hi:%Y-%m-%d %H:%M} UTC"
-
-
-# ----------------------------------------------------------------------------------------- table
 
 
 def _cell_change(
@@ -376,9 +367,6 @@ def _by_rep(vals: pd.DataFrame, pos, metric: str) -> dict[int, float]:
 def _dtypes(table: pd.DataFrame) -> pd.DataFrame:
     bools = ("higher_is_better", "equivalent")
     return stats.with_dtypes(table, COMPARE_COLUMNS, COMPARE_TEXT, COMPARE_INTS, bools)
-
-
-# ------------------------------------------------------------------------------------- reporting
 
 
 def env_differences(a: RunData, b: RunData, pairs: list[tuple[str, str]]) -> list[str]:

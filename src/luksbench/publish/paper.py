@@ -339,8 +339,6 @@ def _cryptsetup(cs: pd.DataFrame) -> dict:
     }
 
 
-# ------------------------------------------------------------------------------------- the story
-
 #: thresholds of the recommendation (stated in the paper's text)
 NEGLIGIBLE_LOSS_PCT = 5.0
 MATERIAL_LOSS_PCT = 20.0
@@ -558,9 +556,6 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
                 }
             )
     return tables
-
-
-# ------------------------------------------------------------------------------- what is missing
 
 
 def _stack_gaps(run: Run) -> list[str]:

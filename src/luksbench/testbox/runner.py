@@ -63,9 +63,6 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-# --- schedule ------------------------------------------------------------------------------------
-
-
 def stacks_for_round(stacks: list[str], round_no: int) -> list[str]:
     """ABBA counterbalancing: rounds 1, 4, 5, 8, ... in order; 2, 3, 6, 7, ... reversed."""
     return list(stacks) if (round_no - 1) % 4 in (0, 3) else list(reversed(stacks))
@@ -113,9 +110,6 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
 def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None = None) -> dict:
     """The rep's sidecar: /proc/stat deltas over the fio run and its RAPL energy (None: absent)."""
     return cpu_sidecar_document(probes.cpu_delta(before, after, interval_s), rapl)
-
-
-# --- fio -----------------------------------------------------------------------------------------
 
 
 def fio_argv(
@@ -347,9 +341,6 @@ def _previous_times(manifest_path: Path) -> dict:
         return run_times(read_manifest(manifest_path))
     except ValueError:
         return {}
-
-
-# --- run-fio -------------------------------------------------------------------------------------
 
 
 def run_fio(

@@ -47,9 +47,6 @@ def load_state(state_path: Path) -> dict:
         raise TestboxError(f"{state_path}: cannot read stack state: {exc}") from exc
 
 
-# --- stack-up ------------------------------------------------------------------------------------
-
-
 def _precondition(entry: dict, ioengine: str, options: dict) -> dict:
     """Discard (where the device allows it), fill, optionally reach steady state (precondition.py)."""
     log(f"  {entry['stack']}: preconditioning {entry['size_bytes'] / MIB:.0f} MiB")
@@ -235,9 +232,6 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
         "mdstat": kernel.mdstat(),
         "stacks": described,
     }
-
-
-# --- stack-down ----------------------------------------------------------------------------------
 
 
 def _kill_fio(devices: list[str], actions: list[str]) -> None:

@@ -35,9 +35,6 @@ _INTEGRITY_KEY_ARG = re.compile(r"^((?:internal_hash|journal_crypt|journal_mac):
 _NUMBER = re.compile(r"^\d+$")
 
 
-# --- dm tables -----------------------------------------------------------------------------------
-
-
 def _target_index(tokens: list[str]) -> int | None:
     """Index of ``<start>`` in a table line: 0, or 1 after dmsetup's ``<name>:`` prefix."""
     for i in (0, 1):
@@ -119,9 +116,6 @@ def _tool(argv: list[str], parse_json: bool = False, ok_codes: tuple[int, ...] =
     else:
         rec["text"] = proc.stdout
     return rec
-
-
-# --- block devices -------------------------------------------------------------------------------
 
 
 def parse_scheduler(text: str) -> dict:
