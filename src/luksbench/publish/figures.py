@@ -175,15 +175,8 @@ def loss_figure(
             lo = g["ci_low"].to_numpy(float)
             hi = g["ci_high"].to_numpy(float)
             err = np.vstack([np.nan_to_num(eff - lo), np.nan_to_num(hi - eff)])
-            ax.errorbar(
-                eff,
-                ys,
-                xerr=err,
-                fmt="o",
-                capsize=3,
-                color=VERDICT_COLORS.get(verdict_name, "black"),
-                label=verdict_name,
-            )
+            color = VERDICT_COLORS.get(verdict_name, "black")
+            ax.errorbar(eff, ys, xerr=err, fmt="o", capsize=3, color=color, label=verdict_name)
         ax.axvline(0, color="black", linewidth=0.8)
         kind = "increase" if (sub["effect"] == "increase").any() else "loss"
         ax.set_xlabel(f"{kind} (%)")
@@ -274,16 +267,8 @@ def loss_heatmap(
                             f"{VERDICT_MARKS.get(cell['verdict'], '?')}\n"
                             f"[{fmt_num(cell['ci_low'])}, {fmt_num(cell['ci_high'])}]"
                         )
-                        dark = abs(cell["effect_pct"]) > 0.6 * lim
-                        ax.text(
-                            b,
-                            a,
-                            text,
-                            ha="center",
-                            va="center",
-                            fontsize="small",
-                            color="white" if dark else "black",
-                        )
+                        color = "white" if abs(cell["effect_pct"]) > 0.6 * lim else "black"
+                        ax.text(b, a, text, ha="center", va="center", fontsize="small", color=color)
                     else:
                         ax.text(b, a, "not measured", ha="center", va="center", fontsize="x-small")
             mesh = ax.imshow(grid, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
@@ -341,18 +326,14 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
             y = h["cell"].map({c: i for i, c in enumerate(cells)}).to_numpy(float)
             y = y + (k - (len(hosts) - 1) / 2) * step
             eff = h["effect_pct"].to_numpy(float)
-            err = np.vstack(
-                [
-                    np.nan_to_num(eff - h["ci_low"].to_numpy(float)),
-                    np.nan_to_num(h["ci_high"].to_numpy(float) - eff),
-                ]
-            )
+            lows, highs = h["ci_low"].to_numpy(float), h["ci_high"].to_numpy(float)
+            err = np.vstack([np.nan_to_num(eff - lows), np.nan_to_num(highs - eff)])
             ax.errorbar(eff, y, xerr=err, fmt="o", capsize=2, color=colors[host], label=host)
             sig = (h["verdict"] == "significant").to_numpy(bool)
             ax.scatter(eff[sig], y[sig], s=70, facecolors="none", edgecolors="black", zorder=3)
             # an interval far below -100 % (a noisy cell, the variant maybe faster) would squash
             # every other cell: cut the axis there and write the bound at the edge
-            for yy, lo in zip(y, h["ci_low"].to_numpy(float), strict=True):
+            for yy, lo in zip(y, lows, strict=True):
                 if np.isfinite(lo) and lo < -HOSTS_AXIS_MIN_PCT:
                     ax.annotate(
                         f"\u25c0 {lo:,.0f}",
@@ -445,14 +426,8 @@ def latency_figure(
                     x, y = percentile_curve(one)
                     max_x = max(max_x, float(x.max()) if len(x) else 0.0)
                     label = stack if len(directions) == 1 else f"{stack} {direction}"
-                    ax.plot(
-                        x,
-                        y / 1e6,
-                        color=colors[stack],
-                        linestyle=styles[direction],
-                        linewidth=1.8,
-                        label=label,
-                    )
+                    style = {"color": colors[stack], "linestyle": styles[direction]}
+                    ax.plot(x, y / 1e6, **style, linewidth=1.8, label=label)
             log_y(ax)
             where = f" ({pat or 'main'})" if multi_pattern else ""
             ax.set_title(f"bs {bs_label(int(bs))}, iodepth {qd}{where}", fontsize="medium")
@@ -563,14 +538,8 @@ def _ceiling_marks(ax, s: pd.DataFrame, ceiling: dict, x: dict, offset: float, w
     for _, r in s.iterrows():
         key = "write_ceiling_mib_s" if r["direction"] == "write" else "read_ceiling_mib_s"
         xc = x[r["cell"]] + offset
-        ax.hlines(
-            ceiling[key],
-            xc - width / 2,
-            xc + width / 2,
-            colors="black",
-            linewidth=2,
-            label="crypto ceiling (cipher \u00d7 CPUs)",
-        )
+        label = "crypto ceiling (cipher \u00d7 CPUs)"
+        ax.hlines(ceiling[key], xc - width / 2, xc + width / 2, colors="black", lw=2, label=label)
 
 
 def _ceiling_note(ax, ceilings: list[dict]) -> None:
