@@ -1,19 +1,10 @@
 """Figure families: functions that take processed tables and return matplotlib figures.
 
-``throughput_figure``  SCS-style grouped bars for one rw pattern: block size on x, one bar per stack,
-                       log-scale y, mean over repetitions with its interval (arms.parquet), one
-                       panel per iodepth.
-``loss_figure``        loss / increase in % per cell with its confidence interval, one panel per metric.
-``loss_heatmap``       block size x rw per stack and iodepth, annotated with loss [CI] and verdict.
-``hosts_figure``       several test boxes side by side: effect per cell and host with its interval.
-``latency_figure``     completion-latency percentile curves from the json+ histograms, per stack.
-``cpu_figure``         CPU seconds per GiB by block size, per stack (rw x iodepth panels).
-``cipher_figure``      ``cryptsetup benchmark`` cipher throughput bars.
-``ceiling_figure``     measured encrypted bandwidth under the crypto ceiling (cipher speed x CPUs),
-                       or, when the cipher benchmark is unavailable, the reason written on the figure.
-
-Every number drawn comes from a processed table (loss, cpu_loss, arms, latency, cryptsetup); which
-figures a run gets is :mod:`luksbench.publish.catalog`.
+One function per family of :data:`luksbench.publish.catalog.FIGURE_FAMILIES` (which describes
+each): ``throughput_figure``, ``loss_figure``, ``loss_heatmap``, ``hosts_figure``,
+``latency_figure``, ``cpu_figure``, ``cipher_figure``, ``ceiling_figure``. Every number drawn comes
+from a processed table (loss, cpu_loss, arms, latency, cryptsetup); which figures a run gets is
+:mod:`luksbench.publish.catalog`.
 """
 
 from __future__ import annotations
