@@ -15,12 +15,10 @@ B / A, and its confidence interval, from log values:
   different times: repetition k of A has nothing in common with repetition k of B, so a Welch
   t-interval on ``mean ln B - mean ln A`` (:func:`luksbench.analysis.stats.welch_log_ratio_ci`).
 
-Verdicts as in the loss table (:func:`luksbench.analysis.stats.table_verdicts`): ``q_value`` is
-Benjamini-Hochberg over the whole comparison; *significant* (q <= 1 - confidence), *equivalent*
-(the 1 - 2 alpha interval lies inside +- the equivalence margin), *inconclusive*, *insufficient*
-(fewer than two pairs / two values on a side). ``outcome`` reads it for the metric: ``better`` /
-``worse`` (significant, by the metric's direction), ``same`` (equivalent), ``unclear``,
-``insufficient``, or ``only in A`` / ``only in B`` for cells one run lacks.
+Verdicts as in the loss table (:func:`luksbench.analysis.stats.table_verdicts`, Benjamini-Hochberg
+over the whole comparison). ``outcome`` reads them for the metric: ``better`` / ``worse``
+(significant, by the metric's direction), ``same`` (equivalent), ``unclear``, ``insufficient``, or
+``only in A`` / ``only in B`` for cells one run lacks.
 
 Runs are named by a processed folder (``data/processed/<run>``, as the workflow writes it), a raw
 run folder (``data/raw/<run>``, ingested in memory) or a run name looked up in both.
