@@ -12,13 +12,6 @@ import sys
 from pathlib import Path
 
 
-def _write_csv(rows: list[dict], columns: list[str], out) -> None:
-    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow(row)
-
-
 def _parse_files(files, parse, error_type, columns: list[str], label: str) -> int:
     """Rows of every file to CSV on stdout; each bad file named on stderr, exit 1 if any."""
     rows: list[dict] = []
@@ -29,7 +22,9 @@ def _parse_files(files, parse, error_type, columns: list[str], label: str) -> in
         except error_type as exc:
             print(f"luksbench parse {label}: {exc}", file=sys.stderr)
             failed.append(path)
-    _write_csv(rows, columns, sys.stdout)
+    writer = csv.DictWriter(sys.stdout, columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
     return 1 if failed else 0
 
 

@@ -149,7 +149,6 @@ def resolve(
     if not items:
         others = [s for s in sorted(measured) if s != baseline]
         pairs = [(baseline, s) for s in others] if baseline in measured else []
-        pairs = _headline_first(pairs, baseline, variant)
     else:
         pairs = []
         for item in items:
@@ -162,7 +161,7 @@ def resolve(
                 )
             elif pair not in pairs:
                 pairs.append(pair)
-        pairs = _headline_first(pairs, baseline, variant)
+    pairs = _headline_first(pairs, baseline, variant)
     if not pairs:
         raise ComparisonError(
             f"nothing to compare: the stacks with results ({', '.join(sorted(measured)) or 'none'})"

@@ -15,12 +15,10 @@ B / A, and its confidence interval, from log values:
   different times: repetition k of A has nothing in common with repetition k of B, so a Welch
   t-interval on ``mean ln B - mean ln A`` (:func:`luksbench.analysis.stats.welch_log_ratio_ci`).
 
-Verdicts as in the loss table (:func:`luksbench.analysis.stats.table_verdicts`): ``q_value`` is
-Benjamini-Hochberg over the whole comparison; *significant* (q <= 1 - confidence), *equivalent*
-(the 1 - 2 alpha interval lies inside +- the equivalence margin), *inconclusive*, *insufficient*
-(fewer than two pairs / two values on a side). ``outcome`` reads it for the metric: ``better`` /
-``worse`` (significant, by the metric's direction), ``same`` (equivalent), ``unclear``,
-``insufficient``, or ``only in A`` / ``only in B`` for cells one run lacks.
+Verdicts as in the loss table (:func:`luksbench.analysis.stats.table_verdicts`, Benjamini-Hochberg
+over the whole comparison). ``outcome`` reads them for the metric: ``better`` / ``worse``
+(significant, by the metric's direction), ``same`` (equivalent), ``unclear``, ``insufficient``, or
+``only in A`` / ``only in B`` for cells one run lacks.
 
 Runs are named by a processed folder (``data/processed/<run>``, as the workflow writes it), a raw
 run folder (``data/raw/<run>``, ingested in memory) or a run name looked up in both.
@@ -55,17 +53,8 @@ COMPARE_TEXT += ("job", "pattern", "metric", "design", "verdict", "outcome")
 COMPARE_INTS = ("bs_bytes", "iodepth", "job_slot", "n_a", "n_b", "n")
 
 #: env facts whose difference between A and B is worth saying (a kernel change is the usual point)
-ENV_FACTS = (
-    "kernel",
-    "cpu_model",
-    "cpu_count",
-    "aes",
-    "vaes",
-    "backend",
-    "fio_version",
-    "cryptsetup_version",
-    "qemu_version",
-)
+ENV_FACTS = ("kernel", "cpu_model", "cpu_count", "aes", "vaes", "backend", "fio_version")
+ENV_FACTS += ("cryptsetup_version", "qemu_version")
 
 
 class CompareError(ValueError):
@@ -81,9 +70,6 @@ class RunData:
     fio: pd.DataFrame
     env: pd.DataFrame = field(default_factory=pd.DataFrame)
     schedule: pd.DataFrame = field(default_factory=pd.DataFrame)
-
-
-# ------------------------------------------------------------------------------------------ input
 
 
 def load_run(
@@ -156,9 +142,6 @@ def host_pairs(a: RunData, b: RunData, specs: list[str] | None = None) -> list[t
     return pairs
 
 
-# ----------------------------------------------------------------------------------------- design
-
-
 def _sessions(schedule: pd.DataFrame, host: str) -> pd.DataFrame:
     if schedule is None or schedule.empty:
         return pd.DataFrame()
@@ -211,9 +194,6 @@ def _span(sched: pd.DataFrame) -> str:
     if pd.isna(lo) or pd.isna(hi):
         return "unknown times"
     return f"{lo:%Y-%m-%d %H:%M} to {hi:%Y-%m-%d %H:%M} UTC"
-
-
-# ----------------------------------------------------------------------------------------- table
 
 
 def _cell_change(
@@ -385,9 +365,6 @@ def _by_rep(vals: pd.DataFrame, pos, metric: str) -> dict[int, float]:
 def _dtypes(table: pd.DataFrame) -> pd.DataFrame:
     bools = ("higher_is_better", "equivalent")
     return stats.with_dtypes(table, COMPARE_COLUMNS, COMPARE_TEXT, COMPARE_INTS, bools)
-
-
-# ------------------------------------------------------------------------------------- reporting
 
 
 def env_differences(a: RunData, b: RunData, pairs: list[tuple[str, str]]) -> list[str]:

@@ -12,10 +12,8 @@ every cell up to its N (``luksbench testbox run-fio --targets targets.json``); t
 look at the data after the pilot. Cells whose requirement exceeds ``max_pairs`` stop at the cap and
 are labelled *noisy*: their interval is honest but wider than the target.
 
-The targets file (``data/raw/<run>/<host>/fio/targets.json``) records the decision: what the runner
-reads (``pairs``: workload id -> N), and per cell the pilot SD, the real-valued requirement and
-whether it was capped (``cells``, ``noisy``). Ingest carries ``target_pairs``/``hit_cap`` into the
-fio table and the loss table reports them as ``target_pairs``/``noisy``.
+The targets file (:mod:`luksbench.formats.targets`) records the decision; the loss table reports
+it per cell as ``target_pairs``/``noisy``.
 
 A pilot cell without ``n0`` usable pairs (a failed run) gets the cap and counts as noisy.
 """

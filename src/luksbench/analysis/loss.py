@@ -52,11 +52,8 @@ def write_loss(
 
     ``loss.parquet`` holds the rows of every comparison (outliers flagged and kept; see
     :func:`stats.loss_table`), the headline first. ``comparisons``: config
-    ``analysis.comparisons`` (a list of {baseline, variant}, pairs, or their JSON); empty/None =
-    every stack with results except ``baseline`` against ``baseline``. Resolved by
-    :func:`luksbench.analysis.contrasts.resolve`: the headline is (``baseline``, ``variant``)
-    when listed, else the first comparison; comparisons naming a stack without results are left
-    out with a note on stderr."""
+    ``analysis.comparisons``, resolved against the stacks with results by
+    :func:`luksbench.analysis.contrasts.resolve` (empty: every stack against ``baseline``)."""
     processed_dir = Path(processed_dir)
     fio = pd.read_parquet(processed_dir / "fio.parquet")
     pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)

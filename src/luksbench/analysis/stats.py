@@ -89,14 +89,8 @@ METRICS: dict[str, bool] = {
     "busy_cpu_s_per_gib": False,
     "sys_cpu_s_per_gib": False,
 }
-DEFAULT_METRICS = (
-    "bw_bytes",
-    "iops",
-    "clat_p50_ns",
-    "clat_p99_ns",
-    "clat_p999_ns",
-    "sys_cpu_s_per_gib",
-)
+DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns")
+DEFAULT_METRICS += ("clat_p999_ns", "sys_cpu_s_per_gib")
 #: +- percentage points inside which a cell counts as "equivalent" (config analysis.equivalence_margin_pct)
 DEFAULT_EQUIVALENCE_MARGIN_PCT = 2.0
 #: bootstrap intervals only from this many pairs on (fewer: the bootstrap distribution is too coarse)
@@ -436,9 +430,6 @@ def flag_outliers(
     return flags
 
 
-# -------------------------------------------------------------------------------------- transform
-
-
 def effect_from_log_ratio(
     mean: float, low: float, high: float, better_high: bool
 ) -> tuple[float, float, float]:
@@ -453,9 +444,6 @@ def effect_bounds_from_ratio(low: float, high: float, better_high: bool) -> tupl
     if better_high:
         return 100 * (1 - high), 100 * (1 - low)
     return 100 * (low - 1), 100 * (high - 1)
-
-
-# ---------------------------------------------------------------------------------------- verdict
 
 
 def verdict(ci: LogRatioCI) -> str:

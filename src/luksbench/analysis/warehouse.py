@@ -10,15 +10,9 @@ writes (:data:`luksbench.analysis.ingest.PROCESSED_TABLES`) and ``loss``. Every 
 (tables without one, like ``loss``, get the run folder's name). Views read the parquet files at
 query time, so a new or re-analysed run shows up without rebuilding anything; nothing is copied.
 
-Example (:data:`EXAMPLE_QUERY`): the bandwidth loss of every comparison (variant against baseline),
-per run, host and kernel, so runs on two kernels (or hosts, or months) sit side by side::
-
-    SELECT l.workload, l.run, l.host, e.kernel, l.variant, l.baseline,
-           round(l.effect_pct, 1) AS loss_pct, round(l.ci_low, 1) AS ci_low,
-           round(l.ci_high, 1) AS ci_high, l.n, l.verdict
-    FROM loss AS l LEFT JOIN env AS e USING (run, host)
-    WHERE l.metric = 'bw_bytes'
-    ORDER BY l.workload, l.baseline, l.variant, e.kernel, l.run, l.host
+Example (:data:`EXAMPLE_QUERY`, the default query): the bandwidth loss of every comparison
+(variant against baseline), per run, host and kernel, so runs on two kernels (or hosts, or months)
+sit side by side.
 """
 
 from __future__ import annotations
@@ -119,16 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         con = connect(args.processed_root, args.database)
+        try:
+            df = con.execute(args.sql).df()
+        finally:
+            con.close()
     except (FileNotFoundError, duckdb.Error) as exc:
         print(f"luksbench warehouse: {exc}", file=sys.stderr)
         return 1
-    try:
-        df = con.execute(args.sql).df()
-    except duckdb.Error as exc:
-        print(f"luksbench warehouse: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        con.close()
     if args.csv:
         df.to_csv(sys.stdout, index=False)
     else:

@@ -46,20 +46,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REQUIRED_KEYS = (
-    "run",
-    "host",
-    "backend",
-    "scratch_dir",
-    "device_size_mib",
-    "precondition",
-    "baseline",
-    "stacks",
-    "matrix",
-    "fio",
-    "repetitions",
-    "seed",
-)
+REQUIRED_KEYS = ("run", "host", "backend", "scratch_dir", "device_size_mib", "precondition")
+REQUIRED_KEYS += ("baseline", "stacks", "matrix", "fio", "repetitions", "seed")
 BACKENDS = ("auto", "kernel", "userspace")
 
 
@@ -125,15 +113,8 @@ def check_run_options(plan: dict, source: str = "plan") -> None:
 
 
 # Keys whose change makes measurements incomparable (more repetitions or cells are fine).
-_MEASUREMENT_KEYS = (
-    "backend",
-    "device_size_mib",
-    "precondition",
-    "stacks",
-    "fio",
-    "devices",
-    "fleet",
-)
+_MEASUREMENT_KEYS = ("backend", "device_size_mib", "precondition")
+_MEASUREMENT_KEYS += ("stacks", "fio", "devices", "fleet")
 # Per pattern: how its cells are measured (its matrix may grow, and a new pattern adds cells).
 _PATTERN_MEASUREMENT_KEYS = ("io_bs", "fsync_per_block", "fio")
 

@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from luksbench.analysis.contrasts import Pair, label
+from luksbench.analysis.loss import CPU_METRICS
 from luksbench.publish import figures
 from luksbench.publish.ceilings import crypto_ceilings, undescribed
 from luksbench.publish.run import Run, load_run, package_version, provenance_facts
@@ -36,7 +37,6 @@ INDEX = "index.json"
 HEATMAP_METRICS = ("bw_bytes", "clat_p99_ns")
 #: metrics that get a hosts-side-by-side figure in a run with several hosts
 HOSTS_METRICS = ("bw_bytes", "clat_p99_ns")
-CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 
 
 @dataclass(frozen=True)
@@ -139,9 +139,6 @@ def caption(stem: str, headline: Pair | None = None) -> str:
             f" ({rw_words(rest)})" if rest in ("read", "write", "randread", "randwrite") else ""
         )
     return FIGURE_FAMILIES.get(kind, (stem,))[0]
-
-
-# ------------------------------------------------------------------------------------ the catalog
 
 
 def figure_specs(run: Run) -> list[FigureSpec]:
@@ -282,9 +279,6 @@ def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
     return specs
 
 
-# ---------------------------------------------------------------------------------- drawing
-
-
 def make_figures(
     processed_dir: Path,
     figures_dir: Path,
@@ -373,9 +367,6 @@ def _draw_share(specs, draw, errors) -> None:
             errors.put(f"{spec.name}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             raise SystemExit(1) from exc
     raise SystemExit(0)
-
-
-# ------------------------------------------------------------------------------------ the index
 
 
 def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:

@@ -14,7 +14,7 @@ import pandas as pd
 import seaborn as sns
 
 from luksbench.analysis.crossrun import RunData
-from luksbench.publish.style import house_style, save_figure
+from luksbench.publish.style import house_style, panels, save_figure
 from luksbench.publish.text import (
     METRIC_UNITS,
     cell_name,
@@ -92,13 +92,8 @@ def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
     )
     y = {c: i for i, c in enumerate(cells)}
     df["y"] = df["cell"].map(y)
-    fig, axes = plt.subplots(
-        1,
-        len(metrics),
-        figsize=(3.4 * len(metrics) + 2.0, 0.38 * len(cells) + 1.8),
-        sharey=True,
-        squeeze=False,
-        layout="constrained",
+    fig, axes = panels(
+        1, len(metrics), 3.4 * len(metrics) + 2.0, 0.38 * len(cells) + 1.8, sharey=True
     )
     present = [o for o in OUTCOME_COLORS if (df["outcome"] == o).any()]
     # ratio B/A on a log axis: +100 % and -50 % are the same distance from "no change", and one

@@ -1,19 +1,10 @@
 """Figure families: functions that take processed tables and return matplotlib figures.
 
-``throughput_figure``  SCS-style grouped bars for one rw pattern: block size on x, one bar per stack,
-                       log-scale y, mean over repetitions with its interval (arms.parquet), one
-                       panel per iodepth.
-``loss_figure``        loss / increase in % per cell with its confidence interval, one panel per metric.
-``loss_heatmap``       block size x rw per stack and iodepth, annotated with loss [CI] and verdict.
-``hosts_figure``       several test boxes side by side: effect per cell and host with its interval.
-``latency_figure``     completion-latency percentile curves from the json+ histograms, per stack.
-``cpu_figure``         CPU seconds per GiB by block size, per stack (rw x iodepth panels).
-``cipher_figure``      ``cryptsetup benchmark`` cipher throughput bars.
-``ceiling_figure``     measured encrypted bandwidth under the crypto ceiling (cipher speed x CPUs),
-                       or, when the cipher benchmark is unavailable, the reason written on the figure.
-
-Every number drawn comes from a processed table (loss, cpu_loss, arms, latency, cryptsetup); which
-figures a run gets is :mod:`luksbench.publish.catalog`.
+One function per family of :data:`luksbench.publish.catalog.FIGURE_FAMILIES` (which describes
+each): ``throughput_figure``, ``loss_figure``, ``loss_heatmap``, ``hosts_figure``,
+``latency_figure``, ``cpu_figure``, ``cipher_figure``, ``ceiling_figure``. Every number drawn comes
+from a processed table (loss, cpu_loss, arms, latency, cryptsetup); which figures a run gets is
+:mod:`luksbench.publish.catalog`.
 """
 
 from __future__ import annotations
@@ -35,6 +26,7 @@ from luksbench.publish.style import (
     interval_bars,
     legend_below,
     log_y,
+    panels,
     wrap,
 )
 from luksbench.publish.text import (
@@ -46,8 +38,6 @@ from luksbench.publish.text import (
     metric_heading,
     metric_label,
 )
-
-# ------------------------------------------------------------------------------------- throughput
 
 
 def _arm_rows(arms: pd.DataFrame, metric: str, host: str | None = None) -> pd.DataFrame:
@@ -121,14 +111,7 @@ def throughput_figure(
     depths = sorted(summ["iodepth"].unique())
     scale = {"bw_bytes": 2**20}.get(metric, 1)
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
-    fig, axes = plt.subplots(
-        1,
-        len(depths),
-        figsize=(max(4.0, 3.2 * len(depths)) + 1.2, 3.8),
-        sharey=True,
-        squeeze=False,
-        layout="constrained",
-    )
+    fig, axes = panels(1, len(depths), max(4.0, 3.2 * len(depths)) + 1.2, 3.8, sharey=True)
     for ax, qd in zip(axes[0], depths, strict=True):
         _stack_bars(ax, summ[summ["iodepth"] == qd], stacks, colors, scale)
         ax.set_title(f"iodepth {qd}")
@@ -147,9 +130,6 @@ def throughput_figure(
     )
     legend_below(fig, axes[0][0], "stack", ncols=len(stacks))
     return fig
-
-
-# ------------------------------------------------------------------------------------------- loss
 
 
 def loss_figure(
@@ -175,13 +155,8 @@ def loss_figure(
     )["cell"]
     cells = list(dict.fromkeys(cells))
     y = {c: i for i, c in enumerate(cells)}
-    fig, axes = plt.subplots(
-        1,
-        len(metrics),
-        figsize=(3.4 * len(metrics) + 1.5, 0.4 * len(cells) + 1.6),
-        sharey=True,
-        squeeze=False,
-        layout="constrained",
+    fig, axes = panels(
+        1, len(metrics), 3.4 * len(metrics) + 1.5, 0.4 * len(cells) + 1.6, sharey=True
     )
     for ax, metric in zip(axes[0], metrics, strict=True):
         sub = df[df["metric"] == metric]
@@ -191,15 +166,8 @@ def loss_figure(
             lo = g["ci_low"].to_numpy(float)
             hi = g["ci_high"].to_numpy(float)
             err = np.vstack([np.nan_to_num(eff - lo), np.nan_to_num(hi - eff)])
-            ax.errorbar(
-                eff,
-                ys,
-                xerr=err,
-                fmt="o",
-                capsize=3,
-                color=VERDICT_COLORS.get(verdict_name, "black"),
-                label=verdict_name,
-            )
+            color = VERDICT_COLORS.get(verdict_name, "black")
+            ax.errorbar(eff, ys, xerr=err, fmt="o", capsize=3, color=color, label=verdict_name)
         ax.axvline(0, color="black", linewidth=0.8)
         kind = "increase" if (sub["effect"] == "increase").any() else "loss"
         ax.set_xlabel(f"{kind} (%)")
@@ -226,13 +194,6 @@ def _one_comparison(loss: pd.DataFrame, comparison: tuple[str, str] | None) -> p
     if out.empty:
         raise ValueError(f"no rows of {comparison[1]} against {comparison[0]}")
     return out
-
-
-# ---------------------------------------------------------------------------------------- heatmap
-
-#: metrics that get a heatmap (IOPS repeats bandwidth at a fixed block size; every metric is in
-#: the loss chart and the paper's tables)
-HEATMAP_METRICS = ("bw_bytes", "clat_p99_ns")
 
 
 def _row_label(row, multi_job: bool, multi_pattern: bool = False) -> str:
@@ -272,15 +233,11 @@ def loss_heatmap(
     lim = float(np.nanmax(np.abs(df["effect_pct"].to_numpy(float)))) if len(df) else 1.0
     lim = min(max(lim, 1.0), 100.0) if df["higher_is_better"].all() else max(lim, 1.0)
     cmap = sns.color_palette("vlag", as_cmap=True)
-    fig, axes = plt.subplots(
+    fig, axes = panels(
         len(comparisons),
         len(depths),
-        figsize=(
-            1.0 + 1.9 * len(bss) * len(depths),
-            0.8 + 0.75 * len(rows) * len(comparisons) + 1,
-        ),
-        squeeze=False,
-        layout="constrained",
+        1.0 + 1.9 * len(bss) * len(depths),
+        0.8 + 0.75 * len(rows) * len(comparisons) + 1,
     )
     kind = str(df["effect"].iloc[0])
     mesh = None
@@ -301,16 +258,8 @@ def loss_heatmap(
                             f"{VERDICT_MARKS.get(cell['verdict'], '?')}\n"
                             f"[{fmt_num(cell['ci_low'])}, {fmt_num(cell['ci_high'])}]"
                         )
-                        dark = abs(cell["effect_pct"]) > 0.6 * lim
-                        ax.text(
-                            b,
-                            a,
-                            text,
-                            ha="center",
-                            va="center",
-                            fontsize="small",
-                            color="white" if dark else "black",
-                        )
+                        color = "white" if abs(cell["effect_pct"]) > 0.6 * lim else "black"
+                        ax.text(b, a, text, ha="center", va="center", fontsize="small", color=color)
                     else:
                         ax.text(b, a, "not measured", ha="center", va="center", fontsize="x-small")
             mesh = ax.imshow(grid, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
@@ -330,10 +279,6 @@ def loss_heatmap(
     return fig
 
 
-# ------------------------------------------------------------------------------------------ hosts
-
-#: metrics that get a hosts-side-by-side figure in a run with several hosts
-HOSTS_METRICS = ("bw_bytes", "clat_p99_ns")
 #: the hosts figure's axis stops at -this % (intervals reaching further are labelled at the edge)
 HOSTS_AXIS_MIN_PCT = 100.0
 
@@ -361,13 +306,8 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
     comparisons = list(dict.fromkeys(zip(df["baseline"], df["variant"], strict=True)))
     colors = dict(zip(hosts, sns.color_palette(n_colors=len(hosts)), strict=True))
     step = 0.7 / len(hosts)
-    fig, axes = plt.subplots(
-        1,
-        len(comparisons),
-        figsize=(4.2 * len(comparisons) + 2.2, 0.45 * len(cells) + 1.8),
-        sharey=True,
-        squeeze=False,
-        layout="constrained",
+    fig, axes = panels(
+        1, len(comparisons), 4.2 * len(comparisons) + 2.2, 0.45 * len(cells) + 1.8, sharey=True
     )
     kind = str(df["effect"].iloc[0])
     for ax, (baseline, variant) in zip(axes[0], comparisons, strict=True):
@@ -377,18 +317,14 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
             y = h["cell"].map({c: i for i, c in enumerate(cells)}).to_numpy(float)
             y = y + (k - (len(hosts) - 1) / 2) * step
             eff = h["effect_pct"].to_numpy(float)
-            err = np.vstack(
-                [
-                    np.nan_to_num(eff - h["ci_low"].to_numpy(float)),
-                    np.nan_to_num(h["ci_high"].to_numpy(float) - eff),
-                ]
-            )
+            lows, highs = h["ci_low"].to_numpy(float), h["ci_high"].to_numpy(float)
+            err = np.vstack([np.nan_to_num(eff - lows), np.nan_to_num(highs - eff)])
             ax.errorbar(eff, y, xerr=err, fmt="o", capsize=2, color=colors[host], label=host)
             sig = (h["verdict"] == "significant").to_numpy(bool)
             ax.scatter(eff[sig], y[sig], s=70, facecolors="none", edgecolors="black", zorder=3)
             # an interval far below -100 % (a noisy cell, the variant maybe faster) would squash
             # every other cell: cut the axis there and write the bound at the edge
-            for yy, lo in zip(y, h["ci_low"].to_numpy(float), strict=True):
+            for yy, lo in zip(y, lows, strict=True):
                 if np.isfinite(lo) and lo < -HOSTS_AXIS_MIN_PCT:
                     ax.annotate(
                         f"\u25c0 {lo:,.0f}",
@@ -417,8 +353,6 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
     legend_below(fig, axes[0][0], "host", ncols=len(hosts))
     return fig
 
-
-# ---------------------------------------------------------------------------------------- latency
 
 _NINES = [0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999]
 
@@ -464,13 +398,8 @@ def latency_figure(
     depths = sorted(df["iodepth"].unique())
     directions = sorted(df["direction"].unique())
     styles = dict(zip(directions, ["-", "--", ":"], strict=False))
-    fig, axes = plt.subplots(
-        len(bss),
-        len(depths),
-        figsize=(1.2 + 3.4 * len(depths), 1.2 + 2.6 * len(bss)),
-        squeeze=False,
-        sharex=True,
-        layout="constrained",
+    fig, axes = panels(
+        len(bss), len(depths), 1.2 + 3.4 * len(depths), 1.2 + 2.6 * len(bss), sharex=True
     )
     max_x = 0.0
     for i, (pat, bs) in enumerate(bss):
@@ -488,14 +417,8 @@ def latency_figure(
                     x, y = percentile_curve(one)
                     max_x = max(max_x, float(x.max()) if len(x) else 0.0)
                     label = stack if len(directions) == 1 else f"{stack} {direction}"
-                    ax.plot(
-                        x,
-                        y / 1e6,
-                        color=colors[stack],
-                        linestyle=styles[direction],
-                        linewidth=1.8,
-                        label=label,
-                    )
+                    style = {"color": colors[stack], "linestyle": styles[direction]}
+                    ax.plot(x, y / 1e6, **style, linewidth=1.8, label=label)
             log_y(ax)
             where = f" ({pat or 'main'})" if multi_pattern else ""
             ax.set_title(f"bs {bs_label(int(bs))}, iodepth {qd}{where}", fontsize="medium")
@@ -519,9 +442,6 @@ def latency_figure(
     return fig
 
 
-# ---------------------------------------------------------------------------------------- ciphers
-
-
 def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
     """``cryptsetup benchmark`` cipher rows: encryption and decryption MiB/s per cipher and key
     size (one panel per host); raises ValueError when no cipher row is available."""
@@ -533,14 +453,7 @@ def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
         raise ValueError("no cipher benchmark rows")
     hosts = sorted(cs["host"].unique())
     n = cs.groupby("host").size().max()
-    fig, axes = plt.subplots(
-        1,
-        len(hosts),
-        figsize=(1.5 + 4.5 * len(hosts), 1.4 + 0.32 * n * 2),
-        squeeze=False,
-        sharex=True,
-        layout="constrained",
-    )
+    fig, axes = panels(1, len(hosts), 1.5 + 4.5 * len(hosts), 1.4 + 0.32 * n * 2, sharex=True)
     palette = sns.color_palette(n_colors=2)
     for ax, host in zip(axes[0], hosts, strict=True):
         sub = cs[cs["host"] == host].reset_index(drop=True)
@@ -556,8 +469,6 @@ def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
     legend_below(fig, axes[0][0], ncols=2)
     return fig
 
-
-# -------------------------------------------------------------------------------------------- cpu
 
 _CPU_WHAT = {
     "busy_cpu_s_per_gib": "all non-idle CPU time (user + system + irq …)",
@@ -581,13 +492,8 @@ def cpu_figure(
     stacks = [s for s in stacks if s in set(summ["stack"])]
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
     rws, depths = sorted(summ["rw"].unique()), sorted(summ["iodepth"].unique())
-    fig, axes = plt.subplots(
-        len(depths),
-        len(rws),
-        figsize=(1.2 + 2.6 * len(rws), 1.4 + 2.6 * len(depths)),
-        squeeze=False,
-        sharey=True,
-        layout="constrained",
+    fig, axes = panels(
+        len(depths), len(rws), 1.2 + 2.6 * len(rws), 1.4 + 2.6 * len(depths), sharey=True
     )
     for i, qd in enumerate(depths):
         for j, rw in enumerate(rws):
@@ -608,9 +514,6 @@ def cpu_figure(
     return fig
 
 
-# ---------------------------------------------------------------------------------------- ceiling
-
-
 def _ceiling_cells(arms: pd.DataFrame, ceilings: list[dict], host: str | None) -> pd.DataFrame:
     """Bandwidth of the LUKS stacks per cell (arms.parquet), with a ``cell`` label."""
     summ = _arm_rows(arms, "bw_bytes", host)
@@ -626,14 +529,8 @@ def _ceiling_marks(ax, s: pd.DataFrame, ceiling: dict, x: dict, offset: float, w
     for _, r in s.iterrows():
         key = "write_ceiling_mib_s" if r["direction"] == "write" else "read_ceiling_mib_s"
         xc = x[r["cell"]] + offset
-        ax.hlines(
-            ceiling[key],
-            xc - width / 2,
-            xc + width / 2,
-            colors="black",
-            linewidth=2,
-            label="crypto ceiling (cipher \u00d7 CPUs)",
-        )
+        label = "crypto ceiling (cipher \u00d7 CPUs)"
+        ax.hlines(ceiling[key], xc - width / 2, xc + width / 2, colors="black", lw=2, label=label)
 
 
 def _ceiling_note(ax, ceilings: list[dict]) -> None:

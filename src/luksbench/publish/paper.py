@@ -22,6 +22,7 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs, label
+from luksbench.analysis.loss import CPU_METRICS
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
@@ -77,7 +78,9 @@ BACKEND_TEXT = {
     ),
 }
 
-# ---------------------------------------------------------------------------------------- context
+
+_HOST_TEXT = ("hostname", "cpu_model", "cpu_count", "kernel", "fio_version", "cryptsetup_version")
+_HOST_TEXT += ("qemu_version", "backend_reason")
 
 
 def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
@@ -97,19 +100,12 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
         hosts.append(
             {
                 "host": row["host"],
-                "hostname": fmt_text(row["hostname"]),
-                "cpu_model": fmt_text(row["cpu_model"]),
-                "cpu_count": fmt_text(row["cpu_count"]),
+                **{k: fmt_text(row.get(k)) for k in _HOST_TEXT},
                 "aes": fmt_bool(row["aes"]),
                 "vaes": fmt_bool(row["vaes"]),
-                "kernel": fmt_text(row["kernel"]),
-                "fio_version": fmt_text(row["fio_version"]),
-                "cryptsetup_version": fmt_text(row["cryptsetup_version"]),
-                "qemu_version": fmt_text(row.get("qemu_version")),
                 "backend": backend,
                 "backend_short": short,
                 "backend_long": long,
-                "backend_reason": fmt_text(row["backend_reason"]),
                 # a fio server of a fleet run: results, but no environment capture of its own
                 "coordinator": parse_env_json(row["env_json"]).get("coordinator"),
             }
@@ -119,20 +115,13 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
 
 # Stack settings a reader needs to judge the comparison (the rest, e.g. paths and the LUKS header
 # dump, stays in the processed table).
-_STACK_SETTINGS = (
-    "luks_type",
-    "sector_size",
-    "hash",
-    "pbkdf",
-    "device_size_bytes",
-    "loop_direct_io",
-)
+_STACK_SETTINGS = ("luks_type", "sector_size", "hash", "pbkdf")
+_STACK_SETTINGS += ("device_size_bytes", "loop_direct_io")
 
 
 def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
     """The stacks that were built, with their role in the comparisons (unavailable ones are in
     "Not in this run")."""
-
     gone = {(u["host"], u["stack"]) for u in unavailable_stacks(stacks)}
     rows = []
     for _, row in stacks.iterrows():
@@ -147,12 +136,11 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
             for role, side in (("baseline", 0), ("variant", 1))
             if any(pair[side] == row["stack"] for pair in pairs)
         ]
-        role = ", ".join(roles)
         rows.append(
             {
                 "host": row["host"],
                 "stack": row["stack"],
-                "role": role,
+                "role": ", ".join(roles),
                 "kind": fmt_text(row["kind"]),
                 "backend": fmt_text(row["backend"]),
                 "cipher": fmt_text(row["cipher"]),
@@ -235,7 +223,6 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
 def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
     """One section per comparison, in ``pairs`` order (the headline first): its label, stacks,
     SCS-shaped tables, detailed loss tables and how many of its rows are significant."""
-
     out = []
     for k, (baseline, variant) in enumerate(pairs):
         rows = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
@@ -352,15 +339,12 @@ def _cryptsetup(cs: pd.DataFrame) -> dict:
     }
 
 
-# ------------------------------------------------------------------------------------- the story
-
 #: thresholds of the recommendation (stated in the paper's text)
 NEGLIGIBLE_LOSS_PCT = 5.0
 MATERIAL_LOSS_PCT = 20.0
 
 #: metrics that get SCS-shaped tables (all metrics are in the detailed Results section)
 SCS_TABLE_METRICS = ("bw_bytes", "iops", "clat_p99_ns")
-CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 
 
 def _worst_by_rw(bw: pd.DataFrame, pos: pd.DataFrame) -> str:
@@ -574,9 +558,6 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
     return tables
 
 
-# ------------------------------------------------------------------------------- what is missing
-
-
 def _stack_gaps(run: Run) -> list[str]:
     """Optional stacks that could not be built (with the reason), raw files left out at ingest,
     planned stacks without results."""
@@ -664,9 +645,6 @@ def figure_sections(figures_dir: Path, out_md: Path) -> list[dict]:
         ]
         sections.append({"kind": kind, "heading": heading, "intro": intro, "figures": figures})
     return sections
-
-
-# ---------------------------------------------------------------------------------------- context
 
 
 def _yaml_str(value) -> str:
@@ -762,8 +740,10 @@ def paper_context(
 ) -> dict:
     """Everything the template needs, as formatted strings (no raw floats reach the template).
 
-    The headline is loss.parquet's first comparison, unless ``baseline``/``variant`` name one of
-    the others."""
+    Figure links are relative to ``out_md``'s folder. The headline is loss.parquet's first
+    comparison, unless ``baseline``/``variant`` name one of the others; ``title`` empty = generated
+    from run and variant; ``reference_dir`` holds the transcribed published results (default: the
+    repository's ``data/reference``)."""
     data = load_run(processed_dir)
     pairs = data.headline_first(baseline, variant)
     hosts = _hosts(data.env, data.stacks)

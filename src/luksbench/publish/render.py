@@ -30,29 +30,13 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render_paper(
-    processed_dir: Path,
-    figures_dir: Path,
-    out_md: Path,
-    run: str,
-    baseline: str | None = None,
-    variant: str | None = None,
-    title: str = "",
-    author: str = "luksbench",
-    reference_dir: Path | None = None,
-) -> Path:
+def render_paper(processed_dir: Path, figures_dir: Path, out_md: Path, run: str, **options) -> Path:
     """Render ``templates/paper.md.j2`` with the processed tables of ``run`` into ``out_md``
-    (normally ``paper/<run>/index.md``): YAML front matter (title, date, author) and the post.
-
-    Figure links are relative to ``out_md``'s folder. ``baseline``/``variant`` default to those of
-    ``loss.parquet``; ``title`` empty = generated from run and variant; ``reference_dir`` holds the
-    transcribed published results (default: the repository's ``data/reference``). Returns ``out_md``.
-    """
+    (normally ``paper/<run>/index.md``): YAML front matter (title, date, author) and the post;
+    ``options`` are :func:`~luksbench.publish.paper.paper_context`'s. Returns ``out_md``."""
     out_md = Path(out_md)
     out_md.parent.mkdir(parents=True, exist_ok=True)
-    context = paper_context(
-        processed_dir, figures_dir, out_md, run, baseline, variant, title, author, reference_dir
-    )
+    context = paper_context(processed_dir, figures_dir, out_md, run, **options)
     text = _environment().get_template(TEMPLATE).render(**context)
     out_md.write_text(text)
     return out_md

@@ -109,9 +109,6 @@ def load_run(processed_dir: Path) -> Run:
     return Run(processed_dir, tables)
 
 
-# ------------------------------------------------------------------------------------- stacks
-
-
 def unavailable_stacks(stacks: pd.DataFrame) -> list[dict]:
     """Optional stacks that could not be built, one dict per host and stack: host, stack, kind,
     reason. From the stacks table's ``available``/``reason`` columns, or (tables ingested before
@@ -220,9 +217,6 @@ def run_date(env: pd.DataFrame, fio: pd.DataFrame) -> str:
         ts = pd.to_numeric(fio["timestamp"], errors="coerce").max()
         return pd.Timestamp(ts, unit="s").strftime("%Y-%m-%d")
     return "unknown"
-
-
-# ----------------------------------------------------------------------------------- provenance
 
 
 def git_commit(path: Path | None = None) -> str:

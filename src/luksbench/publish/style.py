@@ -38,6 +38,13 @@ def house_style() -> None:
     plt.rcParams.update({"svg.hashsalt": "luksbench", "figure.dpi": DPI, "savefig.bbox": "tight"})
 
 
+def panels(rows: int, cols: int, width: float, height: float, **share):
+    """(figure, 2-D array of axes): a ``rows`` x ``cols`` grid, ``width`` x ``height`` inches."""
+    return plt.subplots(
+        rows, cols, figsize=(width, height), squeeze=False, layout="constrained", **share
+    )
+
+
 def _fmt_log_tick(value: float, _pos=None) -> str:
     """Plain numbers on log axes (600, 2k) instead of 6x10^2; minor ticks only at 2 and 5."""
     if value <= 0:
@@ -88,9 +95,6 @@ def legend_below(fig, axes, title=None, ncols: int = 4, loc: str = "outside lowe
 
 def wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(text, width))
-
-
-# ----------------------------------------------------------------------------------------- saving
 
 
 def figure_paths(path: Path) -> list[Path]:

@@ -71,9 +71,6 @@ def sorted_metrics(values) -> list[str]:
     return sorted(values, key=lambda m: (order.get(m, len(order)), m))
 
 
-# ------------------------------------------------------------------------------------- numbers
-
-
 def missing(x) -> bool:
     if x is None or x is pd.NA:
         return True
@@ -120,9 +117,6 @@ def bs_human(bs_bytes) -> str:
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
     return f"{n} B"
-
-
-# --------------------------------------------------------------------------------------- cells
 
 
 def pattern_name(row) -> str:

@@ -48,9 +48,6 @@ def tool_versions() -> dict:
     return versions
 
 
-# --- capture-env ---------------------------------------------------------------------------------
-
-
 def _cpuinfo() -> dict:
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -148,9 +145,6 @@ def capture_env(plan: dict) -> dict:
         ),
         "plan": plan,
     }
-
-
-# --- benchmark-ciphers ---------------------------------------------------------------------------
 
 
 def benchmark_ciphers(out: Path, extra_args: list[str] | None = None) -> int:

@@ -23,8 +23,6 @@ from luksbench.testbox.plan import precondition_options
 from luksbench.testbox.sysutil import TestboxError, run_tool
 from luksbench.testbox.sysutil import log as default_log
 
-# --- preconditioning: command lines --------------------------------------------------------------
-
 
 def blkdiscard_argv(device: str | Path) -> list[str]:
     """Discard every sector. No ``--force``: blkdiscard then opens the device exclusively, so it
@@ -102,9 +100,6 @@ def steady_state_round_argv(
     ]
 
 
-# --- preconditioning: the steady-state gate ------------------------------------------------------
-
-
 def snia_steady_state(
     values: list[float], window: int = 5, range_pct: float = 20.0, slope_pct: float = 10.0
 ) -> dict:
@@ -171,9 +166,6 @@ def snia_steady_state(
         failed.append(f"slope excursion {100 * excursion / mean:.1f}% of mean > {slope_pct:g}%")
     result["reason"] = "; ".join(failed) if failed else "range and slope within limits"
     return result
-
-
-# --- preconditioning: running it -----------------------------------------------------------------
 
 
 def discard_support(device: str | Path) -> tuple[bool, str]:

@@ -23,8 +23,6 @@ STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "st
 BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 POWERCAP_ROOT = "/sys/class/powercap"
 
-# --- CPU: /proc/stat -----------------------------------------------------------------------------
-
 
 def read_proc_stat(path: str | Path = "/proc/stat") -> dict[str, int]:
     """The aggregate ``cpu`` line of /proc/stat in clock ticks, keyed by :data:`STAT_FIELDS`."""
@@ -71,9 +69,6 @@ def idle_baseline(seconds: float = 2.0, rapl_root: str | Path = POWERCAP_ROOT) -
         ),
         "rapl": rapl_delta(rapl_before, rapl_after, t1 - t0),
     }
-
-
-# --- energy: RAPL --------------------------------------------------------------------------------
 
 
 def _read_int(path: Path) -> int:

@@ -63,9 +63,6 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-# --- schedule ------------------------------------------------------------------------------------
-
-
 def stacks_for_round(stacks: list[str], round_no: int) -> list[str]:
     """ABBA counterbalancing: rounds 1, 4, 5, 8, ... in order; 2, 3, 6, 7, ... reversed."""
     return list(stacks) if (round_no - 1) % 4 in (0, 3) else list(reversed(stacks))
@@ -110,17 +107,9 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
     return runs
 
 
-# --- /proc/stat and RAPL (sampling in luksbench.testbox.probes) ---------------------------------
-
-read_proc_stat = probes.read_proc_stat
-
-
 def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None = None) -> dict:
     """The rep's sidecar: /proc/stat deltas over the fio run and its RAPL energy (None: absent)."""
     return cpu_sidecar_document(probes.cpu_delta(before, after, interval_s), rapl)
-
-
-# --- fio -----------------------------------------------------------------------------------------
 
 
 def fio_argv(
@@ -316,9 +305,6 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(wait)
 
 
-# --- checks --------------------------------------------------------------------------------------
-
-
 def check_state_live(state: dict) -> None:
     """The devices STATE names must still be there."""
     problems = []
@@ -355,9 +341,6 @@ def _previous_times(manifest_path: Path) -> dict:
         return run_times(read_manifest(manifest_path))
     except ValueError:
         return {}
-
-
-# --- run-fio -------------------------------------------------------------------------------------
 
 
 def run_fio(
@@ -643,7 +626,7 @@ def _one_run(
             job = tmp.with_suffix(".job.tmp")  # matched by the stale-file glob above
             argv, job_text = client_argv(argv, job, clients)
             job.write_text(job_text)
-        before, rapl_before, t0 = read_proc_stat(), probes.read_rapl(), time.monotonic()
+        before, rapl_before, t0 = probes.read_proc_stat(), probes.read_rapl(), time.monotonic()
         # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
         proc = subprocess.Popen(
             argv,
@@ -654,7 +637,7 @@ def _one_run(
             start_new_session=True,
         )
         _, err = proc.communicate()
-        t1, after, rapl_after = time.monotonic(), read_proc_stat(), probes.read_rapl()
+        t1, after, rapl_after = time.monotonic(), probes.read_proc_stat(), probes.read_rapl()
         if err.strip():
             for line in err.strip().splitlines():
                 log(f"    fio: {line}")

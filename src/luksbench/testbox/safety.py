@@ -69,9 +69,6 @@ def check_inside(path: str | Path, scratch_dir: str | Path) -> Path:
     return parent / p.name
 
 
-# --- what is in use ------------------------------------------------------------------------------
-
-
 def _unescape_mountinfo(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 

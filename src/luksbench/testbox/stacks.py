@@ -40,17 +40,11 @@ STATE_VERSION = 1
 MIB = 1024 * 1024
 
 
-# --- small helpers -------------------------------------------------------------------------------
-
-
 def load_state(state_path: Path) -> dict:
     try:
         return json.loads(Path(state_path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise TestboxError(f"{state_path}: cannot read stack state: {exc}") from exc
-
-
-# --- stack-up ------------------------------------------------------------------------------------
 
 
 def _precondition(entry: dict, ioengine: str, options: dict) -> dict:
@@ -238,9 +232,6 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
         "mdstat": kernel.mdstat(),
         "stacks": described,
     }
-
-
-# --- stack-down ----------------------------------------------------------------------------------
 
 
 def _kill_fio(devices: list[str], actions: list[str]) -> None:

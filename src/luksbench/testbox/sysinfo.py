@@ -27,25 +27,12 @@ KEY_STRIPPED = "<key stripped>"
 TOOL_TIMEOUT_S = 30
 PROBE_TOOLS = ("lsblk", "nvme", "smartctl", "dmsetup", "cryptsetup")
 # Queue attributes that change how a device performs (the scheduler is parsed separately).
-QUEUE_ATTRS = (
-    "rotational",
-    "logical_block_size",
-    "physical_block_size",
-    "nr_requests",
-    "max_sectors_kb",
-    "read_ahead_kb",
-    "discard_max_bytes",
-    "write_cache",
-    "nomerges",
-    "rq_affinity",
-    "add_random",
-)
+QUEUE_ATTRS = ("rotational", "logical_block_size", "physical_block_size", "nr_requests")
+QUEUE_ATTRS += ("max_sectors_kb", "read_ahead_kb", "discard_max_bytes", "write_cache", "nomerges")
+QUEUE_ATTRS += ("rq_affinity", "add_random")
 # dm-integrity optional arguments that carry a key: "<name>:<algorithm>:<key>".
 _INTEGRITY_KEY_ARG = re.compile(r"^((?:internal_hash|journal_crypt|journal_mac):[^:]+):.+$")
 _NUMBER = re.compile(r"^\d+$")
-
-
-# --- dm tables -----------------------------------------------------------------------------------
 
 
 def _target_index(tokens: list[str]) -> int | None:
@@ -95,9 +82,6 @@ def strip_dm_table_keys(text: str) -> str:
     )
 
 
-# --- running tools -------------------------------------------------------------------------------
-
-
 def _absent(reason: str) -> dict:
     return {"status": "absent", "reason": reason}
 
@@ -132,9 +116,6 @@ def _tool(argv: list[str], parse_json: bool = False, ok_codes: tuple[int, ...] =
     else:
         rec["text"] = proc.stdout
     return rec
-
-
-# --- block devices -------------------------------------------------------------------------------
 
 
 def parse_scheduler(text: str) -> dict:
@@ -210,9 +191,6 @@ def identify_devices(devices: list[str]) -> dict:
     return out
 
 
-# --- CPU -----------------------------------------------------------------------------------------
-
-
 def cpufreq(sys_cpu: str | Path = "/sys/devices/system/cpu") -> dict:
     """Frequency governor and driver of each CPU, plus turbo/boost switches where the driver has them."""
     root = Path(sys_cpu)
@@ -243,9 +221,6 @@ def cpu_vulnerabilities(vuln_dir: str | Path = "/sys/devices/system/cpu/vulnerab
     return {p.name: read_text(p) for p in sorted(root.iterdir())}
 
 
-# --- device-mapper -------------------------------------------------------------------------------
-
-
 def dm_table() -> dict:
     """``dmsetup table`` with keys stripped. Only where /dev/mapper/control exists: dmsetup would
     otherwise create the node as a side effect."""
@@ -265,9 +240,6 @@ def luksbench_mappings(mapper_dir: str | Path = "/dev/mapper") -> dict:
     root = Path(mapper_dir)
     names = sorted(p.name for p in root.glob("luksbench-*")) if root.is_dir() else []
     return {name: _tool(["cryptsetup", "status", name]) for name in names}
-
-
-# --- all -----------------------------------------------------------------------------------------
 
 
 def capture_system(

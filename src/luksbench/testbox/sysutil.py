@@ -23,9 +23,6 @@ class TestboxError(RuntimeError):
     __test__ = False  # not a pytest test class
 
 
-# --- progress, time, files ---------------------------------------------------------------------
-
-
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -110,9 +107,6 @@ def which(tool: str) -> str | None:
     return shutil.which(tool) or next(
         (p for d in ("/usr/sbin", "/sbin") if os.access(p := f"{d}/{tool}", os.X_OK)), None
     )
-
-
-# --- processes -----------------------------------------------------------------------------------
 
 
 def _pid_state(pid: int) -> str | None:

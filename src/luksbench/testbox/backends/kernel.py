@@ -60,9 +60,6 @@ PERF_FLAG_MIN_CRYPT_VERSION = {
 MD_FIRST_MINOR = 120
 
 
-# --- small helpers -------------------------------------------------------------------------------
-
-
 def device_size(path: str | Path) -> int:
     """Size in bytes of a block device (BLKGETSIZE64) or regular file."""
     st = os.stat(path)
@@ -365,12 +362,11 @@ class KernelBuilder:
 
     def build_stack(self, name: str) -> dict:
         """Build one stack; returns {device, device_type, size_bytes, description, ...}."""
-        top = self._build(self.plan["stacks"][name], name, top=True)
-        return top
+        return self._build(self.plan["stacks"][name], name)
 
     # --- per kind ---
 
-    def _build(self, layer, stack: str, top: bool = False) -> dict:
+    def _build(self, layer, stack: str) -> dict:
         if isinstance(layer, str):
             return self._device(layer)
         kind = layer["kind"]
