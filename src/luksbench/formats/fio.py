@@ -103,17 +103,30 @@ def _read_bytes(path: Path) -> bytes:
         raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
 
 
-def _fast_document(raw: bytes, loads: Callable[[bytes], object]) -> dict | None:
-    """The file's fio document by ``loads`` when the file is one JSON object starting a line
-    (what the scan below would find alone), else None: the scan decides, with its messages."""
-    start = len(raw) - len(raw.lstrip())
-    if raw[start : start + 1] != b"{" or (start and raw[start - 1 : start] != b"\n"):
+# The scan's document starts in an ASCII file (str's \s also holds \x1c-\x1f): a line's first
+# '{' with nothing but non-blank junk before it.
+_ASCII_LINE_START = re.compile(rb"[^\t\n\x0b\x0c\r\x1c-\x1f {]*\{")
+_ASCII_LATER_LINE_START = re.compile(rb"\n" + _ASCII_LINE_START.pattern)  # '\n' first: fast
+
+
+def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object] | None:
+    """The documents the scan below would find, decoded by ``loads`` from the bytes between two
+    document starts, or None when one of them is not exactly a JSON value (then the scan decides,
+    with its messages) or the file is not ASCII."""
+    if not raw.isascii():
         return None
+    body = raw.lstrip(b" \t\r\n")  # JSON's white space
+    if body[:1] == b"{" and raw[len(raw) - len(body) - 1 : len(raw) - len(body)] in (b"", b"\n"):
+        try:  # the common file: one JSON object and nothing else
+            return [loads(raw)]
+        except ValueError:
+            pass
+    first = _ASCII_LINE_START.match(raw)
+    starts = [m.end() - 1 for m in (first, *_ASCII_LATER_LINE_START.finditer(raw)) if m]
     try:
-        doc = loads(raw)
-    except ValueError:  # several documents, junk, NaN, invalid UTF-8: the standard path's case
+        return [loads(raw[a:b]) for a, b in zip(starts, [*starts[1:], len(raw)], strict=True)]
+    except ValueError:  # truncated, NaN, trailing text: the standard path's cases
         return None
-    return doc if _is_fio_document(doc) else None
 
 
 def _byte_offset(text: str, char_pos: int) -> int:
@@ -178,9 +191,18 @@ def load_fio_document(
     give ``json``'s values for what it accepts.
     """
     raw = _read_bytes(path)
-    doc = _fast_document(raw, loads) if loads is not None else None
-    if doc is not None:
-        return doc
+    documents = _fast_documents(raw, loads) if loads is not None else None
+    fio_documents = [doc for doc in documents or () if _is_fio_document(doc)]
+    if not fio_documents:
+        fio_documents = _scanned_fio_documents(path, raw)
+    if len(fio_documents) > 1:
+        warn(f"{path}: {len(fio_documents)} complete fio JSON documents, using the last one")
+    return fio_documents[-1]
+
+
+def _scanned_fio_documents(path: Path, raw: bytes) -> list[dict]:
+    """The fio documents the scan finds in the file's text; raises :class:`FioParseError` saying
+    why when there is none."""
     # fio writes ASCII; replacement characters keep a stray binary byte from aborting the parse.
     text = raw.decode("utf-8", errors="replace")
     if not text.strip():
@@ -204,10 +226,7 @@ def load_fio_document(
         raise FioParseError(
             f"{path}: no complete fio JSON document (text only: first line {first_line!r})"
         )
-
-    if len(fio_documents) > 1:
-        warn(f"{path}: {len(fio_documents)} complete fio JSON documents, using the last one")
-    return fio_documents[-1]
+    return fio_documents
 
 
 # --------------------------------------------------------------------------- options and units
