@@ -372,26 +372,41 @@ def _percentile(lat: dict | None, to_ns: int, percent: float) -> float | int | N
 # --------------------------------------------------------------------------- rows
 
 
-def _row(path, doc, index, entry, host, direction, stats) -> dict:
-    rw = _option_or_default(entry, doc, "rw", "readwrite")
-    bs_option = _option_or_default(entry, doc, "bs", "blocksize")
-    stats = stats if isinstance(stats, dict) else {}
-    io_bytes = _io_bytes(stats)
-    moved_data = io_bytes > 0
+def _job_values(path, doc, index, entry, host) -> dict:
+    """The values a job entry's rows share, whatever the direction (none of these raise)."""
     steadystate = entry.get("steadystate")
-    lat, lat_ns = _latency_stats(stats, "lat") if moved_data else (None, 1)
-    clat, clat_ns = _latency_stats(stats, "clat") if moved_data else (None, 1)
-    slat, slat_ns = _latency_stats(stats, "slat") if moved_data else (None, 1)
     return {
         "file": str(path),
         "host": host,
         "job": str(entry.get("jobname", "")).strip(),  # some fio versions keep a trailing space
         "job_index": index,
-        "direction": direction,
-        "rw": rw,
-        "bs_bytes": _bs_bytes_for_direction(bs_option, direction),
+        "rw": _option_or_default(entry, doc, "rw", "readwrite"),
+        "bs": _option_or_default(entry, doc, "bs", "blocksize"),
         "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
         "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
+        "ioengine": _option(entry, doc, "ioengine"),
+        "direct": _to_int(_option_or_default(entry, doc, "direct")),
+        "ss_attained": steadystate.get("attained") if isinstance(steadystate, dict) else None,
+    }
+
+
+def _row(job, doc, entry, direction, stats) -> dict:
+    stats = stats if isinstance(stats, dict) else {}
+    io_bytes = _io_bytes(stats)
+    moved_data = io_bytes > 0
+    lat, lat_ns = _latency_stats(stats, "lat") if moved_data else (None, 1)
+    clat, clat_ns = _latency_stats(stats, "clat") if moved_data else (None, 1)
+    slat, slat_ns = _latency_stats(stats, "slat") if moved_data else (None, 1)
+    return {
+        "file": job["file"],
+        "host": job["host"],
+        "job": job["job"],
+        "job_index": job["job_index"],
+        "direction": direction,
+        "rw": job["rw"],
+        "bs_bytes": _bs_bytes_for_direction(job["bs"], direction),
+        "iodepth": job["iodepth"],
+        "numjobs": job["numjobs"],
         "runtime_ms": stats.get("runtime"),
         "io_bytes": io_bytes,
         "bw_bytes": _bw_bytes(stats) if moved_data else 0,
@@ -406,16 +421,16 @@ def _row(path, doc, index, entry, host, direction, stats) -> dict:
         "error": entry.get("error"),
         "fio_version": doc.get("fio version", ""),
         "groupid": entry.get("groupid"),
-        "ioengine": _option(entry, doc, "ioengine"),
-        "direct": _to_int(_option_or_default(entry, doc, "direct")),
-        "bs": bs_option,
+        "ioengine": job["ioengine"],
+        "direct": job["direct"],
+        "bs": job["bs"],
         "clat_stddev_ns": _latency_field(clat, clat_ns, "stddev"),
         "clat_max_ns": _latency_field(clat, clat_ns, "max"),
         "slat_mean_ns": _latency_field(slat, slat_ns, "mean"),
         "lat_p99_ns": _percentile(lat, lat_ns, 99.0),
         "ctx": entry.get("ctx"),
         "job_runtime_ms": entry.get("job_runtime"),
-        "ss_attained": steadystate.get("attained") if isinstance(steadystate, dict) else None,
+        "ss_attained": job["ss_attained"],
         "timestamp": doc.get("timestamp"),
     }
 
@@ -468,15 +483,16 @@ def document_rows(path: Path | str, doc: dict) -> list[dict]:
 
 
 def _job_rows(path, doc, index, entry, host) -> list[dict]:
+    job = _job_values(path, doc, index, entry, host)
     job_rows = [
-        _row(path, doc, index, entry, host, direction, entry[direction])
+        _row(job, doc, entry, direction, entry[direction])
         for direction in DIRECTIONS
         if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
     ]
     if not job_rows:
-        direction = _direction_of_rw(_option_or_default(entry, doc, "rw", "readwrite"))
+        direction = _direction_of_rw(job["rw"])
         stats = entry.get(direction) if direction else None
-        job_rows = [_row(path, doc, index, entry, host, direction, stats)]
+        job_rows = [_row(job, doc, entry, direction, stats)]
     return job_rows
 
 
