@@ -577,6 +577,8 @@ EDGE_CASES = {
     "truncated.json": b'{"jobs": [{"jobname": "a"',
     "nan.json": b'{"jobs": [{"jobname": "a", "read": {"io_bytes": NaN}}]}',
     "not_utf8.json": b'{"jobs": [{"jobname": "\xff"}]}',
+    "huge_int.json": b'{"jobs": [{"jobname": "a", "ctx": 123456789012345678901234567890}]}',
+    "huge_negative.json": b'{"jobs": [{"jobname": "a", "ctx": -9999999999999999999}]}',
     "control_prefix.json": b'\x1c{"jobs": []}\n',
     "not_fio.json": b'{"a": 1}\n',
     "empty.json": b"",

@@ -295,12 +295,3 @@ def test_env_facts_of_testbox_capture():
     assert facts["backend"] == "userspace" and facts["backend_reason"] == "auto: no dm"
     assert facts["aes"] is True and facts["vaes"] is False
     assert facts["qemu_version"] is None
-
-
-def test_integers_past_64_bits_keep_json_values_with_the_faster_decoder(tmp_path):
-    # orjson reads an integer past 64 bits as a float; ingest then reads the file with json
-    path = tmp_path / "rep1.json"
-    job = '{"jobname": "a", "ctx": 123456789012345678901234567890, "read": {"io_bytes": 4096}}'
-    path.write_text('{"fio version": "fio-3.36", "jobs": [' + job + "]}\n")
-    _doc, rows = ingest._document_and_rows(str(path), lambda _note: None)
-    assert rows[0]["ctx"] == 123456789012345678901234567890

@@ -291,7 +291,8 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
     notes: list[tuple[str, str]] = []
     try:
         rep = rep_of_key(key)
-        doc, rows = _document_and_rows(path, lambda message: notes.append((key, message)))
+        doc = load_fio_document(path, lambda note: notes.append((key, note)), _FAST_LOADS)
+        rows = document_rows(path, doc)
     except (FioParseError, LayoutError) as exc:
         return [], [], [(key, str(exc))], notes
     except (OSError, ValueError) as exc:  # parser bug or unreadable file: still name the file
@@ -307,41 +308,14 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
         except ValueError as exc:
             return [], [], [(cpu_key, str(exc))], notes
     histograms, why = _histogram_rows(doc)
-    if _FAST_LOADS is not None and _beyond_64_bits(h[3] for h in histograms):
-        histograms, why = _histogram_rows(load_fio_document(path, lambda _note: None))
     notes += [(key, why)] if why else []
     return _file_rows(key, run, rep, rows, cpu), histograms, [], notes
 
 
-try:  # optional: decodes a fio file ~6x faster than json, with json's values
+try:  # optional: decodes a fio file several times faster than json, with json's values
     from orjson import loads as _FAST_LOADS
 except ImportError:  # pragma: no cover - depends on the environment
     _FAST_LOADS = None
-
-
-def _beyond_64_bits(values) -> bool:
-    """Whether orjson may have read an integer literal past 64 bits (it gives a float, json an
-    int)."""
-    return any(type(v) is float and abs(v) >= 2.0**63 for v in values)
-
-
-def _document_and_rows(path: str, warn) -> tuple[dict, list[dict]]:
-    """The fio document of ``path`` and its rows; by orjson when installed, by json when orjson
-    refuses the file, fails on the rows (their messages are json's) or may differ from json."""
-    if _FAST_LOADS is not None:
-        notes: list[str] = []  # passed on once, whichever way the file is read
-        try:
-            doc = load_fio_document(path, notes.append, loads=_FAST_LOADS)
-            rows = document_rows(path, doc)
-        except ValueError:
-            pass
-        else:
-            if not _beyond_64_bits(v for r in rows for v in r.values()):
-                for note in notes:
-                    warn(note)
-                return doc, rows
-    doc = load_fio_document(path, warn)
-    return doc, document_rows(path, doc)
 
 
 def _histogram_rows(doc: dict) -> tuple[list[tuple], str | None]:

@@ -109,12 +109,16 @@ _ASCII_LINE_START = re.compile(rb"[^\t\n\x0b\x0c\r\x1c-\x1f {]*\{")
 _ASCII_LATER_LINE_START = re.compile(rb"\n" + _ASCII_LINE_START.pattern)  # '\n' first: fast
 
 
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_DIGIT_RUN = b"0" * 19  # 18 digits always fit in 64 bits
+
+
 def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object] | None:
     """The documents the scan below would find, decoded by ``loads`` from the bytes between two
     document starts, or None when one of them is not exactly a JSON value (then the scan decides,
-    with its messages) or the file is not ASCII."""
-    if not raw.isascii():
-        return None
+    with its messages), the file is not ASCII or holds a run of 19 digits or more."""
+    if not raw.isascii() or _LONG_DIGIT_RUN in raw.translate(_DIGITS_TO_ZERO):
+        return None  # a faster decoder (orjson) may read an integer past 64 bits as a float
     body = raw.lstrip(b" \t\r\n")  # JSON's white space
     if body[:1] == b"{" and raw[len(raw) - len(body) - 1 : len(raw) - len(body)] in (b"", b"\n"):
         try:  # the common file: one JSON object and nothing else
