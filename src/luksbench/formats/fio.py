@@ -107,8 +107,6 @@ def _read_bytes(path: Path) -> bytes:
 # '{' with nothing but non-blank junk before it.
 _ASCII_LINE_START = re.compile(rb"[^\t\n\x0b\x0c\r\x1c-\x1f {]*\{")
 _ASCII_LATER_LINE_START = re.compile(rb"\n" + _ASCII_LINE_START.pattern)  # '\n' first: fast
-
-
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGIT_RUN = b"0" * 19  # 18 digits always fit in 64 bits
 
@@ -300,15 +298,8 @@ def _to_int(value: str | None) -> int | None:
 
 def _direction_of_rw(rw: str | None) -> str:
     """The single direction an rw pattern moves, '' for mixed or unknown patterns."""
-    pattern = (rw or "").split(":")[0].strip()
-    return {
-        "read": "read",
-        "randread": "read",
-        "write": "write",
-        "randwrite": "write",
-        "trim": "trim",
-        "randtrim": "trim",
-    }.get(pattern, "")
+    pattern = (rw or "").split(":")[0].strip().removeprefix("rand")
+    return pattern if pattern in DIRECTIONS else ""
 
 
 @functools.lru_cache(maxsize=1024)  # a run has few distinct bs options
