@@ -567,3 +567,48 @@ def test_cli_parse_fio_not_json_fails_naming_the_file(external_dir):
     assert str(bad) in result.stderr
     table = list(csv.reader(io.StringIO(result.stdout)))
     assert table[0] == FIO_COLUMNS and len(table) == 2  # the good file's row is still written
+
+
+EDGE_CASES = {
+    "glued.json": b'>{"jobs": []}\n',
+    "indented.json": b'  {"jobs": []}\n',
+    "two.json": b'{"jobs": [], "x": 1}\n\n{"jobs": [], "x": 2}\n',
+    "trailing.json": b'{"jobs": []}\nfio: terminating on signal 2\n',
+    "truncated.json": b'{"jobs": [{"jobname": "a"',
+    "nan.json": b'{"jobs": [{"jobname": "a", "read": {"io_bytes": NaN}}]}',
+    "not_utf8.json": b'{"jobs": [{"jobname": "\xff"}]}',
+    "huge_int.json": b'{"jobs": [{"jobname": "a", "ctx": 123456789012345678901234567890}]}',
+    "huge_negative.json": b'{"jobs": [{"jobname": "a", "ctx": -9999999999999999999}]}',
+    "control_prefix.json": b'\x1c{"jobs": []}\n',
+    "not_fio.json": b'{"a": 1}\n',
+    "empty.json": b"",
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+def test_faster_json_decoder_gives_the_same_documents_and_messages(tmp_path, name):
+    orjson = pytest.importorskip("orjson")
+    path = tmp_path / name
+    path.write_bytes(EDGE_CASES[name])
+
+    def outcome(**kwargs):
+        notes = []
+        try:
+            return repr(load_fio_document(path, notes.append, **kwargs)), notes
+        except FioParseError as exc:
+            return str(exc), notes
+
+    assert outcome(loads=orjson.loads) == outcome()
+
+
+def test_faster_json_decoder_on_every_external_file(external_dir):
+    orjson = pytest.importorskip("orjson")
+    for path in sorted(p for p in external_dir.rglob("*") if p.is_file()):
+        outcomes = []
+        for loads in (orjson.loads, None):
+            notes = []
+            try:
+                outcomes.append((repr(load_fio_document(path, notes.append, loads)), notes))
+            except FioParseError as exc:
+                outcomes.append((str(exc), notes))
+        assert outcomes[0] == outcomes[1], path

@@ -274,7 +274,7 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
     notes: list[tuple[str, str]] = []
     try:
         rep = rep_of_key(key)
-        doc = load_fio_document(path, warn=lambda message: notes.append((key, message)))
+        doc = load_fio_document(path, lambda note: notes.append((key, note)), _FAST_LOADS)
         rows = document_rows(path, doc)
     except (FioParseError, LayoutError) as exc:
         return [], [], [(key, str(exc))], notes
@@ -293,6 +293,12 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
     histograms, why = _histogram_rows(doc)
     notes += [(key, why)] if why else []
     return _file_rows(key, run, rep, rows, cpu), histograms, [], notes
+
+
+try:  # optional: decodes a fio file several times faster than json, with json's values
+    from orjson import loads as _FAST_LOADS
+except ImportError:  # pragma: no cover - depends on the environment
+    _FAST_LOADS = None
 
 
 def _histogram_rows(doc: dict) -> tuple[list[tuple], str | None]:

@@ -95,14 +95,40 @@ def _warn_on_stderr(message: str) -> None:
 # --------------------------------------------------------------------------- finding the document
 
 
-def _read_text(path: Path) -> tuple[str, bytes]:
+def _read_bytes(path: Path) -> bytes:
     try:
         with open(path, "rb") as file:
-            raw = file.read()
+            return file.read()
     except OSError as exc:
         raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
-    # fio writes ASCII; replacement characters keep a stray binary byte from aborting the parse.
-    return raw.decode("utf-8", errors="replace"), raw
+
+
+# The scan's document starts in an ASCII file (str's \s also holds \x1c-\x1f): a line's first
+# '{' with nothing but non-blank junk before it.
+_ASCII_LINE_START = re.compile(rb"[^\t\n\x0b\x0c\r\x1c-\x1f {]*\{")
+_ASCII_LATER_LINE_START = re.compile(rb"\n" + _ASCII_LINE_START.pattern)  # '\n' first: fast
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_DIGIT_RUN = b"0" * 19  # 18 digits always fit in 64 bits
+
+
+def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object] | None:
+    """The documents the scan below would find, decoded by ``loads`` from the bytes between two
+    document starts, or None when one of them is not exactly a JSON value (then the scan decides,
+    with its messages), the file is not ASCII or holds a run of 19 digits or more."""
+    if not raw.isascii() or _LONG_DIGIT_RUN in raw.translate(_DIGITS_TO_ZERO):
+        return None  # a faster decoder (orjson) may read an integer past 64 bits as a float
+    body = raw.lstrip(b" \t\r\n")  # JSON's white space
+    if body[:1] == b"{" and raw[len(raw) - len(body) - 1 : len(raw) - len(body)] in (b"", b"\n"):
+        try:  # the common file: one JSON object and nothing else
+            return [loads(raw)]
+        except ValueError:
+            pass
+    first = _ASCII_LINE_START.match(raw)
+    starts = [m.end() - 1 for m in (first, *_ASCII_LATER_LINE_START.finditer(raw)) if m]
+    try:
+        return [loads(raw[a:b]) for a, b in zip(starts, [*starts[1:], len(raw)], strict=True)]
+    except ValueError:  # truncated, NaN, trailing text: the standard path's cases
+        return None
 
 
 def _byte_offset(text: str, char_pos: int) -> int:
@@ -156,13 +182,31 @@ def _describe_failure(path: Path, text: str, raw: bytes, failures) -> str:
     )
 
 
-def load_fio_document(path: Path, warn: Warn = _warn_on_stderr) -> dict:
+def load_fio_document(
+    path: Path, warn: Warn = _warn_on_stderr, loads: Callable[[bytes], object] | None = None
+) -> dict:
     """The last complete fio JSON document in ``path`` (see the module docstring for what is accepted).
 
     Raises :class:`FioParseError` naming the file when there is none: empty file, text only,
-    truncated or invalid JSON, or JSON that is not fio output.
+    truncated or invalid JSON, or JSON that is not fio output. ``loads``: a faster JSON decoder
+    (bytes -> value, raising ValueError) tried first on a file that is one JSON object; it must
+    give ``json``'s values for what it accepts.
     """
-    text, raw = _read_text(path)
+    raw = _read_bytes(path)
+    documents = _fast_documents(raw, loads) if loads is not None else None
+    fio_documents = [doc for doc in documents or () if _is_fio_document(doc)]
+    if not fio_documents:
+        fio_documents = _scanned_fio_documents(path, raw)
+    if len(fio_documents) > 1:
+        warn(f"{path}: {len(fio_documents)} complete fio JSON documents, using the last one")
+    return fio_documents[-1]
+
+
+def _scanned_fio_documents(path: Path, raw: bytes) -> list[dict]:
+    """The fio documents the scan finds in the file's text; raises :class:`FioParseError` saying
+    why when there is none."""
+    # fio writes ASCII; replacement characters keep a stray binary byte from aborting the parse.
+    text = raw.decode("utf-8", errors="replace")
     if not text.strip():
         what = "file is empty" if not raw else "file holds only whitespace"
         raise FioParseError(f"{path}: no complete fio JSON document ({what})")
@@ -184,10 +228,7 @@ def load_fio_document(path: Path, warn: Warn = _warn_on_stderr) -> dict:
         raise FioParseError(
             f"{path}: no complete fio JSON document (text only: first line {first_line!r})"
         )
-
-    if len(fio_documents) > 1:
-        warn(f"{path}: {len(fio_documents)} complete fio JSON documents, using the last one")
-    return fio_documents[-1]
+    return fio_documents
 
 
 # --------------------------------------------------------------------------- options and units
@@ -257,15 +298,8 @@ def _to_int(value: str | None) -> int | None:
 
 def _direction_of_rw(rw: str | None) -> str:
     """The single direction an rw pattern moves, '' for mixed or unknown patterns."""
-    pattern = (rw or "").split(":")[0].strip()
-    return {
-        "read": "read",
-        "randread": "read",
-        "write": "write",
-        "randwrite": "write",
-        "trim": "trim",
-        "randtrim": "trim",
-    }.get(pattern, "")
+    pattern = (rw or "").split(":")[0].strip().removeprefix("rand")
+    return pattern if pattern in DIRECTIONS else ""
 
 
 @functools.lru_cache(maxsize=1024)  # a run has few distinct bs options
@@ -333,26 +367,41 @@ def _percentile(lat: dict | None, to_ns: int, percent: float) -> float | int | N
 # --------------------------------------------------------------------------- rows
 
 
-def _row(path, doc, index, entry, host, direction, stats) -> dict:
-    rw = _option_or_default(entry, doc, "rw", "readwrite")
-    bs_option = _option_or_default(entry, doc, "bs", "blocksize")
-    stats = stats if isinstance(stats, dict) else {}
-    io_bytes = _io_bytes(stats)
-    moved_data = io_bytes > 0
+def _job_values(path, doc, index, entry, host) -> dict:
+    """The values a job entry's rows share, whatever the direction (none of these raise)."""
     steadystate = entry.get("steadystate")
-    lat, lat_ns = _latency_stats(stats, "lat") if moved_data else (None, 1)
-    clat, clat_ns = _latency_stats(stats, "clat") if moved_data else (None, 1)
-    slat, slat_ns = _latency_stats(stats, "slat") if moved_data else (None, 1)
     return {
         "file": str(path),
         "host": host,
         "job": str(entry.get("jobname", "")).strip(),  # some fio versions keep a trailing space
         "job_index": index,
-        "direction": direction,
-        "rw": rw,
-        "bs_bytes": _bs_bytes_for_direction(bs_option, direction),
+        "rw": _option_or_default(entry, doc, "rw", "readwrite"),
+        "bs": _option_or_default(entry, doc, "bs", "blocksize"),
         "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
         "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
+        "ioengine": _option(entry, doc, "ioengine"),
+        "direct": _to_int(_option_or_default(entry, doc, "direct")),
+        "ss_attained": steadystate.get("attained") if isinstance(steadystate, dict) else None,
+    }
+
+
+def _row(job, doc, entry, direction, stats) -> dict:
+    stats = stats if isinstance(stats, dict) else {}
+    io_bytes = _io_bytes(stats)
+    moved_data = io_bytes > 0
+    lat, lat_ns = _latency_stats(stats, "lat") if moved_data else (None, 1)
+    clat, clat_ns = _latency_stats(stats, "clat") if moved_data else (None, 1)
+    slat, slat_ns = _latency_stats(stats, "slat") if moved_data else (None, 1)
+    return {
+        "file": job["file"],
+        "host": job["host"],
+        "job": job["job"],
+        "job_index": job["job_index"],
+        "direction": direction,
+        "rw": job["rw"],
+        "bs_bytes": _bs_bytes_for_direction(job["bs"], direction),
+        "iodepth": job["iodepth"],
+        "numjobs": job["numjobs"],
         "runtime_ms": stats.get("runtime"),
         "io_bytes": io_bytes,
         "bw_bytes": _bw_bytes(stats) if moved_data else 0,
@@ -367,16 +416,16 @@ def _row(path, doc, index, entry, host, direction, stats) -> dict:
         "error": entry.get("error"),
         "fio_version": doc.get("fio version", ""),
         "groupid": entry.get("groupid"),
-        "ioengine": _option(entry, doc, "ioengine"),
-        "direct": _to_int(_option_or_default(entry, doc, "direct")),
-        "bs": bs_option,
+        "ioengine": job["ioengine"],
+        "direct": job["direct"],
+        "bs": job["bs"],
         "clat_stddev_ns": _latency_field(clat, clat_ns, "stddev"),
         "clat_max_ns": _latency_field(clat, clat_ns, "max"),
         "slat_mean_ns": _latency_field(slat, slat_ns, "mean"),
         "lat_p99_ns": _percentile(lat, lat_ns, 99.0),
         "ctx": entry.get("ctx"),
         "job_runtime_ms": entry.get("job_runtime"),
-        "ss_attained": steadystate.get("attained") if isinstance(steadystate, dict) else None,
+        "ss_attained": job["ss_attained"],
         "timestamp": doc.get("timestamp"),
     }
 
@@ -429,15 +478,16 @@ def document_rows(path: Path | str, doc: dict) -> list[dict]:
 
 
 def _job_rows(path, doc, index, entry, host) -> list[dict]:
+    job = _job_values(path, doc, index, entry, host)
     job_rows = [
-        _row(path, doc, index, entry, host, direction, entry[direction])
+        _row(job, doc, entry, direction, entry[direction])
         for direction in DIRECTIONS
         if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
     ]
     if not job_rows:
-        direction = _direction_of_rw(_option_or_default(entry, doc, "rw", "readwrite"))
+        direction = _direction_of_rw(job["rw"])
         stats = entry.get(direction) if direction else None
-        job_rows = [_row(path, doc, index, entry, host, direction, stats)]
+        job_rows = [_row(job, doc, entry, direction, stats)]
     return job_rows
 
 
