@@ -172,12 +172,7 @@ def fio_columns() -> list[str]:
     return FIO_LAYOUT_COLUMNS + parser_cols + FIO_DERIVED_COLUMNS
 
 
-_NO_CPU = {
-    "busy_cpu_s": math.nan,
-    "busy_cpu_pct": math.nan,
-    "sys_cpu_s": math.nan,
-    "cpu_interval_s": math.nan,
-}
+_NO_CPU = dict.fromkeys(("busy_cpu_s", "busy_cpu_pct", "sys_cpu_s", "cpu_interval_s"), math.nan)
 
 
 def _check_rows(rows: list[dict], rep) -> str | None:
@@ -284,12 +279,12 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
     if reason:
         return [], [], [(key, reason)], notes
     cpu_key = f"{key[: -len('.json')]}.cpu.json"
-    cpu = _NO_CPU
-    if os.path.exists(f"{root}/{cpu_key}"):
-        try:
-            cpu = read_cpu_sidecar(f"{root}/{cpu_key}")
-        except ValueError as exc:
+    try:
+        cpu = read_cpu_sidecar(f"{root}/{cpu_key}", _FAST_LOADS or json.loads)
+    except ValueError as exc:  # a missing sidecar: no CPU values (one open, no stat first)
+        if not isinstance(exc.__cause__, FileNotFoundError):
             return [], [], [(cpu_key, str(exc))], notes
+        cpu = _NO_CPU
     histograms, why = _histogram_rows(doc)
     notes += [(key, why)] if why else []
     return _file_rows(key, run, rep, rows, cpu), histograms, [], notes

@@ -266,12 +266,6 @@ def _job_entries(doc: dict) -> list[tuple[int, dict, str]]:
     ]
 
 
-def _options_recorded(entry: dict, doc: dict) -> bool:
-    # fio 2.1.x writes neither "job options" nor "global options": the options are unknown,
-    # and claiming fio's defaults (rw=read for a write job) would be wrong data.
-    return "job options" in entry or "global options" in doc
-
-
 def _option(entry: dict, doc: dict, *names: str) -> str | None:
     """An option from the job's options, else the global options; ``names`` are fio aliases."""
     for options in (entry.get("job options"), doc.get("global options")):
@@ -284,7 +278,9 @@ def _option(entry: dict, doc: dict, *names: str) -> str | None:
 
 def _option_or_default(entry: dict, doc: dict, name: str, *aliases: str) -> str | None:
     value = _option(entry, doc, name, *aliases)
-    if value is None and _options_recorded(entry, doc):
+    # fio 2.1.x writes neither "job options" nor "global options": the options are unknown,
+    # and claiming fio's defaults (rw=read for a write job) would be wrong data.
+    if value is None and ("job options" in entry or "global options" in doc):
         value = FIO_DEFAULTS.get(name)
     return value
 
@@ -367,41 +363,25 @@ def _percentile(lat: dict | None, to_ns: int, percent: float) -> float | int | N
 # --------------------------------------------------------------------------- rows
 
 
-def _job_values(path, doc, index, entry, host) -> dict:
-    """The values a job entry's rows share, whatever the direction (none of these raise)."""
-    steadystate = entry.get("steadystate")
-    return {
-        "file": str(path),
-        "host": host,
-        "job": str(entry.get("jobname", "")).strip(),  # some fio versions keep a trailing space
-        "job_index": index,
-        "rw": _option_or_default(entry, doc, "rw", "readwrite"),
-        "bs": _option_or_default(entry, doc, "bs", "blocksize"),
-        "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
-        "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
-        "ioengine": _option(entry, doc, "ioengine"),
-        "direct": _to_int(_option_or_default(entry, doc, "direct")),
-        "ss_attained": steadystate.get("attained") if isinstance(steadystate, dict) else None,
-    }
-
-
-def _row(job, doc, entry, direction, stats) -> dict:
+def _row(path, doc, index, entry, host, direction, stats) -> dict:
     stats = stats if isinstance(stats, dict) else {}
+    steadystate = entry.get("steadystate")
+    bs = _option_or_default(entry, doc, "bs", "blocksize")
     io_bytes = _io_bytes(stats)
     moved_data = io_bytes > 0
     lat, lat_ns = _latency_stats(stats, "lat") if moved_data else (None, 1)
     clat, clat_ns = _latency_stats(stats, "clat") if moved_data else (None, 1)
     slat, slat_ns = _latency_stats(stats, "slat") if moved_data else (None, 1)
     return {
-        "file": job["file"],
-        "host": job["host"],
-        "job": job["job"],
-        "job_index": job["job_index"],
+        "file": str(path),
+        "host": host,
+        "job": str(entry.get("jobname", "")).strip(),  # fio may keep a trailing space
+        "job_index": index,
         "direction": direction,
-        "rw": job["rw"],
-        "bs_bytes": _bs_bytes_for_direction(job["bs"], direction),
-        "iodepth": job["iodepth"],
-        "numjobs": job["numjobs"],
+        "rw": _option_or_default(entry, doc, "rw", "readwrite"),
+        "bs_bytes": _bs_bytes_for_direction(bs, direction),
+        "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
+        "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
         "runtime_ms": stats.get("runtime"),
         "io_bytes": io_bytes,
         "bw_bytes": _bw_bytes(stats) if moved_data else 0,
@@ -416,16 +396,16 @@ def _row(job, doc, entry, direction, stats) -> dict:
         "error": entry.get("error"),
         "fio_version": doc.get("fio version", ""),
         "groupid": entry.get("groupid"),
-        "ioengine": job["ioengine"],
-        "direct": job["direct"],
-        "bs": job["bs"],
+        "ioengine": _option(entry, doc, "ioengine"),
+        "direct": _to_int(_option_or_default(entry, doc, "direct")),
+        "bs": bs,
         "clat_stddev_ns": _latency_field(clat, clat_ns, "stddev"),
         "clat_max_ns": _latency_field(clat, clat_ns, "max"),
         "slat_mean_ns": _latency_field(slat, slat_ns, "mean"),
         "lat_p99_ns": _percentile(lat, lat_ns, 99.0),
         "ctx": entry.get("ctx"),
         "job_runtime_ms": entry.get("job_runtime"),
-        "ss_attained": job["ss_attained"],
+        "ss_attained": steadystate.get("attained") if isinstance(steadystate, dict) else None,
         "timestamp": doc.get("timestamp"),
     }
 
@@ -478,56 +458,37 @@ def document_rows(path: Path | str, doc: dict) -> list[dict]:
 
 
 def _job_rows(path, doc, index, entry, host) -> list[dict]:
-    job = _job_values(path, doc, index, entry, host)
     job_rows = [
-        _row(job, doc, entry, direction, entry[direction])
+        _row(path, doc, index, entry, host, direction, entry[direction])
         for direction in DIRECTIONS
         if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
     ]
     if not job_rows:
-        direction = _direction_of_rw(job["rw"])
+        direction = _direction_of_rw(_option_or_default(entry, doc, "rw", "readwrite"))
         stats = entry.get(direction) if direction else None
-        job_rows = [_row(job, doc, entry, direction, stats)]
+        job_rows = [_row(path, doc, index, entry, host, direction, stats)]
     return job_rows
 
 
 # Measured values: each must be a finite, non-negative number, or None where fio measured nothing.
-_MEASUREMENT_COLUMNS = (
-    "runtime_ms",
-    "io_bytes",
-    "bw_bytes",
-    "iops",
-    "lat_mean_ns",
-    "clat_mean_ns",
-    "clat_p50_ns",
-    "clat_p99_ns",
-    "clat_p999_ns",
-    "usr_cpu",
-    "sys_cpu",
-    "clat_stddev_ns",
-    "clat_max_ns",
-    "slat_mean_ns",
-    "lat_p99_ns",
-    "job_runtime_ms",
-)
-_CHECKED_COLUMNS = (*_MEASUREMENT_COLUMNS, "error")
+_CHECKED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "runtime_ms io_bytes bw_bytes iops lat_mean_ns clat_mean_ns clat_p50_ns clat_p99_ns "
+    "clat_p999_ns usr_cpu sys_cpu clat_stddev_ns clat_max_ns slat_mean_ns lat_p99_ns "
+    "job_runtime_ms error"
+).split()
 
 
 def _check_measurements(path: Path, row: dict) -> None:
-    """Refuse NaN, infinities, negative numbers and non-numbers: they must never reach a table."""
+    """Refuse NaN, infinities, negative numbers and non-numbers (bools, text, lists): they must
+    never reach a table. JSON values are exactly int, float, bool, str, list, dict or None."""
     for column in _CHECKED_COLUMNS:
         value = row[column]
-        if value is None:
+        if value is None or (type(value) in (int, float) and value >= 0 and math.isfinite(value)):
             continue
-        if type(value) in (int, float) and value >= 0 and math.isfinite(value):
-            continue  # the common case, decided without the checks below
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        ok = ok and math.isfinite(value) and value >= 0
-        if not ok:
-            raise FioParseError(
-                f"{path}: job {row['job_index']} ({row['job']}) {row['direction'] or 'all'}: "
-                f"{column} is {value!r}, expected a finite non-negative number"
-            )
+        raise FioParseError(
+            f"{path}: job {row['job_index']} ({row['job']}) {row['direction'] or 'all'}: "
+            f"{column} is {value!r}, expected a finite non-negative number"
+        )
 
 
 # --------------------------------------------------------------------------- json+ histograms

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 FIO_WINDOW = (
@@ -38,11 +39,16 @@ def _number(value, name: str) -> float:
     return float(value)
 
 
-def read_cpu_sidecar(path: Path) -> dict:
+def read_cpu_sidecar(path: Path, loads: Callable[[bytes], object] = json.loads) -> dict:
     """``rep<k>.cpu.json`` -> busy_cpu_s, busy_cpu_pct, sys_cpu_s, cpu_interval_s (NaN: not
-    recorded); ValueError if malformed."""
+    recorded); ValueError if malformed. ``loads``: a faster decoder with json's values; what it
+    refuses (NaN) goes to json."""
     try:
-        data = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
+        try:
+            data = loads(raw)
+        except ValueError:
+            data = json.loads(raw.decode())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"CPU sidecar is not readable JSON: {exc}") from exc
     if not isinstance(data, dict):
