@@ -332,14 +332,7 @@ def _file_rows(key: str, run: str, rep: RepPath, rows: list[dict], cpu: dict) ->
 #: columns of the per-file part of the table: all but those added per host when assembling
 _DESIGN_COLUMNS = ("target_pairs", "hit_cap", "host_dir")
 #: CPU columns from the sidecar: /proc/stat of the machine running the fio *client*
-_CPU_COLUMNS = (
-    "busy_cpu_s",
-    "busy_cpu_pct",
-    "sys_cpu_s",
-    "cpu_interval_s",
-    "busy_cpu_s_per_gib",
-    "sys_cpu_s_per_gib",
-)
+_CPU_COLUMNS = (*_NO_CPU, "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 #: the rows a worker returns: the table's columns but the design's, with ``_key``/``_row`` to order
 _CHUNK_COLUMNS = [c for c in fio_columns() if c not in _DESIGN_COLUMNS] + ["_key", "_row"]
 _in_chunk_order = operator.itemgetter(*_CHUNK_COLUMNS)

@@ -44,7 +44,8 @@ def read_cpu_sidecar(path: Path, loads: Callable[[bytes], object] = json.loads) 
     recorded); ValueError if malformed. ``loads``: a faster decoder with json's values; what it
     refuses (NaN) goes to json."""
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as file:  # not Path(path).read_bytes(): half the time per sidecar
+            raw = file.read()
         try:
             data = loads(raw)
         except ValueError:
