@@ -73,6 +73,8 @@ DIRECTIONS = ("read", "write", "trim")
 
 # fio's own defaults, used when an option appears neither in the job nor in the global options.
 FIO_DEFAULTS = {"rw": "read", "bs": "4k", "iodepth": "1", "numjobs": "1", "direct": "0"}
+# The options of a row that fall back to fio's defaults (name, then fio's aliases).
+_JOB_OPTIONS = (("rw", "readwrite"), ("bs", "blocksize"), ("iodepth",), ("numjobs",), ("direct",))
 
 # In client/server output the last client_stats entry sums all hosts; rows are per host.
 ALL_CLIENTS_JOBNAME = "All clients"
@@ -363,10 +365,9 @@ def _percentile(lat: dict | None, to_ns: int, percent: float) -> float | int | N
 # --------------------------------------------------------------------------- rows
 
 
-def _row(path, doc, index, entry, host, direction, stats) -> dict:
+def _row(path, doc, index, entry, host, options, direction, stats) -> dict:
     stats = stats if isinstance(stats, dict) else {}
     steadystate = entry.get("steadystate")
-    bs = _option_or_default(entry, doc, "bs", "blocksize")
     io_bytes = _io_bytes(stats)
     moved_data = io_bytes > 0
     lat, lat_ns = _latency_stats(stats, "lat") if moved_data else (None, 1)
@@ -378,10 +379,10 @@ def _row(path, doc, index, entry, host, direction, stats) -> dict:
         "job": str(entry.get("jobname", "")).strip(),  # fio may keep a trailing space
         "job_index": index,
         "direction": direction,
-        "rw": _option_or_default(entry, doc, "rw", "readwrite"),
-        "bs_bytes": _bs_bytes_for_direction(bs, direction),
-        "iodepth": _to_int(_option_or_default(entry, doc, "iodepth")),
-        "numjobs": _to_int(_option_or_default(entry, doc, "numjobs")),
+        "rw": options["rw"],
+        "bs_bytes": _bs_bytes_for_direction(options["bs"], direction),
+        "iodepth": _to_int(options["iodepth"]),
+        "numjobs": _to_int(options["numjobs"]),
         "runtime_ms": stats.get("runtime"),
         "io_bytes": io_bytes,
         "bw_bytes": _bw_bytes(stats) if moved_data else 0,
@@ -396,9 +397,9 @@ def _row(path, doc, index, entry, host, direction, stats) -> dict:
         "error": entry.get("error"),
         "fio_version": doc.get("fio version", ""),
         "groupid": entry.get("groupid"),
-        "ioengine": _option(entry, doc, "ioengine"),
-        "direct": _to_int(_option_or_default(entry, doc, "direct")),
-        "bs": bs,
+        "ioengine": options["ioengine"],
+        "direct": _to_int(options["direct"]),
+        "bs": options["bs"],
         "clat_stddev_ns": _latency_field(clat, clat_ns, "stddev"),
         "clat_max_ns": _latency_field(clat, clat_ns, "max"),
         "slat_mean_ns": _latency_field(slat, slat_ns, "mean"),
@@ -458,15 +459,18 @@ def document_rows(path: Path | str, doc: dict) -> list[dict]:
 
 
 def _job_rows(path, doc, index, entry, host) -> list[dict]:
+    # the options every direction's row shares, looked up once
+    options = {names[0]: _option_or_default(entry, doc, *names) for names in _JOB_OPTIONS}
+    options["ioengine"] = _option(entry, doc, "ioengine")
     job_rows = [
-        _row(path, doc, index, entry, host, direction, entry[direction])
+        _row(path, doc, index, entry, host, options, direction, entry[direction])
         for direction in DIRECTIONS
         if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
     ]
     if not job_rows:
-        direction = _direction_of_rw(_option_or_default(entry, doc, "rw", "readwrite"))
+        direction = _direction_of_rw(options["rw"])
         stats = entry.get(direction) if direction else None
-        job_rows = [_row(path, doc, index, entry, host, direction, stats)]
+        job_rows = [_row(path, doc, index, entry, host, options, direction, stats)]
     return job_rows
 
 
