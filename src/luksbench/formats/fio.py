@@ -194,13 +194,17 @@ def load_fio_document(
     (bytes -> value, raising ValueError) tried first on a file that is one JSON object; it must
     give ``json``'s values for what it accepts.
     """
-    raw = _read_bytes(path)
+    return fio_output_document(_read_bytes(path), path, warn, loads)
+
+
+def fio_output_document(raw: bytes, source, warn: Warn = _warn_on_stderr, loads=None) -> dict:
+    """:func:`load_fio_document` on fio's output as bytes (``source`` names it in messages)."""
     documents = _fast_documents(raw, loads) if loads is not None else None
     fio_documents = [doc for doc in documents or () if _is_fio_document(doc)]
     if not fio_documents:
-        fio_documents = _scanned_fio_documents(path, raw)
+        fio_documents = _scanned_fio_documents(source, raw)
     if len(fio_documents) > 1:
-        warn(f"{path}: {len(fio_documents)} complete fio JSON documents, using the last one")
+        warn(f"{source}: {len(fio_documents)} complete fio JSON documents, using the last one")
     return fio_documents[-1]
 
 

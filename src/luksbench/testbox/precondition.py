@@ -11,7 +11,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -19,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from luksbench.formats.fio import FioParseError, fio_output_document
 from luksbench.testbox.plan import precondition_options
 from luksbench.testbox.sysutil import TestboxError, run_tool
 from luksbench.testbox.sysutil import log as default_log
@@ -196,13 +196,11 @@ def discard_support(device: str | Path) -> tuple[bool, str]:
 
 def _fio_job(proc: subprocess.CompletedProcess, what: str) -> dict:
     """The single job of fio's JSON output; TestboxError when unreadable or the job failed."""
-    text = proc.stdout
     try:
-        job = json.loads(text[text.index("{") :])["jobs"][0]
-    except (ValueError, KeyError, IndexError) as exc:
-        raise TestboxError(
-            f"{what}: fio output unreadable ({exc}); stderr: {proc.stderr.strip()}"
-        ) from exc
+        job = fio_output_document(proc.stdout.encode(), what, warn=lambda _m: None)["jobs"][0]
+    except (FioParseError, KeyError, IndexError) as exc:
+        stderr = proc.stderr.strip()
+        raise TestboxError(f"{what}: fio output unreadable ({exc}); stderr: {stderr}") from exc
     if job.get("error"):
         raise TestboxError(f"{what}: fio job error {job['error']}; stderr: {proc.stderr.strip()}")
     return job
