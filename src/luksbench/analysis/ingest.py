@@ -175,8 +175,8 @@ _NO_CPU = dict.fromkeys(("busy_cpu_s", "busy_cpu_pct", "sys_cpu_s", "cpu_interva
 
 
 #: positions in a parser row (:data:`FIO_COLUMNS`) of the values checked and derived here
-_JOB, _DIRECTION, _RW, _BS_BYTES, _IODEPTH, _IO_BYTES, _ERROR = map(
-    FIO_COLUMNS.index, ("job", "direction", "rw", "bs_bytes", "iodepth", "io_bytes", "error")
+_JOB, _RW, _BS_BYTES, _IODEPTH, _IO_BYTES, _ERROR = map(
+    FIO_COLUMNS.index, ("job", "rw", "bs_bytes", "iodepth", "io_bytes", "error")
 )
 
 
@@ -193,11 +193,8 @@ def _check_rows(rows: list[tuple], rep) -> str | None:
     if idle:
         return f"fio job(s) {idle} moved no data"
     wl = rep.workload
-    known = [
-        (r[_RW], r[_BS_BYTES], r[_IODEPTH])
-        for r in rows
-        if r[_RW] and _isnum(r[_BS_BYTES]) and _isnum(r[_IODEPTH])
-    ]
+    jobs = [(r[_RW], r[_BS_BYTES], r[_IODEPTH]) for r in rows]
+    known = [(rw, bs, qd) for rw, bs, qd in jobs if rw and _isnum(bs) and _isnum(qd)]
     if known and not any(_matches_cell(*job, wl) for job in known):
         seen = sorted({f"{rw}-{int(bs)}B-qd{int(qd)}" for rw, bs, qd in known})
         return f"no fio job matches the folder's workload {wl.id} (jobs ran {', '.join(seen)})"
@@ -424,14 +421,13 @@ def _parse_files(
 
 
 def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str], dict[str, tuple]]:
-    """(rep files, stray JSON files, stat keys of the rep files) under
-    ``<host>/fio/<stack>/<workload>/``, as paths inside the run folder, sorted by their parts (the
-    order of the table's rows).
+    """(rep files, stray JSON files, stat keys) under ``<host>/fio/<stack>/<workload>/``, as paths
+    inside the run folder, sorted by their parts (the order of the table's rows).
 
     One directory walk for all (``os.scandir``: a run of 100,000 results is listed in well under a
     second); rep files are ``rep<k>.json``, strays are other ``*.json`` files that are neither a
-    result nor its ``rep<k>.cpu.json`` sidecar. A stat key is :func:`_stat_key` of the file and of
-    its sidecar (found in the listing: no stat of a missing sidecar)."""
+    result nor its ``rep<k>.cpu.json`` sidecar; a rep file's stat key is :func:`_stat_key` of the
+    file and of its sidecar."""
     reps: list[str] = []
     strays: list[str] = []
     stats: dict[str, tuple] = {}
@@ -532,21 +528,13 @@ def fio_and_latency_tables(
         )
 
     cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
-    frames: list[pd.DataFrame] = []
-    bins: list[pd.DataFrame] = []
-    results: dict[str, dict] = {}
-    todo = keys
-    if cache is not None:
-        cached_rows, cached_bins, cached_results = cache.load(stats)
-        frames += [cached_rows] if len(cached_rows) else []
-        bins += [cached_bins] if len(cached_bins) else []
-        results.update(cached_results)
-        todo = [k for k in keys if k not in cached_results]
+    rows, bins, results = cache.load(stats) if cache else (pd.DataFrame(), pd.DataFrame(), {})
+    todo = [k for k in keys if k not in results]
     new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers)
-    frames = [f for f in (*frames, *new_frames) if len(f)]
+    frames = [f for f in (rows, *new_frames) if len(f)]
     if len(frames) > 1:  # one concat for both the cache and the table
         frames = [pd.concat(frames, ignore_index=True)]
-    bins += new_bins
+    bins = [bins, *new_bins]
     results.update(new_results)
     if cache is not None and (todo or set(cache.keys) != set(keys)):
         cache.save(stats, frames, bins, results)
@@ -695,13 +683,8 @@ class _IngestCache:
             return pd.DataFrame(), pd.DataFrame(), {}
         self.keys = list(table["key"])
         cols = list(self.STAT_COLUMNS)
-        same = [
-            k
-            for k, st in zip(
-                table["key"], table[cols].itertuples(index=False, name=None), strict=True
-            )
-            if stats.get(k) == tuple(int(v) for v in st)
-        ]
+        cached = zip(table["key"], table[cols].itertuples(index=False, name=None), strict=True)
+        same = [k for k, st in cached if stats.get(k) == tuple(map(int, st))]
         reused = table.set_index("key").loc[same]
         results = {
             k: {"problems": _json_list(p), "notes": _json_list(n)}

@@ -486,20 +486,18 @@ def _job_rows(path, doc, index, entry, host) -> list[tuple]:
 
 
 # Measured values: each must be a finite, non-negative number, or None where fio measured nothing.
-_CHECKED_COLUMNS = [
-    (FIO_COLUMNS.index(name), name)
-    for name in (  # noqa: SIM905 - a list of names, one word each
-        "runtime_ms io_bytes bw_bytes iops lat_mean_ns clat_mean_ns clat_p50_ns clat_p99_ns "
-        "clat_p999_ns usr_cpu sys_cpu clat_stddev_ns clat_max_ns slat_mean_ns lat_p99_ns "
-        "job_runtime_ms error"
-    ).split()
-]
+_CHECKED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "runtime_ms io_bytes bw_bytes iops lat_mean_ns clat_mean_ns clat_p50_ns clat_p99_ns "
+    "clat_p999_ns usr_cpu sys_cpu clat_stddev_ns clat_max_ns slat_mean_ns lat_p99_ns "
+    "job_runtime_ms error"
+).split()
+_CHECKED_POSITIONS = [(FIO_COLUMNS.index(name), name) for name in _CHECKED_COLUMNS]
 
 
 def _check_measurements(path: Path, row: tuple) -> None:
     """Refuse NaN, infinities, negative numbers and non-numbers (bools, text, lists): they must
     never reach a table. JSON values are exactly int, float, bool, str, list, dict or None."""
-    for position, column in _CHECKED_COLUMNS:
+    for position, column in _CHECKED_POSITIONS:
         value = row[position]
         if value is None or (type(value) in (int, float) and value >= 0 and math.isfinite(value)):
             continue
