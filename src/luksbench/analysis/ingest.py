@@ -420,17 +420,15 @@ def _parse_files(
     return [d[0] for d in done], [d[1] for d in done], results
 
 
-def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str], dict[str, tuple]]:
-    """(rep files, stray JSON files, stat keys) under ``<host>/fio/<stack>/<workload>/``, as paths
-    inside the run folder, sorted by their parts (the order of the table's rows).
+def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
+    """(rep files, stray JSON files) under ``<host>/fio/<stack>/<workload>/``, as paths inside the
+    run folder, sorted by their parts (the order of the table's rows).
 
-    One directory walk for all (``os.scandir``: a run of 100,000 results is listed in well under a
+    One directory walk for both (``os.scandir``: a run of 100,000 results is listed in well under a
     second); rep files are ``rep<k>.json``, strays are other ``*.json`` files that are neither a
-    result nor its ``rep<k>.cpu.json`` sidecar; a rep file's stat key is :func:`_stat_key` of the
-    file and of its sidecar."""
+    result nor its ``rep<k>.cpu.json`` sidecar."""
     reps: list[str] = []
     strays: list[str] = []
-    stats: dict[str, tuple] = {}
 
     def subdirs(path: str) -> list[str]:
         try:
@@ -446,27 +444,23 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str], dict[str, tup
             for workload in subdirs(f"{fio}/{stack}"):
                 folder = f"{fio}/{stack}/{workload}"
                 with os.scandir(folder) as it:
-                    entries = {e.name: e for e in it}
-                for name, entry in entries.items():
+                    entries = [(e.name, e.is_file()) for e in it]
+                for name, is_file in entries:
                     key = f"{host}/fio/{stack}/{workload}/{name}"
                     if REP_NAME.match(name):
                         reps.append(key)
-                        sidecar = entries.get(f"{name[: -len('.json')]}.cpu.json")
-                        stats[key] = (*_stat_key(entry), *_stat_key(sidecar))
-                    elif name.endswith(".json") and not _SIDECAR_OR_REP.match(name):
-                        strays += [key] if entry.is_file() else []
+                    elif is_file and name.endswith(".json") and not _SIDECAR_OR_REP.match(name):
+                        strays.append(key)
     reps.sort(key=lambda k: k.split("/"))
     strays.sort(key=lambda k: k.split("/"))
-    return reps, strays, {k: stats[k] for k in reps}
+    return reps, strays
 
 
-def _stat_key(entry: os.DirEntry | None) -> tuple[int, int, int]:
-    """(size, mtime in ns, inode) of a listed file, (-1, -1, -1) when it does not exist."""
-    if entry is None:
-        return (-1, -1, -1)
+def _stat_key(path: str) -> tuple[int, int, int]:
+    """(size, mtime in ns, inode) of a file, (-1, -1, -1) when it does not exist."""
     try:
-        st = entry.stat()
-    except FileNotFoundError:  # a dangling link
+        st = os.stat(path)
+    except FileNotFoundError:
         return (-1, -1, -1)
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
@@ -521,12 +515,17 @@ def fio_and_latency_tables(
                 problems.append((tpath, str(exc)))
         fleets[hdir.name] = fleet_names(hdir)
 
-    keys, strays, stats = _list_fio_folder(raw_dir)
+    keys, strays = _list_fio_folder(raw_dir)
     for key in strays:
         problems.append(
             (raw_dir / key, "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json")
         )
 
+    root = str(raw_dir)
+    stats = {
+        k: (*_stat_key(f"{root}/{k}"), *_stat_key(f"{root}/{k[: -len('.json')]}.cpu.json"))
+        for k in keys
+    }
     cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
     rows, bins, results = cache.load(stats) if cache else (pd.DataFrame(), pd.DataFrame(), {})
     todo = [k for k in keys if k not in results]

@@ -350,13 +350,14 @@ def _latency_field(lat: dict | None, to_ns: int, field: str) -> float | None:
     return lat[field] * to_ns
 
 
-def _percentile(lat: dict | None, to_ns: int, percent: float) -> float | int | None:
+def _percentile(lat: dict | None, to_ns: int, spelled: str) -> float | int | None:
+    """A percentile by fio's own spelling (``"99.900000"``): one lookup, a scan if spelled else."""
     table = lat.get("percentile") if lat else None
     if not isinstance(table, dict):
         return None  # failed job, clat_percentiles=0, or lat_percentiles not requested
-    spelled = f"{percent:f}"  # fio's own spelling ("99.900000"): one lookup instead of a scan
     if spelled in table:
         return table[spelled] * to_ns
+    percent = float(spelled)
     for key, value in table.items():
         try:
             if abs(float(key) - percent) < 1e-6:
@@ -395,9 +396,9 @@ def _row(path, doc, index, entry, host, options, direction, stats) -> tuple:
         stats.get("iops") if moved_data else 0,
         _latency_field(lat, lat_ns, "mean"),
         _latency_field(clat, clat_ns, "mean"),
-        _percentile(clat, clat_ns, 50.0),
-        _percentile(clat, clat_ns, 99.0),
-        _percentile(clat, clat_ns, 99.9),
+        _percentile(clat, clat_ns, "50.000000"),
+        _percentile(clat, clat_ns, "99.000000"),
+        _percentile(clat, clat_ns, "99.900000"),
         entry.get("usr_cpu"),
         entry.get("sys_cpu"),
         entry.get("error"),
@@ -409,7 +410,7 @@ def _row(path, doc, index, entry, host, options, direction, stats) -> tuple:
         _latency_field(clat, clat_ns, "stddev"),
         _latency_field(clat, clat_ns, "max"),
         _latency_field(slat, slat_ns, "mean"),
-        _percentile(lat, lat_ns, 99.0),
+        _percentile(lat, lat_ns, "99.000000"),
         entry.get("ctx"),
         entry.get("job_runtime"),
         steadystate.get("attained") if isinstance(steadystate, dict) else None,
