@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import os
 import re
 import sys
@@ -40,7 +39,7 @@ from luksbench.formats.fio import (
     FIO_COLUMNS,
     FioParseError,
     document_histograms,
-    document_rows,
+    document_tuples,
     load_fio_document,
 )
 from luksbench.formats.layout import (
@@ -175,32 +174,38 @@ def fio_columns() -> list[str]:
 _NO_CPU = dict.fromkeys(("busy_cpu_s", "busy_cpu_pct", "sys_cpu_s", "cpu_interval_s"), math.nan)
 
 
-def _check_rows(rows: list[dict], rep) -> str | None:
-    """Reason why parsed rows are unusable for this layout cell, or None."""
+#: positions in a parser row (:data:`FIO_COLUMNS`) of the values checked and derived here
+_JOB, _RW, _BS_BYTES, _IODEPTH, _IO_BYTES, _ERROR = map(
+    FIO_COLUMNS.index, ("job", "rw", "bs_bytes", "iodepth", "io_bytes", "error")
+)
+
+
+def _check_rows(rows: list[tuple], rep) -> str | None:
+    """Reason why parsed rows (tuples in :data:`FIO_COLUMNS` order) are unusable for this layout
+    cell, or None."""
     if not rows:
         return "fio output holds no jobs"
-    failed = sorted({r.get("job") for r in rows if r.get("error") not in (0, None)}, key=str)
+    failed = sorted({r[_JOB] for r in rows if r[_ERROR] not in (0, None)}, key=str)
     if failed:
-        errs = sorted({r.get("error") for r in rows if r.get("error") not in (0, None)}, key=str)
+        errs = sorted({r[_ERROR] for r in rows if r[_ERROR] not in (0, None)}, key=str)
         return f"fio job(s) {failed} failed with error {errs}"
-    idle = sorted({r.get("job") for r in rows if not r.get("io_bytes")}, key=str)
+    idle = sorted({r[_JOB] for r in rows if not r[_IO_BYTES]}, key=str)
     if idle:
         return f"fio job(s) {idle} moved no data"
     wl = rep.workload
-    known = [
-        r for r in rows if r.get("rw") and _isnum(r.get("bs_bytes")) and _isnum(r.get("iodepth"))
-    ]
-    if known and not any(_matches_cell(r, wl) for r in known):
-        seen = sorted({f"{r['rw']}-{int(r['bs_bytes'])}B-qd{int(r['iodepth'])}" for r in known})
+    jobs = [(r[_RW], r[_BS_BYTES], r[_IODEPTH]) for r in rows]
+    known = [(rw, bs, qd) for rw, bs, qd in jobs if rw and _isnum(bs) and _isnum(qd)]
+    if known and not any(_matches_cell(*job, wl) for job in known):
+        seen = sorted({f"{rw}-{int(bs)}B-qd{int(qd)}" for rw, bs, qd in known})
         return f"no fio job matches the folder's workload {wl.id} (jobs ran {', '.join(seen)})"
     return None
 
 
-def _matches_cell(row: dict, wl: Workload) -> bool:
-    """Whether a fio job ran the folder's cell. A pattern cell's job may run its block as n I/Os
-    of a smaller bs (rw ``randwrite:<n>``, n = block / bs when given)."""
-    rw, _, every = str(row["rw"]).partition(":")
-    io_bs, iodepth = int(row["bs_bytes"]), int(row["iodepth"])
+def _matches_cell(rw, bs_bytes, iodepth, wl: Workload) -> bool:
+    """Whether a fio job (its rw, bs and iodepth) ran the folder's cell. A pattern cell's job may
+    run its block as n I/Os of a smaller bs (rw ``randwrite:<n>``, n = block / bs when given)."""
+    rw, _, every = str(rw).partition(":")
+    io_bs, iodepth = int(bs_bytes), int(iodepth)
     if rw != wl.rw or iodepth != wl.iodepth:
         return False
     if not wl.pattern:
@@ -230,11 +235,11 @@ def _isnum(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
 
-def _job_slots(rows: list[dict]) -> dict[str, int]:
+def _job_slots(rows: list[tuple]) -> dict[str, int]:
     """Ordinal of each distinct job name in file order: pairs stacks whose job names differ."""
     slots: dict[str, int] = {}
     for r in rows:
-        slots.setdefault(r.get("job"), len(slots))
+        slots.setdefault(r[_JOB], len(slots))
     return slots
 
 
@@ -270,7 +275,7 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
     try:
         rep = rep_of_key(key)
         doc = load_fio_document(path, lambda note: notes.append((key, note)), _FAST_LOADS)
-        rows = document_rows(path, doc)
+        rows = document_tuples(path, doc)
     except (FioParseError, LayoutError) as exc:
         return [], [], [(key, str(exc))], notes
     except (OSError, ValueError) as exc:  # parser bug or unreadable file: still name the file
@@ -307,25 +312,22 @@ def _histogram_rows(doc: dict) -> tuple[list[tuple], str | None]:
     return rows, None
 
 
-def _file_rows(key: str, run: str, rep: RepPath, rows: list[dict], cpu: dict) -> list[tuple]:
-    """The table's rows of one file (parser columns, where the file sits, its CPU sidecar)."""
-    file_gib = sum(float(r["io_bytes"] or 0) for r in rows) / GIB
-    per_gib = {
-        "busy_cpu_s_per_gib": cpu["busy_cpu_s"] / file_gib if file_gib > 0 else math.nan,
-        "sys_cpu_s_per_gib": cpu["sys_cpu_s"] / file_gib if file_gib > 0 else math.nan,
-    }
+def _file_rows(key: str, run: str, rep: RepPath, rows: list[tuple], cpu: dict) -> list[tuple]:
+    """The table's rows of one file in :data:`_CHUNK_COLUMNS` order: where the file sits, the
+    parser's columns, bytes per I/O and GiB moved, its CPU sidecar."""
+    moved = [float(r[_IO_BYTES] or 0) for r in rows]
+    file_gib = sum(moved) / GIB
+    per_gib = [cpu[c] / file_gib if file_gib > 0 else math.nan for c in ("busy_cpu_s", "sys_cpu_s")]
+    derived = (*(cpu[c] for c in _NO_CPU), *per_gib, key)  # CPU columns, then _key
     wl = rep.workload
     slots = _job_slots(rows)
-    place = {"file": key, "run": run, "host": rep.host, "stack": rep.stack, "workload": wl.id}
-    place.update(pattern=wl.pattern, rep=rep.rep, _key=key, **cpu, **per_gib)
+    place = (run, rep.host, rep.stack, wl.id, wl.pattern, rep.rep)
     out = []
     for i, r in enumerate(rows):
-        row = {**r, **place, "fio_hostname": r["host"], "io_bs_bytes": r["bs_bytes"]}
-        if wl.pattern:
-            # The cell's rw and bs (the block); fio's own options stay in "bs" and io_bs_bytes.
-            row["rw"], row["bs_bytes"] = wl.rw, wl.bs_bytes
-        row.update(job_slot=slots[r["job"]], io_gib=float(r["io_bytes"] or 0) / GIB, _row=i)
-        out.append(_in_chunk_order(row))
+        # a pattern cell: the cell's rw and bs (the block); fio's own stay in bs and io_bs_bytes
+        rw_bs = (wl.rw, wl.bs_bytes) if wl.pattern else r[_RW : _BS_BYTES + 1]
+        fio_part = (key, *r[1:_RW], *rw_bs, *r[_BS_BYTES + 1 :])
+        out.append((*place, slots[r[_JOB]], *fio_part, r[_BS_BYTES], moved[i] / GIB, *derived, i))
     return out
 
 
@@ -335,7 +337,6 @@ _DESIGN_COLUMNS = ("target_pairs", "hit_cap", "host_dir")
 _CPU_COLUMNS = (*_NO_CPU, "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 #: the rows a worker returns: the table's columns but the design's, with ``_key``/``_row`` to order
 _CHUNK_COLUMNS = [c for c in fio_columns() if c not in _DESIGN_COLUMNS] + ["_key", "_row"]
-_in_chunk_order = operator.itemgetter(*_CHUNK_COLUMNS)
 #: json+ bins as a worker returns them (``_key`` names the file)
 _BIN_COLUMNS = ["_key", "job_index", "direction", "ns", "count"]
 _TEXT_COLUMNS = (*FIO_LAYOUT_COLUMNS[:5], "fio_hostname", "job", "direction", "rw", "file", "bs")
@@ -519,26 +520,20 @@ def fio_and_latency_tables(
         problems.append(
             (raw_dir / key, "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json")
         )
+
     root = str(raw_dir)
     stats = {
         k: (*_stat_key(f"{root}/{k}"), *_stat_key(f"{root}/{k[: -len('.json')]}.cpu.json"))
         for k in keys
     }
-
     cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
-    frames: list[pd.DataFrame] = []
-    bins: list[pd.DataFrame] = []
-    results: dict[str, dict] = {}
-    todo = keys
-    if cache is not None:
-        cached_rows, cached_bins, cached_results = cache.load(stats)
-        frames += [cached_rows] if len(cached_rows) else []
-        bins += [cached_bins] if len(cached_bins) else []
-        results.update(cached_results)
-        todo = [k for k in keys if k not in cached_results]
+    rows, bins, results = cache.load(stats) if cache else (pd.DataFrame(), pd.DataFrame(), {})
+    todo = [k for k in keys if k not in results]
     new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers)
-    frames += new_frames
-    bins += new_bins
+    frames = [f for f in (rows, *new_frames) if len(f)]
+    if len(frames) > 1:  # one concat for both the cache and the table
+        frames = [pd.concat(frames, ignore_index=True)]
+    bins = [bins, *new_bins]
     results.update(new_results)
     if cache is not None and (todo or set(cache.keys) != set(keys)):
         cache.save(stats, frames, bins, results)
@@ -687,13 +682,8 @@ class _IngestCache:
             return pd.DataFrame(), pd.DataFrame(), {}
         self.keys = list(table["key"])
         cols = list(self.STAT_COLUMNS)
-        same = [
-            k
-            for k, st in zip(
-                table["key"], table[cols].itertuples(index=False, name=None), strict=True
-            )
-            if stats.get(k) == tuple(int(v) for v in st)
-        ]
+        cached = zip(table["key"], table[cols].itertuples(index=False, name=None), strict=True)
+        same = [k for k, st in cached if stats.get(k) == tuple(map(int, st))]
         reused = table.set_index("key").loc[same]
         results = {
             k: {"problems": _json_list(p), "notes": _json_list(n)}

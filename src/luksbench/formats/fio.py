@@ -350,13 +350,14 @@ def _latency_field(lat: dict | None, to_ns: int, field: str) -> float | None:
     return lat[field] * to_ns
 
 
-def _percentile(lat: dict | None, to_ns: int, percent: float) -> float | int | None:
+def _percentile(lat: dict | None, to_ns: int, spelled: str) -> float | int | None:
+    """A percentile by fio's own spelling (``"99.900000"``): one lookup, a scan if spelled else."""
     table = lat.get("percentile") if lat else None
     if not isinstance(table, dict):
         return None  # failed job, clat_percentiles=0, or lat_percentiles not requested
-    spelled = f"{percent:f}"  # fio's own spelling ("99.900000"): one lookup instead of a scan
     if spelled in table:
         return table[spelled] * to_ns
+    percent = float(spelled)
     for key, value in table.items():
         try:
             if abs(float(key) - percent) < 1e-6:
@@ -369,50 +370,52 @@ def _percentile(lat: dict | None, to_ns: int, percent: float) -> float | int | N
 # --------------------------------------------------------------------------- rows
 
 
-def _row(path, doc, index, entry, host, options, direction, stats) -> dict:
+def _row(path, doc, index, entry, host, options, direction, stats) -> tuple:
+    """One row: a tuple in :data:`FIO_COLUMNS` order."""
     stats = stats if isinstance(stats, dict) else {}
-    steadystate = entry.get("steadystate")
     io_bytes = _io_bytes(stats)
     moved_data = io_bytes > 0
     lat, lat_ns = _latency_stats(stats, "lat") if moved_data else (None, 1)
     clat, clat_ns = _latency_stats(stats, "clat") if moved_data else (None, 1)
     slat, slat_ns = _latency_stats(stats, "slat") if moved_data else (None, 1)
-    return {
-        "file": str(path),
-        "host": host,
-        "job": str(entry.get("jobname", "")).strip(),  # fio may keep a trailing space
-        "job_index": index,
-        "direction": direction,
-        "rw": options["rw"],
-        "bs_bytes": _bs_bytes_for_direction(options["bs"], direction),
-        "iodepth": _to_int(options["iodepth"]),
-        "numjobs": _to_int(options["numjobs"]),
-        "runtime_ms": stats.get("runtime"),
-        "io_bytes": io_bytes,
-        "bw_bytes": _bw_bytes(stats) if moved_data else 0,
-        "iops": stats.get("iops") if moved_data else 0,
-        "lat_mean_ns": _latency_field(lat, lat_ns, "mean"),
-        "clat_mean_ns": _latency_field(clat, clat_ns, "mean"),
-        "clat_p50_ns": _percentile(clat, clat_ns, 50.0),
-        "clat_p99_ns": _percentile(clat, clat_ns, 99.0),
-        "clat_p999_ns": _percentile(clat, clat_ns, 99.9),
-        "usr_cpu": entry.get("usr_cpu"),
-        "sys_cpu": entry.get("sys_cpu"),
-        "error": entry.get("error"),
-        "fio_version": doc.get("fio version", ""),
-        "groupid": entry.get("groupid"),
-        "ioengine": options["ioengine"],
-        "direct": _to_int(options["direct"]),
-        "bs": options["bs"],
-        "clat_stddev_ns": _latency_field(clat, clat_ns, "stddev"),
-        "clat_max_ns": _latency_field(clat, clat_ns, "max"),
-        "slat_mean_ns": _latency_field(slat, slat_ns, "mean"),
-        "lat_p99_ns": _percentile(lat, lat_ns, 99.0),
-        "ctx": entry.get("ctx"),
-        "job_runtime_ms": entry.get("job_runtime"),
-        "ss_attained": steadystate.get("attained") if isinstance(steadystate, dict) else None,
-        "timestamp": doc.get("timestamp"),
-    }
+    steadystate = entry.get("steadystate")
+    rw, bs, iodepth, numjobs, direct, ioengine = options
+    return (
+        str(path),
+        host,
+        str(entry.get("jobname", "")).strip(),  # fio may keep a trailing space
+        index,
+        direction,
+        rw,
+        _bs_bytes_for_direction(bs, direction),
+        iodepth,
+        numjobs,
+        stats.get("runtime"),
+        io_bytes,
+        _bw_bytes(stats) if moved_data else 0,
+        stats.get("iops") if moved_data else 0,
+        _latency_field(lat, lat_ns, "mean"),
+        _latency_field(clat, clat_ns, "mean"),
+        _percentile(clat, clat_ns, "50.000000"),
+        _percentile(clat, clat_ns, "99.000000"),
+        _percentile(clat, clat_ns, "99.900000"),
+        entry.get("usr_cpu"),
+        entry.get("sys_cpu"),
+        entry.get("error"),
+        doc.get("fio version", ""),
+        entry.get("groupid"),
+        ioengine,
+        direct,
+        bs,
+        _latency_field(clat, clat_ns, "stddev"),
+        _latency_field(clat, clat_ns, "max"),
+        _latency_field(slat, slat_ns, "mean"),
+        _percentile(lat, lat_ns, "99.000000"),
+        entry.get("ctx"),
+        entry.get("job_runtime"),
+        steadystate.get("attained") if isinstance(steadystate, dict) else None,
+        doc.get("timestamp"),
+    )
 
 
 def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
@@ -442,6 +445,11 @@ def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
 def document_rows(path: Path | str, doc: dict) -> list[dict]:
     """:func:`parse_fio_file`'s rows of a document :func:`load_fio_document` returned for
     ``path`` (the ``file`` column; messages name it)."""
+    return [dict(zip(FIO_COLUMNS, row, strict=True)) for row in document_tuples(path, doc)]
+
+
+def document_tuples(path: Path | str, doc: dict) -> list[tuple]:
+    """:func:`document_rows` as tuples in :data:`FIO_COLUMNS` order."""
     entries = _job_entries(doc)
     if not entries:
         raise FioParseError(f"{path}: fio JSON document lists no job entries")
@@ -462,17 +470,17 @@ def document_rows(path: Path | str, doc: dict) -> list[dict]:
     return rows
 
 
-def _job_rows(path, doc, index, entry, host) -> list[dict]:
-    # the options every direction's row shares, looked up once
-    options = {names[0]: _option_or_default(entry, doc, *names) for names in _JOB_OPTIONS}
-    options["ioengine"] = _option(entry, doc, "ioengine")
+def _job_rows(path, doc, index, entry, host) -> list[tuple]:
+    # the options every direction's row shares, looked up once: rw, bs, iodepth, numjobs, direct
+    rw, bs, *numbers = (_option_or_default(entry, doc, *names) for names in _JOB_OPTIONS)
+    options = (rw, bs, *map(_to_int, numbers), _option(entry, doc, "ioengine"))
     job_rows = [
         _row(path, doc, index, entry, host, options, direction, entry[direction])
         for direction in DIRECTIONS
         if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
     ]
     if not job_rows:
-        direction = _direction_of_rw(options["rw"])
+        direction = _direction_of_rw(rw)
         stats = entry.get(direction) if direction else None
         job_rows = [_row(path, doc, index, entry, host, options, direction, stats)]
     return job_rows
@@ -484,17 +492,18 @@ _CHECKED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "clat_p999_ns usr_cpu sys_cpu clat_stddev_ns clat_max_ns slat_mean_ns lat_p99_ns "
     "job_runtime_ms error"
 ).split()
+_CHECKED_POSITIONS = [(FIO_COLUMNS.index(name), name) for name in _CHECKED_COLUMNS]
 
 
-def _check_measurements(path: Path, row: dict) -> None:
+def _check_measurements(path: Path, row: tuple) -> None:
     """Refuse NaN, infinities, negative numbers and non-numbers (bools, text, lists): they must
     never reach a table. JSON values are exactly int, float, bool, str, list, dict or None."""
-    for column in _CHECKED_COLUMNS:
-        value = row[column]
+    for position, column in _CHECKED_POSITIONS:
+        value = row[position]
         if value is None or (type(value) in (int, float) and value >= 0 and math.isfinite(value)):
             continue
         raise FioParseError(
-            f"{path}: job {row['job_index']} ({row['job']}) {row['direction'] or 'all'}: "
+            f"{path}: job {row[3]} ({row[2]}) {row[4] or 'all'}: "
             f"{column} is {value!r}, expected a finite non-negative number"
         )
 
