@@ -22,6 +22,7 @@ from luksbench.testbox.runner import (
     load_targets,
     schedule,
     stacks_for_round,
+    steadiest_clock,
 )
 from luksbench.testbox.sysutil import TestboxError
 
@@ -303,6 +304,14 @@ def test_check_fio_result_strips_leading_text_and_refuses_what_ingest_refuses(tm
     out.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=r"fio job error \[5\]"):
         check_fio_result(out)
+
+
+def test_a_session_uses_the_tsc_only_when_every_fio_start_up_accepted_it():
+    assert steadiest_clock(["cpu", "cpu", "cpu"]) == "cpu"
+    assert steadiest_clock(["cpu", "clock_gettime", "cpu"]) == "clock_gettime"
+    assert steadiest_clock(["clock_gettime", "gettimeofday"]) == "clock_gettime"
+    assert steadiest_clock(["cpu", None, "cpu"]) is None
+    assert steadiest_clock([]) is None
 
 
 def test_safety_names_and_paths(tmp_path):

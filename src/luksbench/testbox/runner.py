@@ -183,25 +183,38 @@ def fio_argv(
 _CLOCKSOURCES = {"1": "gettimeofday", "2": "clock_gettime", "3": "cpu"}
 
 
-def fio_clocksource(timeout: float = 30) -> str | None:
+def fio_clocksource(timeout: float = 30, tries: int = 3) -> str | None:
     """The clock source fio picks on this machine, or None when fio does not say.
 
     Every fio start-up without ``--clocksource`` checks whether the TSC can be used (about 60 ms
-    of a 0.3 s start-up); ``run_fio`` asks once per session here and passes fio's own choice to
-    every run, so each run uses the clock fio would pick and all runs of a session use the same."""
+    of a 0.3 s start-up); ``run_fio`` asks here once per session and passes the answer to every
+    run, so all runs of a session use one clock. fio's check includes a cross-CPU monotonicity
+    test that can pass on one start-up and fail on the next (virtual machines): the TSC is used
+    only when every one of ``tries`` start-ups accepts it, else the clock fio fell back to."""
     argv = ["fio", "--debug=time", "--parse-only", "--name=clock", "--filename=/dev/null"]
-    try:
-        proc = subprocess.run(
-            [*argv, "--size=1m"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    picks = []
+    for _ in range(tries):
+        try:
+            proc = subprocess.run(
+                [*argv, "--size=1m"],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        found = re.findall(r"gettime: clocksource=(\d+)", proc.stdout + proc.stderr)
+        picks.append(_CLOCKSOURCES.get(found[-1]) if found and proc.returncode == 0 else None)
+    return steadiest_clock(picks)
+
+
+def steadiest_clock(picks: list[str | None]) -> str | None:
+    """One clock for a session from fio's picks at several start-ups: the TSC (``cpu``) only when
+    fio chose it every time; otherwise the first other clock fio chose (None: fio never said)."""
+    if not picks or None in picks:
         return None
-    found = re.findall(r"gettime: clocksource=(\d+)", proc.stdout + proc.stderr)
-    return _CLOCKSOURCES.get(found[-1]) if found and proc.returncode == 0 else None
+    return next((pick for pick in picks if pick != "cpu"), "cpu")
 
 
 def fleet_clients(plan: dict) -> list[dict]:
