@@ -60,12 +60,13 @@ def _cmd_loss(args: argparse.Namespace) -> int:
             confidence=args.confidence,
             equivalence_margin_pct=args.equivalence_margin,
             exclude_outliers=args.exclude_outliers,
+            decision_regions=dict(args.region or []),
         )
     except (IngestError, FileNotFoundError, ValueError) as exc:
         print(f"luksbench loss: {exc}", file=sys.stderr)
         return 1
     table.to_csv(sys.stdout, index=False, columns=LOSS_COLUMNS)
-    counts = table["verdict"].value_counts()
+    counts = table["decision"].str.split(":").str[0].value_counts()
     summary = ", ".join(f"{counts[v]} {v}" for v in counts.index)
     noisy = int(table["noisy"].sum())
     print(
@@ -74,6 +75,44 @@ def _cmd_loss(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _cmd_targets(args: argparse.Namespace) -> int:
+    from luksbench.analysis.design import write_targets
+    from luksbench.analysis.ingest import IngestError, fio_table
+
+    adaptive = {"metric": args.metric, "pilot_pairs": args.pilot_pairs}
+    adaptive |= {"target_half_width_pct": args.target_half_width, "max_pairs": args.max_pairs}
+    try:
+        doc = write_targets(
+            fio_table(Path(args.raw_dir)),
+            args.host,
+            Path(args.out),
+            baseline=args.baseline,
+            variants=[args.variant],
+            adaptive=adaptive,
+            confidence=args.confidence,
+        )
+    except (IngestError, FileNotFoundError, ValueError) as exc:
+        print(f"luksbench targets: {exc}", file=sys.stderr)
+        return 1
+    total = sum(doc["pairs"].values())
+    print(
+        f"luksbench targets: {len(doc['pairs'])} cells, {total} pairs in all, "
+        f"{len(doc['noisy'])} at the cap; wrote {args.out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _region(text: str) -> tuple[str, tuple[float, float]]:
+    """``FAMILY=LOWER,UPPER`` (e.g. ``throughput=5,20``) for ``--region``."""
+    family, _, margins = text.partition("=")
+    try:
+        lower, upper = (float(x) for x in margins.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FAMILY=LOWER,UPPER, not {text!r}") from None
+    return family, (lower, upper)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -171,7 +210,36 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave flagged pairs out of the estimates (they are always counted in n_outliers)",
     )
+    loss.add_argument(
+        "--region",
+        action="append",
+        type=_region,
+        metavar="FAMILY=LOWER,UPPER",
+        help="decision margins in %% of a metric family (throughput, latency, cpu; default "
+        "throughput=5,20 latency=10,50 cpu=10,50): negligible within +-LOWER, moderate up to "
+        "UPPER, material beyond",
+    )
     loss.set_defaults(func=_cmd_loss)
+
+    targets = commands.add_parser(
+        "targets",
+        help="adaptive design: each cell's pairs from the pilot (Stein), as the targets file",
+        description="Read the pilot pairs (reps 1..N0) of one host of a raw run and write each "
+        "cell's target pairs (Stein's two-stage rule) as the run's targets file: the workflow "
+        "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
+        "finds it and gives the cells it lists Stein's interval.",
+    )
+    targets.add_argument("raw_dir", metavar="RAW_DIR")
+    targets.add_argument("--host", required=True)
+    targets.add_argument("--baseline", default="plain")
+    targets.add_argument("--variant", default="luks")
+    targets.add_argument("--pilot-pairs", type=int, default=4, metavar="N0")
+    targets.add_argument("--target-half-width", type=float, default=2.0, metavar="PCT")
+    targets.add_argument("--max-pairs", type=int, default=12, metavar="CAP")
+    targets.add_argument("--metric", default="bw_bytes", help="the metric whose pilot noise counts")
+    targets.add_argument("--confidence", type=float, default=0.95)
+    targets.add_argument("--out", required=True, metavar="FILE")
+    targets.set_defaults(func=_cmd_targets)
 
     comp = commands.add_parser(
         "compare",

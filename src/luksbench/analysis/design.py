@@ -107,7 +107,9 @@ def pilot_targets(
                 "Stein two-stage: N = min(max_pairs, max(n0, ceil((t_{1-alpha/2,n0-1} s / h)^2))), "
                 "s = pilot SD of ln(variant/baseline) (largest over directions, jobs and "
                 "comparisons), "
-                "h = ln(1 + target_half_width_pct/100); no further looks after the pilot"
+                "h = ln(1 + target_half_width_pct/100); no further looks after the pilot. "
+                "Interval of these cells (Stein): mean of all N pairs +- t_{n0-1} s0 / sqrt(N), "
+                "s0 = the SD of the cell's n0 pilot pairs"
             ),
             "host": host,
             "metric": metric,
