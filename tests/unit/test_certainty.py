@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pytest
 from simulate import fio_frame, simulate_logs, write_raw_reps
 
 from luksbench.analysis import stats
@@ -191,3 +192,69 @@ def test_stein_keeps_coverage_where_the_final_sd_does_not():
     assert 0.94 <= stein.mean() <= 0.96, stein.mean()
     assert final.mean() < 0.935, final.mean()
     assert stein[~capped].mean() < 0.93 and stein[capped].mean() > 0.97
+
+
+# ------------------------------------------------------------------- decisions, Fieller, targets
+
+
+def test_decision_regions():
+    lower, upper = stats.DEFAULT_DECISION_REGIONS["throughput"]
+    assert (lower, upper) == (5, 20)
+    assert stats.DEFAULT_DECISION_REGIONS["latency"] == stats.DEFAULT_DECISION_REGIONS["cpu"]
+    cases = {
+        (0.2, 1.0): "negligible",  # a tight 0.6 % loss: negligible, whatever its p-value
+        (-4.9, 4.9): "negligible",
+        (6.0, 19.0): "moderate",
+        (5.0, 20.0): "moderate",
+        (21.0, 60.0): "material",
+        (-19.0, -6.0): "moderate gain",
+        (-40.0, -25.0): "material gain",
+        (3.0, 7.0): "undecided: straddles 5 %",
+        (-8.0, 30.0): "undecided: straddles -5 %, 5 %, 20 %",
+        (math.nan, math.nan): "insufficient",
+    }
+    for (low, high), want in cases.items():
+        assert stats.decision(low, high, lower, upper) == want, (low, high)
+    assert stats.check_regions({"latency": {"lower_pct": 1, "upper_pct": 2}})["latency"] == (1, 2)
+    for bad in ({"latency": (5, 5)}, {"disk": (1, 2)}):
+        with pytest.raises(ValueError, match="decision regions"):
+            stats.check_regions(bad)
+
+
+def test_decision_per_metric_family_in_the_table():
+    rng = np.random.default_rng(12)
+    lb, lv = simulate_logs(rng, 1, 10, np.array([0.002]), np.log([0.93]), order_drift=0)
+    fio = fio_frame(lb, lv).assign(clat_mean_ns=lambda f: 1e12 / f["bw_bytes"])
+    loss = stats.loss_table(fio, metrics=["bw_bytes", "clat_mean_ns"]).set_index("metric")
+    # a 7 % loss is a moderate throughput loss; the 7.5 % latency increase is negligible (10 %)
+    assert loss.loc["bw_bytes", "decision"] == "moderate"
+    assert loss.loc["clat_mean_ns", "decision"] == "negligible"
+    wider = stats.loss_table(
+        fio, metrics=["bw_bytes"], decision_regions={"throughput": (10, 30)}
+    ).iloc[0]
+    assert wider["decision"] == "negligible" and wider["verdict"] == "significant"
+
+
+def test_fieller_bounds_stay_possible():
+    """A ratio of two positive means is >= 0: the lower bound is clipped there, not -20 %."""
+    b, v = np.array([1, 1.2, 0.9, 1.1]), np.array([0.01, 0.5, 0.02, 0.4])
+    low, high = stats.fieller_ratio_ci(b, v)
+    assert low == 0 and 0 < high < 1
+    lb, lv = np.log(b)[None, :], np.log(v)[None, :]
+    row = stats.loss_table(fio_frame(lb, lv), metrics=["bw_bytes"]).iloc[0]
+    assert row["fieller_high"] == 100  # a loss of at most 100 %
+    lat = stats.loss_table(
+        fio_frame(-lb, -lv).rename(columns={"bw_bytes": "clat_mean_ns"}), metrics=["clat_mean_ns"]
+    ).iloc[0]
+    assert lat["fieller_low"] >= -100
+
+
+def test_targets_file_carries_what_steins_interval_needs(tmp_path):
+    from luksbench.formats.targets import TargetsError, read_targets
+
+    path = tmp_path / "targets.json"
+    path.write_text(json.dumps({"pairs": {"a": 6, "b": 12}, "noisy": ["b"], "pilot_pairs": 4}))
+    assert read_targets(path) == {"a": (6, False, 4), "b": (12, True, 4)}
+    path.write_text(json.dumps({"pairs": {"a": 6}, "pilot_pairs": 1}))
+    with pytest.raises(TargetsError, match="pilot_pairs"):
+        read_targets(path)
