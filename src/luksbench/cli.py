@@ -194,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     loss.add_argument(
         "--metric",
         action="append",
-        help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, sys_cpu_s_per_gib ... "
-        "(repeatable; default: those six)",
+        help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, busy_cpu_s_per_gib, "
+        "sys_cpu_s_per_gib ... (repeatable; default: those seven)",
     )
     loss.add_argument("--confidence", type=float, default=0.95)
     loss.add_argument(

@@ -90,7 +90,7 @@ METRICS: dict[str, bool] = {
     "sys_cpu_s_per_gib": False,
 }
 DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns")
-DEFAULT_METRICS += ("clat_p999_ns", "sys_cpu_s_per_gib")
+DEFAULT_METRICS += ("clat_p999_ns", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 #: metric -> family of its decision regions (config ``analysis.decision_regions``)
 METRIC_FAMILIES = {m: "latency" for m in METRICS if "lat" in m}
 METRIC_FAMILIES |= {"bw_bytes": "throughput", "iops": "throughput"}
@@ -126,7 +126,8 @@ LOSS_COLUMNS = [
     *TEST_COLUMNS,
     *("fieller_low", "fieller_high", "boot_low", "boot_high"),
     *("n_outliers", "outlier_reps", "outliers_excluded", "target_pairs", "noisy", "pattern"),
-    *("decision", "interval", "pilot_pairs", "pilot_sd_log_ratio", "derived_from"),
+    *("decision", "decision_lower_pct", "decision_upper_pct", "interval", "pilot_pairs"),
+    *("pilot_sd_log_ratio", "derived_from"),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_TEXT = ("host", "workload", "rw", "direction", "job", "pattern", "metric", "baseline")
@@ -768,9 +769,14 @@ def loss_table(
     table["verdict"] = table_verdicts(
         table["n"].to_numpy(), table["q_value"], table["equivalent"].to_numpy(bool), confidence
     )
+    margins = table["metric"].map(lambda m: regions[METRIC_FAMILIES[m]])
+    table["decision_lower_pct"] = [lower for lower, _ in margins]
+    table["decision_upper_pct"] = [upper for _, upper in margins]
     table["decision"] = [
-        decision(lo, hi, *regions[METRIC_FAMILIES[m]])
-        for lo, hi, m in zip(table["ci_low"], table["ci_high"], table["metric"], strict=True)
+        decision(*row)
+        for row in table[["ci_low", "ci_high", "decision_lower_pct", "decision_upper_pct"]]
+        .to_numpy(float)
+        .tolist()
     ]
     # IOPS at a fixed block size is bandwidth / block size: the same test, not a second one
     fixed_bs = pd.to_numeric(table["bs_bytes"], errors="coerce").gt(0)
