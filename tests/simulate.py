@@ -75,13 +75,15 @@ def covered(loss: pd.DataFrame, true_log_ratio: np.ndarray) -> np.ndarray:
 
 
 def two_stage(rng, n_cells, sigma, log_ratio, n0=4, half_width_pct=2.0, cap=12):
-    """The adaptive design simulated: pilot n0 pairs, Stein targets from the pilot alone, top-up.
+    """The adaptive design simulated: pilot n0 pairs, Stein targets from the pilot alone, top-up;
+    the table carries n0 as ingest reads it from targets.json (``pilot_pairs``).
 
     Returns (fio table, pairs per cell, capped per cell)."""
     lb, lv = simulate_logs(rng, n_cells, cap, sigma, log_ratio)
     d_pilot = lv[:, :n0] - lb[:, :n0]
     pairs, _, capped = stats.stein_pairs(d_pilot.std(axis=1, ddof=1), n0, half_width_pct, cap)
-    return fio_frame(lb, lv, pairs, capped=capped), pairs, capped
+    fio = fio_frame(lb, lv, pairs, capped=capped).assign(pilot_pairs=float(n0))
+    return fio, pairs, capped
 
 
 # ----------------------------------------------------------------------- raw runs with known ratios

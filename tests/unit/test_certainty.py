@@ -170,8 +170,9 @@ def test_adaptive_design_coverage_capped_and_uncapped(tmp_path):
 
 
 def test_stein_keeps_coverage_where_the_final_sd_does_not():
-    """One job per cell, sd of d 0.02-0.03 (near the cap): the pilot's SD decides both where a cell
-    stops and, with the final SD, how wide its interval is. Over all cells Stein's interval keeps
+    """One job per cell, each arm's noise sd 0.02-0.03 (sd of d 0.028-0.042, near the cap's
+    threshold of 0.022): the pilot's SD decides both where a cell stops and, with the final SD,
+    how wide its interval is. Over all cells Stein's interval keeps
     95 %; the final-sample t-interval does not. Conditional on where a cell stopped no interval
     that rests on the pilot's SD can: below the cap Stein's covers less, at the cap more (README)."""
     rng = np.random.default_rng(77)

@@ -12,8 +12,10 @@ every cell up to its N (``luksbench testbox run-fio --targets targets.json``); t
 look at the data after the pilot. Cells whose requirement exceeds ``max_pairs`` stop at the cap and
 are labelled *noisy*: their interval is honest but wider than the target.
 
-The targets file (:mod:`luksbench.formats.targets`) records the decision; the loss table reports
-it per cell as ``target_pairs``/``noisy``.
+The targets file (:mod:`luksbench.formats.targets`) records the decision, n0 and the pilot SDs; the
+loss table reports it per cell as ``target_pairs``/``noisy`` and gives these cells Stein's interval
+(mean of all N pairs +- t_{n0-1} s0 / sqrt(N): exact coverage whatever N the pilot chose).
+``luksbench targets`` and the workflow's ``plan_repetitions`` rule both call :func:`write_targets`.
 
 A pilot cell without ``n0`` usable pairs (a failed run) gets the cap and counts as noisy.
 """

@@ -2,7 +2,8 @@
 
 Design: rep k of every stack forms pair k (same cell, run back to back). For each cell (host,
 workload, job slot, direction) and metric we take the log ratio of every complete pair,
-``d_k = ln(variant_k / baseline_k)``, and a paired t-interval on the mean of ``d``. Ratios are the
+``d_k = ln(variant_k / baseline_k)``, and a paired t-interval on the mean of ``d`` (cells of the
+adaptive design: Stein's interval on the pilot's SD, see :func:`paired_log_ratio_ci`). Ratios are the
 natural scale for throughput and latency (effects multiply, the log makes them symmetric) and the
 back-transformed mean is the geometric-mean ratio ``r = exp(mean d)``.
 
@@ -19,26 +20,30 @@ missing side or a value <= 0 are excluded and counted in ``n_dropped``.
 
 Beside the main interval, every row carries (all in the same loss/increase % units):
 
-* ``p_value`` (two-sided paired t-test of mean d = 0) and ``q_value`` (Benjamini-Hochberg over every
-  row of the table that has a p-value, :func:`scipy.stats.false_discovery_control`);
+* ``decision`` (what the paper leads with): the region of :func:`decision` the whole interval
+  lies in, margins per metric family (:data:`DEFAULT_DECISION_REGIONS`);
+* ``p_value`` (two-sided paired t-test of mean d = 0) and ``q_value`` (Benjamini-Hochberg over the
+  rows of one metric that have a p-value, :func:`scipy.stats.false_discovery_control`; IOPS rows
+  at a fixed block size repeat bandwidth's test and say so in ``derived_from``);
 * ``equiv_low``/``equiv_high``: the (1 - 2 alpha) interval (90 % for 95 % confidence) of the
   two-one-sided-tests equivalence check against +-``equivalence_margin_pct`` (default 2 points);
   ``equivalent`` is True when it lies strictly inside the margin;
 * ``fieller_low``/``fieller_high``: paired Fieller interval on the ratio of arithmetic means
   mean(variant) / mean(baseline), a cross-check that does not assume log-normality; NaN when the
-  set is unbounded (the baseline mean is not significantly different from 0);
+  set is unbounded (the baseline mean is not significantly different from 0), clipped at ratio 0;
 * ``boot_low``/``boot_high``: BCa bootstrap interval of mean d (resampling whole pairs), only when a
   cell has at least :data:`BOOTSTRAP_MIN_PAIRS` pairs, NaN otherwise;
 * ``n_outliers``/``outlier_reps``: pairs flagged by :func:`flag_outliers` (modified z-score of d
   > 3.5 within the cell, a fio error on either arm, or fio's steady-state criterion not attained);
   they are kept unless ``loss_table(..., exclude_outliers=True)`` (then ``outliers_excluded``);
-* ``target_pairs``/``noisy``: the adaptive design's per-cell target and whether the cell hit the
-  cap (from ``<host>/fio/targets.json`` through ingest; NaN/False for fixed designs).
+* ``target_pairs``/``noisy``/``pilot_pairs``: the adaptive design's per-cell target, whether the
+  cell hit the cap and its pilot pairs n0 (from ``<host>/fio/targets.json`` through ingest;
+  NaN/False for fixed designs); ``interval`` ("t" or "stein") and ``pilot_sd_log_ratio`` (s0).
 
 Verdict (column ``verdict``, one of :data:`VERDICTS`), in this order:
 
 1. ``insufficient``: fewer than two usable pairs;
-2. ``significant``: ``q_value <= 1 - confidence`` (BH across the table; such a row's marginal CI
+2. ``significant``: ``q_value <= 1 - confidence`` (BH within the metric; such a row's marginal CI
    always excludes 0, because q >= p);
 3. ``equivalent``: not significant, and the 90 % interval lies inside +-margin;
 4. ``inconclusive``: otherwise.
@@ -49,7 +54,7 @@ verdict: a noisy cell still gets its honest interval, it just did not reach the 
 
 Several comparisons (config ``analysis.comparisons``): :func:`loss_tables` (written by :func:`luksbench.analysis.loss.write_loss`)
 concatenate one loss table per (baseline, variant) pair, the headline first; each is its own family
-for the Benjamini-Hochberg adjustment. A cell of a config pattern (workload id
+for the Benjamini-Hochberg adjustment (per metric). A cell of a config pattern (workload id
 ``<rw>-<bs>-qd<iodepth>-<pattern>``) is a cell of its own (``pattern`` in :data:`CELL_ATTRS` and the
 loss table; read from the workload id for tables ingested before patterns existed).
 
