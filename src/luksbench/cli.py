@@ -174,19 +174,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    parse = commands.add_parser("parse", help="parse tool output into tidy CSV on stdout")
-    parse_kinds = parse.add_subparsers(dest="kind", required=True)
-    parse_fio = parse_kinds.add_parser("fio", help="fio JSON / json+ output (any version)")
-    parse_fio.add_argument("files", nargs="+", metavar="FILE")
-    parse_fio.set_defaults(func=_cmd_parse_fio)
-    parse_cs = parse_kinds.add_parser("cryptsetup", help="`cryptsetup benchmark` text output")
-    parse_cs.add_argument("files", nargs="+", metavar="FILE")
-    parse_cs.set_defaults(func=_cmd_parse_cryptsetup)
-
+def _add_loss_commands(commands) -> None:
+    """``luksbench loss`` and ``luksbench targets``: one run's statistics straight from raw."""
     loss = commands.add_parser("loss", help="loss table with confidence intervals for one run")
     loss.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
     loss.add_argument("--baseline", default="plain")
@@ -240,6 +229,22 @@ def build_parser() -> argparse.ArgumentParser:
     targets.add_argument("--confidence", type=float, default=0.95)
     targets.add_argument("--out", required=True, metavar="FILE")
     targets.set_defaults(func=_cmd_targets)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    parse = commands.add_parser("parse", help="parse tool output into tidy CSV on stdout")
+    parse_kinds = parse.add_subparsers(dest="kind", required=True)
+    parse_fio = parse_kinds.add_parser("fio", help="fio JSON / json+ output (any version)")
+    parse_fio.add_argument("files", nargs="+", metavar="FILE")
+    parse_fio.set_defaults(func=_cmd_parse_fio)
+    parse_cs = parse_kinds.add_parser("cryptsetup", help="`cryptsetup benchmark` text output")
+    parse_cs.add_argument("files", nargs="+", metavar="FILE")
+    parse_cs.set_defaults(func=_cmd_parse_cryptsetup)
+
+    _add_loss_commands(commands)
 
     comp = commands.add_parser(
         "compare",

@@ -603,3 +603,19 @@ def test_html_renders_in_a_real_browser(sample, tmp_path):
     assert image.size == (1280, 9000)
     # not a blank page: text, tables and figures give many distinct colours
     assert len(image.getcolors(maxcolors=1 << 20) or []) > 500
+
+
+def test_throughput_bars_show_the_repetitions_and_say_they_are_unpaired(sample):
+    import pandas as pd
+
+    from luksbench.publish import figures
+
+    processed = sample["processed"]
+    arms, fio = (pd.read_parquet(processed / f"{t}.parquet") for t in ("arms", "fio"))
+    fig = figures.throughput_figure(arms, fio, "read")
+    dots = sum(len(c.get_offsets()) for ax in fig.axes for c in ax.collections)
+    measured = fio[(fio["rw"] == "read") & (fio["direction"] == "read")]
+    assert dots == len(measured) > 0  # one dot per repetition, stack and cell
+    assert "per arm, unpaired" in fig.get_suptitle()
+    assert "unpaired" in catalog.FIGURE_FAMILIES["throughput"][1]
+    assert "per arm and unpaired" in sample["md"].read_text()
