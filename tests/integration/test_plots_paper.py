@@ -613,7 +613,10 @@ def test_throughput_bars_show_the_repetitions_and_say_they_are_unpaired(sample):
     processed = sample["processed"]
     arms, fio = (pd.read_parquet(processed / f"{t}.parquet") for t in ("arms", "fio"))
     fig = figures.throughput_figure(arms, fio, "read")
-    dots = sum(len(c.get_offsets()) for ax in fig.axes for c in ax.collections)
+    from matplotlib.collections import PathCollection  # what scatter draws
+
+    scattered = [c for ax in fig.axes for c in ax.collections if isinstance(c, PathCollection)]
+    dots = sum(len(c.get_offsets()) for c in scattered)
     measured = fio[(fio["rw"] == "read") & (fio["direction"] == "read")]
     assert dots == len(measured) > 0  # one dot per repetition, stack and cell
     assert "per arm, unpaired" in fig.get_suptitle()
