@@ -218,7 +218,7 @@ def test_decision_regions():
         assert stats.decision(low, high, lower, upper) == want, (low, high)
     assert stats.check_regions({"latency": {"lower_pct": 1, "upper_pct": 2}})["latency"] == (1, 2)
     for bad in ({"latency": (5, 5)}, {"disk": (1, 2)}):
-        with pytest.raises(ValueError, match="decision regions"):
+        with pytest.raises(ValueError, match="decision_regions"):
             stats.check_regions(bad)
 
 

@@ -506,13 +506,13 @@ def check_regions(regions: dict | None) -> dict[str, tuple[float, float]]:
     for family, margins in (regions or {}).items():
         if family not in out:
             raise ValueError(
-                f"decision regions: unknown family {family!r}; known: {', '.join(out)}"
+                f"decision_regions: unknown family {family!r}; known: {', '.join(out)}"
             )
         if isinstance(margins, dict):
             margins = (margins["lower_pct"], margins["upper_pct"])
         lower, upper = map(float, margins)
         if not 0 < lower < upper:
-            raise ValueError(f"decision regions of {family}: need 0 < lower < upper, not {margins}")
+            raise ValueError(f"decision_regions.{family}: need 0 < lower < upper, not {margins}")
         out[family] = (lower, upper)
     return out
 
