@@ -244,7 +244,7 @@ def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> l
 
 def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
     """Several hosts: what the paper says about them, and one row per host and variant (bandwidth
-    loss: cells, significant, median, worst with its interval). Empty for a single host."""
+    loss: cells, material, median, worst material with its interval). Empty for a single host."""
     names = sorted(losses["host"].dropna().unique())
     if len(names) < 2:
         return {"present": False, "rows": []}
@@ -257,8 +257,8 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
         key=lambda kg: (kg[0][0], order.get((kg[0][1], kg[0][2]), len(order))),
     )
     for (host, baseline, variant), g in groups:
-        sig = g[g["decision"] == "material"]
-        worst = sig.loc[sig["effect_pct"].idxmax()] if len(sig) else None
+        material = g[g["decision"] == "material"]
+        worst = material.loc[material["effect_pct"].idxmax()] if len(material) else None
         h = facts.get(host, {})
         rows.append(
             {
@@ -269,7 +269,7 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
                 "kernel": h.get("kernel", "n/a"),
                 "cpu": h.get("cpu_model", "n/a"),
                 "cells": len(g),
-                "significant": len(sig),
+                "material": len(material),
                 "median": fmt_pct(g["effect_pct"].median()),
                 "worst": f"{cell_words(worst, False)}: {effect_ci(worst)}"
                 if worst is not None
@@ -293,7 +293,7 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
             "Every host's stacks are compared only "
             "with that host's own baseline; pairs never cross hosts (repetition k on one host is "
             "never paired with repetition k on another). The Benjamini-Hochberg adjustment runs "
-            "over the rows of all hosts together. Whether two hosts differ is a different "
+            "over the rows of all hosts together (one family per metric and comparison). Whether two hosts differ is a different "
             f"question, with its own intervals: {pair}."
         ),
         "rows": rows,
