@@ -145,6 +145,11 @@ def test_a_malformed_config_is_refused_naming_the_key(override, named):
         ),
         ("stacks:\n  plain: {kind: plain}\n  luks: {kind: luks, level: 5}\n", "stacks.luks.level"),
         ("study: nope\n", "config key 'study': no study 'nope'"),
+        # decision margins the wrong way round
+        (
+            "analysis: {decision_regions: {latency: {lower_pct: 60, upper_pct: 50}}}\n",
+            "decision_regions.latency: need 0 < lower < upper",
+        ),
         ("profile: scs-2023\n", "config key 'profile' is now 'study'"),
     ],
 )

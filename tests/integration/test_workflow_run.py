@@ -215,5 +215,9 @@ def test_an_adaptive_run_measures_the_pilot_then_tops_cells_up_to_their_targets(
         rows = loss[loss["workload"] == w]
         assert (rows["n"] == n).all() and (rows["target_pairs"] == n).all()
         assert (rows["noisy"] == (w in doc["noisy"])).all()
+        # the workflow's loss table gives these cells Stein's interval on their 2 pilot pairs
+        measured = rows[rows["n"] >= 2]
+        assert len(measured) and (measured["interval"] == "stein").all()
+        assert (measured["pilot_pairs"] == 2).all() and measured["decision"].notna().all()
     assert our_mounts(workdir) == []
     assert our_processes(workdir) == []

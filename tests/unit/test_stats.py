@@ -45,6 +45,7 @@ def make_fio(ratio: float = 0.8, reps: int = 6, noise: float = 0.01, seed: int =
                         "clat_p50_ns": 0.5 * base_lat / f,
                         "clat_p99_ns": base_lat / f,
                         "clat_p999_ns": 2 * base_lat / f,
+                        "busy_cpu_s_per_gib": 0.3 / f,
                         "sys_cpu_s_per_gib": 0.1 / f,
                     }
                 )

@@ -67,6 +67,7 @@ rule compute_loss:
         comparisons=shlex.quote(json.dumps(config["analysis"]["comparisons"])),
         confidence=config["analysis"]["confidence"],
         margin=config["analysis"]["equivalence_margin_pct"],
+        regions=shlex.quote(json.dumps(config["analysis"]["decision_regions"])),
         min_pairs=min_pairs,
     conda:
         "../../envs/luksbench.yaml"
@@ -78,7 +79,7 @@ rule compute_loss:
         " -p baseline {params.baseline} -p variant {params.variant}"
         " -r comparisons {params.comparisons}"
         " -p confidence {params.confidence} -p equivalence_margin_pct {params.margin}"
-        " -p min_pairs {params.min_pairs} > {log} 2>&1"
+        " -r decision_regions {params.regions} -p min_pairs {params.min_pairs} > {log} 2>&1"
 
 
 rule plot_figures:

@@ -78,6 +78,7 @@ FIO_DERIVED_COLUMNS = [
     # adaptive design (<host>/fio/targets.json); NaN / missing for a fixed design
     "target_pairs",
     "hit_cap",
+    "pilot_pairs",
     # the raw layout's <host> folder the file sits in; differs from ``host`` only for fio
     # client/server (fleet) results, where ``host`` is the fio server that measured
     "host_dir",
@@ -332,7 +333,7 @@ def _file_rows(key: str, run: str, rep: RepPath, rows: list[tuple], cpu: dict) -
 
 
 #: columns of the per-file part of the table: all but those added per host when assembling
-_DESIGN_COLUMNS = ("target_pairs", "hit_cap", "host_dir")
+_DESIGN_COLUMNS = ("target_pairs", "hit_cap", "pilot_pairs", "host_dir")
 #: CPU columns from the sidecar: /proc/stat of the machine running the fio *client*
 _CPU_COLUMNS = (*_NO_CPU, "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 #: the rows a worker returns: the table's columns but the design's, with ``_key``/``_row`` to order
@@ -586,8 +587,8 @@ def _assemble(
     )
     cells = {(host, w): design for host, ts in targets.items() for w, design in ts.items()}
     hosts_cells = zip(df["host"].tolist(), df["workload"].tolist(), strict=True)
-    design = [cells.get(cell, (None, None)) for cell in hosts_cells] if cells else []
-    for i, col in enumerate(("target_pairs", "hit_cap")):  # None: fixed design, no targets.json
+    design = [cells.get(cell, (None,) * 3) for cell in hosts_cells] if cells else []
+    for i, col in enumerate(("target_pairs", "hit_cap", "pilot_pairs")):  # None: fixed design
         values = [d[i] for d in design] if design else [None] * len(df)
         df[col] = pd.Series(values, dtype="object", index=df.index)
     df["host_dir"] = df["host"]

@@ -3,7 +3,7 @@
 ``write_loss`` reads ``fio.parquet`` and writes every statistic figures and paper show:
 
 ``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`);
-``cpu_loss.parquet``  CPU seconds per GiB (busy and system) of every comparison, its own family;
+``cpu_loss.parquet``  its rows of CPU seconds per GiB (busy and system) that were measured;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
                       (throughput and CPU: the bars of the figures).
 """
@@ -27,17 +27,6 @@ def _measured(fio: pd.DataFrame, metrics) -> list[str]:
     return [m for m in metrics if m in fio and pd.to_numeric(fio[m], errors="coerce").notna().any()]
 
 
-def cpu_losses(fio: pd.DataFrame, pairs, confidence: float) -> pd.DataFrame:
-    """Increase of CPU seconds per GiB (busy, system) of every comparison; empty without
-    sidecars. Each comparison is its own family, apart from the main loss table."""
-    metrics = _measured(fio, CPU_METRICS)
-    pairs = [(b, v) for b, v in pairs if b != v] if metrics else []
-    if not pairs:
-        return pd.DataFrame(columns=stats.LOSS_COLUMNS)
-    parts = [stats.loss_table(fio, b, v, metrics=metrics, confidence=confidence) for b, v in pairs]
-    return pd.concat(parts, ignore_index=True)
-
-
 def write_loss(
     processed_dir: Path,
     baseline: str = "plain",
@@ -46,6 +35,7 @@ def write_loss(
     confidence: float = 0.95,
     equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
     comparisons=None,
+    decision_regions: dict | None = None,
 ) -> tuple[pd.DataFrame, Path]:
     """Read ``fio.parquet`` from ``processed_dir``, write ``loss.parquet``, ``cpu_loss.parquet``
     and ``arms.parquet`` beside it; returns the loss table and its path.
@@ -58,11 +48,17 @@ def write_loss(
     fio = pd.read_parquet(processed_dir / "fio.parquet")
     pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
     table = stats.loss_tables(
-        fio, pairs, metrics, confidence, equivalence_margin_pct=equivalence_margin_pct
+        fio,
+        pairs,
+        metrics,
+        confidence,
+        equivalence_margin_pct=equivalence_margin_pct,
+        decision_regions=decision_regions,
     )
     path = processed_dir / "loss.parquet"
     table.to_parquet(path, index=False)
-    cpu_losses(fio, pairs, confidence).to_parquet(processed_dir / "cpu_loss.parquet", index=False)
+    cpu = table[table["metric"].isin(_measured(fio, CPU_METRICS))]
+    cpu.to_parquet(processed_dir / "cpu_loss.parquet", index=False)
     arms = stats.arm_summary(fio, _measured(fio, ARM_METRICS), confidence)
     arms.to_parquet(processed_dir / "arms.parquet", index=False)
     return table, path

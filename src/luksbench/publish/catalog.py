@@ -75,7 +75,9 @@ FIGURE_FAMILIES = {
     "throughput": (
         "Throughput, SCS style",
         "Per access pattern and metric: block size on the x axis, stacks side by side, log-scale "
-        "y, one panel per queue depth; bar = mean over repetitions, error bar = t-interval.",
+        "y, one panel per queue depth; bar = mean over repetitions, dots = the repetitions, error "
+        "bar = t-interval of one stack's repetitions: per arm and unpaired, so it is wider than "
+        "the paired interval on the loss and two overlapping bars can still differ decidedly.",
     ),
     "heatmap": (
         "Loss heatmaps",
@@ -193,7 +195,7 @@ def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> li
                 _spec(
                     name,
                     figures.throughput_figure,
-                    ("arms",),
+                    ("arms", "fio"),
                     kwargs=kwargs,
                     params=params,
                     retitle=(f"{host}: " if scope else "", ""),

@@ -19,6 +19,7 @@ import pandas as pd
 import seaborn as sns
 
 from luksbench.analysis.cells import with_pattern
+from luksbench.analysis.stats import rep_values
 from luksbench.formats.layout import bs_label
 from luksbench.publish.style import (
     VERDICT_COLORS,
@@ -66,8 +67,9 @@ def _bar_groups(summ: pd.DataFrame, several: pd.DataFrame | None = None) -> pd.S
     return group
 
 
-def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0) -> None:
-    """One bar per stack and group of ``sub`` (columns group, stack, mean, ci_half)."""
+def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0, reps=None) -> None:
+    """One bar per stack and group of ``sub`` (columns group, stack, mean, ci_half); ``reps``
+    (columns group, stack, value): every repetition as a dot on its bar."""
     order = sub.sort_values(["pattern", "bs_bytes", "group"])["group"].drop_duplicates().tolist()
     x = np.arange(len(order))
     width = 0.8 / max(1, len(stacks))
@@ -77,6 +79,12 @@ def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0) -> No
         interval_bars(
             ax, x + offset, s["mean"] / scale, s["ci_half"] / scale, width, colors[stack], stack
         )
+        if reps is not None:
+            r = reps[(reps["stack"] == stack) & reps["group"].isin(order)]
+            # beside the error bar, not on it
+            pos = r["group"].map({g: k for k, g in enumerate(order)}).to_numpy(float)
+            pos = pos + offset + width / 4
+            ax.scatter(pos, r["value"] / scale, s=10, color="black", zorder=3, edgecolors="white")
     long_labels = max((len(o) for o in order), default=0) > 8
     ax.set_xticks(
         x, order, rotation=30 if long_labels else 0, ha="right" if long_labels else "center"
@@ -86,6 +94,7 @@ def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0) -> No
 
 def throughput_figure(
     arms: pd.DataFrame,
+    fio: pd.DataFrame | None,
     rw: str,
     metric: str = "bw_bytes",
     stacks: Iterable[str] | None = None,
@@ -94,7 +103,8 @@ def throughput_figure(
 ) -> matplotlib.figure.Figure:
     """Grouped bars for one rw pattern: block size on x, stacks side by side, log y, one panel per
     iodepth; bar = mean over repetitions, error bar = its interval (arms.parquet; lower end
-    clipped for the log axis).
+    clipped for the log axis): per arm and unpaired, so it is wider than the paired interval on
+    the loss; dots = the repetitions themselves (``fio``, the processed fio table).
 
     ``pattern``: only the cells of that config pattern ("" = the main matrix); None = all, cells of
     different patterns kept apart as separate bar groups."""
@@ -112,8 +122,16 @@ def throughput_figure(
     scale = {"bw_bytes": 2**20}.get(metric, 1)
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
     fig, axes = panels(1, len(depths), max(4.0, 3.2 * len(depths)) + 1.2, 3.8, sharey=True)
+    reps = None
+    if fio is not None:
+        reps = rep_values(fio[fio["stack"].isin(stacks)], [metric]).rename(
+            columns={metric: "value"}
+        )
+        reps = reps[(reps["rw"] == rw) & (reps["host"] == host if host else True)]
+        reps = reps.assign(group=_bar_groups(reps, summ)) if len(reps) else None
     for ax, qd in zip(axes[0], depths, strict=True):
-        _stack_bars(ax, summ[summ["iodepth"] == qd], stacks, colors, scale)
+        at_qd = None if reps is None else reps[reps["iodepth"] == qd]
+        _stack_bars(ax, summ[summ["iodepth"] == qd], stacks, colors, scale, at_qd)
         ax.set_title(f"iodepth {qd}")
         ax.set_xlabel("block size")
     axes[0][0].set_ylabel(metric_label(metric))
@@ -125,7 +143,8 @@ def throughput_figure(
     named = [p for p in summ["pattern"].unique() if p]
     fig.suptitle(
         f"{rw}{' [' + ', '.join(sorted(named)) + ']' if named else ''}: {metric_heading(metric)}\n"
-        f"mean of {int(summ['n'].max())} repetitions, {float(summ['confidence'].iloc[0]):.0%} CI",
+        f"mean of {int(summ['n'].max())} repetitions (dots), "
+        f"{float(summ['confidence'].iloc[0]):.0%} CI per arm, unpaired",
         fontsize="medium",
     )
     legend_below(fig, axes[0][0], "stack", ncols=len(stacks))

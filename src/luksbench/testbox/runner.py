@@ -72,7 +72,7 @@ def load_targets(path: Path) -> dict[str, int]:
     """Per-cell repetition targets (workload id -> pairs) from an adaptive targets file
     (:mod:`luksbench.formats.targets`); TestboxError naming the file when it is malformed."""
     try:
-        return {w: n for w, (n, _capped) in read_targets(Path(path)).items()}
+        return {w: design[0] for w, design in read_targets(Path(path)).items()}
     except TargetsError as exc:
         raise TestboxError(f"{path}: {exc}") from exc
 
