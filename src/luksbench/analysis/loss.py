@@ -5,7 +5,9 @@
 ``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`);
 ``cpu_loss.parquet``  CPU seconds per GiB (busy and system) of every comparison, its own family;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
-                      (throughput and CPU: the bars of the figures).
+                      (throughput and CPU: the bars of the figures);
+``order.parquet``     the effect of the stack order within pairs, per comparison and metric
+                      (:func:`stats.order_effect`, from the schedule table).
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ def write_loss(
     equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
     comparisons=None,
 ) -> tuple[pd.DataFrame, Path]:
-    """Read ``fio.parquet`` from ``processed_dir``, write ``loss.parquet``, ``cpu_loss.parquet``
-    and ``arms.parquet`` beside it; returns the loss table and its path.
+    """Read ``fio.parquet`` from ``processed_dir``, write ``loss.parquet``, ``cpu_loss.parquet``,
+    ``arms.parquet`` and ``order.parquet`` beside it; returns the loss table and its path.
 
     ``loss.parquet`` holds the rows of every comparison (outliers flagged and kept; see
     :func:`stats.loss_table`), the headline first. ``comparisons``: config
@@ -65,4 +67,18 @@ def write_loss(
     cpu_losses(fio, pairs, confidence).to_parquet(processed_dir / "cpu_loss.parquet", index=False)
     arms = stats.arm_summary(fio, _measured(fio, ARM_METRICS), confidence)
     arms.to_parquet(processed_dir / "arms.parquet", index=False)
+    order_effects(fio, processed_dir / "schedule.parquet", pairs, table, confidence).to_parquet(
+        processed_dir / "order.parquet", index=False
+    )
     return table, path
+
+
+def order_effects(fio: pd.DataFrame, schedule_path: Path, pairs, loss, confidence: float):
+    """:func:`stats.order_effect` of every comparison for the loss table's metrics (empty
+    without a schedule table)."""
+    schedule = pd.read_parquet(schedule_path) if schedule_path.exists() else None
+    if schedule is None or schedule.empty:
+        return pd.DataFrame(columns=stats.ORDER_COLUMNS)
+    metrics = list(dict.fromkeys(loss["metric"]))
+    parts = [stats.order_effect(fio, schedule, b, v, metrics, confidence) for b, v in pairs]
+    return pd.concat(parts, ignore_index=True)

@@ -32,7 +32,9 @@ SESSIONS_DIR = "sessions"
 
 PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back to back)"
 COUNTERBALANCE = (
-    "ABBA across rounds: rounds 1,4,5,8,... stacks in order; rounds 2,3,6,7,... reversed"
+    "balanced per cell: rounds 1-2, 3-4, ... run each cell once in order and once reversed, which "
+    "first alternating over blocks and over a seeded permutation of the cells; position_in_cell "
+    "of each run records its place"
 )
 CELL_ORDER = (
     "round k shuffles the cells with random.Random(seed + k) and runs those with at "

@@ -680,6 +680,17 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
     }
 
 
+def order_effects(order: pd.DataFrame, baseline: str, variant: str) -> list[str]:
+    """The headline comparison's order effect per metric (order.parquet), in words."""
+    rows = order[(order["baseline"] == baseline) & (order["variant"] == variant)]
+    rows = rows[rows["n_cells"] >= 2].set_index("metric")
+    return [
+        f"{metric_heading(m)} {fmt_pct(r['order_pct'])} {fmt_ci(r['ci_low'], r['ci_high'])}"
+        f" over {int(r['n_cells'])} cells"
+        for m, r in rows.loc[sorted_metrics(rows.index)].iterrows()
+    ]
+
+
 def _published(run: Run, reference_dir: Path | None) -> dict:
     """This run beside the transcribed published results."""
     fio, refs = run.fio, read_references(reference_dir)
@@ -760,6 +771,9 @@ def paper_context(
         "matrix": matrix,
         "figure_sections": figure_secs,
         "n_figures": sum(len(s["figures"]) for s in figure_secs),
+        "order_effects": order_effects(
+            data.table("order", ["baseline", "variant", "metric"]), *pairs[0]
+        ),
         "figures_rel": Path(os.path.relpath(Path(figures_dir), Path(out_md).parent)).as_posix(),
         **_machine(data, figure_secs),
         **_published(data, reference_dir),

@@ -2,8 +2,10 @@
 
 Schedule: repetition k of every cell is "round" k. Within a round the cells run in the order
 ``random.Random(seed + k).shuffle``; within a cell all stacks run back to back, and their order is
-counterbalanced across rounds ABBA-style (round 1 baseline first, rounds 2 and 3 reversed,
-round 4 baseline first, then repeat). Repetition k of every stack forms pair k.
+balanced within each cell (:func:`stacks_in_order`): every two rounds run the cell once baseline
+first and once reversed, and with an odd count the extra order alternates over the cells, so no
+order dominates a cell or the run. Repetition k of every stack forms pair k; ``position_in_cell``
+in the manifest records each run's place.
 
 Raw results are immutable: each rep is written to a temp file in its directory, fsynced, renamed
 into place and made read-only (0444). An existing ``rep<k>.json`` is never overwritten, it is
@@ -63,9 +65,22 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-def stacks_for_round(stacks: list[str], round_no: int) -> list[str]:
-    """ABBA counterbalancing: rounds 1, 4, 5, 8, ... in order; 2, 3, 6, 7, ... reversed."""
-    return list(stacks) if (round_no - 1) % 4 in (0, 3) else list(reversed(stacks))
+def order_positions(plan: dict) -> dict[str, int]:
+    """Each cell's place in a seeded permutation of the plan's cells (see :func:`stacks_in_order`)."""
+    ids = sorted(w.id for w in workloads(plan))
+    random.Random(f"{plan['seed']}:stack-order").shuffle(ids)
+    return {w: p for p, w in enumerate(ids)}
+
+
+def stacks_in_order(stacks: list[str], round_no: int, position: int) -> list[str]:
+    """The stacks of a cell in round ``round_no``: rounds 1-2, 3-4, ... each run the cell once in
+    order (baseline first) and once reversed, so every even count of rounds is balanced. Which comes
+    first flips from block to block (AB BA BA AB: a linear drift cancels too) and alternates over
+    the cells' ``position`` (:func:`order_positions`): with an odd count half of the cells have the
+    extra pair in order and half reversed."""
+    block, second = divmod(round_no - 1, 2)
+    forward = (position + block) % 2 == second
+    return list(stacks) if forward else list(reversed(stacks))
 
 
 def load_targets(path: Path) -> dict[str, int]:
@@ -93,12 +108,13 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
     cells = workloads(plan)
     reps = cell_repetitions(plan, targets)
     stacks = baseline_first(plan)
+    positions = order_positions(plan)
     runs = []
     for k in range(1, max(reps.values(), default=0) + 1):
         order = list(cells)
         random.Random(int(plan["seed"]) + k).shuffle(order)
         for w in (w for w in order if reps[w.id] >= k):
-            for pos, stack in enumerate(stacks_for_round(stacks, k)):
+            for pos, stack in enumerate(stacks_in_order(stacks, k, positions[w.id])):
                 runs.append(
                     {"round": k, "rep": k, "stack": stack, "workload": w, "position_in_cell": pos}
                 )
