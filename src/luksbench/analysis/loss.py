@@ -2,8 +2,10 @@
 
 ``write_loss`` reads ``fio.parquet`` and writes every statistic figures and paper show:
 
-``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`);
-``cpu_loss.parquet``  CPU seconds per GiB (busy and system) of every comparison, its own family;
+``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`),
+                      with ``note``: "too few I/Os ..." where a latency percentile is withheld
+                      (:func:`tails.too_few_notes`);
+``cpu_loss.parquet``  CPU cost (:data:`CPU_METRICS`) of every comparison, its own family;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
                       (throughput and CPU: the bars of the figures);
 ``order.parquet``     the effect of the stack order within pairs, per comparison and metric
@@ -16,12 +18,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import stats
+from luksbench.analysis import stats, tails
 from luksbench.analysis.contrasts import resolve
 
-#: metrics whose per-arm means and intervals are tabled (the bars of the figures)
-ARM_METRICS = ("bw_bytes", "iops", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
-CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
+#: metrics whose per-arm means and intervals are tabled (the bars and points of the figures)
+#: CPU cost net of the idle baseline (:mod:`luksbench.analysis.cpucost`): per GiB, utilisation
+#: beside it, per I/O (at equal load in a fixed-rate pattern's cells)
+CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct", "busy_cpu_us_per_io")
+ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
 
 
 def _measured(fio: pd.DataFrame, metrics) -> list[str]:
@@ -62,6 +66,7 @@ def write_loss(
     table = stats.loss_tables(
         fio, pairs, metrics, confidence, equivalence_margin_pct=equivalence_margin_pct
     )
+    table["note"] = tails.too_few_notes(table, fio)
     path = processed_dir / "loss.parquet"
     table.to_parquet(path, index=False)
     cpu_losses(fio, pairs, confidence).to_parquet(processed_dir / "cpu_loss.parquet", index=False)

@@ -88,6 +88,8 @@ METRICS: dict[str, bool] = {
     "clat_p999_ns": False,
     "busy_cpu_s_per_gib": False,
     "sys_cpu_s_per_gib": False,
+    "cpu_util_pct": False,
+    "busy_cpu_us_per_io": False,
 }
 DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns")
 DEFAULT_METRICS += ("clat_p999_ns", "sys_cpu_s_per_gib")
@@ -179,7 +181,7 @@ def rep_values(fio: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
             v = g[m]
             if METRICS[m]:
                 out[m] = v.sum(min_count=len(g))  # any missing entry -> missing
-            elif m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib"):
+            elif m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct"):
                 out[m] = (
                     v.iloc[0] if v.nunique(dropna=False) == 1 else np.average(v, weights=g["_w"])
                 )
@@ -803,7 +805,8 @@ def order_effect(
         pair_orders(schedule, baseline, variant), on=["host", "workload", "rep"]
     )
     ok = usable_pairs(paired["baseline_value"], paired["variant_value"])
-    paired = paired[ok].assign(d=np.log(paired["variant_value"] / paired["baseline_value"])[ok])
+    paired = paired[ok]
+    paired = paired.assign(d=np.log(paired["variant_value"] / paired["baseline_value"]))
     rows = []
     for metric in metrics:
         m = paired[paired["metric"] == metric]

@@ -12,6 +12,7 @@ and the fio servers of a fleet run (``fleet``). The document (keys the readers u
      "stacks": [...], "unavailable_stacks": {stack: reason}, "cells": [...],
      "pairing", "counterbalance", "cell_order",                # the design, in words
      "io_size_bytes", "cpu_idle_baseline", "fio_clocksource", "fio",
+     "fixed_rates": {cell: {"rate_pct", "rate_iops", "pilot_iops": {stack: iops}}},
      "started", "ended", "complete", "interrupted", "failed": [...],
      "stack_descriptions": {"stacks": {stack: {...}}, ...},    # stack-up's description
      "runs": [{"index", "round", "rep", "stack", "workload", "position_in_cell", "path",

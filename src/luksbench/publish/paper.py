@@ -23,6 +23,7 @@ import pandas as pd
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs, label
 from luksbench.analysis.loss import CPU_METRICS
+from luksbench.analysis.tails import TOO_FEW
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
@@ -57,6 +58,7 @@ from luksbench.publish.text import (
     fmt_pct,
     fmt_text,
     metric_heading,
+    missing,
     multi_job,
     rw_words,
     sorted_metrics,
@@ -180,6 +182,12 @@ def _matrix(fio: pd.DataFrame, env: pd.DataFrame) -> dict:
     }
 
 
+def _too_few(row) -> bool:
+    """A latency percentile withheld for too few I/Os (loss.parquet's ``note``) in every pair."""
+    note = row.get("note")
+    return row["n"] < 2 and not missing(note) and str(note).startswith(TOO_FEW)
+
+
 def loss_sections(loss: pd.DataFrame) -> list[dict]:
     """One table per metric: rows rw x bs x iodepth (x pattern) with means, effect [CI], verdict,
     n. Called with one comparison's rows (several: the variant is named in every row)."""
@@ -202,7 +210,7 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
                     "n_dropped": int(r["n_dropped"]),
                     "baseline_mean": fmt_num(r["baseline_mean"] / div, dec),
                     "variant_mean": fmt_num(r["variant_mean"] / div, dec),
-                    "effect": fmt_pct(r["effect_pct"]),
+                    "effect": TOO_FEW if _too_few(r) else fmt_pct(r["effect_pct"]),
                     "ci": fmt_ci(r["ci_low"], r["ci_high"]),
                     "verdict": r["verdict"],
                 }

@@ -129,11 +129,18 @@ def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None 
 
 
 def fio_argv(
-    plan: dict, entry: dict, stack: str, w: Workload, output: Path, io_size: int
+    plan: dict,
+    entry: dict,
+    stack: str,
+    w: Workload,
+    output: Path,
+    io_size: int,
+    rate_iops: int | None = None,
 ) -> list[str]:
     """fio's command line for one run of cell ``w`` on ``stack``, over the first ``io_size`` bytes
-    of its device (0: all of it). A pattern cell runs with its pattern's fio options; one whose
-    block does not fit ``io_size`` is refused (TestboxError) before fio starts."""
+    of its device (0: all of it), at most ``rate_iops`` I/Os per second (a fixed-rate cell). A
+    pattern cell runs with its pattern's fio options; one whose block does not fit ``io_size`` is
+    refused (TestboxError) before fio starts."""
     f = plan["fio"]
     cell = cell_options(plan, w)
     if io_size and w.bs_bytes > io_size:
@@ -192,6 +199,8 @@ def fio_argv(
     ]
     if io_size:
         argv.append(f"--size={io_size}")
+    if rate_iops:
+        argv.append(f"--rate_iops={int(rate_iops)}")
     return argv
 
 
@@ -364,12 +373,59 @@ def check_state_live(state: dict) -> None:
         )
 
 
-def _previous_times(manifest_path: Path) -> dict:
-    """When the runs the last session's manifest records were measured ({} without one)."""
+def _previous(manifest_path: Path) -> tuple[dict, dict]:
+    """When the runs the last session's manifest records were measured, and the rates of its
+    fixed-rate cells ({}, {} without one)."""
     try:
-        return run_times(read_manifest(manifest_path))
+        manifest = read_manifest(manifest_path)
     except ValueError:
-        return {}
+        return {}, {}
+    return run_times(manifest), dict(manifest.get("fixed_rates") or {})
+
+
+def fixed_rates(plan: dict, session: dict, known: dict, clocksource: str | None) -> dict:
+    """The rate of every fixed-rate cell (pattern ``rate_pct``): as ``known`` (an earlier
+    session of the run), else from a pilot now: one unthrottled run on every stack, the rate
+    ``rate_pct`` % of the slower stack's IOPS, so all stacks run at one load."""
+    rates = {}
+    for w in workloads(session["measured_plan"]):
+        pct = cell_options(plan, w)["rate_pct"]
+        if not pct:
+            continue
+        if w.id in known:
+            rates[w.id] = known[w.id]
+            continue
+        stacks = baseline_first(session["measured_plan"])
+        pilot = {stack: _pilot_iops(plan, session, stack, w, clocksource) for stack in stacks}
+        rate = max(1, int(pct / 100 * min(pilot.values())))
+        rates[w.id] = {"rate_pct": pct, "rate_iops": rate, "pilot_iops": pilot}
+        log(
+            f"luksbench testbox run-fio: fixed-rate cell {w.id}: {rate} IOPS on every stack "
+            f"({pct:g} % of the slower pilot: {', '.join(f'{s} {v:.0f}' for s, v in pilot.items())})"
+        )
+    return rates
+
+
+def _pilot_iops(plan: dict, session: dict, stack: str, w: Workload, clocksource) -> float:
+    """IOPS of one unthrottled run of cell ``w`` on ``stack`` (its output is not kept)."""
+    with tempfile.TemporaryDirectory(prefix="luksbench-pilot-") as tmp:
+        out = Path(tmp) / "pilot.json"
+        entry = session["state"]["stacks"][stack]
+        argv = fio_argv(plan, entry, stack, w, out, session["io_size"])
+        if clocksource:
+            argv.append(f"--clocksource={clocksource}")
+        if fleet_clients(plan):
+            argv, job_text = client_argv(argv, Path(tmp) / "pilot.job", fleet_clients(plan))
+            (Path(tmp) / "pilot.job").write_text(job_text)
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        try:
+            if proc.returncode != 0:
+                raise ValueError(f"fio exited {proc.returncode}: {proc.stderr.strip()}")
+            doc = check_fio_result(out)
+        except ValueError as exc:
+            raise TestboxError(f"pilot of fixed-rate cell {w.id} on {stack} failed: {exc}") from exc
+    directions = ("read", "write", "trim")
+    return sum(e.get(d, {}).get("iops", 0.0) for e in _job_entries(doc) for d in directions)
 
 
 def run_fio(
@@ -391,12 +447,12 @@ def run_fio(
     """
     session = _open_session(plan, Path(state_path), Path(raw_host_dir), targets_path)
     session["manifest_path"] = Path(manifest_path)
-    session["previous"] = _previous_times(Path(manifest_path))
+    session["previous"], session["previous_rates"] = _previous(Path(manifest_path))
     session["stack_descriptions"] = (
         json.loads(Path(describe_path).read_text()) if describe_path is not None else None
     )
     outcome: dict = {"started": utc_now(), "done": [], "failed": [], "interrupted": None}
-    outcome.update(cpu_idle_baseline=None, clocksource=None)
+    outcome.update(cpu_idle_baseline=None, clocksource=None, fixed_rates={})
     try:
         _measure(plan, session, outcome)
     finally:  # also after an error: the manifest says what this session measured
@@ -490,6 +546,9 @@ def _measure(plan: dict, session: dict, outcome: dict) -> None:
             outcome["clocksource"] = fio_clocksource()
         # Once per session, before any fio run: the load and power of the box doing nothing.
         outcome["cpu_idle_baseline"] = probes.idle_baseline()
+        outcome["fixed_rates"] = fixed_rates(
+            plan, session, session["previous_rates"], outcome["clocksource"]
+        )
         for r in session["runs"]:
             _scheduled_run(plan, session, r, outcome)
     except Interrupted as exc:
@@ -533,8 +592,16 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     check_state_live(state)
     check_free_space(path.parent)
     rec["started"] = utc_now()
+    rate = outcome["fixed_rates"].get(w.id, {}).get("rate_iops")
     ok, msg = _one_run(
-        plan, state["stacks"][stack], stack, w, path, session["io_size"], outcome["clocksource"]
+        plan,
+        state["stacks"][stack],
+        stack,
+        w,
+        path,
+        session["io_size"],
+        outcome["clocksource"],
+        rate,
     )
     rec["ended"] = utc_now()
     rec["status"] = "ok" if ok else "failed"
@@ -573,6 +640,7 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "cell_order": CELL_ORDER,
         "io_size_bytes": session["io_size"],
         "cpu_idle_baseline": outcome["cpu_idle_baseline"],
+        "fixed_rates": outcome["fixed_rates"],
         "fio_clocksource": outcome["clocksource"],
         "fio": plan["fio"],
         "started": outcome["started"],
@@ -635,10 +703,12 @@ def _one_run(
     path: Path,
     io_size: int,
     clocksource: str | None = None,
+    rate_iops: int | None = None,
 ) -> tuple[bool, str]:
     """One fio run into ``path`` (+ cpu sidecar). Returns (ok, progress message).
 
-    ``clocksource``: fio's own choice on this machine (:func:`fio_clocksource`), passed on."""
+    ``clocksource``: fio's own choice on this machine (:func:`fio_clocksource`), passed on;
+    ``rate_iops``: a fixed-rate cell's rate."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)  # left by a SIGKILLed earlier attempt
@@ -647,7 +717,7 @@ def _one_run(
     tmp = Path(tmp_name)
     proc = None
     try:
-        argv = fio_argv(plan, entry, stack, w, tmp, io_size)
+        argv = fio_argv(plan, entry, stack, w, tmp, io_size, rate_iops)
         if clocksource:
             argv.append(f"--clocksource={clocksource}")
         clients = fleet_clients(plan)
