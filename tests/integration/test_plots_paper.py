@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from luksbench.analysis import ingest, stats
-from luksbench.analysis.loss import write_loss
+from luksbench.analysis.loss import CPU_METRICS, write_loss
 from luksbench.publish import catalog, paper, render, style
 from luksbench.publish.ceilings import crypto_ceilings
 from luksbench.publish.text import bs_human, fmt_ci, fmt_pct
@@ -45,7 +45,7 @@ def test_figures_written_with_provenance(figures, processed):
         | throughput
         | {f"heatmap-{h}-{m}" for h in hosts for m in ("bw_bytes", "clat_p99_ns")}
         | {f"ceiling-{h}" for h in hosts}
-        | {f"cpu-tum-direct2-{m}" for m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")}
+        | {f"cpu-tum-direct2-{m}" for m in CPU_METRICS}
         | {f"hosts-{m}" for m in ("bw_bytes", "clat_p99_ns")}  # the two boxes side by side
     )
     assert set(figures) == expected

@@ -55,7 +55,7 @@ rule compute_loss:
         **processed(*PROCESSED_TABLES),
         code=ANALYSIS_CODE,
     output:
-        **processed("loss", "cpu_loss", "arms"),
+        **processed(*LOSS_TABLES),
         notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,
@@ -87,7 +87,7 @@ rule plot_figures:
     one process per thread."""
     input:
         notebook=f"{NOTEBOOKS}/03-figures.ipynb",
-        **processed(*PROCESSED_TABLES, "loss", "cpu_loss", "arms"),
+        **processed(*PROCESSED_TABLES, *LOSS_TABLES),
         code=PUBLISH_CODE,
     output:
         figures=directory("figures/{run}"),
@@ -112,7 +112,7 @@ rule render_paper:
     from the processed tables, the figures and the transcribed published results only."""
     input:
         notebook=f"{NOTEBOOKS}/04-paper.ipynb",
-        **processed(*PROCESSED_TABLES, "loss", "cpu_loss", "arms"),
+        **processed(*PROCESSED_TABLES, *LOSS_TABLES),
         figures="figures/{run}",
         references=sorted(str(p) for p in Path("data/reference").glob("*.csv")),
         code=PUBLISH_CODE,

@@ -10,6 +10,7 @@ from snakemake.utils import min_version, validate
 
 from luksbench.analysis.contrasts import check_config as check_comparisons
 from luksbench.analysis.ingest import PROCESSED_TABLES
+from luksbench.analysis.loss import LOSS_TABLES
 from luksbench.analysis.stats import check_regions
 from luksbench.studies import STUDIES_DIR, apply_study
 from luksbench.testbox.plan import plan_from_config, workloads, write_plan

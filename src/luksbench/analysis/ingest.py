@@ -7,6 +7,11 @@
                       fio used (its ``bs`` option; = bs_bytes for cells without io_bs).
                       ``host`` is the box that measured: the layout's ``<host>`` folder, or for
                       fio client/server (fleet) results each fio server, named as in the plan.
+                      Completion-latency percentiles come from the json+ histograms where the
+                      file has them, summed over a run's job entries and NaN where too few I/Os
+                      lie beyond (:mod:`luksbench.analysis.tails`; ``clat_ios`` the completions).
+                      CPU columns are net of the session's idle baseline, with utilisation and
+                      CPU per I/O beside CPU per GiB (:mod:`luksbench.analysis.cpucost`).
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
 ``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
@@ -33,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from luksbench.analysis import cpucost, tails
 from luksbench.analysis.stats import active_rows, with_pattern
 from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import (
@@ -489,7 +495,10 @@ def fio_table(
     the parser code changes). The table is the same as without a cache. ``workers``: processes
     that parse in parallel (default: the CPUs available; 1 = in this process).
     """
-    return fio_and_latency_tables(raw_dir, strict, cache_dir, workers)[0]
+    fio = fio_and_latency_tables(raw_dir, strict, cache_dir, workers)[0]
+    with_cost = cpucost.with_cpu_cost(fio, schedule_table(raw_dir, strict=False))
+    with_cost.attrs = fio.attrs
+    return with_cost
 
 
 def fio_and_latency_tables(
@@ -551,7 +560,11 @@ def fio_and_latency_tables(
     df.attrs["notes"] = [(str(p), why) for p, why in notes]
     # how the table was made: files parsed now vs rows reused from the cache
     df.attrs["ingest"] = {"files": len(keys), "parsed": len(todo), "reused": len(keys) - len(todo)}
-    return df, _latency_table(df, bins)
+    latency = _latency_table(df, bins)
+    attrs = df.attrs
+    df = tails.with_histogram_percentiles(df, latency)
+    df.attrs = attrs
+    return df, latency
 
 
 def _latency_table(fio: pd.DataFrame, bins: list[pd.DataFrame]) -> pd.DataFrame:
@@ -930,6 +943,7 @@ SCHEDULE_COLUMNS = [
     "started",
     "ended",
     "status",
+    *cpucost.IDLE_COLUMNS,  # the session's idle CPU baseline, per second of wall time
 ]
 
 
@@ -962,6 +976,7 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             if manifest is None:
                 continue
             runs = manifest.get("runs") or []
+            idle = cpucost.idle_rates(manifest.get("cpu_idle_baseline"))
             if not isinstance(runs, list):
                 problems.append((path, "manifest: 'runs' must be a list"))
                 continue
@@ -982,6 +997,7 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                         "started": _timestamp(entry.get("started")),
                         "ended": _timestamp(entry.get("ended")),
                         "status": entry.get("status"),
+                        **idle,
                     }
                 )
     if problems and strict:
@@ -992,6 +1008,8 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             df[col] = pd.to_datetime(df[col], utc=True).astype("datetime64[ns, UTC]")
         elif col in ("seed", "index", "round", "rep", "position_in_cell"):
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+        elif col in cpucost.IDLE_COLUMNS:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
         else:
             df[col] = df[col].astype("string")
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
@@ -1029,6 +1047,9 @@ def ingest_run(
         ("schedule", schedule_table),
     ):
         tables[name] = func(raw_dir, strict=False)
+    attrs = tables["fio"].attrs
+    tables["fio"] = cpucost.with_cpu_cost(tables["fio"], tables["schedule"])
+    tables["fio"].attrs = attrs
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
     notes = [n for table in tables.values() for n in table.attrs.get("notes", [])]
     if problems and strict:

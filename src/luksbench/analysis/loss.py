@@ -2,10 +2,15 @@
 
 ``write_loss`` reads ``fio.parquet`` and writes every statistic figures and paper show:
 
-``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`);
-``cpu_loss.parquet``  its rows of CPU seconds per GiB (busy and system) that were measured;
+``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`),
+                      with ``note``: "too few I/Os ..." where a latency percentile is withheld
+                      (:func:`tails.too_few_notes`);
+``cpu_loss.parquet``  its rows of CPU cost (:data:`CPU_METRICS`) that were measured;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
-                      (throughput and CPU: the bars of the figures).
+                      (throughput and CPU: the bars of the figures);
+``reps.parquet``      every repetition's value per arm and cell (job entries combined): the dots;
+``order.parquet``     the effect of the stack order within pairs, per comparison and metric
+                      (:func:`stats.order_effect`, from the schedule table).
 """
 
 from __future__ import annotations
@@ -14,12 +19,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import stats
+from luksbench.analysis import stats, tails
 from luksbench.analysis.contrasts import resolve
 
-#: metrics whose per-arm means and intervals are tabled (the bars of the figures)
-ARM_METRICS = ("bw_bytes", "iops", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
-CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
+#: metrics whose per-arm means and intervals are tabled (the bars and points of the figures)
+#: CPU cost net of the idle baseline (:mod:`luksbench.analysis.cpucost`): per GiB, utilisation
+#: beside it, per I/O (at equal load in a fixed-rate pattern's cells)
+CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct", "busy_cpu_us_per_io")
+ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
+#: the tables :func:`write_loss` writes (``<processed_dir>/<name>.parquet``)
+LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order")
 
 
 def _measured(fio: pd.DataFrame, metrics) -> list[str]:
@@ -37,8 +46,8 @@ def write_loss(
     comparisons=None,
     decision_regions: dict | None = None,
 ) -> tuple[pd.DataFrame, Path]:
-    """Read ``fio.parquet`` from ``processed_dir``, write ``loss.parquet``, ``cpu_loss.parquet``
-    and ``arms.parquet`` beside it; returns the loss table and its path.
+    """Read ``fio.parquet`` from ``processed_dir``, write the :data:`LOSS_TABLES` beside it;
+    returns the loss table and its path.
 
     ``loss.parquet`` holds the rows of every comparison (outliers flagged and kept; see
     :func:`stats.loss_table`), the headline first. ``comparisons``: config
@@ -55,10 +64,29 @@ def write_loss(
         equivalence_margin_pct=equivalence_margin_pct,
         decision_regions=decision_regions,
     )
+    table["note"] = tails.too_few_notes(table, fio)
     path = processed_dir / "loss.parquet"
     table.to_parquet(path, index=False)
     cpu = table[table["metric"].isin(_measured(fio, CPU_METRICS))]
     cpu.to_parquet(processed_dir / "cpu_loss.parquet", index=False)
-    arms = stats.arm_summary(fio, _measured(fio, ARM_METRICS), confidence)
-    arms.to_parquet(processed_dir / "arms.parquet", index=False)
+    arm_metrics = _measured(fio, ARM_METRICS)
+    for name, part in (
+        ("arms", stats.arm_summary(fio, arm_metrics, confidence)),
+        ("reps", stats.rep_values(fio, arm_metrics)),
+    ):
+        part.to_parquet(processed_dir / f"{name}.parquet", index=False)
+    order_effects(fio, processed_dir / "schedule.parquet", pairs, table, confidence).to_parquet(
+        processed_dir / "order.parquet", index=False
+    )
     return table, path
+
+
+def order_effects(fio: pd.DataFrame, schedule_path: Path, pairs, loss, confidence: float):
+    """:func:`stats.order_effect` of every comparison for the loss table's metrics (empty
+    without a schedule table)."""
+    schedule = pd.read_parquet(schedule_path) if schedule_path.exists() else None
+    if schedule is None or schedule.empty:
+        return pd.DataFrame(columns=stats.ORDER_COLUMNS)
+    metrics = list(dict.fromkeys(loss["metric"]))
+    parts = [stats.order_effect(fio, schedule, b, v, metrics, confidence) for b, v in pairs]
+    return pd.concat(parts, ignore_index=True)

@@ -93,13 +93,16 @@ METRICS: dict[str, bool] = {
     "clat_p999_ns": False,
     "busy_cpu_s_per_gib": False,
     "sys_cpu_s_per_gib": False,
+    "cpu_util_pct": False,
+    "busy_cpu_us_per_io": False,
 }
 DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns")
-DEFAULT_METRICS += ("clat_p999_ns", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
+DEFAULT_METRICS += ("clat_p999_ns", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
+DEFAULT_METRICS += ("busy_cpu_us_per_io",)
 #: metric -> family of its decision regions (config ``analysis.decision_regions``)
 METRIC_FAMILIES = {m: "latency" for m in METRICS if "lat" in m}
 METRIC_FAMILIES |= {"bw_bytes": "throughput", "iops": "throughput"}
-METRIC_FAMILIES |= {"busy_cpu_s_per_gib": "cpu", "sys_cpu_s_per_gib": "cpu"}
+METRIC_FAMILIES |= {m: "cpu" for m in METRICS if "cpu" in m}
 #: family -> (lower, upper) margin in % of the effect: negligible within +-lower, moderate between
 #: lower and upper, material beyond upper (gains likewise on the other side)
 DEFAULT_DECISION_REGIONS = {"throughput": (5.0, 20.0), "latency": (10.0, 50.0), "cpu": (10.0, 50.0)}
@@ -194,7 +197,7 @@ def rep_values(fio: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
             v = g[m]
             if METRICS[m]:
                 out[m] = v.sum(min_count=len(g))  # any missing entry -> missing
-            elif m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib"):
+            elif m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct"):
                 out[m] = (
                     v.iloc[0] if v.nunique(dropna=False) == 1 else np.average(v, weights=g["_w"])
                 )
@@ -872,3 +875,63 @@ def arm_summary(fio: pd.DataFrame, metrics, confidence: float = 0.95) -> pd.Data
             rows[-1] |= {"mean": mean, "ci_half": half, "confidence": confidence}
     columns = [*ARM_KEYS, "metric", "n", "mean", "ci_half", "confidence"]
     return pd.DataFrame(rows, columns=columns)
+
+
+# ------------------------------------------------------------------------------------ stack order
+
+#: order.parquet's columns: the order effect of a comparison and metric over its cells
+ORDER_COLUMNS = ["baseline", "variant", "metric", "n_cells", "n_in_order", "n_reversed"]
+ORDER_COLUMNS += ["order_log", "order_pct", "ci_low", "ci_high", "p_value", "confidence"]
+
+
+def pair_orders(schedule: pd.DataFrame, baseline: str, variant: str) -> pd.DataFrame:
+    """Per (host, workload, rep): ``baseline_first``, whether the baseline ran before the variant
+    in that pair (from the schedule table's ``position_in_cell``; a run measured again after a
+    failure counts as it was last measured)."""
+    cols = ["host", "workload", "rep", "stack", "position_in_cell"]
+    sched = schedule[schedule["stack"].isin([baseline, variant])]
+    if "status" in sched.columns:
+        sched = sched[sched["status"].fillna("ok").eq("ok")]
+    sched = sched[cols].dropna().drop_duplicates(cols[:4], keep="last")
+    wide = sched.pivot(index=cols[:3], columns="stack", values="position_in_cell")
+    if wide.empty or baseline not in wide or variant not in wide:
+        return pd.DataFrame(columns=[*cols[:3], "baseline_first"])
+    wide = wide.dropna()
+    return wide.assign(baseline_first=wide[baseline] < wide[variant])[
+        ["baseline_first"]
+    ].reset_index()
+
+
+def order_effect(
+    fio: pd.DataFrame,
+    schedule: pd.DataFrame,
+    baseline: str,
+    variant: str,
+    metrics,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
+    """How much the second run of a pair measures above the first, one row per metric (columns
+    :data:`ORDER_COLUMNS`). With a shift o on the log scale for the second run, d = ln(variant /
+    baseline) is mean + o in pairs run baseline first and mean - o in the others; in each cell
+    with pairs of both orders, o is half the difference of their mean d. ``order_log`` is o's
+    mean over those cells with a t-interval over cells, ``order_pct`` = 100 (exp(o) - 1). A
+    balanced schedule cancels o from the loss table; this says how large it was."""
+    _check_confidence(confidence)
+    paired = pair_values(fio, baseline, variant, list(metrics)).merge(
+        pair_orders(schedule, baseline, variant), on=["host", "workload", "rep"]
+    )
+    ok = usable_pairs(paired["baseline_value"], paired["variant_value"])
+    paired = paired[ok]
+    paired = paired.assign(d=np.log(paired["variant_value"] / paired["baseline_value"]))
+    rows = []
+    for metric in metrics:
+        m = paired[paired["metric"] == metric]
+        means = m.groupby([*CELL_KEYS, "baseline_first"])["d"].mean().unstack("baseline_first")
+        both = means.shape[1] == 2
+        o = ((means[True] - means[False]) / 2).dropna().to_numpy(float) if both else []
+        ci = paired_log_ratio_ci(np.asarray(o, float), confidence)
+        pct = [100 * math.expm1(x) for x in (ci.mean, ci.low, ci.high)]
+        first = m["baseline_first"].astype(bool)
+        rows.append([baseline, variant, metric, ci.n, int(first.sum()), int((~first).sum())])
+        rows[-1] += [ci.mean, *pct, paired_t_pvalue(o), confidence]
+    return pd.DataFrame(rows, columns=ORDER_COLUMNS)

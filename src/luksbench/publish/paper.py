@@ -22,6 +22,7 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs, label
+from luksbench.analysis.tails import TOO_FEW
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
@@ -55,6 +56,7 @@ from luksbench.publish.text import (
     fmt_pct,
     fmt_text,
     metric_heading,
+    missing,
     multi_job,
     rw_words,
     sorted_metrics,
@@ -178,6 +180,12 @@ def _matrix(fio: pd.DataFrame, env: pd.DataFrame) -> dict:
     }
 
 
+def _too_few(row) -> bool:
+    """A latency percentile withheld for too few I/Os (loss.parquet's ``note``) in every pair."""
+    note = row.get("note")
+    return row["n"] < 2 and not missing(note) and str(note).startswith(TOO_FEW)
+
+
 def loss_sections(loss: pd.DataFrame) -> list[dict]:
     """One table per metric: rows rw x bs x iodepth (x pattern) with means, effect [CI], verdict,
     n. Called with one comparison's rows (several: the variant is named in every row)."""
@@ -200,7 +208,7 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
                     "n_dropped": int(r["n_dropped"]),
                     "baseline_mean": fmt_num(r["baseline_mean"] / div, dec),
                     "variant_mean": fmt_num(r["variant_mean"] / div, dec),
-                    "effect": fmt_pct(r["effect_pct"]),
+                    "effect": TOO_FEW if _too_few(r) else fmt_pct(r["effect_pct"]),
                     "ci": fmt_ci(r["ci_low"], r["ci_high"]),
                     "decision": r["decision"],
                     "verdict": r["verdict"],
@@ -653,6 +661,17 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
     }
 
 
+def order_effects(order: pd.DataFrame, baseline: str, variant: str) -> list[str]:
+    """The headline comparison's order effect per metric (order.parquet), in words."""
+    rows = order[(order["baseline"] == baseline) & (order["variant"] == variant)]
+    rows = rows[rows["n_cells"] >= 2].set_index("metric")
+    return [
+        f"{metric_heading(m)} {fmt_pct(r['order_pct'])} {fmt_ci(r['ci_low'], r['ci_high'])}"
+        f" over {int(r['n_cells'])} cells"
+        for m, r in rows.loc[sorted_metrics(rows.index)].iterrows()
+    ]
+
+
 def _published(run: Run, reference_dir: Path | None) -> dict:
     """This run beside the transcribed published results."""
     fio, refs = run.fio, read_references(reference_dir)
@@ -733,6 +752,9 @@ def paper_context(
         "matrix": matrix,
         "figure_sections": figure_secs,
         "n_figures": sum(len(s["figures"]) for s in figure_secs),
+        "order_effects": order_effects(
+            data.table("order", ["baseline", "variant", "metric"]), *pairs[0]
+        ),
         "figures_rel": Path(os.path.relpath(Path(figures_dir), Path(out_md).parent)).as_posix(),
         **_machine(data, figure_secs),
         **_published(data, reference_dir),
