@@ -150,3 +150,13 @@ def test_implausible_cpu_sidecars_and_results_the_manifest_does_not_record(tmp_p
     cpu = fio[["busy_cpu_s", "sys_cpu_s", "cpu_interval_s", "busy_cpu_s_per_gib"]]
     assert (cpu.dropna() > 0).all().all() and (fio["busy_cpu_pct"].dropna() <= 100).all()
     assert not (fio["stack"].eq("luks") & fio["workload"].eq("read-4k-qd1")).any()
+
+
+@pytest.mark.parametrize("folder", ["empty", "raw root"])
+def test_loss_on_a_folder_without_results_says_so(folder, tmp_path, capsys):
+    from luksbench.cli import main
+
+    raw_dir = tmp_path / "empty" if folder == "empty" else SAMPLE.parent  # data/raw, not a run
+    raw_dir.mkdir(exist_ok=True)
+    assert main(["loss", str(raw_dir)]) == 1
+    assert f"luksbench loss: no fio results under {raw_dir}" in capsys.readouterr().err
