@@ -151,6 +151,20 @@ def run_name(raw_dir: Path) -> str:
     return Path(raw_dir).resolve().name
 
 
+def raw_digest(raw_dir: Path) -> str:
+    """Digest of every file in a run folder (path, size, mtime, inode): it changes when a raw file
+    is added, removed, replaced or edited (the workflow re-runs ingest when it does)."""
+    import hashlib
+
+    digest, root = hashlib.sha256(), str(raw_dir)
+    for folder, subdirs, files in os.walk(root):
+        subdirs.sort()
+        for name in sorted(files):
+            path = f"{folder}/{name}"
+            digest.update(f"{path[len(root) :]} {_stat_key(path)}\n".encode())
+    return digest.hexdigest()
+
+
 def host_dirs(raw_dir: Path) -> list[Path]:
     """Host folders of a run: every sub-folder holding env.json or a fio/ folder."""
     raw_dir = Path(raw_dir)
@@ -1042,11 +1056,13 @@ def ingest_run(
     """All tables of one run folder (:data:`PROCESSED_TABLES`).
 
     A bad raw file (truncated, empty, text only, not fio output, NaN or negative values, a failed
-    fio job, in the wrong place) is left out and listed in the "problems" table with the reason
-    (severity "excluded"); files used with a caveat (several JSON documents: the last counts) are
-    listed as "note". With ``strict`` any excluded file raises one :class:`IngestError` naming
-    every bad file instead. Nothing bad becomes a value in a table. ``cache_dir``/``workers``:
-    incremental and parallel parsing of the fio results (:func:`fio_table`).
+    fio job, in the wrong place, a result its host's manifests do not record) is left out and
+    listed in the "problems" table with the reason (severity "excluded"), as is a result the
+    manifests record but that is missing; files used with a caveat (several JSON documents: the
+    last counts) are listed as "note". With ``strict`` any excluded file raises one
+    :class:`IngestError` naming every bad file instead. Nothing bad becomes a value in a table.
+    ``cache_dir``/``workers``: incremental and parallel parsing of the fio results
+    (:func:`fio_table`).
     """
     raw_dir = Path(raw_dir)
     parsed = fio_and_latency_tables(raw_dir, False, cache_dir=cache_dir, workers=workers)

@@ -42,8 +42,8 @@ def _number(value, name: str) -> float:
 def read_cpu_sidecar(path: Path, loads: Callable[[bytes], object] = json.loads) -> dict:
     """``rep<k>.cpu.json`` -> busy_cpu_s, busy_cpu_pct, sys_cpu_s, cpu_interval_s (NaN: not
     recorded); ValueError if malformed or implausible (negative times, busy over 100 %, an
-    empty interval). ``loads``: a faster decoder with json's values; what it
-    refuses (NaN) goes to json."""
+    empty interval). ``loads``: a faster decoder with json's values; what it refuses (NaN) goes
+    to json."""
     try:
         with open(path, "rb") as file:  # not Path(path).read_bytes(): half the time per sidecar
             raw = file.read()
