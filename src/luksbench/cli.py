@@ -210,12 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--unpaired", action="store_true", help="never pair repetitions (always Welch)"
     )
-    comp.add_argument(
-        "--out",
-        required=True,
-        metavar="DIR",
-        help="folder for the outputs (made if needed; its compare.* files are replaced; a file is refused)",
-    )
+    comp.add_argument("--out", required=True, metavar="DIR", help="output folder (not a file)")
     comp.add_argument("--processed-root", type=Path, default=Path("data/processed"))
     comp.add_argument("--raw-root", type=Path, default=Path("data/raw"))
     comp.set_defaults(func=_cmd_compare)
