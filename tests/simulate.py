@@ -106,6 +106,40 @@ def _scale_fio_json(path, factor: float, options: dict | None = None) -> None:
     path.write_text(json.dumps(doc))
 
 
+def record_results(host_dir, manifest: dict) -> dict:
+    """``manifest`` with ``runs`` listing exactly the fio results now under ``host_dir/fio`` (kept
+    entries as they were), and no session records: a test that adds or removes results also
+    records them, as the runner would have."""
+    import shutil
+    from pathlib import Path
+
+    host_dir = Path(host_dir)
+    known = {r["path"]: r for r in manifest.get("runs", [])}
+    runs = []
+    for rep in sorted((host_dir / "fio").glob("*/*/rep*.json")):
+        if rep.name.endswith(".cpu.json"):
+            continue
+        path = rep.relative_to(host_dir).as_posix()
+        _, stack, workload, name = path.split("/")
+        k = int(name.removeprefix("rep").removesuffix(".json"))
+        runs.append(
+            known.get(path) or {"rep": k, "stack": stack, "workload": workload, "path": path}
+        )
+    shutil.rmtree(host_dir / "fio" / "sessions", ignore_errors=True)
+    return {**manifest, "runs": runs}
+
+
+def rerecord(host_dir) -> None:
+    """Rewrite ``host_dir/fio/manifest.json`` with :func:`record_results`."""
+    import json
+    from pathlib import Path
+
+    path = Path(host_dir) / "fio" / "manifest.json"
+    manifest = record_results(host_dir, json.loads(path.read_text()))
+    path.unlink()
+    path.write_text(json.dumps(manifest))
+
+
 def derived_run(
     sample_raw,
     raw,
@@ -166,6 +200,7 @@ def derived_run(
         descriptions[stack] = {"kind": "luks", "unavailable": reason, "notes": [reason]}
         manifest.setdefault("unavailable_stacks", {})[stack] = reason
         env["plan"]["stacks"][stack] = {"kind": "luks", "optional": True}
+    manifest = record_results(raw / "vm", manifest)
     for path, doc in ((fio / "manifest.json", manifest), (raw / "vm" / "env.json", env)):
         path.unlink()
         path.write_text(json.dumps(doc))

@@ -119,6 +119,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from luksbench.analysis import crossrun
     from luksbench.publish.crossrun import write_compare
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(
+            f"luksbench compare: --out {args.out} is a file, not a folder: left as it is, "
+            "nothing written",
+            file=sys.stderr,
+        )
+        return 1
     try:
         a = crossrun.load_run(args.run_a, args.processed_root, args.raw_root)
         b = crossrun.load_run(args.run_b, args.processed_root, args.raw_root)
@@ -134,7 +141,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         )
         differences = crossrun.env_differences(a, b, crossrun.host_pairs(a, b, args.host))
         out = write_compare(table, Path(args.out), a, b, differences)
-    except (crossrun.CompareError, FileNotFoundError, ValueError) as exc:
+    except (crossrun.CompareError, OSError, ValueError) as exc:
         print(f"luksbench compare: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(out["md"].read_text())
@@ -276,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--unpaired", action="store_true", help="never pair repetitions (always Welch)"
     )
-    comp.add_argument("--out", required=True, metavar="DIR", help="folder for the outputs")
+    comp.add_argument("--out", required=True, metavar="DIR", help="output folder (not a file)")
     comp.add_argument("--processed-root", type=Path, default=Path("data/processed"))
     comp.add_argument("--raw-root", type=Path, default=Path("data/raw"))
     comp.set_defaults(func=_cmd_compare)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from simulate import rerecord
 
 from luksbench.analysis import ingest, stats
 from luksbench.analysis.loss import CPU_METRICS, write_loss
@@ -475,6 +476,8 @@ def test_other_profiles_render(profile, tmp_path):
         "third_stack": _third_stack,
         "two_hosts": _two_hosts,
     }[profile](raw)
+    for host in (p for p in raw.iterdir() if p.is_dir()):
+        rerecord(host)  # the manifest records the results kept and added, as the runner's would
     out = _pipeline(raw, tmp_path, profile)
     md, figures = out["md"].read_text(), out["figures"]
     assert not re.search(r"\bnan\b", md, re.IGNORECASE)

@@ -232,6 +232,15 @@ def test_the_sample_is_re_analysed_without_fio(tmp_path):
     }
     assert raw_after == raw_before
 
+    # raw files are inputs: nothing to do while they stand, the whole analysis once one is gone
+    # (the manifest, an input by itself, unchanged)
+    result = snakemake("-n", "paper/sample/index.md", cwd=work)
+    assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
+    (work / "data/raw/sample/vm/fio/luks/read-4k-qd1/rep3.json").unlink()
+    result = snakemake("-n", "paper/sample/index.md", cwd=work)
+    out = result.stdout + result.stderr
+    assert "Job stats" in out and {"ingest_raw", "render_paper"} <= set(job_counts(out)), out
+
 
 @pytest.mark.parametrize(
     ("changed", "reruns"),

@@ -112,6 +112,9 @@ def test_a_small_run_is_measured_and_published(workdir):
     paper = (workdir / "paper" / "e2e" / "index.md").read_text()
     assert "randread" in paper and "write" in paper
     assert not re.search(r"\bnan\b", paper, re.IGNORECASE), "a missing value leaked into the paper"
+    # the digest of the raw files ingest recorded is the one after the run: nothing left to do
+    again = snakemake(workdir, "-n", "all")
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
 
     assert our_mounts(workdir) == []
     assert our_processes(workdir) == []

@@ -211,3 +211,15 @@ def test_cli_writes_table_markdown_and_figure(runs, tmp_path):
         timeout=120,
     )
     assert bad.returncode == 1 and "run 'nope-a' not found" in bad.stderr
+
+
+def test_cli_refuses_an_out_that_is_a_file(runs, tmp_path):
+    out = tmp_path / "results.md"
+    out.write_text("someone's notes")
+    argv = ["compare", str(runs["fleet_raw"]), str(runs["later"]), "--out", str(out)]
+    result = subprocess.run(
+        [str(BIN / "luksbench"), *argv], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"--out {out} is a file, not a folder" in result.stderr
+    assert out.read_text() == "someone's notes"

@@ -9,6 +9,8 @@ after it read those tables.
 import json
 import shlex
 
+from luksbench.analysis.ingest import raw_digest
+
 # notebooks/ as working directory, like JupyterLab; cell output goes to the log. A loaded or slow
 # machine (a VM under emulation) may need more than papermill's default 60 s to start a kernel.
 PAPERMILL_OPTIONS = (
@@ -36,6 +38,9 @@ rule ingest_raw:
         raw_dir=abs_raw_dir,
         processed_dir=abs_processed_dir,
         strict=config["analysis"]["strict_ingest"],
+        # a raw file added, removed or edited changes it: Snakemake re-runs a rule whose params
+        # changed (evaluated when the rule is about to run, after the raw files are written)
+        raw_files=lambda wildcards: raw_digest(abs_raw_dir(wildcards)),
     threads: 2
     conda:
         "../../envs/luksbench.yaml"

@@ -61,6 +61,7 @@ from luksbench.formats.manifest import (
     read_manifest,
     session_records,
     stack_descriptions,
+    written_results,
 )
 from luksbench.formats.sidecar import read_cpu_sidecar
 from luksbench.formats.targets import read_targets
@@ -155,6 +156,20 @@ class IngestError(ValueError):
 
 def run_name(raw_dir: Path) -> str:
     return Path(raw_dir).resolve().name
+
+
+def raw_digest(raw_dir: Path) -> str:
+    """Digest of every file in a run folder (path, size, mtime, inode): it changes when a raw file
+    is added, removed, replaced or edited (the workflow re-runs ingest when it does)."""
+    import hashlib
+
+    digest, root = hashlib.sha256(), str(raw_dir)
+    for folder, subdirs, files in os.walk(root):
+        subdirs.sort()
+        for name in sorted(files):
+            path = f"{folder}/{name}"
+            digest.update(f"{path[len(root) :]} {_stat_key(path)}\n".encode())
+    return digest.hexdigest()
 
 
 def host_dirs(raw_dir: Path) -> list[Path]:
@@ -295,7 +310,7 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
         cpu = read_cpu_sidecar(f"{root}/{cpu_key}", _FAST_LOADS or json.loads)
     except ValueError as exc:  # a missing sidecar: no CPU values (one open, no stat first)
         if not isinstance(exc.__cause__, FileNotFoundError):
-            return [], [], [(cpu_key, str(exc))], notes
+            return [], [], [(cpu_key, f"{exc}; its fio result is left out too")], notes
         cpu = _NO_CPU
     histograms, why = _histogram_rows(doc)
     notes += [(key, why)] if why else []
@@ -463,6 +478,32 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
     return reps, strays
 
 
+def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list[tuple[Path, str]]]:
+    """The rep files ``keys`` that the manifests of their host record as written (all of a host
+    whose manifests record no runs), and a problem for every other one and every recorded one
+    that is missing."""
+    recorded: dict[str, set[str]] = {}
+    for hdir in host_dirs(raw_dir):
+        written: set[str] = set()
+        for path, _ in session_records(hdir):
+            try:
+                written |= {f"{hdir.name}/{p}" for p in written_results(read_manifest(path))}
+            except ValueError:  # an unreadable manifest: the schedule table names it
+                continue
+        if written:
+            recorded[hdir.name] = written
+    problems, kept = [], []
+    for key in keys:
+        written = recorded.get(key.split("/", 1)[0])
+        if written is None or key in written:
+            kept.append(key)
+        else:
+            problems.append((raw_dir / key, "not a run the manifest records: left out"))
+    missing = sorted(set().union(*recorded.values()) - set(keys), key=lambda k: k.split("/"))
+    problems += [(raw_dir / k, "missing: the manifest records it as written") for k in missing]
+    return kept, problems
+
+
 def _stat_key(path: str) -> tuple[int, int, int]:
     """(size, mtime in ns, inode) of a file, (-1, -1, -1) when it does not exist."""
     try:
@@ -530,6 +571,8 @@ def fio_and_latency_tables(
         problems.append(
             (raw_dir / key, "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json")
         )
+    keys, unrecorded = _recorded_results(raw_dir, keys)
+    problems += unrecorded
 
     root = str(raw_dir)
     stats = {
@@ -678,6 +721,7 @@ class _IngestCache:
             "analysis/ingest.py",
             "formats/fio.py",
             "formats/layout.py",
+            "formats/sidecar.py",
             "analysis/design.py",
         ):
             h.update((here / name).read_bytes())
@@ -1031,11 +1075,13 @@ def ingest_run(
     """All tables of one run folder (:data:`PROCESSED_TABLES`).
 
     A bad raw file (truncated, empty, text only, not fio output, NaN or negative values, a failed
-    fio job, in the wrong place) is left out and listed in the "problems" table with the reason
-    (severity "excluded"); files used with a caveat (several JSON documents: the last counts) are
-    listed as "note". With ``strict`` any excluded file raises one :class:`IngestError` naming
-    every bad file instead. Nothing bad becomes a value in a table. ``cache_dir``/``workers``:
-    incremental and parallel parsing of the fio results (:func:`fio_table`).
+    fio job, in the wrong place, a result its host's manifests do not record) is left out and
+    listed in the "problems" table with the reason (severity "excluded"), as is a result the
+    manifests record but that is missing; files used with a caveat (several JSON documents: the
+    last counts) are listed as "note". With ``strict`` any excluded file raises one
+    :class:`IngestError` naming every bad file instead. Nothing bad becomes a value in a table.
+    ``cache_dir``/``workers``: incremental and parallel parsing of the fio results
+    (:func:`fio_table`).
     """
     raw_dir = Path(raw_dir)
     parsed = fio_and_latency_tables(raw_dir, False, cache_dir=cache_dir, workers=workers)
