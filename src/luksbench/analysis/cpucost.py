@@ -40,6 +40,8 @@ def idle_rates(baseline) -> dict:
 
 def with_cpu_cost(fio: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
     """``fio`` with the CPU columns net of each run's session idle baseline (module doc)."""
+    if fio.empty:
+        return fio
     keys = ["host", "stack", "workload", "rep"]
     runs = schedule.reindex(columns=[*keys, "status", *IDLE_COLUMNS])
     runs = runs[runs["status"].fillna("ok").eq("ok")].drop_duplicates(keys, keep="last")
