@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from snakemake.utils import validate
+from test_plan import CONFIG
 
 from luksbench.formats.layout import LayoutError, Workload, rep_of_key
 from luksbench.testbox.plan import PlanError, plan_from_config
 from luksbench.testbox.safety import SafetyError, check_name
-from test_plan import CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
