@@ -7,7 +7,6 @@ after it read those tables.
 """
 
 import json
-import shlex
 
 # notebooks/ as working directory, like JupyterLab; cell output goes to the log. A loaded or slow
 # machine (a VM under emulation) may need more than papermill's default 60 s to start a kernel.
@@ -42,9 +41,9 @@ rule ingest_raw:
     log:
         "logs/{run}/ingest_raw.log",
     shell:
-        "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p run {wildcards.run} -p raw_dir {params.raw_dir} -p processed_dir {params.processed_dir}"
-        " -p strict {params.strict} -p workers {threads} > {log} 2>&1"
+        "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
+        " -p run {wildcards.run:q} -p raw_dir {params.raw_dir:q} -p processed_dir {params.processed_dir:q}"
+        " -p strict {params.strict:q} -p workers {threads:q} > {log:q} 2>&1"
 
 
 rule compute_loss:
@@ -64,7 +63,7 @@ rule compute_loss:
         variant=config["analysis"]["variant"],
         # as configured ([] = every stack against the baseline): resolved against the stacks
         # that have results, so an optional stack that could not be built is left out
-        comparisons=shlex.quote(json.dumps(config["analysis"]["comparisons"])),
+        comparisons=json.dumps(config["analysis"]["comparisons"]),
         confidence=config["analysis"]["confidence"],
         margin=config["analysis"]["equivalence_margin_pct"],
         min_pairs=min_pairs,
@@ -73,12 +72,12 @@ rule compute_loss:
     log:
         "logs/{run}/compute_loss.log",
     shell:
-        "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p processed_dir {params.processed_dir}"
-        " -p baseline {params.baseline} -p variant {params.variant}"
-        " -r comparisons {params.comparisons}"
-        " -p confidence {params.confidence} -p equivalence_margin_pct {params.margin}"
-        " -p min_pairs {params.min_pairs} > {log} 2>&1"
+        "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
+        " -p processed_dir {params.processed_dir:q}"
+        " -p baseline {params.baseline:q} -p variant {params.variant:q}"
+        " -r comparisons {params.comparisons:q}"
+        " -p confidence {params.confidence:q} -p equivalence_margin_pct {params.margin:q}"
+        " -p min_pairs {params.min_pairs:q} > {log:q} 2>&1"
 
 
 rule plot_figures:
@@ -101,9 +100,9 @@ rule plot_figures:
     log:
         "logs/{run}/plot_figures.log",
     shell:
-        "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
-        " -p figures_dir {params.figures_dir} -p workers {threads} > {log} 2>&1"
+        "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
+        " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
+        " -p figures_dir {params.figures_dir:q} -p workers {threads:q} > {log:q} 2>&1"
 
 
 rule render_paper:
@@ -126,15 +125,15 @@ rule render_paper:
         paper_dir=lambda wildcards: abspath(f"paper/{wildcards.run}"),
         reference_dir=abspath("data/reference"),
         # -r: papermill takes the value as a raw string (an empty title stays a string)
-        title=lambda wildcards: shlex.quote(config["paper"]["title"]),
-        author=lambda wildcards: shlex.quote(config["paper"]["author"]),
+        title=config["paper"]["title"],
+        author=config["paper"]["author"],
     conda:
         "../../envs/luksbench.yaml"
     log:
         "logs/{run}/render_paper.log",
     shell:
-        "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
-        " -p figures_dir {params.figures_dir} -p paper_dir {params.paper_dir}"
-        " -p reference_dir {params.reference_dir}"
-        " -r title {params.title} -r author {params.author} > {log} 2>&1"
+        "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
+        " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
+        " -p figures_dir {params.figures_dir:q} -p paper_dir {params.paper_dir:q}"
+        " -p reference_dir {params.reference_dir:q}"
+        " -r title {params.title:q} -r author {params.author:q} > {log:q} 2>&1"

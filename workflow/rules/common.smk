@@ -1,6 +1,8 @@
 """Config validation, names, paths and input functions shared by all rules."""
 
+import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from snakemake.utils import min_version, validate
 from luksbench.analysis.contrasts import check_config as check_comparisons
 from luksbench.analysis.ingest import PROCESSED_TABLES
 from luksbench.studies import STUDIES_DIR, apply_study
+from luksbench.testbox import lock
 from luksbench.testbox.plan import plan_from_config, workloads, write_plan
 from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
@@ -33,7 +36,7 @@ ADAPTIVE = config["adaptive"]
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
 # when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
-shell.prefix(f'set -euo pipefail; export PATH="{Path(sys.executable).parent}:$PATH"; ')
+shell.prefix(f'set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"; ')
 
 
 # --- names and paths
@@ -146,6 +149,11 @@ def abs_figures_dir(wildcards):
     return abspath(f"figures/{wildcards.run}")
 
 
+# Every test-box step this invocation runs belongs to its session: the test box stays locked
+# for the run from the environment capture to the end (testbox/lock.py).
+os.environ.setdefault(lock.SESSION_ENV, str(os.getpid()))
+
+
 def tear_down_after_failure():
     """Called by `onerror`: tear down the stacks of this run if a state file says they are up."""
     state = Path(SCRATCH) / RUN / HOST / "state.json"
@@ -153,6 +161,14 @@ def tear_down_after_failure():
         print(f"luksbench: tearing down the stacks of {state} after the failure", file=sys.stderr)
         command = ["luksbench.cli", "testbox", "stack-down", "--state", str(state)]
         subprocess.run([sys.executable, "-m", *command], check=False)
+    release_test_box()
+
+
+def release_test_box():
+    """The run's hold on the test box ends with the workflow, unless its stacks are still up."""
+    state = Path(SCRATCH) / RUN / HOST / "state.json"
+    if not state.exists():
+        lock.release(state)
 
 
 def min_pairs(wildcards):
@@ -171,7 +187,7 @@ def adaptive_targets(wildcards):
 
 
 def targets_option(wildcards):
-    return " ".join(f"--targets {path}" for path in adaptive_targets(wildcards))
+    return [arg for path in adaptive_targets(wildcards) for arg in ("--targets", path)]
 
 
 def plan_cells(wildcards):

@@ -35,12 +35,13 @@ rule capture_env:
     wildcard_constraints:
         **MEASURED,
     shell:
-        "luksbench testbox capture-env --plan {input.plan} --out {output.env} 2> {log}"
+        "luksbench testbox capture-env --plan {input.plan:q} --out {output.env:q} 2> {log:q}"
 
 
 rule benchmark_ciphers:
     """Run `cryptsetup benchmark`; its output is kept verbatim, also when ciphers are unavailable."""
     input:
+        plan=ancient(f"{HOST_SCRATCH}/plan.json"),
         env=ancient(f"{HOST_RAW}/env.json"),
     output:
         benchmark=protected(f"{HOST_RAW}/cryptsetup-benchmark.txt"),
@@ -51,4 +52,5 @@ rule benchmark_ciphers:
     wildcard_constraints:
         **MEASURED,
     shell:
-        "luksbench testbox benchmark-ciphers --out {output.benchmark} 2> {log}"
+        "luksbench testbox benchmark-ciphers --plan {input.plan:q} --out {output.benchmark:q}"
+        " 2> {log:q}"
