@@ -40,7 +40,7 @@ rule run_pilot:
     log:
         "logs/{run}/{host}/run_pilot.log",
     wildcard_constraints:
-        **MEASURED,
+        **measuring("fio/pilot-manifest.json"),
     shell:
         "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"
         " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q} --manifest {output.manifest:q}"
@@ -95,7 +95,7 @@ rule run_fio:
     log:
         "logs/{run}/{host}/run_fio.log",
     wildcard_constraints:
-        **MEASURED,
+        **measuring("fio/manifest.json"),
     shell:
         # Progress goes to the terminal as well as the log: a default run takes minutes.
         "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"

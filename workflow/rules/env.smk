@@ -33,7 +33,7 @@ rule capture_env:
     log:
         "logs/{run}/{host}/capture_env.log",
     wildcard_constraints:
-        **MEASURED,
+        **measuring("env.json"),
     shell:
         "luksbench testbox capture-env --plan {input.plan:q} --out {output.env:q} 2> {log:q}"
 
@@ -50,7 +50,7 @@ rule benchmark_ciphers:
     log:
         "logs/{run}/{host}/benchmark_ciphers.log",
     wildcard_constraints:
-        **MEASURED,
+        **measuring("cryptsetup-benchmark.txt"),
     shell:
         "luksbench testbox benchmark-ciphers --plan {input.plan:q} --out {output.benchmark:q}"
         " 2> {log:q}"

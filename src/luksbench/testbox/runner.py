@@ -47,6 +47,7 @@ from luksbench.formats.manifest import (
     read_manifest,
     run_times,
 )
+from luksbench.formats.plan import plan_changes
 from luksbench.formats.sidecar import cpu_sidecar_document
 from luksbench.formats.targets import TargetsError, read_targets
 from luksbench.testbox import probes, safety
@@ -354,6 +355,26 @@ def _previous_times(manifest_path: Path) -> dict:
         return run_times(read_manifest(manifest_path))
     except ValueError:
         return {}
+
+
+def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bool = False) -> bool:
+    """Whether ``manifest_path`` records a finished measurement of this very plan: complete, every
+    cell on every stack to its repetitions, nothing in how it measures changed since (env.json's
+    plan). Then that run's raw files are final, and no workflow step may rewrite them."""
+    try:
+        manifest, measured = read_manifest(manifest_path), read_manifest(env_path)["plan"]
+        changed = plan_changes(measured, plan)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    stacks = {*manifest.get("stacks", []), *(manifest.get("unavailable_stacks") or {})}
+    return (
+        manifest.get("complete") is True
+        and not changed
+        and manifest.get("cells") == [w.id for w in workloads(plan)]
+        and manifest.get("repetitions") == plan["repetitions"]
+        and stacks == set(plan["stacks"])
+        and (pilot or manifest.get("adaptive") == plan.get("adaptive"))
+    )
 
 
 def run_fio(
