@@ -20,6 +20,10 @@ rule all:
         paper=f"paper/{RUN}/index.md",
 
 
+onstart:
+    forward_stop_signals()
+
+
 onsuccess:
     release_test_box()
 

@@ -7,6 +7,7 @@ after it read those tables.
 """
 
 import json
+import shlex
 
 # notebooks/ as working directory, like JupyterLab; cell output goes to the log. A loaded or slow
 # machine (a VM under emulation) may need more than papermill's default 60 s to start a kernel.
@@ -124,9 +125,10 @@ rule render_paper:
         figures_dir=abs_figures_dir,
         paper_dir=lambda wildcards: abspath(f"paper/{wildcards.run}"),
         reference_dir=abspath("data/reference"),
-        # -r: papermill takes the value as a raw string (an empty title stays a string)
-        title=config["paper"]["title"],
-        author=config["paper"]["author"],
+        # -r: papermill takes the value as a raw string (an empty title stays a string); quoted
+        # here, as `:q` leaves an empty value out
+        title=shlex.quote(config["paper"]["title"]),
+        author=shlex.quote(config["paper"]["author"]),
     conda:
         "../../envs/luksbench.yaml"
     log:
@@ -136,4 +138,4 @@ rule render_paper:
         " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
         " -p figures_dir {params.figures_dir:q} -p paper_dir {params.paper_dir:q}"
         " -p reference_dir {params.reference_dir:q}"
-        " -r title {params.title:q} -r author {params.author:q} > {log:q} 2>&1"
+        " -r title {params.title} -r author {params.author} > {log:q} 2>&1"

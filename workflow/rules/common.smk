@@ -1,8 +1,10 @@
 """Config validation, names, paths and input functions shared by all rules."""
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from luksbench.testbox.plan import plan_from_config, workloads, write_plan
 from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
 from luksbench.testbox.runner import measurement_final
+from luksbench.testbox.sysutil import descendants
 
 min_version("8.0")
 
@@ -177,6 +180,23 @@ def tear_down_after_failure():
         command = ["luksbench.cli", "testbox", "stack-down", "--state", str(state)]
         subprocess.run([sys.executable, "-m", *command], check=False)
     release_test_box()
+
+
+def forward_stop_signals():
+    """Called by `onstart`: SIGINT or SIGTERM sent to the snakemake process alone (`kill PID`, a
+    service manager) reaches every job's processes too, as Ctrl-C reaches a terminal's whole
+    process group, so fio stops at once and `onerror` tears the stacks down."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        snakemakes_own = signal.getsignal(signum)
+
+        def forward(signum, frame, snakemakes_own=snakemakes_own):
+            for pid in descendants(os.getpid()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+            if callable(snakemakes_own):
+                snakemakes_own(signum, frame)
+
+        signal.signal(signum, forward)
 
 
 def release_test_box():

@@ -54,11 +54,16 @@ def _cmd_benchmark_ciphers(args) -> int:
 
 
 def _cmd_stack_up(args) -> int:
-    def on_term(signum, _frame):
+    def on_stop(signum, _frame):
+        # the first stop signal unwinds; a repeat (the workflow forwards them) must not cut the
+        # teardown short
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     # SIGTERM, like Ctrl-C, unwinds through stack_up's teardown of what was built so far.
-    signal.signal(signal.SIGTERM, on_term)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, on_stop)
     stack_up(_plan(args), Path(args.state), Path(args.describe))
     return 0
 

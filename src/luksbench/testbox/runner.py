@@ -350,11 +350,14 @@ def check_state_live(state: dict) -> None:
 
 
 def _previous_times(manifest_path: Path) -> dict:
-    """When the runs the last session's manifest records were measured ({} without one)."""
-    try:
-        return run_times(read_manifest(manifest_path))
-    except ValueError:
-        return {}
+    """When earlier sessions measured their runs ({} without any): every session's write-once
+    record, then the manifest (an interrupted session's manifest is removed before it resumes)."""
+    sessions = sorted((manifest_path.parent / SESSIONS_DIR).glob("*.json"))
+    times = {}
+    for path in [*sessions, manifest_path]:
+        with contextlib.suppress(ValueError):
+            times.update(run_times(read_manifest(path)))
+    return times
 
 
 def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bool = False) -> bool:
@@ -486,6 +489,10 @@ def _measure(plan: dict, session: dict, outcome: dict) -> None:
     running fio."""
 
     def on_signal(signum, _frame):
+        # A stop signal may come twice (to the process group and forwarded by the workflow):
+        # the first one stops the run, a second must not interrupt the stopping.
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -503,8 +510,9 @@ def _measure(plan: dict, session: dict, outcome: dict) -> None:
             f"luksbench testbox run-fio: interrupted by {exc}; fio stopped, no partial rep kept; devices stay up (run stack-down)"
         )
     finally:
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
+        if outcome["interrupted"] is None:
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
 
 
 def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
