@@ -43,7 +43,8 @@ rule ingest_raw:
         "logs/{run}/ingest_raw.log",
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
-        " -p run {wildcards.run:q} -p raw_dir {params.raw_dir:q} -p processed_dir {params.processed_dir:q}"
+        " -p run {wildcards.run:q} -p raw_dir {params.raw_dir:q}"
+        " -p processed_dir {params.processed_dir:q}"
         " -p strict {params.strict:q} -p workers {threads:q} > {log:q} 2>&1"
 
 

@@ -43,7 +43,8 @@ rule run_pilot:
         **measuring("fio/pilot-manifest.json"),
     shell:
         "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"
-        " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q} --manifest {output.manifest:q}"
+        " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
+        " --manifest {output.manifest:q}"
         " 2>&1 | tee {log:q} >&2"
 
 
@@ -99,7 +100,8 @@ rule run_fio:
     shell:
         # Progress goes to the terminal as well as the log: a default run takes minutes.
         "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"
-        " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q} --manifest {output.manifest:q}"
+        " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
+        " --manifest {output.manifest:q}"
         " {params.targets:q} 2>&1 | tee {log:q} >&2"
 
 
