@@ -186,15 +186,17 @@ def tear_down_after_failure():
 
 def forward_stop_signals():
     """Called by `onstart`: SIGINT or SIGTERM sent to the snakemake process alone (`kill PID`, a
-    service manager) reaches every job's processes too, as Ctrl-C reaches a terminal's whole
-    process group, so fio stops at once and `onerror` tears the stacks down."""
+    service manager) reaches the jobs' processes in its process group too, as Ctrl-C reaches a
+    terminal's whole group, so run-fio stops its fio at once and `onerror` tears the stacks down.
+    (fio runs in a session of its own: only run-fio stops it, and then keeps no partial result.)"""
     for signum in (signal.SIGINT, signal.SIGTERM):
         snakemakes_own = signal.getsignal(signum)
 
         def forward(signum, frame, snakemakes_own=snakemakes_own):
             for pid in descendants(os.getpid()):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum)
+                    if os.getpgid(pid) == os.getpgrp():
+                        os.kill(pid, signum)
             if callable(snakemakes_own):
                 snakemakes_own(signum, frame)
 
