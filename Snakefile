@@ -20,6 +20,14 @@ rule all:
         paper=f"paper/{RUN}/index.md",
 
 
+onstart:
+    forward_stop_signals()
+
+
+onsuccess:
+    release_test_box()
+
+
 onerror:
     # A failed rule must not leave dm/loop devices, FUSE mounts or daemons behind.
     tear_down_after_failure()

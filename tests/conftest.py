@@ -48,7 +48,9 @@ def fixtures_dir() -> Path:
 
 
 # What a workflow run needs besides raw data (the tests run copies, never the repo's own data).
+# (profiles/default: the workflow's own defaults, e.g. resuming an interrupted run)
 WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "notebooks", "src", "data/reference")
+WORKFLOW_FILES += ("profiles/default",)
 
 
 def copy_workflow(dest: Path, extra: tuple[str, ...] = ()) -> Path:
@@ -59,7 +61,8 @@ def copy_workflow(dest: Path, extra: tuple[str, ...] = ()) -> Path:
     for name in (*WORKFLOW_FILES, *extra):
         source = REPO_DIR / name
         if source.is_dir():
-            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+            ignore = shutil.ignore_patterns("__pycache__")
+            shutil.copytree(source, dest / name, ignore=ignore, dirs_exist_ok=True)
         else:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)

@@ -177,8 +177,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     except Exception as exc:  # schema validation errors name the key
         print(f"luksbench plan: invalid config: {exc}", file=sys.stderr)
         return 1
-    print("\n".join(describe_plan(plan, check_devices=args.check_devices)))
-    return 0
+    lines = describe_plan(plan, check_devices=args.check_devices)
+    print("\n".join(lines))
+    return 1 if any(line.startswith("  REFUSED ") for line in lines) else 0
 
 
 def _add_loss_commands(commands) -> None:

@@ -106,19 +106,25 @@ def test_a_full_raw_disk_stops_the_run_and_keeps_every_finished_result(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("to", ["group", "process"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_interrupted_workflow_tears_down_and_keeps_what_it_measured(tmp_path, signum):
-    """Ctrl-C (SIGINT) or a service stop (SIGTERM) to the workflow's process group mid-run."""
+def test_an_interrupted_workflow_tears_down_keeps_what_it_measured_and_resumes(
+    tmp_path, signum, to
+):
+    """Ctrl-C (SIGINT to the process group), a service stop (SIGTERM) or `kill PID` (to the
+    snakemake process alone) mid-run: fio stops at once, the stacks come down, and running the
+    same command again measures the rest."""
     work = copy_workflow(tmp_path / "work")
     (work / "small.yaml").write_text(
         "run: interrupted\ndevice_size_mib: 64\nmatrix: {rw: [randread, write], bs: [4k], iodepth: [4]}\n"
         "fio: {runtime_s: 1, ramp_time_s: 0}\nrepetitions: 3\n"
     )
+    command = [str(BIN / "snakemake"), "--cores", "1", "all", "--configfile", "small.yaml"]
     raw = work / "data" / "raw" / "interrupted"
     log = tmp_path / "snakemake.log"
     with log.open("w") as out:
         workflow = subprocess.Popen(
-            [str(BIN / "snakemake"), "--cores", "1", "all", "--configfile", "small.yaml"],
+            command,
             cwd=work,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -131,8 +137,10 @@ def test_an_interrupted_workflow_tears_down_and_keeps_what_it_measured(tmp_path,
                     break
                 time.sleep(0.2)
             running = workflow.poll() is None
-            if running:
+            if running and to == "group":
                 os.killpg(workflow.pid, signum)
+            elif running:
+                os.kill(workflow.pid, signum)
         finally:
             workflow.wait(timeout=240)
     output = log.read_text()
@@ -142,13 +150,25 @@ def test_an_interrupted_workflow_tears_down_and_keeps_what_it_measured(tmp_path,
     assert "tearing down the stacks" in output and "checks passed" in output
     assert mounts_under(work) == []
     assert not list((work / "data" / "scratch" / "interrupted").glob("*/state.json"))
-    kept = [p for p in raw.glob("*/fio/*/*/rep*.json") if not p.name.endswith(".cpu.json")]
+    kept = {
+        p: p.read_bytes()
+        for p in raw.glob("*/fio/*/*/rep*.json")
+        if not p.name.endswith(".cpu.json")
+    }
     assert kept, "results finished before the signal are kept"
-    for path in kept:
-        assert json.loads(path.read_text())["jobs"]
+    assert len(kept) < 2 * 2 * 3, "fio went on measuring after the signal"
+    for content in kept.values():
+        assert json.loads(content)["jobs"]
     assert not list(raw.rglob("*.tmp"))
     leftover = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True)
     assert leftover.stdout == "", leftover.stdout
+
+    again = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    reps = [p for p in raw.glob("*/fio/*/*/rep*.json") if not p.name.endswith(".cpu.json")]
+    assert len(reps) == 2 * 2 * 3
+    assert {p: kept[p] == p.read_bytes() for p in kept} == dict.fromkeys(kept, True)
+    assert (work / "paper" / "interrupted" / "index.md").exists()
 
 
 @pytest.mark.slow

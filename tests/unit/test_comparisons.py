@@ -109,6 +109,13 @@ def test_with_no_comparisons_the_variant_must_be_a_stack():
         comparisons.check(STACKS, "raw", "luks2", [])
 
 
+def test_with_comparisons_the_variant_must_still_be_a_stack():
+    """It reaches the notebooks' command line: a value that is no stack is refused."""
+    given = [{"baseline": "raw", "variant": "luks"}]
+    with pytest.raises(comparisons.ComparisonError, match=r"analysis\.variant: no stack 'luks; "):
+        comparisons.check(STACKS, "raw", "luks; touch pwned", given)
+
+
 def test_the_workflow_refuses_a_bad_comparison_before_anything_runs(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     config = tmp_path / "bad.yaml"

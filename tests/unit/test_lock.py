@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import subprocess
 import sys
 
 import pytest
@@ -23,6 +25,11 @@ CONFIG = {
     "repetitions": 1,
     "seed": 1,
 }
+GONE = {"pid": 0, "started": None}  # a session whose process has ended
+
+
+def session_of(process: subprocess.Popen) -> dict:
+    return {"pid": process.pid, "started": lock._started(process.pid)}
 
 
 def test_lock_is_held_while_the_holders_stacks_are_up(tmp_path):
@@ -33,16 +40,79 @@ def test_lock_is_held_while_the_holders_stacks_are_up(tmp_path):
     first = plan_from_config(CONFIG, "box", tmp_path / "a")
     second = plan_from_config({**CONFIG, "run": "intruder"}, "box", tmp_path / "b")
 
-    lock.acquire(first, first_state, lock_dir=locks)
-    with pytest.raises(
-        lock.Locked, match=r"run 'holder' \(host 'box'\) started from .* stack-down"
-    ):
-        lock.acquire(second, second_state, lock_dir=locks)
+    lock.acquire(first, first_state, lock_dir=locks, session=GONE)
+    with pytest.raises(lock.Locked, match=r"run 'holder' \(host 'box'\) .* has stacks up"):
+        lock.acquire(second, second_state, lock_dir=locks, session=GONE)
     assert not lock.release(second_state, lock_dir=locks), "only the holder releases"
 
     first_state.unlink()  # the first run's stacks came down without releasing (a crash)
-    lock.acquire(second, second_state, lock_dir=locks)  # stale: taken over
+    lock.acquire(second, second_state, lock_dir=locks, session=GONE)  # stale: taken over
     holder = json.loads((locks / lock.LOCK_NAME).read_text())
     assert holder["run"] == "intruder"
     assert lock.release(second_state, lock_dir=locks)
     assert not (locks / lock.LOCK_NAME).exists()
+
+
+def test_a_running_session_holds_the_box_before_its_stacks_are_up(tmp_path):
+    """Env capture and the cipher benchmark load the machine too: the lock is held from the
+    first step of a session to its end, not only while stacks are up."""
+    locks = tmp_path / "locks"
+    first = plan_from_config(CONFIG, "box", tmp_path / "a")
+    second = plan_from_config({**CONFIG, "run": "intruder"}, "box", tmp_path / "b")
+    workflow = subprocess.Popen(["sleep", "60"])
+    try:
+        lock.acquire(first, lock_dir=locks, session=session_of(workflow))
+        # the same session takes it again for its next step; another run is kept out
+        lock.acquire(first, lock_dir=locks, session=session_of(workflow))
+        with pytest.raises(
+            lock.Locked, match=rf"run 'holder' .* is measuring \(process {workflow.pid}\)"
+        ):
+            lock.acquire(second, lock_dir=locks, session=GONE)
+        with pytest.raises(lock.Locked):  # the same run from a second, live session
+            lock.acquire(first, lock_dir=locks, session=lock.current_session())
+    finally:
+        workflow.kill()
+        workflow.wait()
+    lock.acquire(second, lock_dir=locks, session=GONE)  # the session ended: stale
+    assert json.loads((locks / lock.LOCK_NAME).read_text())["run"] == "intruder"
+
+
+def _contend(locks, scratch, barrier) -> None:
+    """One process's try at the lock, started with the others at the same instant; its exit
+    code says whether it got it (0) or was refused (1)."""
+    plan = plan_from_config({**CONFIG, "run": scratch.name}, "box", scratch)
+    barrier.wait()
+    try:
+        lock.acquire(plan, scratch / "state.json", lock_dir=locks, session=GONE)
+    except lock.Locked:
+        sys.exit(1)
+    sys.exit(0)
+
+
+def _race(tmp_path, trial: int, contenders: int, stale: bool) -> int:
+    locks = tmp_path / f"trial{trial}"
+    locks.mkdir()
+    if stale:  # a crashed run's lock: its stacks are down, its session is gone
+        gone = {"state": str(tmp_path / "gone" / "state.json"), "session": GONE, "run": "gone"}
+        (locks / lock.LOCK_NAME).write_text(json.dumps(gone))
+    scratches = []
+    for i in range(contenders):
+        scratch = tmp_path / f"t{trial}-run{i}"
+        scratch.mkdir()
+        (scratch / "state.json").write_text("{}")  # every contender's stacks count as up
+        scratches.append(scratch)
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(contenders)
+    processes = [context.Process(target=_contend, args=(locks, s, barrier)) for s in scratches]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+    assert {p.exitcode for p in processes} <= {0, 1}
+    return sum(p.exitcode == 0 for p in processes)
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["free", "stale"])
+def test_processes_taking_the_lock_at_once_never_both_get_it(tmp_path, stale):
+    winners = [_race(tmp_path, trial, 4, stale) for trial in range(15)]
+    assert winners == [1] * len(winners)

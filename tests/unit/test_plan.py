@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,18 @@ def test_every_vm_case_plan_passes_the_plan_checks(path):
         assert stack_up != "ok" and re.search(stack_up["refused"], str(exc)), (
             f"{path.name}: refused by a plan check the case is not about: {exc}"
         )
+
+
+def test_plan_check_devices_exits_nonzero_when_a_device_is_refused(tmp_path):
+    config = {
+        **CONFIG,
+        "devices": {"disk": {"path": "/dev/disk/by-id/luksbench-no-such-disk"}},
+        "stacks": {"plain": {"kind": "raw", "device": "disk"}, "luks": {"kind": "luks"}},
+    }
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_from_config(config, "box", tmp_path)))
+    command = [sys.executable, "-m", "luksbench.cli", "plan", "--plan", str(plan)]
+    checked = subprocess.run([*command, "--check-devices"], capture_output=True, text=True)
+    assert "REFUSED devices.disk" in checked.stdout
+    assert checked.returncode == 1
+    assert subprocess.run(command, capture_output=True).returncode == 0

@@ -47,9 +47,10 @@ rule ingest_raw:
     log:
         "logs/{run}/ingest_raw.log",
     shell:
-        "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p run {wildcards.run} -p raw_dir {params.raw_dir} -p processed_dir {params.processed_dir}"
-        " -p strict {params.strict} -p workers {threads} > {log} 2>&1"
+        "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
+        " -p run {wildcards.run:q} -p raw_dir {params.raw_dir:q}"
+        " -p processed_dir {params.processed_dir:q}"
+        " -p strict {params.strict:q} -p workers {threads:q} > {log:q} 2>&1"
 
 
 rule compute_loss:
@@ -69,7 +70,7 @@ rule compute_loss:
         variant=config["analysis"]["variant"],
         # as configured ([] = every stack against the baseline): resolved against the stacks
         # that have results, so an optional stack that could not be built is left out
-        comparisons=shlex.quote(json.dumps(config["analysis"]["comparisons"])),
+        comparisons=json.dumps(config["analysis"]["comparisons"]),
         confidence=config["analysis"]["confidence"],
         margin=config["analysis"]["equivalence_margin_pct"],
         regions=shlex.quote(json.dumps(config["analysis"]["decision_regions"])),
@@ -79,12 +80,12 @@ rule compute_loss:
     log:
         "logs/{run}/compute_loss.log",
     shell:
-        "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p processed_dir {params.processed_dir}"
-        " -p baseline {params.baseline} -p variant {params.variant}"
-        " -r comparisons {params.comparisons}"
-        " -p confidence {params.confidence} -p equivalence_margin_pct {params.margin}"
-        " -r decision_regions {params.regions} -p min_pairs {params.min_pairs} > {log} 2>&1"
+        "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
+        " -p processed_dir {params.processed_dir:q}"
+        " -p baseline {params.baseline:q} -p variant {params.variant:q}"
+        " -r comparisons {params.comparisons:q}"
+        " -p confidence {params.confidence:q} -p equivalence_margin_pct {params.margin:q}"
+        " -r decision_regions {params.regions:q} -p min_pairs {params.min_pairs:q} > {log:q} 2>&1"
 
 
 rule plot_figures:
@@ -107,9 +108,9 @@ rule plot_figures:
     log:
         "logs/{run}/plot_figures.log",
     shell:
-        "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
-        " -p figures_dir {params.figures_dir} -p workers {threads} > {log} 2>&1"
+        "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
+        " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
+        " -p figures_dir {params.figures_dir:q} -p workers {threads:q} > {log:q} 2>&1"
 
 
 rule render_paper:
@@ -131,16 +132,17 @@ rule render_paper:
         figures_dir=abs_figures_dir,
         paper_dir=lambda wildcards: abspath(f"paper/{wildcards.run}"),
         reference_dir=abspath("data/reference"),
-        # -r: papermill takes the value as a raw string (an empty title stays a string)
-        title=lambda wildcards: shlex.quote(config["paper"]["title"]),
-        author=lambda wildcards: shlex.quote(config["paper"]["author"]),
+        # -r: papermill takes the value as a raw string (an empty title stays a string); quoted
+        # here, as `:q` leaves an empty value out
+        title=shlex.quote(config["paper"]["title"]),
+        author=shlex.quote(config["paper"]["author"]),
     conda:
         "../../envs/luksbench.yaml"
     log:
         "logs/{run}/render_paper.log",
     shell:
-        "papermill {params.papermill} {input.notebook} {output.notebook}"
-        " -p run {wildcards.run} -p processed_dir {params.processed_dir}"
-        " -p figures_dir {params.figures_dir} -p paper_dir {params.paper_dir}"
-        " -p reference_dir {params.reference_dir}"
-        " -r title {params.title} -r author {params.author} > {log} 2>&1"
+        "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
+        " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
+        " -p figures_dir {params.figures_dir:q} -p paper_dir {params.paper_dir:q}"
+        " -p reference_dir {params.reference_dir:q}"
+        " -r title {params.title} -r author {params.author} > {log:q} 2>&1"

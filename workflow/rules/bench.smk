@@ -21,8 +21,8 @@ rule stack_up:
     wildcard_constraints:
         **MEASURED,
     shell:
-        "luksbench testbox stack-up --plan {input.plan} --state {output.state}"
-        " --describe {output.stacks} 2> {log}"
+        "luksbench testbox stack-up --plan {input.plan:q} --state {output.state:q}"
+        " --describe {output.stacks:q} 2> {log:q}"
 
 
 rule run_pilot:
@@ -40,11 +40,12 @@ rule run_pilot:
     log:
         "logs/{run}/{host}/run_pilot.log",
     wildcard_constraints:
-        **MEASURED,
+        **measuring("fio/pilot-manifest.json"),
     shell:
-        "luksbench testbox run-fio --plan {input.plan} --state {input.state}"
-        " --describe {input.stacks} --raw-host-dir {params.host_dir} --manifest {output.manifest}"
-        " 2>&1 | tee {log} >&2"
+        "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"
+        " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
+        " --manifest {output.manifest:q}"
+        " 2>&1 | tee {log:q} >&2"
 
 
 rule plan_repetitions:
@@ -95,12 +96,13 @@ rule run_fio:
     log:
         "logs/{run}/{host}/run_fio.log",
     wildcard_constraints:
-        **MEASURED,
+        **measuring("fio/manifest.json"),
     shell:
         # Progress goes to the terminal as well as the log: a default run takes minutes.
-        "luksbench testbox run-fio --plan {input.plan} --state {input.state}"
-        " --describe {input.stacks} --raw-host-dir {params.host_dir} --manifest {output.manifest}"
-        " {params.targets} 2>&1 | tee {log} >&2"
+        "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"
+        " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
+        " --manifest {output.manifest:q}"
+        " {params.targets:q} 2>&1 | tee {log:q} >&2"
 
 
 rule stack_down:
@@ -117,4 +119,4 @@ rule stack_down:
     wildcard_constraints:
         **MEASURED,
     shell:
-        "luksbench testbox stack-down --state {input.state} --record {output.record} 2> {log}"
+        "luksbench testbox stack-down --state {input.state:q} --record {output.record:q} 2> {log:q}"

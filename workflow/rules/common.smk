@@ -1,6 +1,10 @@
 """Config validation, names, paths and input functions shared by all rules."""
 
+import contextlib
+import os
 import re
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -13,9 +17,12 @@ from luksbench.analysis.ingest import PROCESSED_TABLES
 from luksbench.analysis.loss import LOSS_TABLES
 from luksbench.analysis.stats import check_regions
 from luksbench.studies import STUDIES_DIR, apply_study
+from luksbench.testbox import lock
 from luksbench.testbox.plan import plan_from_config, workloads, write_plan
 from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
+from luksbench.testbox.runner import measurement_final
+from luksbench.testbox.sysutil import descendants
 
 min_version("8.0")
 
@@ -37,7 +44,9 @@ ADAPTIVE = config["adaptive"]
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
 # when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
-shell.prefix(f'set -euo pipefail; export PATH="{Path(sys.executable).parent}:$PATH"; ')
+shell.prefix(
+    f'set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"; '
+)
 
 
 # --- names and paths
@@ -62,6 +71,20 @@ wildcard_constraints:
 # machine; every other run folder under data/raw (the shipped sample, runs copied from other test
 # boxes) is analysed as it is.
 MEASURED = {"run": re.escape(RUN), "host": re.escape(HOST)}
+
+
+def measuring(raw_file):
+    """The wildcard constraints of the rule writing ``raw_file`` (in data/raw/<run>/<host>/) of the
+    run measured here: none that match once the file is final (an env.json or cipher benchmark
+    that exists, a manifest of this plan's whole design), so no invocation, not even --forceall,
+    rewrites raw data."""
+    path = Path(RAW) / RUN / HOST / raw_file
+    if raw_file.endswith("manifest.json"):
+        pilot = raw_file != "fio/manifest.json"
+        final = measurement_final(MEASURED_PLAN, path, path.parents[1] / "env.json", pilot)
+    else:
+        final = path.exists()
+    return {"run": "(?!)", "host": "(?!)"} if final else MEASURED
 
 
 def processed(*tables):
@@ -114,7 +137,7 @@ def teardown_records(wildcards):
 
     This also makes sure stack_down runs whenever stack_up does (e.g. when a run is extended).
     """
-    if wildcards.run == RUN:
+    if wildcards.run == RUN and measuring("fio/manifest.json") == MEASURED:
         return [f"{SCRATCH}/{wildcards.run}/{HOST}/teardown.json"]
     return []
 
@@ -150,6 +173,11 @@ def abs_figures_dir(wildcards):
     return abspath(f"figures/{wildcards.run}")
 
 
+# Every test-box step this invocation runs belongs to its session: the test box stays locked
+# for the run from the environment capture to the end (testbox/lock.py).
+os.environ.setdefault(lock.SESSION_ENV, str(os.getpid()))
+
+
 def tear_down_after_failure():
     """Called by `onerror`: tear down the stacks of this run if a state file says they are up."""
     state = Path(SCRATCH) / RUN / HOST / "state.json"
@@ -157,6 +185,33 @@ def tear_down_after_failure():
         print(f"luksbench: tearing down the stacks of {state} after the failure", file=sys.stderr)
         command = ["luksbench.cli", "testbox", "stack-down", "--state", str(state)]
         subprocess.run([sys.executable, "-m", *command], check=False)
+    release_test_box()
+
+
+def forward_stop_signals():
+    """Called by `onstart`: SIGINT or SIGTERM sent to the snakemake process alone (`kill PID`, a
+    service manager) reaches the jobs' processes in its process group too, as Ctrl-C reaches a
+    terminal's whole group, so run-fio stops its fio at once and `onerror` tears the stacks down.
+    (fio runs in a session of its own: only run-fio stops it, and then keeps no partial result.)"""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        snakemakes_own = signal.getsignal(signum)
+
+        def forward(signum, frame, snakemakes_own=snakemakes_own):
+            for pid in descendants(os.getpid()):
+                with contextlib.suppress(ProcessLookupError):
+                    if os.getpgid(pid) == os.getpgrp():
+                        os.kill(pid, signum)
+            if callable(snakemakes_own):
+                snakemakes_own(signum, frame)
+
+        signal.signal(signum, forward)
+
+
+def release_test_box():
+    """The run's hold on the test box ends with the workflow, unless its stacks are still up."""
+    state = Path(SCRATCH) / RUN / HOST / "state.json"
+    if not state.exists():
+        lock.release(state)
 
 
 def min_pairs(wildcards):
@@ -175,7 +230,7 @@ def adaptive_targets(wildcards):
 
 
 def targets_option(wildcards):
-    return " ".join(f"--targets {path}" for path in adaptive_targets(wildcards))
+    return [arg for path in adaptive_targets(wildcards) for arg in ("--targets", path)]
 
 
 def plan_cells(wildcards):

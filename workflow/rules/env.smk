@@ -33,14 +33,15 @@ rule capture_env:
     log:
         "logs/{run}/{host}/capture_env.log",
     wildcard_constraints:
-        **MEASURED,
+        **measuring("env.json"),
     shell:
-        "luksbench testbox capture-env --plan {input.plan} --out {output.env} 2> {log}"
+        "luksbench testbox capture-env --plan {input.plan:q} --out {output.env:q} 2> {log:q}"
 
 
 rule benchmark_ciphers:
     """Run `cryptsetup benchmark`; its output is kept verbatim, also when ciphers are unavailable."""
     input:
+        plan=ancient(f"{HOST_SCRATCH}/plan.json"),
         env=ancient(f"{HOST_RAW}/env.json"),
     output:
         benchmark=protected(f"{HOST_RAW}/cryptsetup-benchmark.txt"),
@@ -49,6 +50,7 @@ rule benchmark_ciphers:
     log:
         "logs/{run}/{host}/benchmark_ciphers.log",
     wildcard_constraints:
-        **MEASURED,
+        **measuring("cryptsetup-benchmark.txt"),
     shell:
-        "luksbench testbox benchmark-ciphers --out {output.benchmark} 2> {log}"
+        "luksbench testbox benchmark-ciphers --plan {input.plan:q} --out {output.benchmark:q}"
+        " 2> {log:q}"

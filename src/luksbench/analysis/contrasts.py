@@ -95,6 +95,8 @@ def check(stacks: Iterable[str], baseline: str, variant: str, comparisons) -> li
             )
         others = sorted(s for s in stacks if s != baseline)  # as resolve() orders them
         return _headline_first([(baseline, s) for s in others], baseline, variant)
+    if variant not in stacks:  # also names the headline when comparisons are given
+        raise ComparisonError(f"analysis.variant: no stack {variant!r} (stacks: {known})")
     seen: dict[Pair, int] = {}
     pairs = []
     for i, item in enumerate(items):

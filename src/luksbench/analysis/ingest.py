@@ -284,7 +284,7 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_SIDECAR_OR_REP = re.compile(r"^rep\d+(\.cpu)?\.json$")
+_SIDECAR_OR_REP = re.compile(r"^rep\d+(\.cpu)?\.json\Z")
 
 
 def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, list, list]:

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _SIZE_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-_BS_RE = re.compile(r"^(\d+)([kmgt]?)(i?b)?$", re.IGNORECASE)
+_BS_RE = re.compile(r"^(\d+)([kmgt]?)(i?b)?\Z", re.IGNORECASE)
 _WORKLOAD_RE = re.compile(
-    r"^(?P<rw>[a-z]+)-(?P<bs>\d+[kmgt]?)-qd(?P<iodepth>\d+)(?:-(?P<pattern>[a-z][a-z0-9]*))?$"
+    r"^(?P<rw>[a-z]+)-(?P<bs>\d+[kmgt]?)-qd(?P<iodepth>\d+)(?:-(?P<pattern>[a-z][a-z0-9]*))?\Z"
 )
-PATTERN_NAME_RE = re.compile(r"^[a-z][a-z0-9]*$")
+PATTERN_NAME_RE = re.compile(r"^[a-z][a-z0-9]*\Z")
 #: the name of a fio result file in its cell folder
-REP_NAME = re.compile(r"^rep(?P<rep>\d+)\.json$")
+REP_NAME = re.compile(r"^rep(?P<rep>\d+)\.json\Z")
 
 
 class LayoutError(ValueError):

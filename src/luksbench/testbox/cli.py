@@ -17,6 +17,7 @@ import argparse
 import signal
 from pathlib import Path
 
+from luksbench.testbox import lock
 from luksbench.testbox.capture import benchmark_ciphers, capture_env
 from luksbench.testbox.plan import PlanError, load_plan
 from luksbench.testbox.runner import Interrupted, run_fio
@@ -30,7 +31,9 @@ def _plan(args):
 
 
 def _cmd_capture_env(args) -> int:
-    env = capture_env(_plan(args))
+    plan = _plan(args)
+    lock.acquire(plan)
+    env = capture_env(plan)
     write_json_atomic(Path(args.out), env)
     b = env["backend"]
     log(f"luksbench testbox capture-env: backend {b['selected']} ({b['reason']}); wrote {args.out}")
@@ -38,8 +41,9 @@ def _cmd_capture_env(args) -> int:
 
 
 def _cmd_benchmark_ciphers(args) -> int:
-    if args.plan:
-        _plan(args)  # validate only
+    # Without a plan the lock is held while this command runs: it names no stacks.
+    plan = _plan(args) if args.plan else None
+    lock.acquire(plan, None if plan else Path(args.out).with_name(".benchmark-ciphers.state"))
     extra = []
     if args.cipher:
         extra += ["--cipher", args.cipher]
@@ -50,19 +54,26 @@ def _cmd_benchmark_ciphers(args) -> int:
 
 
 def _cmd_stack_up(args) -> int:
-    def on_term(signum, _frame):
+    def on_stop(signum, _frame):
+        # the first stop signal unwinds; a repeat (the workflow forwards them) must not cut the
+        # teardown short
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     # SIGTERM, like Ctrl-C, unwinds through stack_up's teardown of what was built so far.
-    signal.signal(signal.SIGTERM, on_term)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, on_stop)
     stack_up(_plan(args), Path(args.state), Path(args.describe))
     return 0
 
 
 def _cmd_run_fio(args) -> int:
+    plan = _plan(args)
+    lock.acquire(plan, Path(args.state))
     try:
         return run_fio(
-            _plan(args),
+            plan,
             Path(args.state),
             Path(args.raw_host_dir),
             Path(args.manifest),
@@ -110,7 +121,7 @@ def add_testbox_commands(commands) -> None:
     p.set_defaults(func=_run(_cmd_capture_env))
 
     p = sub.add_parser("benchmark-ciphers", help="`cryptsetup benchmark`, output kept verbatim")
-    p.add_argument("--plan", help="optional; only validated")
+    p.add_argument("--plan", help="optional; validated, names the run that holds the test box")
     p.add_argument("--out", required=True, help="cryptsetup-benchmark.txt")
     p.add_argument("--cipher", help="pass --cipher to cryptsetup benchmark (default: all)")
     p.add_argument("--key-size", type=int, help="pass --key-size to cryptsetup benchmark")

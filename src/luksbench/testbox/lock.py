@@ -2,39 +2,70 @@
 
 Two runs measuring at once on one machine would measure each other (shared CPU, memory bandwidth,
 page cache, disks), and two workflows sharing a scratch directory or a device would destroy each
-other's stacks. stack-up takes the machine's measurement lock and stack-down gives it back; a
-second stack-up meanwhile is refused with a message naming the holder.
+other's stacks. Every step that loads the machine (environment capture, the cipher benchmark,
+stack-up with its preconditioning, fio) takes the machine's lock first; stack-down gives it back.
+A second run meanwhile is refused with a message naming the holder.
 
-The lock is held while the holder's stack state file exists (its devices are up), so a crashed run
-keeps the box locked until its stacks are torn down, which is exactly when it is safe to go on.
+The holder is a run's stack state file in a session: the workflow process that runs the steps
+(``LUKSBENCH_SESSION``, which the workflow sets), or the step's own process when a step is run by
+hand. It holds the lock while that session lives or while its stacks are up (the state file
+exists), so a crashed run keeps the box locked until its stacks are torn down. Reading, taking
+and giving back the lock happen under ``flock`` on a guard file that is never removed, so two
+processes can never both win it, also not when they take over a stale one.
 Standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 from pathlib import Path
 
-from luksbench.testbox.sysutil import TestboxError, log, utc_now
+from luksbench.testbox.sysutil import TestboxError, log, utc_now, write_json_atomic
 
 LOCK_DIR = Path("/run/luksbench")
 LOCK_NAME = "measure.lock"
+GUARD_NAME = ".measure.lock.guard"
+#: the workflow's process id: the session every step of one workflow invocation belongs to
+SESSION_ENV = "LUKSBENCH_SESSION"
 
 
 class Locked(TestboxError):
     """Another run holds the test box; the message names it."""
 
 
-def _holder(plan: dict, state_path: Path) -> dict:
+def _started(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def current_session() -> dict:
+    value = os.environ.get(SESSION_ENV, "")
+    pid = int(value) if value.isdigit() else os.getpid()
+    return {"pid": pid, "started": _started(pid)}
+
+
+def _alive(session) -> bool:
+    if not isinstance(session, dict) or not isinstance(session.get("pid"), int):
+        return False
+    started = _started(session["pid"])
+    return started is not None and started == session.get("started")
+
+
+def _holder(plan: dict | None, state_path: Path, session: dict) -> dict:
     return {
-        "run": plan["run"],
-        "host": plan["host"],
+        "run": (plan or {}).get("run"),
+        "host": (plan or {}).get("host"),
         "state": str(Path(state_path).resolve()),
-        "scratch_dir": plan["scratch_dir"],
+        "scratch_dir": (plan or {}).get("scratch_dir"),
+        "session": session,
         "pid": os.getpid(),
-        "parent_pid": os.getppid(),
         "cwd": os.getcwd(),
         "hostname": socket.gethostname(),
         "since": utc_now(),
@@ -49,40 +80,72 @@ def _read(lock: Path) -> dict | None:
     return holder if isinstance(holder, dict) and "state" in holder else None
 
 
-def acquire(plan: dict, state_path: Path, lock_dir: Path = LOCK_DIR) -> Path:
-    """Take the test box for this run, or raise :class:`Locked` naming the run that holds it."""
+@contextlib.contextmanager
+def _guarded(lock_dir: Path):
+    """The lock file, with every other process kept out of it until the block ends."""
     lock_dir.mkdir(parents=True, exist_ok=True)
-    lock = lock_dir / LOCK_NAME
-    holder = _holder(plan, state_path)
-    text = json.dumps(holder, indent=2) + "\n"
+    # Read-only is enough for flock: a user who may not write here can still see who holds it.
+    guard = os.open(lock_dir / GUARD_NAME, os.O_RDONLY | os.O_CREAT, 0o644)
     try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file is closed
+        yield lock_dir / LOCK_NAME
+    finally:
+        os.close(guard)
+
+
+def _busy(current: dict, holder: dict) -> bool:
+    """Whether ``current`` keeps ``holder`` out: another run that is alive or has stacks up, or
+    this run in another session that is still alive."""
+    alive = _alive(current.get("session"))
+    if current["state"] == holder["state"]:
+        return alive and current.get("session") != holder["session"]
+    return alive or Path(current["state"]).exists()
+
+
+def _busy_message(current: dict, lock: Path) -> str:
+    state = current["state"]
+    doing = (
+        f"has stacks up (state {state})"
+        if Path(state).exists()
+        else f"is measuring (process {(current.get('session') or {}).get('pid')})"
+    )
+    return (
+        f"the test box is busy: run {current.get('run')!r} (host {current.get('host')!r}) "
+        f"started from {current.get('cwd')} at {current.get('since')} {doing}. Wait for it to "
+        f"finish, or if it is gone, tear its stacks down with `luksbench testbox stack-down "
+        f"--state {state}`. Lock: {lock}"
+    )
+
+
+def acquire(
+    plan: dict | None,
+    state_path: Path | None = None,
+    lock_dir: Path = LOCK_DIR,
+    session: dict | None = None,
+) -> Path:
+    """Take the test box for this run (or keep it: a holder may take it again), or raise
+    :class:`Locked` naming the run that holds it. ``state_path``: the run's stack state file
+    (default: ``state.json`` in the plan's scratch_dir)."""
+    if state_path is None:
+        state_path = Path(plan["scratch_dir"]) / "state.json"
+    holder = _holder(plan, state_path, session or current_session())
+    with _guarded(lock_dir) as lock:
         current = _read(lock)
-        if current is not None and Path(current["state"]).exists():
-            raise Locked(
-                f"the test box is busy: run {current.get('run')!r} (host {current.get('host')!r}) "
-                f"started from {current.get('cwd')} at {current.get('since')} has stacks up "
-                f"(state {current['state']}). Wait for it to finish, or if it is gone, tear its "
-                f"stacks down with `luksbench testbox stack-down --state {current['state']}`. "
-                f"Lock: {lock}"
-            ) from None
-        # The holder's stacks are down (or the lock is unreadable): it is stale, take it over.
-        log(f"luksbench testbox: taking over a stale lock {lock} (holder: {current})")
-        tmp = lock.with_name(f".{LOCK_NAME}.{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, lock)
-        return lock
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
+        if current is not None and _busy(current, holder):
+            raise Locked(_busy_message(current, lock))
+        if current is not None and current["state"] != holder["state"]:
+            log(f"luksbench testbox: taking over a stale lock {lock} (holder: {current})")
+        write_json_atomic(lock, holder)
     return lock
 
 
 def release(state_path: Path, lock_dir: Path = LOCK_DIR) -> bool:
     """Give the test box back if this state's run holds it; True when a lock was removed."""
-    lock = lock_dir / LOCK_NAME
-    current = _read(lock)
-    if current is not None and current["state"] == str(Path(state_path).resolve()):
-        lock.unlink(missing_ok=True)
-        return True
+    if not (lock_dir / GUARD_NAME).exists():
+        return False
+    with _guarded(lock_dir) as lock:
+        current = _read(lock)
+        if current is not None and current["state"] == str(Path(state_path).resolve()):
+            lock.unlink(missing_ok=True)
+            return True
     return False

@@ -33,6 +33,7 @@ def check_plan(plan: dict, source: str = "plan") -> None:
     check_document(plan, source)
     check_stacks(plan, source)
     check_patterns(plan, source)
+    check_block_sizes(plan, source)
     check_blocks_fit(plan, source)
     check_run_options(plan, source)
 
@@ -423,6 +424,34 @@ def planned_size_bytes(plan: dict, layer) -> int | None:
         like = plan["stacks"].get(layer["like"])
         return planned_size_bytes(plan, luks_layer(plan, layer["like"])) if like else None
     return None
+
+
+# The smallest logical block of a disk and of dm-crypt: direct I/O is done in whole ones.
+SECTOR_BYTES = 512
+
+
+def check_block_sizes(plan: dict, source: str = "plan") -> None:
+    """Every block size (matrix, patterns, preconditioning) is a whole number of sectors: a bs of
+    0 or 100 bytes would pass until the stacks are up and then fail every fio run."""
+    sizes = [("matrix.bs", bs) for bs in plan["matrix"]["bs"]]
+    for name, pattern in (plan.get("patterns") or {}).items():
+        sizes += [(f"patterns.{name}.matrix.bs", bs) for bs in pattern["matrix"]["bs"]]
+        sizes += [(f"patterns.{name}.io_bs", pattern["io_bs"])] if pattern["io_bs"] else []
+    try:
+        pre = precondition_options(plan["precondition"])
+    except TestboxError as exc:
+        raise PlanError(f"{source}: {exc}") from None
+    sizes += [(f"precondition.{key}", pre[key]) for key in ("block_size", "ss_bs")]
+    for key, size in sizes:
+        try:
+            size_bytes = bs_to_bytes(size)
+        except LayoutError as exc:
+            raise PlanError(f"{source}: {key}: {exc}") from None
+        if size_bytes <= 0 or size_bytes % SECTOR_BYTES:
+            raise PlanError(
+                f"{source}: {key}: {size!r} is not a whole number of {SECTOR_BYTES}-byte sectors "
+                "(e.g. 4k, 64k, 1m)"
+            )
 
 
 def check_blocks_fit(plan: dict, source: str = "plan") -> None:

@@ -49,6 +49,7 @@ from luksbench.formats.manifest import (
     read_manifest,
     run_times,
 )
+from luksbench.formats.plan import plan_changes
 from luksbench.formats.sidecar import cpu_sidecar_document
 from luksbench.formats.targets import TargetsError, read_targets
 from luksbench.testbox import probes, safety
@@ -374,13 +375,17 @@ def check_state_live(state: dict) -> None:
 
 
 def _previous(manifest_path: Path) -> tuple[dict, dict]:
-    """When the runs the last session's manifest records were measured, and the rates of its
-    fixed-rate cells ({}, {} without one)."""
-    try:
-        manifest = read_manifest(manifest_path)
-    except ValueError:
-        return {}, {}
-    return run_times(manifest), dict(manifest.get("fixed_rates") or {})
+    """When earlier sessions measured their runs, and the rates of their fixed-rate cells ({}, {}
+    without any): every session's write-once record, then the manifest (an interrupted session's
+    manifest is removed before it resumes)."""
+    sessions = sorted((manifest_path.parent / SESSIONS_DIR).glob("*.json"))
+    times, rates = {}, {}
+    for path in [*sessions, manifest_path]:
+        with contextlib.suppress(ValueError):
+            manifest = read_manifest(path)
+            times.update(run_times(manifest))
+            rates.update(manifest.get("fixed_rates") or {})
+    return times, rates
 
 
 def fixed_rates(plan: dict, session: dict, known: dict, clocksource: str | None) -> dict:
@@ -426,6 +431,26 @@ def _pilot_iops(plan: dict, session: dict, stack: str, w: Workload, clocksource)
             raise TestboxError(f"pilot of fixed-rate cell {w.id} on {stack} failed: {exc}") from exc
     directions = ("read", "write", "trim")
     return sum(e.get(d, {}).get("iops", 0.0) for e in _job_entries(doc) for d in directions)
+
+
+def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bool = False) -> bool:
+    """Whether ``manifest_path`` records a finished measurement of this very plan: complete, every
+    cell on every stack to its repetitions, nothing in how it measures changed since (env.json's
+    plan). Then that run's raw files are final, and no workflow step may rewrite them."""
+    try:
+        manifest, measured = read_manifest(manifest_path), read_manifest(env_path)["plan"]
+        changed = plan_changes(measured, plan)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    stacks = {*manifest.get("stacks", []), *(manifest.get("unavailable_stacks") or {})}
+    return (
+        manifest.get("complete") is True
+        and not changed
+        and manifest.get("cells") == [w.id for w in workloads(plan)]
+        and manifest.get("repetitions") == plan["repetitions"]
+        and stacks == set(plan["stacks"])
+        and (pilot or manifest.get("adaptive") == plan.get("adaptive"))
+    )
 
 
 def run_fio(
@@ -537,6 +562,10 @@ def _measure(plan: dict, session: dict, outcome: dict) -> None:
     running fio."""
 
     def on_signal(signum, _frame):
+        # A stop signal may come twice (to the process group and forwarded by the workflow):
+        # the first one stops the run, a second must not interrupt the stopping.
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -557,8 +586,9 @@ def _measure(plan: dict, session: dict, outcome: dict) -> None:
             f"luksbench testbox run-fio: interrupted by {exc}; fio stopped, no partial rep kept; devices stay up (run stack-down)"
         )
     finally:
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
+        if outcome["interrupted"] is None:
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
 
 
 def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from luksbench.testbox.sysutil import read_text, run_quiet
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 MAPPER_PREFIX = "luksbench-"
 
 

@@ -32,7 +32,7 @@ QUEUE_ATTRS += ("max_sectors_kb", "read_ahead_kb", "discard_max_bytes", "write_c
 QUEUE_ATTRS += ("rq_affinity", "add_random")
 # dm-integrity optional arguments that carry a key: "<name>:<algorithm>:<key>".
 _INTEGRITY_KEY_ARG = re.compile(r"^((?:internal_hash|journal_crypt|journal_mac):[^:]+):.+$")
-_NUMBER = re.compile(r"^\d+$")
+_NUMBER = re.compile(r"^\d+\Z")
 
 
 def _target_index(tokens: list[str]) -> int | None:

@@ -122,6 +122,21 @@ def pid_alive(pid: int | None) -> bool:
     return pid is not None and _pid_state(pid) not in (None, "Z", "X")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        stat = read_text(f"/proc/{entry}/stat") if entry.isdigit() else None
+        if stat:
+            children.setdefault(int(stat.rpartition(")")[2].split()[1]), []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += children.get(child, [])
+    return found
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
