@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from luksbench.formats.layout import LayoutError, bs_to_bytes
+from luksbench.formats.layout import LayoutError, bs_to_bytes, read_raw_file
 
 FIO_COLUMNS = [
     "file",
@@ -79,10 +79,6 @@ _JOB_OPTIONS = (("rw", "readwrite"), ("bs", "blocksize"), ("iodepth",), ("numjob
 # In client/server output the last client_stats entry sums all hosts; rows are per host.
 ALL_CLIENTS_JOBNAME = "All clients"
 
-# A JSON document starts with '{' in column 0 (fio indents every nested object), possibly glued
-# to non-blank junk such as a stray '>' left by a shell; indented '{' are nested objects.
-_NOT_A_DOCUMENT_PREFIX = re.compile(r"[\s{]")
-
 Warn = Callable[[str], None]
 
 
@@ -97,26 +93,27 @@ def _warn_on_stderr(message: str) -> None:
 # --------------------------------------------------------------------------- finding the document
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as file:
-            return file.read()
-    except OSError as exc:
-        raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
+# A JSON document starts at a line's first '{' (fio indents every nested object), possibly glued
+# to non-blank junk such as a stray '>' left by a shell; indented '{' are nested objects.
+_FIRST_DOCUMENT_START = re.compile(r"[^\s{]*\{")
+_LATER_DOCUMENT_START = re.compile(r"\n[^\s{]*\{")  # '\n' first: a fast search
 
 
-# The scan's document starts in an ASCII file (str's \s also holds \x1c-\x1f): a line's first
-# '{' with nothing but non-blank junk before it.
-_ASCII_LINE_START = re.compile(rb"[^\t\n\x0b\x0c\r\x1c-\x1f {]*\{")
-_ASCII_LATER_LINE_START = re.compile(rb"\n" + _ASCII_LINE_START.pattern)  # '\n' first: fast
+def _document_pieces(text: str) -> list[tuple[int, int]]:
+    """(start, next start) of every place a JSON document may start, in one pass over ``text``."""
+    first = _FIRST_DOCUMENT_START.match(text)
+    starts = [m.end() - 1 for m in (first, *_LATER_DOCUMENT_START.finditer(text)) if m]
+    return list(zip(starts, [*starts[1:], len(text)], strict=False))  # no start: []
+
+
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGIT_RUN = b"0" * 19  # 18 digits always fit in 64 bits
 
 
 def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object] | None:
-    """The documents the scan below would find, decoded by ``loads`` from the bytes between two
-    document starts, or None when one of them is not exactly a JSON value (then the scan decides,
-    with its messages), the file is not ASCII or holds a run of 19 digits or more."""
+    """The documents the scan below would find, each decoded by ``loads`` from the text up to the
+    next document start, or None when one of them does not start with a JSON value (then the scan
+    decides, with its messages), the file is not ASCII or holds a run of 19 digits or more."""
     if not raw.isascii() or _LONG_DIGIT_RUN in raw.translate(_DIGITS_TO_ZERO):
         return None  # a faster decoder (orjson) may read an integer past 64 bits as a float
     body = raw.lstrip(b" \t\r\n")  # JSON's white space
@@ -125,38 +122,57 @@ def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object
             return [loads(raw)]
         except ValueError:
             pass
-    first = _ASCII_LINE_START.match(raw)
-    starts = [m.end() - 1 for m in (first, *_ASCII_LATER_LINE_START.finditer(raw)) if m]
+    text = raw.decode("ascii")
     try:
-        return [loads(raw[a:b]) for a, b in zip(starts, [*starts[1:], len(raw)], strict=True)]
-    except ValueError:  # truncated, NaN, trailing text: the standard path's cases
+        return [_loads_value_before_text(loads, text[a:b]) for a, b in _document_pieces(text)]
+    except ValueError:  # truncated, NaN: the standard path's cases
         return None
+
+
+def _loads_value_before_text(loads: Callable, text: str) -> object:
+    """The JSON value ``text`` starts with, text after it allowed (``--output-format=json,normal``)."""
+    try:
+        return loads(text)
+    except json.JSONDecodeError as exc:  # also orjson's: the error is where the value's text ends
+        return loads(text[: exc.pos])  # a value, when the error was the text after it
 
 
 def _byte_offset(text: str, char_pos: int) -> int:
     return len(text[:char_pos].encode("utf-8", errors="replace"))
 
 
-def _scan_json_documents(text: str) -> tuple[list[object], list[tuple[int, json.JSONDecodeError]]]:
-    """All complete JSON documents starting at a line start, and the starts that failed to decode."""
+def _scan_json_documents(text: str) -> tuple[list[object], list[tuple[int, str, int]]]:
+    """All complete JSON documents at a document start, and the starts that failed to decode:
+    (start, json's message, where). After a document the scan resumes at its end."""
     decoder = json.JSONDecoder()
-    documents: list[object] = []
-    failures: list[tuple[int, json.JSONDecodeError]] = []
-    # str.find over '{' and a look at its line, not a regex tried at every position: after a
-    # document the search resumes at its end, so a plain fio file costs one decode and two finds.
-    start = text.find("{")
-    while start != -1:
-        resume = start + 1
-        if not _NOT_A_DOCUMENT_PREFIX.search(text, text.rfind("\n", 0, start) + 1, start):
+    documents, failures, resume = [], [], 0
+    for start, end in _document_pieces(text):
+        if start >= resume:
             try:
-                value, end = decoder.raw_decode(text, start)
-            except json.JSONDecodeError as exc:
-                failures.append((start, exc))
-            else:
+                value, resume = _decode_from(decoder, text, start, end)
                 documents.append(value)
-                resume = max(resume, end)
-        start = text.find("{", resume)
+            except json.JSONDecodeError as exc:
+                failures.append((start, exc.msg, start + exc.pos))
     return documents, failures
+
+
+def _decode_from(decoder: json.JSONDecoder, text: str, start: int, end: int) -> tuple[object, int]:
+    """``decoder.raw_decode(text, start)`` in time linear in the text it reads, not in ``start``
+    (json's error counts the lines before it): it decodes ``text[start:end]``, and twice as much
+    while the value runs past the piece's end. Errors are positioned in the piece."""
+    while True:
+        piece = text[start:end]
+        try:
+            value, length = decoder.raw_decode(piece)
+            return value, start + length
+        except RecursionError:
+            raise json.JSONDecodeError("Nesting too deep", piece, 0) from None
+        except json.JSONDecodeError as exc:  # past the end: the piece's end, a string, a literal
+            if end >= len(text) or not (
+                exc.msg.startswith("Unterminated") or exc.pos > end - start - 10
+            ):
+                raise
+        end = start + 2 * (end - start) + 64
 
 
 def _is_fio_document(value: object) -> bool:
@@ -172,7 +188,8 @@ def _is_truncation(text: str, exc: json.JSONDecodeError) -> bool:
 
 
 def _describe_failure(path: Path, text: str, raw: bytes, failures) -> str:
-    start, exc = failures[0]
+    start, message, position = failures[0]
+    exc = json.JSONDecodeError(message, text, position)
     if _is_truncation(text, exc):
         return (
             f"{path}: no complete fio JSON document (JSON starting at byte "
@@ -194,7 +211,11 @@ def load_fio_document(
     (bytes -> value, raising ValueError) tried first on a file that is one JSON object; it must
     give ``json``'s values for what it accepts.
     """
-    return fio_output_document(_read_bytes(path), path, warn, loads)
+    try:
+        raw = read_raw_file(path)
+    except OSError as exc:
+        raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
+    return fio_output_document(raw, path, warn, loads)
 
 
 def fio_output_document(raw: bytes, source, warn: Warn = _warn_on_stderr, loads=None) -> dict:
