@@ -31,43 +31,16 @@ from pathlib import Path
 
 from luksbench.formats.layout import LayoutError, bs_to_bytes, read_raw_file
 
-FIO_COLUMNS = [
-    "file",
-    "host",
-    "job",
-    "job_index",
-    "direction",
-    "rw",
-    "bs_bytes",
-    "iodepth",
-    "numjobs",
-    "runtime_ms",
-    "io_bytes",
-    "bw_bytes",
-    "iops",
-    "lat_mean_ns",
-    "clat_mean_ns",
-    "clat_p50_ns",
-    "clat_p99_ns",
-    "clat_p999_ns",
-    "usr_cpu",
-    "sys_cpu",
-    "error",
-    "fio_version",
-    # Extras, after the fixed contract above.
-    "groupid",
-    "ioengine",
-    "direct",
-    "bs",  # the block size option as written (per-direction lists, unparsable values)
-    "clat_stddev_ns",
-    "clat_max_ns",
-    "slat_mean_ns",
-    "lat_p99_ns",  # only when the job ran with lat_percentiles=1
-    "ctx",
-    "job_runtime_ms",  # fio >= 3.x: summed over the job's threads (numjobs x runtime)
-    "ss_attained",  # steadystate: 1/0, empty when the job had no steadystate criterion
-    "timestamp",  # unix seconds, empty for fio < 2.2
-]
+# The fixed contract, then extras: bs is the block size option as written (per-direction lists,
+# unparsable values), lat_p99_ns only with lat_percentiles=1, job_runtime_ms (fio >= 3) is summed
+# over the job's threads, ss_attained 1/0 (empty without a steadystate criterion), timestamp in
+# unix seconds (empty for fio < 2.2).
+FIO_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "file host job job_index direction rw bs_bytes iodepth numjobs runtime_ms io_bytes bw_bytes "
+    "iops lat_mean_ns clat_mean_ns clat_p50_ns clat_p99_ns clat_p999_ns usr_cpu sys_cpu error "
+    "fio_version groupid ioengine direct bs clat_stddev_ns clat_max_ns slat_mean_ns lat_p99_ns ctx "
+    "job_runtime_ms ss_attained timestamp"
+).split()
 
 DIRECTIONS = ("read", "write", "trim")
 
@@ -181,23 +154,18 @@ def _is_fio_document(value: object) -> bool:
     )
 
 
-def _is_truncation(text: str, exc: json.JSONDecodeError) -> bool:
+def _describe_failure(path: Path, text: str, raw: bytes, failure: tuple[int, str, int]) -> str:
+    start, message, position = failure
     # The decoder gives up at EOF, or (unterminated string / cut-off literal) on the last line:
     # either way nothing but the rest of that last line follows the error position.
-    return "\n" not in text[exc.pos :].strip() or exc.msg.startswith("Unterminated string")
-
-
-def _describe_failure(path: Path, text: str, raw: bytes, failures) -> str:
-    start, message, position = failures[0]
-    exc = json.JSONDecodeError(message, text, position)
-    if _is_truncation(text, exc):
+    if "\n" not in text[position:].strip() or message.startswith("Unterminated string"):
         return (
             f"{path}: no complete fio JSON document (JSON starting at byte "
             f"{_byte_offset(text, start)} truncated at byte {len(raw.rstrip())})"
         )
     return (
         f"{path}: no complete fio JSON document (invalid JSON at byte "
-        f"{_byte_offset(text, exc.pos)}, line {exc.lineno}: {exc.msg})"
+        f"{_byte_offset(text, position)}, line {text.count(chr(10), 0, position) + 1}: {message})"
     )
 
 
@@ -242,7 +210,7 @@ def _scanned_fio_documents(path: Path, raw: bytes) -> list[dict]:
     fio_documents = [doc for doc in documents if _is_fio_document(doc)]
     if not fio_documents:
         if failures:
-            raise FioParseError(_describe_failure(path, text, raw, failures))
+            raise FioParseError(_describe_failure(path, text, raw, failures[0]))
         if documents:
             keys = list(documents[-1])[:6] if isinstance(documents[-1], dict) else []
             raise FioParseError(
@@ -263,33 +231,17 @@ def _scanned_fio_documents(path: Path, raw: bytes) -> list[dict]:
 
 def _job_entries(doc: dict) -> list[tuple[int, dict, str]]:
     """(index in the document's list, job entry, host) for every per-job entry of a fio document."""
-    if isinstance(doc.get("client_stats"), list):
-        entries = [
-            (index, entry)
-            for index, entry in enumerate(doc["client_stats"])
-            if isinstance(entry, dict) and entry.get("jobname") != ALL_CLIENTS_JOBNAME
-        ]
-
-        # Several servers on one host (distinct ports) would share a hostname: add the port.
-        def port(entry: dict) -> int | None:
-            value = entry.get("port")
-            return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-        names = {str(e.get("hostname", "")) for _, e in entries}
-        ports = {(str(e.get("hostname", "")), port(e)) for _, e in entries}
-        with_port = len(ports) > len(names)
-        return [
-            (
-                index,
-                entry,
-                f"{entry.get('hostname', '')}:{port(entry)}"
-                if with_port and port(entry) is not None
-                else str(entry.get("hostname", "")),
-            )
-            for index, entry in entries
-        ]
+    if not isinstance(doc.get("client_stats"), list):
+        return [(i, entry, "") for i, entry in enumerate(doc["jobs"]) if isinstance(entry, dict)]
+    entries = [
+        (i, e, str(e.get("hostname", "")), e.get("port") if type(e.get("port")) is int else None)
+        for i, e in enumerate(doc["client_stats"])
+        if isinstance(e, dict) and e.get("jobname") != ALL_CLIENTS_JOBNAME
+    ]
+    # Several servers on one host (distinct ports) would share a hostname: add the port.
+    with_port = len({(h, port) for _, _, h, port in entries}) > len({e[2] for e in entries})
     return [
-        (index, entry, "") for index, entry in enumerate(doc["jobs"]) if isinstance(entry, dict)
+        (i, e, f"{h}:{port}" if with_port and port is not None else h) for i, e, h, port in entries
     ]
 
 
@@ -460,17 +412,13 @@ def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
     or the document lists no job entries. ``warn`` receives one-line notes (several documents
     in one file).
     """
-    return document_rows(path, load_fio_document(path, warn))
-
-
-def document_rows(path: Path | str, doc: dict) -> list[dict]:
-    """:func:`parse_fio_file`'s rows of a document :func:`load_fio_document` returned for
-    ``path`` (the ``file`` column; messages name it)."""
-    return [dict(zip(FIO_COLUMNS, row, strict=True)) for row in document_tuples(path, doc)]
+    rows = document_tuples(path, load_fio_document(path, warn))
+    return [dict(zip(FIO_COLUMNS, row, strict=True)) for row in rows]
 
 
 def document_tuples(path: Path | str, doc: dict) -> list[tuple]:
-    """:func:`document_rows` as tuples in :data:`FIO_COLUMNS` order."""
+    """:func:`parse_fio_file`'s rows, as tuples in :data:`FIO_COLUMNS` order, of a document
+    :func:`load_fio_document` returned for ``path`` (the ``file`` column; messages name it)."""
     entries = _job_entries(doc)
     if not entries:
         raise FioParseError(f"{path}: fio JSON document lists no job entries")

@@ -139,21 +139,14 @@ def read_raw_file(path) -> bytes:
         limit = MAX_RAW_BYTES if limit is None else bs_to_bytes(limit)
     except LayoutError:
         raise LayoutError(f"${MAX_RAW_BYTES_VARIABLE}: not a size: {limit!r} (e.g. 64m)") from None
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO does not wait for a writer
-    try:
-        info = os.fstat(fd)
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:  # a FIFO: no waiting
+        info = os.fstat(file.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         if info.st_size > limit:
             why = f"{info.st_size} bytes, over the limit for a raw file (${MAX_RAW_BYTES_VARIABLE}"
             raise OSError(errno.EFBIG, f"{why}={limit})", str(path))
-        parts, left = [], info.st_size
-        while left > 0 and (part := os.read(fd, left)):
-            parts.append(part)
-            left -= len(part)
-        return b"".join(parts)
-    finally:
-        os.close(fd)
+        return file.read(info.st_size)
 
 
 def read_json_object(path: Path) -> dict:
