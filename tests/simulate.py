@@ -75,13 +75,15 @@ def covered(loss: pd.DataFrame, true_log_ratio: np.ndarray) -> np.ndarray:
 
 
 def two_stage(rng, n_cells, sigma, log_ratio, n0=4, half_width_pct=2.0, cap=12):
-    """The adaptive design simulated: pilot n0 pairs, Stein targets from the pilot alone, top-up.
+    """The adaptive design simulated: pilot n0 pairs, Stein targets from the pilot alone, top-up;
+    the table carries n0 as ingest reads it from targets.json (``pilot_pairs``).
 
     Returns (fio table, pairs per cell, capped per cell)."""
     lb, lv = simulate_logs(rng, n_cells, cap, sigma, log_ratio)
     d_pilot = lv[:, :n0] - lb[:, :n0]
     pairs, _, capped = stats.stein_pairs(d_pilot.std(axis=1, ddof=1), n0, half_width_pct, cap)
-    return fio_frame(lb, lv, pairs, capped=capped), pairs, capped
+    fio = fio_frame(lb, lv, pairs, capped=capped).assign(pilot_pairs=float(n0))
+    return fio, pairs, capped
 
 
 # ----------------------------------------------------------------------- raw runs with known ratios
@@ -102,6 +104,40 @@ def _scale_fio_json(path, factor: float, options: dict | None = None) -> None:
         if options:
             job.setdefault("job options", {}).update(options)
     path.write_text(json.dumps(doc))
+
+
+def record_results(host_dir, manifest: dict) -> dict:
+    """``manifest`` with ``runs`` listing exactly the fio results now under ``host_dir/fio`` (kept
+    entries as they were), and no session records: a test that adds or removes results also
+    records them, as the runner would have."""
+    import shutil
+    from pathlib import Path
+
+    host_dir = Path(host_dir)
+    known = {r["path"]: r for r in manifest.get("runs", [])}
+    runs = []
+    for rep in sorted((host_dir / "fio").glob("*/*/rep*.json")):
+        if rep.name.endswith(".cpu.json"):
+            continue
+        path = rep.relative_to(host_dir).as_posix()
+        _, stack, workload, name = path.split("/")
+        k = int(name.removeprefix("rep").removesuffix(".json"))
+        runs.append(
+            known.get(path) or {"rep": k, "stack": stack, "workload": workload, "path": path}
+        )
+    shutil.rmtree(host_dir / "fio" / "sessions", ignore_errors=True)
+    return {**manifest, "runs": runs}
+
+
+def rerecord(host_dir) -> None:
+    """Rewrite ``host_dir/fio/manifest.json`` with :func:`record_results`."""
+    import json
+    from pathlib import Path
+
+    path = Path(host_dir) / "fio" / "manifest.json"
+    manifest = record_results(host_dir, json.loads(path.read_text()))
+    path.unlink()
+    path.write_text(json.dumps(manifest))
 
 
 def derived_run(
@@ -164,7 +200,60 @@ def derived_run(
         descriptions[stack] = {"kind": "luks", "unavailable": reason, "notes": [reason]}
         manifest.setdefault("unavailable_stacks", {})[stack] = reason
         env["plan"]["stacks"][stack] = {"kind": "luks", "optional": True}
+    manifest = record_results(raw / "vm", manifest)
     for path, doc in ((fio / "manifest.json", manifest), (raw / "vm" / "env.json", env)):
         path.unlink()
         path.write_text(json.dumps(doc))
     return raw
+
+
+# ---------------------------------------------------------------- simulated raw runs (the raw layout)
+
+SIM_HOST = "sim"
+#: latency of the simulated runs: the mean completion latency moves inversely to throughput
+SIM_BS = 4096
+
+
+def _fio_job(name: str, bw: float, iodepth: int) -> dict:
+    """One job entry of a fio JSON result: ``bw`` bytes/s at 4 KiB, latency 1/IOPS (queue 1)."""
+    iops = bw / SIM_BS
+    clat = 1e9 / iops
+    stats = {
+        "io_bytes": int(bw * 6),
+        "bw_bytes": bw,
+        "bw": bw / 1024,
+        "iops": iops,
+        "runtime": 6000,
+        "clat_ns": {"mean": clat, "percentile": {"50.000000": clat, "99.000000": 2 * clat}},
+        "lat_ns": {"mean": clat},
+    }
+    options = {"rw": "randread", "bs": "4k", "iodepth": str(iodepth)}
+    return {"jobname": name, "groupid": 0, "error": 0, "job options": options, "read": stats}
+
+
+def write_raw_reps(raw, logs: dict, reps, jobs: int = 1) -> None:
+    """Write fio results in the raw layout ``<raw>/sim/fio/<stack>/<workload>/rep<k>.json``.
+
+    ``logs``: stack -> log bandwidth, shape (cells, pairs); cell c is job slot ``c % jobs`` of
+    workload ``randread-4k-qd<w + 1>``, w = c // jobs (``jobs`` = cells per workload: one fio file holds the
+    jobs of one workload). ``reps[w]``: the repetitions (1-based) of workload w to write.
+    Existing files are kept (the raw record is never overwritten)."""
+    import json
+    from pathlib import Path
+
+    for stack, lg in logs.items():
+        for w, cell_reps in enumerate(reps):
+            folder = Path(raw) / SIM_HOST / "fio" / stack / sim_workload(w)
+            folder.mkdir(parents=True, exist_ok=True)
+            for k in cell_reps:
+                path = folder / f"rep{k}.json"
+                if path.exists():
+                    continue
+                bw = np.exp(lg[w * jobs : (w + 1) * jobs, k - 1])
+                entries = [_fio_job(f"j{j}", float(bw[j]), w + 1) for j in range(jobs)]
+                path.write_text(json.dumps({"fio version": "fio-3.36", "jobs": entries}))
+
+
+def sim_workload(w: int) -> str:
+    """Workload id of simulated workload ``w`` (0-based)."""
+    return f"randread-4k-qd{w + 1}"

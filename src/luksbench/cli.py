@@ -60,12 +60,13 @@ def _cmd_loss(args: argparse.Namespace) -> int:
             confidence=args.confidence,
             equivalence_margin_pct=args.equivalence_margin,
             exclude_outliers=args.exclude_outliers,
+            decision_regions=dict(args.region or []),
         )
     except (IngestError, FileNotFoundError, ValueError) as exc:
         print(f"luksbench loss: {exc}", file=sys.stderr)
         return 1
     table.to_csv(sys.stdout, index=False, columns=LOSS_COLUMNS)
-    counts = table["verdict"].value_counts()
+    counts = table["decision"].str.split(":").str[0].value_counts()
     summary = ", ".join(f"{counts[v]} {v}" for v in counts.index)
     noisy = int(table["noisy"].sum())
     print(
@@ -76,10 +77,55 @@ def _cmd_loss(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_targets(args: argparse.Namespace) -> int:
+    from luksbench.analysis.design import write_targets
+    from luksbench.analysis.ingest import IngestError, fio_table
+
+    adaptive = {"metric": args.metric, "pilot_pairs": args.pilot_pairs}
+    adaptive |= {"target_half_width_pct": args.target_half_width, "max_pairs": args.max_pairs}
+    try:
+        doc = write_targets(
+            fio_table(Path(args.raw_dir)),
+            args.host,
+            Path(args.out),
+            baseline=args.baseline,
+            variants=[args.variant],
+            adaptive=adaptive,
+            confidence=args.confidence,
+        )
+    except (IngestError, FileNotFoundError, ValueError) as exc:
+        print(f"luksbench targets: {exc}", file=sys.stderr)
+        return 1
+    total = sum(doc["pairs"].values())
+    print(
+        f"luksbench targets: {len(doc['pairs'])} cells, {total} pairs in all, "
+        f"{len(doc['noisy'])} at the cap; wrote {args.out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _region(text: str) -> tuple[str, tuple[float, float]]:
+    """``FAMILY=LOWER,UPPER`` (e.g. ``throughput=5,20``) for ``--region``."""
+    family, _, margins = text.partition("=")
+    try:
+        lower, upper = (float(x) for x in margins.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FAMILY=LOWER,UPPER, not {text!r}") from None
+    return family, (lower, upper)
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from luksbench.analysis import crossrun
     from luksbench.publish.crossrun import write_compare
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(
+            f"luksbench compare: --out {args.out} is a file, not a folder: left as it is, "
+            "nothing written",
+            file=sys.stderr,
+        )
+        return 1
     try:
         a = crossrun.load_run(args.run_a, args.processed_root, args.raw_root)
         b = crossrun.load_run(args.run_b, args.processed_root, args.raw_root)
@@ -95,7 +141,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         )
         differences = crossrun.env_differences(a, b, crossrun.host_pairs(a, b, args.host))
         out = write_compare(table, Path(args.out), a, b, differences)
-    except (crossrun.CompareError, FileNotFoundError, ValueError) as exc:
+    except (crossrun.CompareError, OSError, ValueError) as exc:
         print(f"luksbench compare: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(out["md"].read_text())
@@ -135,19 +181,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    parse = commands.add_parser("parse", help="parse tool output into tidy CSV on stdout")
-    parse_kinds = parse.add_subparsers(dest="kind", required=True)
-    parse_fio = parse_kinds.add_parser("fio", help="fio JSON / json+ output (any version)")
-    parse_fio.add_argument("files", nargs="+", metavar="FILE")
-    parse_fio.set_defaults(func=_cmd_parse_fio)
-    parse_cs = parse_kinds.add_parser("cryptsetup", help="`cryptsetup benchmark` text output")
-    parse_cs.add_argument("files", nargs="+", metavar="FILE")
-    parse_cs.set_defaults(func=_cmd_parse_cryptsetup)
-
+def _add_loss_commands(commands) -> None:
+    """``luksbench loss`` and ``luksbench targets``: one run's statistics straight from raw."""
     loss = commands.add_parser("loss", help="loss table with confidence intervals for one run")
     loss.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
     loss.add_argument("--baseline", default="plain")
@@ -155,8 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     loss.add_argument(
         "--metric",
         action="append",
-        help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, sys_cpu_s_per_gib ... "
-        "(repeatable; default: those six)",
+        help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, busy_cpu_s_per_gib, "
+        "sys_cpu_s_per_gib ... (repeatable; default: those seven)",
     )
     loss.add_argument("--confidence", type=float, default=0.95)
     loss.add_argument(
@@ -171,7 +206,52 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave flagged pairs out of the estimates (they are always counted in n_outliers)",
     )
+    loss.add_argument(
+        "--region",
+        action="append",
+        type=_region,
+        metavar="FAMILY=LOWER,UPPER",
+        help="decision margins in %% of a metric family (throughput, latency, cpu; default "
+        "throughput=5,20 latency=10,50 cpu=10,50): negligible within +-LOWER, moderate up to "
+        "UPPER, material beyond",
+    )
     loss.set_defaults(func=_cmd_loss)
+
+    targets = commands.add_parser(
+        "targets",
+        help="adaptive design: each cell's pairs from the pilot (Stein), as the targets file",
+        description="Read the pilot pairs (reps 1..N0) of one host of a raw run and write each "
+        "cell's target pairs (Stein's two-stage rule) as the run's targets file: the workflow "
+        "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
+        "finds it and gives the cells it lists Stein's interval.",
+    )
+    targets.add_argument("raw_dir", metavar="RAW_DIR")
+    targets.add_argument("--host", required=True)
+    targets.add_argument("--baseline", default="plain")
+    targets.add_argument("--variant", default="luks")
+    targets.add_argument("--pilot-pairs", type=int, default=4, metavar="N0")
+    targets.add_argument("--target-half-width", type=float, default=2.0, metavar="PCT")
+    targets.add_argument("--max-pairs", type=int, default=12, metavar="CAP")
+    targets.add_argument("--metric", default="bw_bytes", help="the metric whose pilot noise counts")
+    targets.add_argument("--confidence", type=float, default=0.95)
+    targets.add_argument("--out", required=True, metavar="FILE")
+    targets.set_defaults(func=_cmd_targets)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    parse = commands.add_parser("parse", help="parse tool output into tidy CSV on stdout")
+    parse_kinds = parse.add_subparsers(dest="kind", required=True)
+    parse_fio = parse_kinds.add_parser("fio", help="fio JSON / json+ output (any version)")
+    parse_fio.add_argument("files", nargs="+", metavar="FILE")
+    parse_fio.set_defaults(func=_cmd_parse_fio)
+    parse_cs = parse_kinds.add_parser("cryptsetup", help="`cryptsetup benchmark` text output")
+    parse_cs.add_argument("files", nargs="+", metavar="FILE")
+    parse_cs.set_defaults(func=_cmd_parse_cryptsetup)
+
+    _add_loss_commands(commands)
 
     comp = commands.add_parser(
         "compare",
@@ -203,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--unpaired", action="store_true", help="never pair repetitions (always Welch)"
     )
-    comp.add_argument("--out", required=True, metavar="DIR", help="folder for the outputs")
+    comp.add_argument("--out", required=True, metavar="DIR", help="output folder (not a file)")
     comp.add_argument("--processed-root", type=Path, default=Path("data/processed"))
     comp.add_argument("--raw-root", type=Path, default=Path("data/raw"))
     comp.set_defaults(func=_cmd_compare)

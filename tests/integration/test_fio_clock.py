@@ -25,6 +25,7 @@ def fio_clock_number(*options: str) -> str:
         text=True,
         check=True,
         timeout=30,
+        stdin=subprocess.DEVNULL,
     )
     return re.findall(r"gettime: clocksource=(\d+)", proc.stdout + proc.stderr)[-1]
 

@@ -24,7 +24,7 @@ import pytest
 
 from luksbench.analysis import rawloss
 from luksbench.formats.layout import Workload, fio_rep_path
-from luksbench.testbox.runner import stacks_for_round
+from luksbench.testbox.runner import stacks_in_order
 
 pytestmark = pytest.mark.device
 
@@ -76,9 +76,9 @@ def measured(tmp_path_factory):
         capture_output=True,
     )
     t0 = time.monotonic()
-    for k in range(1, PAIRS + 1):  # pairs back to back, ABBA across rounds, as the runner does
-        for w, rates in RATES.items():
-            for stack in stacks_for_round(["baseline", "variant"], k):
+    for k in range(1, PAIRS + 1):  # pairs back to back, balanced order, as the runner does
+        for position, (w, rates) in enumerate(RATES.items()):
+            for stack in stacks_in_order(["baseline", "variant"], k, position):
                 rate = rates[0] if stack == "baseline" else rates[1]
                 run_fio(fio_rep_path(raw, "box", stack, w, k), target, w, rate)
     return raw, time.monotonic() - t0

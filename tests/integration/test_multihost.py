@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import copy_workflow
+from simulate import rerecord
 
 from luksbench.analysis import ingest, stats
 from luksbench.analysis.loss import write_loss
@@ -116,6 +117,7 @@ def test_single_host_paper_has_no_hosts_section(tmp_path):
     for cell in raw.glob("*/fio/*/*"):  # a few cells are enough here
         if cell.is_dir() and cell.name not in ("read-1m-qd1", "write-4k-qd32"):
             shutil.rmtree(cell)
+    rerecord(raw / "vm")
     processed = tmp_path / "processed"
     ingest.write_processed(raw, processed, workers=1)
     write_loss(processed)

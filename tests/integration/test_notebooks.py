@@ -10,9 +10,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).parents[2]
@@ -33,6 +35,7 @@ DEFAULTS = {
     "baseline": "plain",
     "variant": "luks",
     "comparisons": "[]",
+    "decision_regions": "{}",
     "confidence": 0.95,
     "strict": False,
     "workers": 2,
@@ -46,6 +49,7 @@ PARAMS = {
         "comparisons",
         "confidence",
         "equivalence_margin_pct",
+        "decision_regions",
         "min_pairs",
     },
     "03-figures": {"run", "processed_dir", "figures_dir", "workers"},
@@ -103,17 +107,16 @@ def test_notebooks_thin_and_asserting():
         assert "def " not in code, f"{name}: logic belongs in the package"
 
 
-@pytest.mark.slow
-def test_papermill_runs_all_notebooks(tmp_path):
-    assert SAMPLE_RAW.is_dir(), f"the shipped sample is missing: {SAMPLE_RAW}"
+def run_notebooks(raw: Path, tmp_path: Path) -> dict[str, float]:
+    """The four notebooks in order on run folder ``raw`` as Snakemake runs them; their timings."""
     import papermill
 
     params = {
-        "run": "sample",
-        "raw_dir": str(SAMPLE_RAW),
+        "run": raw.name,
+        "raw_dir": str(raw),
         "processed_dir": str(tmp_path / "processed"),
         "figures_dir": str(tmp_path / "figures"),
-        "paper_dir": str(tmp_path / "paper" / "sample"),
+        "paper_dir": str(tmp_path / "paper" / raw.name),
     }
     timings = {}
     for name in ORDER:
@@ -128,8 +131,49 @@ def test_papermill_runs_all_notebooks(tmp_path):
             progress_bar=False,
         )
         timings[name] = time.monotonic() - start
+    return timings
+
+
+@pytest.mark.slow
+def test_papermill_runs_all_notebooks(tmp_path):
+    assert SAMPLE_RAW.is_dir(), f"the shipped sample is missing: {SAMPLE_RAW}"
+    timings = run_notebooks(SAMPLE_RAW, tmp_path)
     assert (tmp_path / "processed" / "loss.parquet").exists()
     assert (tmp_path / "figures" / "loss.png").exists()
     assert (tmp_path / "paper" / "sample" / "index.md").exists()
     assert (tmp_path / "paper" / "sample" / "index.html").exists()
     print(timings)
+
+
+@pytest.mark.slow
+def test_the_analysis_finishes_on_tampered_raw_and_names_the_files(tmp_path):
+    """A cell left with one usable pair, a deleted rep, a stray copy no manifest records and an
+    implausible CPU sidecar: the notebooks finish, the cell is insufficient, the paper names each
+    file."""
+    raw = tmp_path / "sample"
+    shutil.copytree(REPO / "data" / "raw" / "sample", raw)
+    fio = raw / "vm" / "fio"
+    bad = {
+        "luks/read-4k-qd1/rep2.json": "",
+        "luks/read-4k-qd1/rep3.json": "",
+        "plain/write-1m-qd1/rep3.json": None,
+        "plain/read-1m-qd1/rep1.cpu.json": "busy_pct",
+        "luks/randread-4k-qd1/rep7.json": (fio / "luks/randread-4k-qd1/rep2.json").read_text(),
+    }
+    for name, text in bad.items():
+        path = fio / name
+        if path.exists():
+            path.chmod(0o644)
+        if text is None:
+            path.unlink()
+        elif text == "busy_pct":
+            path.write_text(json.dumps({**json.loads(path.read_text()), "busy_pct": 250.0}))
+        else:
+            path.write_text(text)
+    run_notebooks(raw, tmp_path)
+    paper = (tmp_path / "paper" / "sample" / "index.md").read_text()
+    for name in bad:
+        assert f"`vm/fio/{name}`" in paper, name
+    loss = pd.read_parquet(tmp_path / "processed" / "loss.parquet")
+    short = loss[loss["workload"] == "read-4k-qd1"]
+    assert (short["verdict"] == "insufficient").all() and (short["n"] == 1).all()

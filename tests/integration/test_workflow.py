@@ -145,6 +145,11 @@ def test_a_malformed_config_is_refused_naming_the_key(override, named):
         ),
         ("stacks:\n  plain: {kind: plain}\n  luks: {kind: luks, level: 5}\n", "stacks.luks.level"),
         ("study: nope\n", "config key 'study': no study 'nope'"),
+        # decision margins the wrong way round
+        (
+            "analysis: {decision_regions: {latency: {lower_pct: 60, upper_pct: 50}}}\n",
+            "decision_regions.latency: need 0 < lower < upper",
+        ),
         ("profile: scs-2023\n", "config key 'profile' is now 'study'"),
     ],
 )
@@ -226,6 +231,15 @@ def test_the_sample_is_re_analysed_without_fio(tmp_path):
         p: p.read_bytes() for p in sorted((work / "data/raw/sample").rglob("*")) if p.is_file()
     }
     assert raw_after == raw_before
+
+    # raw files are inputs: nothing to do while they stand, the whole analysis once one is gone
+    # (the manifest, an input by itself, unchanged)
+    result = snakemake("-n", "paper/sample/index.md", cwd=work)
+    assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
+    (work / "data/raw/sample/vm/fio/luks/read-4k-qd1/rep3.json").unlink()
+    result = snakemake("-n", "paper/sample/index.md", cwd=work)
+    out = result.stdout + result.stderr
+    assert "Job stats" in out and {"ingest_raw", "render_paper"} <= set(job_counts(out)), out
 
 
 @pytest.mark.parametrize(

@@ -112,6 +112,9 @@ def test_a_small_run_is_measured_and_published(workdir):
     paper = (workdir / "paper" / "e2e" / "index.md").read_text()
     assert "randread" in paper and "write" in paper
     assert not re.search(r"\bnan\b", paper, re.IGNORECASE), "a missing value leaked into the paper"
+    # the digest of the raw files ingest recorded is the one after the run: nothing left to do
+    again = snakemake(workdir, "-n", "all")
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
 
     assert our_mounts(workdir) == []
     assert our_processes(workdir) == []
@@ -215,5 +218,9 @@ def test_an_adaptive_run_measures_the_pilot_then_tops_cells_up_to_their_targets(
         rows = loss[loss["workload"] == w]
         assert (rows["n"] == n).all() and (rows["target_pairs"] == n).all()
         assert (rows["noisy"] == (w in doc["noisy"])).all()
+        # the workflow's loss table gives these cells Stein's interval on their 2 pilot pairs
+        measured = rows[rows["n"] >= 2]
+        assert len(measured) and (measured["interval"] == "stein").all()
+        assert (measured["pilot_pairs"] == 2).all() and measured["decision"].notna().all()
     assert our_mounts(workdir) == []
     assert our_processes(workdir) == []

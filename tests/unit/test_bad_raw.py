@@ -117,3 +117,46 @@ def test_the_paper_says_which_raw_files_were_left_out(broken_run, tmp_path):
     ).read_text()
     for name in broken:
         assert f"Raw file `{name}` was left out:" in text
+
+
+def test_implausible_cpu_sidecars_and_results_the_manifest_does_not_record(tmp_path):
+    """A CPU sidecar no /proc/stat reading can give, a stray copy of a result that no run wrote
+    and a result the manifest records but that is gone: each named, none a value in the table."""
+    raw_dir = tmp_path / "sample"
+    shutil.copytree(SAMPLE, raw_dir)
+    cell = raw_dir / HOST / "fio" / "luks" / "read-4k-qd1"
+    expected = {}
+    for k, (key, value) in enumerate(
+        {"busy_s": -1.0, "busy_pct": 250.0, "interval_s": 0}.items(), 1
+    ):
+        sidecar = cell / f"rep{k}.cpu.json"
+        replace(sidecar, json.dumps({**json.loads(sidecar.read_text()), key: value}))
+        expected[sidecar] = f"{key} is {value}"
+    stray = rep(raw_dir, "plain", "write-4k-qd1", 7)
+    shutil.copyfile(rep(raw_dir, "plain", "write-4k-qd1", 2), stray)
+    expected[stray] = "not a run the manifest records"
+    gone = rep(raw_dir, "plain", "randread-1m-qd1", 3)
+    gone.unlink()
+    expected[gone] = "missing: the manifest records it as written"
+
+    tables = ingest.ingest_run(raw_dir)
+    problems = tables["problems"].set_index("file")["reason"]
+    assert len(problems) == len(expected)
+    for path, why in expected.items():
+        assert why in problems[path.relative_to(raw_dir).as_posix()]
+    fio = tables["fio"]
+    assert stray.relative_to(raw_dir).as_posix() not in set(fio["file"])
+    assert fio["rep"].max() == 3
+    cpu = fio[["busy_cpu_s", "sys_cpu_s", "cpu_interval_s", "busy_cpu_s_per_gib"]]
+    assert (cpu.dropna() > 0).all().all() and (fio["busy_cpu_pct"].dropna() <= 100).all()
+    assert not (fio["stack"].eq("luks") & fio["workload"].eq("read-4k-qd1")).any()
+
+
+@pytest.mark.parametrize("folder", ["empty", "raw root"])
+def test_loss_on_a_folder_without_results_says_so(folder, tmp_path, capsys):
+    from luksbench.cli import main
+
+    raw_dir = tmp_path / "empty" if folder == "empty" else SAMPLE.parent  # data/raw, not a run
+    raw_dir.mkdir(exist_ok=True)
+    assert main(["loss", str(raw_dir)]) == 1
+    assert f"luksbench loss: no fio results under {raw_dir}" in capsys.readouterr().err

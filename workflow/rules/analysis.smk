@@ -9,6 +9,8 @@ after it read those tables.
 import json
 import shlex
 
+from luksbench.analysis.ingest import raw_digest
+
 # notebooks/ as working directory, like JupyterLab; cell output goes to the log. A loaded or slow
 # machine (a VM under emulation) may need more than papermill's default 60 s to start a kernel.
 PAPERMILL_OPTIONS = (
@@ -36,6 +38,9 @@ rule ingest_raw:
         raw_dir=abs_raw_dir,
         processed_dir=abs_processed_dir,
         strict=config["analysis"]["strict_ingest"],
+        # a raw file added, removed or edited changes it: Snakemake re-runs a rule whose params
+        # changed (evaluated when the rule is about to run, after the raw files are written)
+        raw_files=lambda wildcards: raw_digest(abs_raw_dir(wildcards)),
     threads: 2
     conda:
         "../../envs/luksbench.yaml"
@@ -55,7 +60,7 @@ rule compute_loss:
         **processed(*PROCESSED_TABLES),
         code=ANALYSIS_CODE,
     output:
-        **processed("loss", "cpu_loss", "arms"),
+        **processed(*LOSS_TABLES),
         notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
     params:
         papermill=PAPERMILL_OPTIONS,
@@ -67,6 +72,7 @@ rule compute_loss:
         comparisons=shlex.quote(json.dumps(config["analysis"]["comparisons"])),
         confidence=config["analysis"]["confidence"],
         margin=config["analysis"]["equivalence_margin_pct"],
+        regions=shlex.quote(json.dumps(config["analysis"]["decision_regions"])),
         min_pairs=min_pairs,
     conda:
         "../../envs/luksbench.yaml"
@@ -78,7 +84,7 @@ rule compute_loss:
         " -p baseline {params.baseline} -p variant {params.variant}"
         " -r comparisons {params.comparisons}"
         " -p confidence {params.confidence} -p equivalence_margin_pct {params.margin}"
-        " -p min_pairs {params.min_pairs} > {log} 2>&1"
+        " -r decision_regions {params.regions} -p min_pairs {params.min_pairs} > {log} 2>&1"
 
 
 rule plot_figures:
@@ -86,7 +92,7 @@ rule plot_figures:
     one process per thread."""
     input:
         notebook=f"{NOTEBOOKS}/03-figures.ipynb",
-        **processed(*PROCESSED_TABLES, "loss", "cpu_loss", "arms"),
+        **processed(*PROCESSED_TABLES, *LOSS_TABLES),
         code=PUBLISH_CODE,
     output:
         figures=directory("figures/{run}"),
@@ -111,7 +117,7 @@ rule render_paper:
     from the processed tables, the figures and the transcribed published results only."""
     input:
         notebook=f"{NOTEBOOKS}/04-paper.ipynb",
-        **processed(*PROCESSED_TABLES, "loss", "cpu_loss", "arms"),
+        **processed(*PROCESSED_TABLES, *LOSS_TABLES),
         figures="figures/{run}",
         references=sorted(str(p) for p in Path("data/reference").glob("*.csv")),
         code=PUBLISH_CODE,

@@ -10,6 +10,8 @@ from snakemake.utils import min_version, validate
 
 from luksbench.analysis.contrasts import check_config as check_comparisons
 from luksbench.analysis.ingest import PROCESSED_TABLES
+from luksbench.analysis.loss import LOSS_TABLES
+from luksbench.analysis.stats import check_regions
 from luksbench.studies import STUDIES_DIR, apply_study
 from luksbench.testbox.plan import plan_from_config, workloads, write_plan
 from luksbench.testbox.planview import describe_plan
@@ -27,6 +29,8 @@ if _studied is not config:
 validate(config, schema="../schemas/config.schema.yaml")
 # (baseline, variant) pairs the analysis reports, headline first; an error names the key.
 COMPARISONS = check_comparisons(config)
+# decision margins: 0 < lower_pct < upper_pct in every family (the error names it)
+check_regions(config["analysis"]["decision_regions"])
 # Adaptive repetitions (two-stage): run_pilot -> plan_repetitions (targets.json) -> run_fio.
 # Disabled, run_fio alone measures the fixed design and the two extra rules are not in the DAG.
 ADAPTIVE = config["adaptive"]

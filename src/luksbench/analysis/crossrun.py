@@ -254,6 +254,8 @@ def _cell_change(
 
 
 def _outcome(row) -> str:
+    if row["n_a"] == row["n_b"] == 0:
+        return "insufficient"  # in both runs, e.g. a latency percentile of too few I/Os
     if row["n_a"] == 0:
         return "only in B"
     if row["n_b"] == 0:

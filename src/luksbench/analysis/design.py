@@ -12,8 +12,10 @@ every cell up to its N (``luksbench testbox run-fio --targets targets.json``); t
 look at the data after the pilot. Cells whose requirement exceeds ``max_pairs`` stop at the cap and
 are labelled *noisy*: their interval is honest but wider than the target.
 
-The targets file (:mod:`luksbench.formats.targets`) records the decision; the loss table reports
-it per cell as ``target_pairs``/``noisy``.
+The targets file (:mod:`luksbench.formats.targets`) records the decision, n0 and the pilot SDs; the
+loss table reports it per cell as ``target_pairs``/``noisy`` and gives these cells Stein's interval
+(mean of all N pairs +- t_{n0-1} s0 / sqrt(N): exact coverage whatever N the pilot chose).
+``luksbench targets`` and the workflow's ``plan_repetitions`` rule both call :func:`write_targets`.
 
 A pilot cell without ``n0`` usable pairs (a failed run) gets the cap and counts as noisy.
 """
@@ -107,7 +109,9 @@ def pilot_targets(
                 "Stein two-stage: N = min(max_pairs, max(n0, ceil((t_{1-alpha/2,n0-1} s / h)^2))), "
                 "s = pilot SD of ln(variant/baseline) (largest over directions, jobs and "
                 "comparisons), "
-                "h = ln(1 + target_half_width_pct/100); no further looks after the pilot"
+                "h = ln(1 + target_half_width_pct/100); no further looks after the pilot. "
+                "Interval of these cells (Stein): mean of all N pairs +- t_{n0-1} s0 / sqrt(N), "
+                "s0 = the SD of the cell's n0 pilot pairs"
             ),
             "host": host,
             "metric": metric,

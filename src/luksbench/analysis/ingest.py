@@ -7,6 +7,11 @@
                       fio used (its ``bs`` option; = bs_bytes for cells without io_bs).
                       ``host`` is the box that measured: the layout's ``<host>`` folder, or for
                       fio client/server (fleet) results each fio server, named as in the plan.
+                      Completion-latency percentiles come from the json+ histograms where the
+                      file has them, summed over a run's job entries and NaN where too few I/Os
+                      lie beyond (:mod:`luksbench.analysis.tails`; ``clat_ios`` the completions).
+                      CPU columns are net of the session's idle baseline, with utilisation and
+                      CPU per I/O beside CPU per GiB (:mod:`luksbench.analysis.cpucost`).
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
 ``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
@@ -33,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from luksbench.analysis import cpucost, tails
 from luksbench.analysis.stats import active_rows, with_pattern
 from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import (
@@ -55,6 +61,7 @@ from luksbench.formats.manifest import (
     read_manifest,
     session_records,
     stack_descriptions,
+    written_results,
 )
 from luksbench.formats.sidecar import read_cpu_sidecar
 from luksbench.formats.targets import read_targets
@@ -66,12 +73,12 @@ FIO_LAYOUT_COLUMNS = ["run", "host", "stack", "workload", "pattern", "rep", "job
 #: columns derived from the CPU sidecar and io_bytes, appended after the parser's columns:
 #: io_bs_bytes is the bytes per I/O as fio ran it (the job's bs option; bs_bytes is the cell's,
 #: for a pattern with io_bs a block of several I/Os); target_pairs and hit_cap come from the
-#: adaptive design (<host>/fio/targets.json; missing for a fixed design); host_dir is the raw
-#: layout's <host> folder, which differs from ``host`` only for fio client/server (fleet)
-#: results, where ``host`` is the fio server that measured
+#: adaptive design (<host>/fio/targets.json; missing for a fixed design), as does pilot_pairs;
+#: host_dir is the raw layout's <host> folder, which differs from ``host`` only for fio
+#: client/server (fleet) results, where ``host`` is the fio server that measured
 FIO_DERIVED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "io_bs_bytes io_gib busy_cpu_s busy_cpu_pct sys_cpu_s cpu_interval_s busy_cpu_s_per_gib "
-    "sys_cpu_s_per_gib target_pairs hit_cap host_dir"
+    "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs host_dir"
 ).split()
 
 ENV_COLUMNS = [
@@ -128,6 +135,20 @@ class IngestError(ValueError):
 
 def run_name(raw_dir: Path) -> str:
     return Path(raw_dir).resolve().name
+
+
+def raw_digest(raw_dir: Path) -> str:
+    """Digest of every file in a run folder (path, size, mtime, inode): it changes when a raw file
+    is added, removed, replaced or edited (the workflow re-runs ingest when it does)."""
+    import hashlib
+
+    digest, root = hashlib.sha256(), str(raw_dir)
+    for folder, subdirs, files in os.walk(root):
+        subdirs.sort()
+        for name in sorted(files):
+            path = f"{folder}/{name}"
+            digest.update(f"{path[len(root) :]} {_stat_key(path)}\n".encode())
+    return digest.hexdigest()
 
 
 def host_dirs(raw_dir: Path) -> list[Path]:
@@ -260,7 +281,7 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
         cpu = read_cpu_sidecar(f"{root}/{cpu_key}", _FAST_LOADS or json.loads)
     except ValueError as exc:  # a missing sidecar: no CPU values (one open, no stat first)
         if not isinstance(exc.__cause__, FileNotFoundError):
-            return [], [], [(cpu_key, str(exc))], notes
+            return [], [], [(cpu_key, f"{exc}; its fio result is left out too")], notes
         cpu = _NO_CPU
     try:
         bins = [
@@ -300,7 +321,7 @@ def _file_rows(key: str, run: str, rep: RepPath, rows: list[tuple], cpu: dict) -
 
 
 #: columns of the per-file part of the table: all but those added per host when assembling
-_DESIGN_COLUMNS = ("target_pairs", "hit_cap", "host_dir")
+_DESIGN_COLUMNS = ("target_pairs", "hit_cap", "pilot_pairs", "host_dir")
 #: CPU columns from the sidecar: /proc/stat of the machine running the fio *client*
 _CPU_COLUMNS = (*_NO_CPU, "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 #: the rows a worker returns: the table's columns but the design's, with ``_key``/``_row`` to order
@@ -431,6 +452,15 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
     return reps, strays
 
 
+def _stat_key(path: str) -> tuple[int, int, int]:
+    """(size, mtime in ns, inode) of a file, (-1, -1, -1) when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (-1, -1, -1)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def _file_stat(root: str, key: str) -> tuple[int, ...]:
     """(size, mtime in ns, inode) of a result and of its CPU sidecar; -1s for a missing file."""
     out: list[int] = []
@@ -441,6 +471,32 @@ def _file_stat(root: str, key: str) -> tuple[int, ...]:
         except FileNotFoundError:
             out += (-1, -1, -1)
     return tuple(out)
+
+
+def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list[tuple[Path, str]]]:
+    """The rep files ``keys`` that the manifests of their host record as written (all of a host
+    whose manifests record no runs), and a problem for every other one and every recorded one
+    that is missing."""
+    recorded: dict[str, set[str]] = {}
+    for hdir in host_dirs(raw_dir):
+        written: set[str] = set()
+        for path, _ in session_records(hdir):
+            try:
+                written |= {f"{hdir.name}/{p}" for p in written_results(read_manifest(path))}
+            except ValueError:  # an unreadable manifest: the schedule table names it
+                continue
+        if written:
+            recorded[hdir.name] = written
+    problems, kept = [], []
+    for key in keys:
+        written = recorded.get(key.split("/", 1)[0])
+        if written is None or key in written:
+            kept.append(key)
+        else:
+            problems.append((raw_dir / key, "not a run the manifest records: left out"))
+    missing = sorted(set().union(*recorded.values()) - set(keys), key=lambda k: k.split("/"))
+    problems += [(raw_dir / k, "missing: the manifest records it as written") for k in missing]
+    return kept, problems
 
 
 def fio_table(
@@ -466,7 +522,10 @@ def fio_table(
     the parser code changes). The table is the same as without a cache. ``workers``: processes
     that parse in parallel (default: the CPUs available; 1 = in this process).
     """
-    return fio_and_latency_tables(raw_dir, strict, cache_dir, workers)[0]
+    fio = fio_and_latency_tables(raw_dir, strict, cache_dir, workers)[0]
+    with_cost = cpucost.with_cpu_cost(fio, schedule_table(raw_dir, strict=False))
+    with_cost.attrs = fio.attrs
+    return with_cost
 
 
 def fio_and_latency_tables(
@@ -498,6 +557,8 @@ def fio_and_latency_tables(
         problems.append(
             (raw_dir / key, "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json")
         )
+    keys, unrecorded = _recorded_results(raw_dir, keys)
+    problems += unrecorded
 
     cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
     rows, bins, results = (
@@ -525,7 +586,11 @@ def fio_and_latency_tables(
     df.attrs["notes"] = [(str(p), why) for p, why in notes]
     # how the table was made: files parsed now vs rows reused from the cache
     df.attrs["ingest"] = {"files": len(keys), "parsed": len(todo), "reused": len(keys) - len(todo)}
-    return df, _latency_table(df, bins)
+    latency = _latency_table(df, bins)
+    attrs = df.attrs
+    df = tails.with_histogram_percentiles(df, latency)
+    df.attrs = attrs
+    return df, latency
 
 
 def _latency_table(fio: pd.DataFrame, bins: list[pd.DataFrame]) -> pd.DataFrame:
@@ -561,8 +626,8 @@ def _assemble(
     )
     cells = {(host, w): design for host, ts in targets.items() for w, design in ts.items()}
     hosts_cells = zip(df["host"].tolist(), df["workload"].tolist(), strict=True)
-    design = [cells.get(cell, (None, None)) for cell in hosts_cells] if cells else []
-    for i, col in enumerate(("target_pairs", "hit_cap")):  # None: fixed design, no targets.json
+    design = [cells.get(cell, (None,) * 3) for cell in hosts_cells] if cells else []
+    for i, col in enumerate(("target_pairs", "hit_cap", "pilot_pairs")):  # None: fixed design
         values = [d[i] for d in design] if design else [None] * len(df)
         df[col] = pd.Series(values, dtype="object", index=df.index)
     df["host_dir"] = df["host"]
@@ -900,6 +965,7 @@ SCHEDULE_COLUMNS = [
     "started",
     "ended",
     "status",
+    *cpucost.IDLE_COLUMNS,  # the session's idle CPU baseline, per second of wall time
 ]
 
 
@@ -932,6 +998,7 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             if manifest is None:
                 continue
             runs = manifest.get("runs") or []
+            idle = cpucost.idle_rates(manifest.get("cpu_idle_baseline"))
             if not isinstance(runs, list):
                 problems.append((path, "manifest: 'runs' must be a list"))
                 continue
@@ -952,6 +1019,7 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                         "started": _timestamp(entry.get("started")),
                         "ended": _timestamp(entry.get("ended")),
                         "status": entry.get("status"),
+                        **idle,
                     }
                 )
     if problems and strict:
@@ -962,6 +1030,8 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             df[col] = pd.to_datetime(df[col], utc=True).astype("datetime64[ns, UTC]")
         elif col in ("seed", "index", "round", "rep", "position_in_cell"):
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+        elif col in cpucost.IDLE_COLUMNS:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
         else:
             df[col] = df[col].astype("string")
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
@@ -983,11 +1053,13 @@ def ingest_run(
     """All tables of one run folder (:data:`PROCESSED_TABLES`).
 
     A bad raw file (truncated, empty, text only, not fio output, NaN or negative values, a failed
-    fio job, in the wrong place) is left out and listed in the "problems" table with the reason
-    (severity "excluded"); files used with a caveat (several JSON documents: the last counts) are
-    listed as "note". With ``strict`` any excluded file raises one :class:`IngestError` naming
-    every bad file instead. Nothing bad becomes a value in a table. ``cache_dir``/``workers``:
-    incremental and parallel parsing of the fio results (:func:`fio_table`).
+    fio job, in the wrong place, a result its host's manifests do not record) is left out and
+    listed in the "problems" table with the reason (severity "excluded"), as is a result the
+    manifests record but that is missing; files used with a caveat (several JSON documents: the
+    last counts) are listed as "note". With ``strict`` any excluded file raises one
+    :class:`IngestError` naming every bad file instead. Nothing bad becomes a value in a table.
+    ``cache_dir``/``workers``: incremental and parallel parsing of the fio results
+    (:func:`fio_table`).
     """
     raw_dir = Path(raw_dir)
     parsed = fio_and_latency_tables(raw_dir, False, cache_dir=cache_dir, workers=workers)
@@ -999,6 +1071,9 @@ def ingest_run(
         ("schedule", schedule_table),
     ):
         tables[name] = func(raw_dir, strict=False)
+    attrs = tables["fio"].attrs
+    tables["fio"] = cpucost.with_cpu_cost(tables["fio"], tables["schedule"])
+    tables["fio"].attrs = attrs
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
     notes = [n for table in tables.values() for n in table.attrs.get("notes", [])]
     if problems and strict:

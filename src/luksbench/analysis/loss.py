@@ -2,10 +2,15 @@
 
 ``write_loss`` reads ``fio.parquet`` and writes every statistic figures and paper show:
 
-``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`);
-``cpu_loss.parquet``  CPU seconds per GiB (busy and system) of every comparison, its own family;
+``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`),
+                      with ``note``: "too few I/Os ..." where a latency percentile is withheld
+                      (:func:`tails.too_few_notes`);
+``cpu_loss.parquet``  its rows of CPU cost (:data:`CPU_METRICS`) that were measured;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
-                      (throughput and CPU: the bars of the figures).
+                      (throughput and CPU: the bars of the figures);
+``reps.parquet``      every repetition's value per arm and cell (job entries combined): the dots;
+``order.parquet``     the effect of the stack order within pairs, per comparison and metric
+                      (:func:`stats.order_effect`, from the schedule table).
 """
 
 from __future__ import annotations
@@ -14,28 +19,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import stats
+from luksbench.analysis import stats, tails
 from luksbench.analysis.contrasts import resolve
 
-#: metrics whose per-arm means and intervals are tabled (the bars of the figures)
-ARM_METRICS = ("bw_bytes", "iops", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
-CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
+#: metrics whose per-arm means and intervals are tabled (the bars and points of the figures)
+#: CPU cost net of the idle baseline (:mod:`luksbench.analysis.cpucost`): per GiB, utilisation
+#: beside it, per I/O (at equal load in a fixed-rate pattern's cells)
+CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct", "busy_cpu_us_per_io")
+ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
+#: the tables :func:`write_loss` writes (``<processed_dir>/<name>.parquet``)
+LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order")
 
 
 def _measured(fio: pd.DataFrame, metrics) -> list[str]:
     """The metrics with at least one value in ``fio``."""
     return [m for m in metrics if m in fio and pd.to_numeric(fio[m], errors="coerce").notna().any()]
-
-
-def cpu_losses(fio: pd.DataFrame, pairs, confidence: float) -> pd.DataFrame:
-    """Increase of CPU seconds per GiB (busy, system) of every comparison; empty without
-    sidecars. Each comparison is its own family, apart from the main loss table."""
-    metrics = _measured(fio, CPU_METRICS)
-    pairs = [(b, v) for b, v in pairs if b != v] if metrics else []
-    if not pairs:
-        return pd.DataFrame(columns=stats.LOSS_COLUMNS)
-    parts = [stats.loss_table(fio, b, v, metrics=metrics, confidence=confidence) for b, v in pairs]
-    return pd.concat(parts, ignore_index=True)
 
 
 def write_loss(
@@ -46,9 +44,10 @@ def write_loss(
     confidence: float = 0.95,
     equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
     comparisons=None,
+    decision_regions: dict | None = None,
 ) -> tuple[pd.DataFrame, Path]:
-    """Read ``fio.parquet`` from ``processed_dir``, write ``loss.parquet``, ``cpu_loss.parquet``
-    and ``arms.parquet`` beside it; returns the loss table and its path.
+    """Read ``fio.parquet`` from ``processed_dir``, write the :data:`LOSS_TABLES` beside it;
+    returns the loss table and its path.
 
     ``loss.parquet`` holds the rows of every comparison (outliers flagged and kept; see
     :func:`stats.loss_table`), the headline first. ``comparisons``: config
@@ -58,11 +57,36 @@ def write_loss(
     fio = pd.read_parquet(processed_dir / "fio.parquet")
     pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
     table = stats.loss_tables(
-        fio, pairs, metrics, confidence, equivalence_margin_pct=equivalence_margin_pct
+        fio,
+        pairs,
+        metrics,
+        confidence,
+        equivalence_margin_pct=equivalence_margin_pct,
+        decision_regions=decision_regions,
     )
+    table["note"] = tails.too_few_notes(table, fio)
     path = processed_dir / "loss.parquet"
     table.to_parquet(path, index=False)
-    cpu_losses(fio, pairs, confidence).to_parquet(processed_dir / "cpu_loss.parquet", index=False)
-    arms = stats.arm_summary(fio, _measured(fio, ARM_METRICS), confidence)
-    arms.to_parquet(processed_dir / "arms.parquet", index=False)
+    cpu = table[table["metric"].isin(_measured(fio, CPU_METRICS))]
+    cpu.to_parquet(processed_dir / "cpu_loss.parquet", index=False)
+    arm_metrics = _measured(fio, ARM_METRICS)
+    for name, part in (
+        ("arms", stats.arm_summary(fio, arm_metrics, confidence)),
+        ("reps", stats.rep_values(fio, arm_metrics)),
+    ):
+        part.to_parquet(processed_dir / f"{name}.parquet", index=False)
+    order_effects(fio, processed_dir / "schedule.parquet", pairs, table, confidence).to_parquet(
+        processed_dir / "order.parquet", index=False
+    )
     return table, path
+
+
+def order_effects(fio: pd.DataFrame, schedule_path: Path, pairs, loss, confidence: float):
+    """:func:`stats.order_effect` of every comparison for the loss table's metrics (empty
+    without a schedule table)."""
+    schedule = pd.read_parquet(schedule_path) if schedule_path.exists() else None
+    if schedule is None or schedule.empty:
+        return pd.DataFrame(columns=stats.ORDER_COLUMNS)
+    metrics = list(dict.fromkeys(loss["metric"]))
+    parts = [stats.order_effect(fio, schedule, b, v, metrics, confidence) for b, v in pairs]
+    return pd.concat(parts, ignore_index=True)

@@ -13,5 +13,11 @@ from luksbench.analysis.stats import loss_table
 
 def loss_table_from_raw(raw_dir: Path, *args, **kwargs) -> pd.DataFrame:
     """:func:`~luksbench.analysis.stats.loss_table` (same arguments after the fio table) of a raw
-    run folder (strict ingest)."""
-    return loss_table(fio_table(Path(raw_dir)), *args, **kwargs)
+    run folder (strict ingest); ValueError when it holds no fio results."""
+    fio = fio_table(Path(raw_dir))
+    if fio.empty:
+        raise ValueError(
+            f"no fio results under {raw_dir} (expected <host>/fio/<stack>/<workload>/rep<k>.json "
+            "in one run's folder, data/raw/<run>)"
+        )
+    return loss_table(fio, *args, **kwargs)

@@ -2,7 +2,8 @@
 
 Design: rep k of every stack forms pair k (same cell, run back to back). For each cell (host,
 workload, job slot, direction) and metric we take the log ratio of every complete pair,
-``d_k = ln(variant_k / baseline_k)``, and a paired t-interval on the mean of ``d``. Ratios are the
+``d_k = ln(variant_k / baseline_k)``, and a paired t-interval on the mean of ``d`` (cells of the
+adaptive design: Stein's interval on the pilot's SD, see :func:`paired_log_ratio_ci`). Ratios are the
 natural scale for throughput and latency (effects multiply, the log makes them symmetric) and the
 back-transformed mean is the geometric-mean ratio ``r = exp(mean d)``.
 
@@ -19,26 +20,30 @@ missing side or a value <= 0 are excluded and counted in ``n_dropped``.
 
 Beside the main interval, every row carries (all in the same loss/increase % units):
 
-* ``p_value`` (two-sided paired t-test of mean d = 0) and ``q_value`` (Benjamini-Hochberg over every
-  row of the table that has a p-value, :func:`scipy.stats.false_discovery_control`);
+* ``decision`` (what the paper leads with): the region of :func:`decision` the whole interval
+  lies in, margins per metric family (:data:`DEFAULT_DECISION_REGIONS`);
+* ``p_value`` (two-sided paired t-test of mean d = 0) and ``q_value`` (Benjamini-Hochberg over the
+  rows of one metric that have a p-value, :func:`scipy.stats.false_discovery_control`; IOPS rows
+  at a fixed block size repeat bandwidth's test and say so in ``derived_from``);
 * ``equiv_low``/``equiv_high``: the (1 - 2 alpha) interval (90 % for 95 % confidence) of the
   two-one-sided-tests equivalence check against +-``equivalence_margin_pct`` (default 2 points);
   ``equivalent`` is True when it lies strictly inside the margin;
 * ``fieller_low``/``fieller_high``: paired Fieller interval on the ratio of arithmetic means
   mean(variant) / mean(baseline), a cross-check that does not assume log-normality; NaN when the
-  set is unbounded (the baseline mean is not significantly different from 0);
+  set is unbounded (the baseline mean is not significantly different from 0), clipped at ratio 0;
 * ``boot_low``/``boot_high``: BCa bootstrap interval of mean d (resampling whole pairs), only when a
   cell has at least :data:`BOOTSTRAP_MIN_PAIRS` pairs, NaN otherwise;
 * ``n_outliers``/``outlier_reps``: pairs flagged by :func:`flag_outliers` (modified z-score of d
   > 3.5 within the cell, a fio error on either arm, or fio's steady-state criterion not attained);
   they are kept unless ``loss_table(..., exclude_outliers=True)`` (then ``outliers_excluded``);
-* ``target_pairs``/``noisy``: the adaptive design's per-cell target and whether the cell hit the
-  cap (from ``<host>/fio/targets.json`` through ingest; NaN/False for fixed designs).
+* ``target_pairs``/``noisy``/``pilot_pairs``: the adaptive design's per-cell target, whether the
+  cell hit the cap and its pilot pairs n0 (from ``<host>/fio/targets.json`` through ingest;
+  NaN/False for fixed designs); ``interval`` ("t" or "stein") and ``pilot_sd_log_ratio`` (s0).
 
 Verdict (column ``verdict``, one of :data:`VERDICTS`), in this order:
 
 1. ``insufficient``: fewer than two usable pairs;
-2. ``significant``: ``q_value <= 1 - confidence`` (BH across the table; such a row's marginal CI
+2. ``significant``: ``q_value <= 1 - confidence`` (BH within the metric; such a row's marginal CI
    always excludes 0, because q >= p);
 3. ``equivalent``: not significant, and the 90 % interval lies inside +-margin;
 4. ``inconclusive``: otherwise.
@@ -49,7 +54,7 @@ verdict: a noisy cell still gets its honest interval, it just did not reach the 
 
 Several comparisons (config ``analysis.comparisons``): :func:`loss_tables` (written by :func:`luksbench.analysis.loss.write_loss`)
 concatenate one loss table per (baseline, variant) pair, the headline first; each is its own family
-for the Benjamini-Hochberg adjustment. A cell of a config pattern (workload id
+for the Benjamini-Hochberg adjustment (per metric). A cell of a config pattern (workload id
 ``<rw>-<bs>-qd<iodepth>-<pattern>``) is a cell of its own (``pattern`` in :data:`CELL_ATTRS` and the
 loss table; read from the workload id for tables ingested before patterns existed).
 
@@ -88,9 +93,19 @@ METRICS: dict[str, bool] = {
     "clat_p999_ns": False,
     "busy_cpu_s_per_gib": False,
     "sys_cpu_s_per_gib": False,
+    "cpu_util_pct": False,
+    "busy_cpu_us_per_io": False,
 }
 DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns")
-DEFAULT_METRICS += ("clat_p999_ns", "sys_cpu_s_per_gib")
+DEFAULT_METRICS += ("clat_p999_ns", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
+DEFAULT_METRICS += ("busy_cpu_us_per_io",)
+#: metric -> family of its decision regions (config ``analysis.decision_regions``)
+METRIC_FAMILIES = {m: "latency" for m in METRICS if "lat" in m}
+METRIC_FAMILIES |= {"bw_bytes": "throughput", "iops": "throughput"}
+METRIC_FAMILIES |= {m: "cpu" for m in METRICS if "cpu" in m}
+#: family -> (lower, upper) margin in % of the effect: negligible within +-lower, moderate between
+#: lower and upper, material beyond upper (gains likewise on the other side)
+DEFAULT_DECISION_REGIONS = {"throughput": (5.0, 20.0), "latency": (10.0, 50.0), "cpu": (10.0, 50.0)}
 #: +- percentage points inside which a cell counts as "equivalent" (config analysis.equivalence_margin_pct)
 DEFAULT_EQUIVALENCE_MARGIN_PCT = 2.0
 #: bootstrap intervals only from this many pairs on (fewer: the bootstrap distribution is too coarse)
@@ -119,10 +134,13 @@ LOSS_COLUMNS = [
     *TEST_COLUMNS,
     *("fieller_low", "fieller_high", "boot_low", "boot_high"),
     *("n_outliers", "outlier_reps", "outliers_excluded", "target_pairs", "noisy", "pattern"),
+    *("decision", "decision_lower_pct", "decision_upper_pct", "interval", "pilot_pairs"),
+    *("pilot_sd_log_ratio", "derived_from"),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_TEXT = ("host", "workload", "rw", "direction", "job", "pattern", "metric", "baseline")
-LOSS_TEXT += ("variant", "effect", "verdict", "outlier_reps")
+LOSS_TEXT += ("variant", "effect", "verdict", "outlier_reps", "decision", "interval")
+LOSS_TEXT += ("derived_from",)
 LOSS_INTS = ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers")
 LOSS_BOOLS = ("higher_is_better", "equivalent", "outliers_excluded", "noisy")
 
@@ -179,7 +197,7 @@ def rep_values(fio: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
             v = g[m]
             if METRICS[m]:
                 out[m] = v.sum(min_count=len(g))  # any missing entry -> missing
-            elif m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib"):
+            elif m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct"):
                 out[m] = (
                     v.iloc[0] if v.nunique(dropna=False) == 1 else np.average(v, weights=g["_w"])
                 )
@@ -254,8 +272,22 @@ def _check_confidence(confidence: float) -> None:
         raise ValueError(f"confidence must be in (0, 1), not {confidence}")
 
 
-def paired_log_ratio_ci(d: np.ndarray, confidence: float = 0.95) -> LogRatioCI:
-    """Paired t-interval on the mean of log ratios ``d``; bounds NaN for n < 2."""
+def _scale(d: np.ndarray, pilot: tuple[float, int] | None) -> tuple[float, int]:
+    """(SD, degrees of freedom) the interval of ``d`` rests on: the pilot's (s0, n0 - 1) for
+    Stein's interval, else the sample's own (sd, n - 1)."""
+    if pilot is not None:
+        return float(pilot[0]), int(pilot[1]) - 1
+    return (float(d.std(ddof=1)) if d.size > 1 else math.nan), d.size - 1
+
+
+def paired_log_ratio_ci(
+    d: np.ndarray, confidence: float = 0.95, pilot: tuple[float, int] | None = None
+) -> LogRatioCI:
+    """Paired t-interval on the mean of log ratios ``d``; bounds NaN for n < 2.
+
+    ``pilot=(s0, n0)``: Stein's two-stage interval instead, ``mean(d) +- t_{n0-1} s0 / sqrt(n)``
+    with s0 the SD of the n0 pilot pairs that chose n: exact coverage whatever n the pilot
+    chose (the final SD after a data-dependent n is not: it under-covers)."""
     _check_confidence(confidence)
     d = np.asarray(d, float)
     n = int(d.size)
@@ -264,23 +296,25 @@ def paired_log_ratio_ci(d: np.ndarray, confidence: float = 0.95) -> LogRatioCI:
     mean = float(d.mean())
     if n < 2:
         return LogRatioCI(n, mean, math.nan, math.nan, math.nan)
-    sd = float(d.std(ddof=1))
-    half = _t_quantile(confidence, n - 1) * sd / math.sqrt(n)
+    sd, df = _scale(d, pilot)
+    half = _t_quantile(confidence, df) * sd / math.sqrt(n)
     return LogRatioCI(n, mean, sd, mean - half, mean + half)
 
 
-def paired_t_pvalue(d: np.ndarray) -> float:
-    """Two-sided p-value of the paired t-test ``mean(d) = 0`` (as ``scipy.stats.ttest_1samp``);
-    NaN for n < 2; 0 or 1 when every pair has the same ratio (sd = 0)."""
+def paired_t_pvalue(d: np.ndarray, pilot: tuple[float, int] | None = None) -> float:
+    """Two-sided p-value of the paired t-test ``mean(d) = 0`` (as ``scipy.stats.ttest_1samp``;
+    with ``pilot``, Stein's test, see :func:`paired_log_ratio_ci`); NaN for n < 2; 0 or 1 when
+    the SD is 0."""
     d = np.asarray(d, float)
     n = d.size
     if n < 2:
         return math.nan
-    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    mean = float(d.mean())
+    sd, df = _scale(d, pilot)
     if sd == 0:
         return 1.0 if mean == 0 else 0.0
     t = mean / (sd / math.sqrt(n))
-    return float(2 * sps.t.sf(abs(t), df=n - 1))
+    return float(2 * sps.t.sf(abs(t), df=df))
 
 
 @dataclass(frozen=True)
@@ -342,7 +376,8 @@ def fieller_ratio_ci(
     The set of theta for which the paired t-test of ``variant_i - theta * baseline_i`` does not
     reject: ``(v - theta b)^2 <= t^2 (s_vv - 2 theta s_bv + theta^2 s_bb) / n``. It is a bounded
     interval exactly when ``b^2 > t^2 s_bb / n`` (the baseline mean differs significantly from 0);
-    otherwise it is unbounded and both bounds are NaN. Also NaN for n < 2.
+    otherwise it is unbounded and both bounds are NaN. Also NaN for n < 2. Both arms are
+    positive, so is their ratio: a bound below 0 is clipped to 0 (NaN if both are).
     """
     _check_confidence(confidence)
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
@@ -360,7 +395,8 @@ def fieller_ratio_ci(
     c = vm * vm - q * s_vv
     disc = max(half_b * half_b - a * c, 0.0)  # >= 0 up to rounding: theta = vm/bm is inside
     root = math.sqrt(disc)
-    return (half_b - root) / a, (half_b + root) / a
+    low, high = (half_b - root) / a, (half_b + root) / a
+    return (max(low, 0.0), high) if high > 0 else (math.nan, math.nan)
 
 
 def bootstrap_log_ratio_ci(
@@ -466,6 +502,45 @@ def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
     return q
 
 
+def check_regions(regions: dict | None) -> dict[str, tuple[float, float]]:
+    """Decision regions per metric family: :data:`DEFAULT_DECISION_REGIONS` updated with
+    ``regions`` (family -> (lower, upper) or {"lower_pct", "upper_pct"}); 0 < lower < upper."""
+    out = dict(DEFAULT_DECISION_REGIONS)
+    for family, margins in (regions or {}).items():
+        if family not in out:
+            raise ValueError(
+                f"decision_regions: unknown family {family!r}; known: {', '.join(out)}"
+            )
+        if isinstance(margins, dict):
+            margins = (margins["lower_pct"], margins["upper_pct"])
+        lower, upper = map(float, margins)
+        if not 0 < lower < upper:
+            raise ValueError(f"decision_regions.{family}: need 0 < lower < upper, not {margins}")
+        out[family] = (lower, upper)
+    return out
+
+
+def decision(low: float, high: float, lower: float, upper: float) -> str:
+    """The region the whole interval [low, high] (effect %, positive = the variant is worse) lies
+    in: ``negligible`` (within +-lower), ``moderate`` (lower .. upper), ``material`` (beyond
+    upper), ``moderate gain`` / ``material gain`` on the other side; else ``undecided:
+    straddles`` the boundaries inside it; ``insufficient`` without an interval."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "insufficient"
+    regions = (
+        ("negligible", -lower, lower),
+        ("moderate", lower, upper),
+        ("material", upper, math.inf),
+        ("moderate gain", -upper, -lower),
+        ("material gain", -math.inf, -upper),
+    )
+    for name, a, b in regions:
+        if a <= low and high <= b:
+            return name
+    inside = [x for x in (-upper, -lower, lower, upper) if low < x < high]
+    return "undecided: straddles " + ", ".join(f"{x:g} %" for x in inside)
+
+
 def table_verdicts(
     n: np.ndarray, q: np.ndarray, equivalent: np.ndarray, confidence: float
 ) -> np.ndarray:
@@ -539,14 +614,24 @@ def _cell_stats(
     confidence: float,
     margin_pct: float,
     exclude_outliers: bool,
+    pilot_pairs: float = math.nan,
 ) -> dict:
-    """Everything of one row of the loss table except the cross-table q-value and verdict."""
+    """Everything of one row of the loss table except the cross-table q-value and verdict.
+
+    ``pilot_pairs`` (n0, adaptive cells): when the cell's n0 pilot pairs (reps 1..n0) are all
+    usable, the interval and test are Stein's on their SD; otherwise (a fixed design, or a failed
+    pilot, which set the cell to the cap whatever its data) the t-interval."""
     ok = usable_pairs(b, v)
     d_all = np.log(v[ok] / b[ok])
     flagged = flag_outliers(d_all, flags[ok, 0], flags[ok, 1])
     use = ~flagged if exclude_outliers else np.ones_like(flagged)
     d, bu, vu = d_all[use], b[ok][use], v[ok][use]
-    ci = paired_log_ratio_ci(d, confidence)
+    pilot = None
+    if pilot_pairs >= 2:
+        d_pilot = d_all[reps[ok] <= pilot_pairs]
+        if d_pilot.size == pilot_pairs:
+            pilot = (float(d_pilot.std(ddof=1)), int(pilot_pairs))
+    ci = paired_log_ratio_ci(d, confidence, pilot)
     nan2 = (math.nan, math.nan)
     if ci.n:
         effect_pct, lo, hi = effect_from_log_ratio(ci.mean, ci.low, ci.high, better_high)
@@ -558,7 +643,7 @@ def _cell_stats(
     equivalent = False
     if ci.n >= 2:
         eq_conf = 1 - 2 * (1 - confidence)  # TOST at alpha = 1 - confidence
-        eq = paired_log_ratio_ci(d, eq_conf) if eq_conf > 0 else None
+        eq = paired_log_ratio_ci(d, eq_conf, pilot) if eq_conf > 0 else None
         if eq is not None and not math.isnan(eq.low):
             _, eq_lo, eq_hi = effect_from_log_ratio(eq.mean, eq.low, eq.high, better_high)
             equivalent = bool(-margin_pct < eq_lo and eq_hi < margin_pct)
@@ -582,7 +667,7 @@ def _cell_stats(
         "increase_pct": math.nan if better_high else effect_pct,
         "ci_low": lo,
         "ci_high": hi,
-        "p_value": paired_t_pvalue(d),
+        "p_value": paired_t_pvalue(d, pilot),
         "equiv_low": eq_lo,
         "equiv_high": eq_hi,
         "equivalent": equivalent,
@@ -592,21 +677,31 @@ def _cell_stats(
         "boot_high": boot[1],
         "n_outliers": int(flagged.sum()),
         "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
+        "interval": "t" if pilot is None else "stein",
+        "pilot_sd_log_ratio": math.nan if pilot is None else pilot[0],
     }
 
 
+DESIGN_COLUMNS = ["target_pairs", "noisy", "pilot_pairs"]
+
+
 def _design(fio: pd.DataFrame) -> pd.DataFrame:
-    """Per (host, workload): the adaptive target and whether the cell hit the cap (from ingest's
-    ``target_pairs``/``hit_cap`` columns; NaN/False when the run had a fixed design)."""
+    """Per (host, workload): the adaptive target, whether the cell hit the cap and the pilot's
+    pairs n0 (from ingest's ``target_pairs``/``hit_cap``/``pilot_pairs`` columns, i.e. the
+    run's targets.json; NaN/False when the run had a fixed design)."""
     keys = ["host", "workload"]
     if fio.empty or "target_pairs" not in fio.columns:
-        return pd.DataFrame(columns=[*keys, "target_pairs", "noisy"])
-    hit = fio["hit_cap"] if "hit_cap" in fio.columns else pd.Series(False, index=fio.index)
+        return pd.DataFrame(columns=[*keys, *DESIGN_COLUMNS])
+    missing = pd.Series(math.nan, index=fio.index)
     df = fio[keys].assign(
-        target_pairs=pd.to_numeric(fio["target_pairs"], errors="coerce"), noisy=hit.eq(True)
+        target_pairs=pd.to_numeric(fio["target_pairs"], errors="coerce"),
+        noisy=fio.get("hit_cap", missing).eq(True),
+        pilot_pairs=pd.to_numeric(fio.get("pilot_pairs", missing), errors="coerce"),
     )
     return df.groupby(keys, as_index=False).agg(
-        target_pairs=("target_pairs", "max"), noisy=("noisy", "any")
+        target_pairs=("target_pairs", "max"),
+        noisy=("noisy", "any"),
+        pilot_pairs=("pilot_pairs", "max"),
     )
 
 
@@ -618,15 +713,21 @@ def loss_table(
     confidence: float = 0.95,
     equivalence_margin_pct: float = DEFAULT_EQUIVALENCE_MARGIN_PCT,
     exclude_outliers: bool = False,
+    decision_regions: dict | None = None,
 ) -> pd.DataFrame:
     """The paired loss table (columns :data:`LOSS_COLUMNS`) from a tidy fio table (``fio_table``).
 
     ``exclude_outliers``: leave flagged pairs out of every estimate (they are counted in
-    ``n_outliers`` either way; default keeps them: nothing is dropped silently)."""
+    ``n_outliers`` either way; default keeps them: nothing is dropped silently).
+    ``decision_regions``: see :func:`check_regions`. Each metric is its own family for the
+    Benjamini-Hochberg adjustment, so a row's q-value, verdict and decision do not depend on
+    which other metrics are computed."""
     _check_confidence(confidence)
+    regions = check_regions(decision_regions)
     if not equivalence_margin_pct > 0:
         raise ValueError(f"equivalence margin must be > 0, not {equivalence_margin_pct}")
-    metrics = list(metrics or DEFAULT_METRICS)
+    # the default metrics a table has (CPU needs the sidecars); metrics asked for must be there
+    metrics = list(metrics or [m for m in DEFAULT_METRICS if m in fio.columns])
     for m in metrics:
         higher_is_better(m)
         if m not in fio.columns:
@@ -637,6 +738,8 @@ def loss_table(
     reps = paired["rep"].to_numpy()
     flags = paired[list(REP_FLAGS)].to_numpy(bool)
     attrs = {a: paired[a].to_numpy(object) for a in CELL_ATTRS}
+    design = _design(fio)
+    pilots = design.set_index(["host", "workload"])["pilot_pairs"].to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
     rows = []
     for key, pos in groups.items():
@@ -651,6 +754,7 @@ def loss_table(
             confidence,
             equivalence_margin_pct,
             exclude_outliers,
+            float(pilots.get((cell["host"], cell["workload"]), math.nan)),
         )
         rows.append(
             {
@@ -665,15 +769,27 @@ def loss_table(
                 **stats_,
             }
         )
-    table = pd.DataFrame(
-        rows, columns=[c for c in LOSS_COLUMNS if c not in ("target_pairs", "noisy")]
-    )
-    table = table.merge(_design(fio), on=["host", "workload"], how="left")
+    table = pd.DataFrame(rows, columns=[c for c in LOSS_COLUMNS if c not in DESIGN_COLUMNS])
+    table = table.merge(design, on=["host", "workload"], how="left")
     table["noisy"] = table["noisy"].eq(True)
-    table["q_value"] = benjamini_hochberg(table["p_value"].to_numpy(float))
+    table["q_value"] = math.nan
+    for idx in table.groupby("metric").indices.values():
+        table.loc[table.index[idx], "q_value"] = benjamini_hochberg(table["p_value"].iloc[idx])
     table["verdict"] = table_verdicts(
         table["n"].to_numpy(), table["q_value"], table["equivalent"].to_numpy(bool), confidence
     )
+    margins = table["metric"].map(lambda m: regions[METRIC_FAMILIES[m]])
+    table["decision_lower_pct"] = [lower for lower, _ in margins]
+    table["decision_upper_pct"] = [upper for _, upper in margins]
+    table["decision"] = [
+        decision(*row)
+        for row in table[["ci_low", "ci_high", "decision_lower_pct", "decision_upper_pct"]]
+        .to_numpy(float)
+        .tolist()
+    ]
+    # IOPS at a fixed block size is bandwidth / block size: the same test, not a second one
+    fixed_bs = pd.to_numeric(table["bs_bytes"], errors="coerce").gt(0)
+    table["derived_from"] = np.where((table["metric"] == "iops") & fixed_bs, "bw_bytes", "")
     table = table[LOSS_COLUMNS]
     if not table.empty:
         order = {m: i for i, m in enumerate(metrics)}
@@ -710,10 +826,11 @@ def loss_tables(
     confidence: float = 0.95,
     equivalence_margin_pct: float = DEFAULT_EQUIVALENCE_MARGIN_PCT,
     exclude_outliers: bool = False,
+    decision_regions: dict | None = None,
 ) -> pd.DataFrame:
     """:func:`loss_table` of every (baseline, variant) pair in ``comparisons``, concatenated in
     that order (columns ``baseline``/``variant`` say which). The Benjamini-Hochberg adjustment
-    and the verdicts stay per comparison: each comparison is its own family of tests."""
+    and the verdicts stay per comparison and metric: each is its own family of tests."""
     parts = [
         loss_table(
             fio,
@@ -723,6 +840,7 @@ def loss_tables(
             confidence,
             equivalence_margin_pct=equivalence_margin_pct,
             exclude_outliers=exclude_outliers,
+            decision_regions=decision_regions,
         )
         for baseline, variant in comparisons
     ]
@@ -757,3 +875,63 @@ def arm_summary(fio: pd.DataFrame, metrics, confidence: float = 0.95) -> pd.Data
             rows[-1] |= {"mean": mean, "ci_half": half, "confidence": confidence}
     columns = [*ARM_KEYS, "metric", "n", "mean", "ci_half", "confidence"]
     return pd.DataFrame(rows, columns=columns)
+
+
+# ------------------------------------------------------------------------------------ stack order
+
+#: order.parquet's columns: the order effect of a comparison and metric over its cells
+ORDER_COLUMNS = ["baseline", "variant", "metric", "n_cells", "n_in_order", "n_reversed"]
+ORDER_COLUMNS += ["order_log", "order_pct", "ci_low", "ci_high", "p_value", "confidence"]
+
+
+def pair_orders(schedule: pd.DataFrame, baseline: str, variant: str) -> pd.DataFrame:
+    """Per (host, workload, rep): ``baseline_first``, whether the baseline ran before the variant
+    in that pair (from the schedule table's ``position_in_cell``; a run measured again after a
+    failure counts as it was last measured)."""
+    cols = ["host", "workload", "rep", "stack", "position_in_cell"]
+    sched = schedule[schedule["stack"].isin([baseline, variant])]
+    if "status" in sched.columns:
+        sched = sched[sched["status"].fillna("ok").eq("ok")]
+    sched = sched[cols].dropna().drop_duplicates(cols[:4], keep="last")
+    wide = sched.pivot(index=cols[:3], columns="stack", values="position_in_cell")
+    if wide.empty or baseline not in wide or variant not in wide:
+        return pd.DataFrame(columns=[*cols[:3], "baseline_first"])
+    wide = wide.dropna()
+    return wide.assign(baseline_first=wide[baseline] < wide[variant])[
+        ["baseline_first"]
+    ].reset_index()
+
+
+def order_effect(
+    fio: pd.DataFrame,
+    schedule: pd.DataFrame,
+    baseline: str,
+    variant: str,
+    metrics,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
+    """How much the second run of a pair measures above the first, one row per metric (columns
+    :data:`ORDER_COLUMNS`). With a shift o on the log scale for the second run, d = ln(variant /
+    baseline) is mean + o in pairs run baseline first and mean - o in the others; in each cell
+    with pairs of both orders, o is half the difference of their mean d. ``order_log`` is o's
+    mean over those cells with a t-interval over cells, ``order_pct`` = 100 (exp(o) - 1). A
+    balanced schedule cancels o from the loss table; this says how large it was."""
+    _check_confidence(confidence)
+    paired = pair_values(fio, baseline, variant, list(metrics)).merge(
+        pair_orders(schedule, baseline, variant), on=["host", "workload", "rep"]
+    )
+    ok = usable_pairs(paired["baseline_value"], paired["variant_value"])
+    paired = paired[ok]
+    paired = paired.assign(d=np.log(paired["variant_value"] / paired["baseline_value"]))
+    rows = []
+    for metric in metrics:
+        m = paired[paired["metric"] == metric]
+        means = m.groupby([*CELL_KEYS, "baseline_first"])["d"].mean().unstack("baseline_first")
+        both = means.shape[1] == 2
+        o = ((means[True] - means[False]) / 2).dropna().to_numpy(float) if both else []
+        ci = paired_log_ratio_ci(np.asarray(o, float), confidence)
+        pct = [100 * math.expm1(x) for x in (ci.mean, ci.low, ci.high)]
+        first = m["baseline_first"].astype(bool)
+        rows.append([baseline, variant, metric, ci.n, int(first.sum()), int((~first).sum())])
+        rows[-1] += [ci.mean, *pct, paired_t_pvalue(o), confidence]
+    return pd.DataFrame(rows, columns=ORDER_COLUMNS)

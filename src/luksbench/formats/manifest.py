@@ -12,6 +12,7 @@ and the fio servers of a fleet run (``fleet``). The document (keys the readers u
      "stacks": [...], "unavailable_stacks": {stack: reason}, "cells": [...],
      "pairing", "counterbalance", "cell_order",                # the design, in words
      "io_size_bytes", "cpu_idle_baseline", "fio_clocksource", "fio",
+     "fixed_rates": {cell: {"rate_pct", "rate_iops", "pilot_iops": {stack: iops}}},
      "started", "ended", "complete", "interrupted", "failed": [...],
      "stack_descriptions": {"stacks": {stack: {...}}, ...},    # stack-up's description
      "runs": [{"index", "round", "rep", "stack", "workload", "position_in_cell", "path",
@@ -32,7 +33,9 @@ SESSIONS_DIR = "sessions"
 
 PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back to back)"
 COUNTERBALANCE = (
-    "ABBA across rounds: rounds 1,4,5,8,... stacks in order; rounds 2,3,6,7,... reversed"
+    "balanced per cell: rounds 1-2, 3-4, ... run each cell once in order and once reversed, which "
+    "first alternating over blocks and over a seeded permutation of the cells; position_in_cell "
+    "of each run records its place"
 )
 CELL_ORDER = (
     "round k shuffles the cells with random.Random(seed + k) and runs those with at "
@@ -71,6 +74,17 @@ def run_times(manifest: dict) -> dict[tuple[str, str, int], tuple[str | None, st
         (r["stack"], r["workload"], r["rep"]): (r.get("started"), r.get("ended"))
         for r in manifest.get("runs", [])
         if r.get("started")
+    }
+
+
+def written_results(manifest: dict) -> set[str]:
+    """Paths (inside the host folder) of the fio results a manifest records as written: its runs
+    but the failed ones, which leave no file."""
+    runs = manifest.get("runs")
+    return {
+        r["path"]
+        for r in (runs if isinstance(runs, list) else [])
+        if isinstance(r, dict) and isinstance(r.get("path"), str) and r.get("status") != "failed"
     }
 
 

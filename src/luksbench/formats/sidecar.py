@@ -43,8 +43,9 @@ def _number(value, name: str) -> float:
 
 def read_cpu_sidecar(path: Path, loads: Callable[[bytes], object] = json.loads) -> dict:
     """``rep<k>.cpu.json`` -> busy_cpu_s, busy_cpu_pct, sys_cpu_s, cpu_interval_s (NaN: not
-    recorded); ValueError if malformed. ``loads``: a faster decoder with json's values; what it
-    refuses (NaN) goes to json."""
+    recorded); ValueError if malformed or implausible (negative times, busy over 100 %, an
+    empty interval). ``loads``: a faster decoder with json's values; what it refuses (NaN) goes
+    to json."""
     try:
         raw = read_raw_file(path)
         try:
@@ -63,9 +64,24 @@ def read_cpu_sidecar(path: Path, loads: Callable[[bytes], object] = json.loads) 
         busy_s = sum(
             _number(v, f"delta_s.{k}") for k, v in delta.items() if k not in ("idle", "iowait")
         )
-    return {
+    values = {
         "busy_cpu_s": busy_s,
         "busy_cpu_pct": _number(data.get("busy_pct"), "busy_pct"),
         "sys_cpu_s": _number(delta.get("system"), "delta_s.system"),
         "cpu_interval_s": _number(data.get("interval_s"), "interval_s"),
     }
+    _check_plausible(values, {k: _number(v, f"delta_s.{k}") for k, v in delta.items()})
+    return values
+
+
+def _check_plausible(values: dict, delta: dict) -> None:
+    """ValueError naming the first value no /proc/stat reading can give (NaN: not recorded)."""
+    checks = [(f"delta_s.{k}", v, v >= 0, ">= 0") for k, v in delta.items()]
+    checks += [
+        ("busy_s", values["busy_cpu_s"], values["busy_cpu_s"] >= 0, ">= 0"),
+        ("busy_pct", values["busy_cpu_pct"], 0 <= values["busy_cpu_pct"] <= 100, "in 0..100"),
+        ("interval_s", values["cpu_interval_s"], values["cpu_interval_s"] > 0, "> 0"),
+    ]
+    for name, value, ok, allowed in checks:
+        if not ok and not math.isnan(value):
+            raise ValueError(f"CPU sidecar: {name} is {value}, must be {allowed}")

@@ -6,8 +6,13 @@ design columns). The document::
 
     {"pairs": {"<workload id>": <pairs, int >= 1>, ...},   # what the runner reads
      "noisy": ["<workload id>", ...],                       # cells whose target hit the cap
+     "pilot_pairs": n0, "confidence": ...,                  # what Stein's interval needs,
      "cells": {"<workload id>": {"pilot_sd_log_ratio": ..., "required_pairs": ...,
                                  "pairs": ..., "capped": ...}, ...}, ...}
+
+The loss table gives the cells listed here Stein's interval: the pilot's SD s0 of the pairs
+1..n0 (``pilot_sd_log_ratio`` is the design metric's, the largest over the cell's jobs and
+comparisons), ``t_{n0-1} s0 / sqrt(N)`` around the mean of all N pairs.
 
 Standard library only: the test box imports this.
 """
@@ -24,8 +29,9 @@ class TargetsError(ValueError):
     """A targets file that cannot be used; the message says why (not which file)."""
 
 
-def read_targets(path: Path) -> dict[str, tuple[int, bool]]:
-    """workload id -> (target pairs, capped) from a targets file (:class:`TargetsError`)."""
+def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None]]:
+    """workload id -> (target pairs, capped, pilot pairs n0 or None) from a targets file
+    (:class:`TargetsError`)."""
     try:
         doc = read_json_object(path)
     except ValueError as exc:
@@ -33,13 +39,16 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool]]:
     if not isinstance(doc.get("pairs"), dict):
         raise TargetsError("targets file: 'pairs' must be an object (workload id -> pairs)")
     noisy = set(doc.get("noisy") or [])
+    n0 = doc.get("pilot_pairs")
+    if n0 is not None and (isinstance(n0, bool) or not isinstance(n0, int) or n0 < 2):
+        raise TargetsError(f"targets file: pilot_pairs must be an integer >= 2, not {n0!r}")
     out = {}
     for w, n in doc["pairs"].items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise TargetsError(
                 f"targets file: pairs of {w!r} must be a positive integer, not {n!r}"
             )
-        out[w] = (n, w in noisy)
+        out[w] = (n, w in noisy, n0)
     return out
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 
 from luksbench.analysis.contrasts import Pair, label
 from luksbench.analysis.loss import CPU_METRICS
+from luksbench.analysis.tails import MIN_BEYOND
 from luksbench.publish import figures
 from luksbench.publish.ceilings import crypto_ceilings, undescribed
 from luksbench.publish.run import Run, load_run, package_version, provenance_facts
@@ -75,7 +76,9 @@ FIGURE_FAMILIES = {
     "throughput": (
         "Throughput, SCS style",
         "Per access pattern and metric: block size on the x axis, stacks side by side, log-scale "
-        "y, one panel per queue depth; bar = mean over repetitions, error bar = t-interval.",
+        "y, one panel per queue depth; bar = mean over repetitions, dots = the repetitions, error "
+        "bar = t-interval of one stack's repetitions: per arm and unpaired, so it is wider than "
+        "the paired interval on the loss and two overlapping bars can still differ decidedly.",
     ),
     "heatmap": (
         "Loss heatmaps",
@@ -85,14 +88,18 @@ FIGURE_FAMILIES = {
     ),
     "latency": (
         "Latency percentiles",
-        "Completion-latency percentile curves from fio's json+ histograms: thick = all "
-        "repetitions pooled, thin = one repetition; both axes stretch the tail.",
+        "Completion-latency percentile curves from fio's json+ histograms, one per repetition, "
+        f"cut where fewer than {MIN_BEYOND} I/Os lie beyond; points = the loss table's p50/p99/p99.9 (mean "
+        "over repetitions, t-interval); both axes stretch the tail.",
     ),
     "cpu": (
         "CPU cost",
-        "CPU seconds per GiB moved (whole machine, from /proc/stat around each fio run), by block "
-        "size, with t-intervals. With the userspace backend the encryption runs in qemu's user "
-        "space, so the *busy* (all non-idle) figure is the one that counts it.",
+        "CPU seconds per GiB moved, CPU utilisation beside it, and CPU time per I/O (whole "
+        "machine, from /proc/stat around each fio run, net of the session's idle baseline), by "
+        "block size, with t-intervals. At full speed CPU per GiB also rises with any throughput "
+        "loss; CPU per I/O of a fixed-rate pattern's cells compares the stacks at equal load. "
+        "With the userspace backend the encryption runs in qemu's user space, so the *busy* (all "
+        "non-idle) figure is the one that counts it.",
     ),
     "ciphers": (
         "Cipher benchmark",
@@ -193,7 +200,7 @@ def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> li
                 _spec(
                     name,
                     figures.throughput_figure,
-                    ("arms",),
+                    ("arms", "reps"),
                     kwargs=kwargs,
                     params=params,
                     retitle=(f"{host}: " if scope else "", ""),
@@ -203,7 +210,9 @@ def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> li
             kwargs = {"rw": rw, "stacks": stacks, "pattern": pat, "host": scope}
             name = _name("latency", scope, rw, pat)
             specs.append(
-                _spec(name, figures.latency_figure, ("latency",), kwargs=kwargs, params=where)
+                _spec(
+                    name, figures.latency_figure, ("latency", "arms"), kwargs=kwargs, params=where
+                )
             )
     return specs
 

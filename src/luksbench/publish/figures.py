@@ -19,6 +19,7 @@ import pandas as pd
 import seaborn as sns
 
 from luksbench.analysis.cells import with_pattern
+from luksbench.analysis.tails import MIN_BEYOND, PERCENTILES
 from luksbench.formats.layout import bs_label
 from luksbench.publish.style import (
     VERDICT_COLORS,
@@ -66,8 +67,9 @@ def _bar_groups(summ: pd.DataFrame, several: pd.DataFrame | None = None) -> pd.S
     return group
 
 
-def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0) -> None:
-    """One bar per stack and group of ``sub`` (columns group, stack, mean, ci_half)."""
+def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0, reps=None) -> None:
+    """One bar per stack and group of ``sub`` (columns group, stack, mean, ci_half); ``reps``
+    (columns group, stack, value): every repetition as a dot on its bar."""
     order = sub.sort_values(["pattern", "bs_bytes", "group"])["group"].drop_duplicates().tolist()
     x = np.arange(len(order))
     width = 0.8 / max(1, len(stacks))
@@ -77,6 +79,12 @@ def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0) -> No
         interval_bars(
             ax, x + offset, s["mean"] / scale, s["ci_half"] / scale, width, colors[stack], stack
         )
+        if reps is not None:
+            r = reps[(reps["stack"] == stack) & reps["group"].isin(order)]
+            # beside the error bar, not on it
+            pos = r["group"].map({g: k for k, g in enumerate(order)}).to_numpy(float)
+            pos = pos + offset + width / 4
+            ax.scatter(pos, r["value"] / scale, s=10, color="black", zorder=3, edgecolors="white")
     long_labels = max((len(o) for o in order), default=0) > 8
     ax.set_xticks(
         x, order, rotation=30 if long_labels else 0, ha="right" if long_labels else "center"
@@ -86,6 +94,7 @@ def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0) -> No
 
 def throughput_figure(
     arms: pd.DataFrame,
+    reps: pd.DataFrame | None,
     rw: str,
     metric: str = "bw_bytes",
     stacks: Iterable[str] | None = None,
@@ -94,7 +103,8 @@ def throughput_figure(
 ) -> matplotlib.figure.Figure:
     """Grouped bars for one rw pattern: block size on x, stacks side by side, log y, one panel per
     iodepth; bar = mean over repetitions, error bar = its interval (arms.parquet; lower end
-    clipped for the log axis).
+    clipped for the log axis): per arm and unpaired, so it is wider than the paired interval on
+    the loss; dots = the repetitions themselves (``reps.parquet``).
 
     ``pattern``: only the cells of that config pattern ("" = the main matrix); None = all, cells of
     different patterns kept apart as separate bar groups."""
@@ -112,8 +122,14 @@ def throughput_figure(
     scale = {"bw_bytes": 2**20}.get(metric, 1)
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
     fig, axes = panels(1, len(depths), max(4.0, 3.2 * len(depths)) + 1.2, 3.8, sharey=True)
+    if reps is not None:
+        reps = reps[reps["stack"].isin(stacks) & (reps["rw"] == rw)]
+        reps = reps[reps["host"] == host] if host else reps
+        reps = reps.rename(columns={metric: "value"})
+        reps = reps.assign(group=_bar_groups(reps, summ)) if len(reps) else None
     for ax, qd in zip(axes[0], depths, strict=True):
-        _stack_bars(ax, summ[summ["iodepth"] == qd], stacks, colors, scale)
+        at_qd = None if reps is None else reps[reps["iodepth"] == qd]
+        _stack_bars(ax, summ[summ["iodepth"] == qd], stacks, colors, scale, at_qd)
         ax.set_title(f"iodepth {qd}")
         ax.set_xlabel("block size")
     axes[0][0].set_ylabel(metric_label(metric))
@@ -125,7 +141,8 @@ def throughput_figure(
     named = [p for p in summ["pattern"].unique() if p]
     fig.suptitle(
         f"{rw}{' [' + ', '.join(sorted(named)) + ']' if named else ''}: {metric_heading(metric)}\n"
-        f"mean of {int(summ['n'].max())} repetitions, {float(summ['confidence'].iloc[0]):.0%} CI",
+        f"mean of {int(summ['n'].max())} repetitions (dots), "
+        f"{float(summ['confidence'].iloc[0]):.0%} CI per arm, unpaired",
         fontsize="medium",
     )
     legend_below(fig, axes[0][0], "stack", ncols=len(stacks))
@@ -359,36 +376,72 @@ _NINES = [0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999]
 
 def percentile_curve(hist: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(x, latency_ns) of a histogram (columns ns, count): x = -log10(1 - p) at each bin's
-    mid-rank, so p50, p90, p99 ... are evenly spaced."""
+    mid-rank, so p50, p90, p99 ... are evenly spaced; cut where fewer than
+    :data:`~luksbench.analysis.tails.MIN_BEYOND` completions lie beyond (the loss table reports
+    no percentile there either)."""
     h = hist.groupby("ns", sort=True)["count"].sum()
     counts = h.to_numpy(float)
     total = counts.sum()
     if total <= 0:
         return np.array([]), np.array([])
     p = (np.cumsum(counts) - counts / 2) / total
-    return -np.log10(1 - p), h.index.to_numpy(float)
+    kept = total * (1 - p) >= MIN_BEYOND
+    return -np.log10(1 - p[kept]), h.index.to_numpy(float)[kept]
+
+
+def _rows(table: pd.DataFrame, where: dict) -> pd.DataFrame:
+    mask = np.ones(len(table), dtype=bool)
+    for column, value in where.items():
+        mask &= (table[column] == value).to_numpy(dtype=bool)
+    return table[mask]
+
+
+def _latency_curves(ax, hist: pd.DataFrame, label: str, style: dict) -> float:
+    """A thin percentile curve per repetition of one arm and cell; how far right they reach."""
+    reach = 0.0
+    for k, (_, rep) in enumerate(hist.groupby(["rep", "job_slot"])):
+        x, y = percentile_curve(rep)
+        reach = max(reach, float(x.max()) if len(x) else 0.0)
+        ax.plot(x, y / 1e6, **style, alpha=0.5, linewidth=0.8, label=None if k else label)
+    return reach
+
+
+def _table_points(ax, arms: pd.DataFrame, color) -> None:
+    """The loss table's percentiles of one arm and cell (arms.parquet: mean over repetitions of
+    each repetition's percentile) with their t-intervals."""
+    for metric, percent in PERCENTILES.items():
+        row = arms[arms["metric"] == metric]
+        if row.empty or pd.isna(row["mean"].iloc[0]):
+            continue  # too few I/Os: the table has no number either
+        mean, half = row["mean"].iloc[0] / 1e6, row["ci_half"].iloc[0] / 1e6
+        yerr = None if pd.isna(half) else [[min(half, 0.999 * mean)], [half]]
+        x = -math.log10(1 - percent / 100)
+        ax.errorbar([x], [mean], yerr=yerr, color=color, marker="o", markersize=4, capsize=3)
 
 
 def latency_figure(
     lat: pd.DataFrame,
+    arms: pd.DataFrame,
     rw: str,
     stacks: Iterable[str] | None = None,
     host: str | None = None,
     pattern: str | None = None,
 ) -> matplotlib.figure.Figure:
     """Completion-latency percentile curves for one rw pattern: rows = block size (and config
-    pattern, when there are several), columns = iodepth; per stack one thick curve pooled over
-    repetitions and a thin one per repetition. ``pattern``: only that config pattern's cells."""
+    pattern, when there are several), columns = iodepth; per stack a thin curve per repetition and
+    points with intervals at the loss table's percentiles (``arms``: the same quantity the table
+    compares). ``pattern``: only that config pattern's cells."""
     house_style()
     df = lat[lat["rw"] == rw]
     if "pattern" not in df.columns:
         df = df.assign(pattern="")
     if host is not None:
-        df = df[df["host"] == host]
+        df, arms = df[df["host"] == host], arms[arms["host"] == host]
     if pattern is not None:
         df = df[df["pattern"] == pattern]
     if df.empty:
         raise ValueError(f"no {rw} latency histograms to plot")
+    arms = arms[arms["rw"] == rw]
     stacks = list(stacks) if stacks is not None else sorted(df["stack"].unique())
     stacks = [s for s in stacks if s in set(df["stack"])]
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
@@ -401,25 +454,24 @@ def latency_figure(
     fig, axes = panels(
         len(bss), len(depths), 1.2 + 3.4 * len(depths), 1.2 + 2.6 * len(bss), sharex=True
     )
-    max_x = 0.0
+    max_x = -math.log10(1 - max(PERCENTILES.values()) / 100)
     for i, (pat, bs) in enumerate(bss):
         for j, qd in enumerate(depths):
             ax = axes[i][j]
-            cell = df[(df["pattern"] == pat) & (df["bs_bytes"] == bs) & (df["iodepth"] == qd)]
+            in_cell = {"pattern": pat, "bs_bytes": bs, "iodepth": qd}
+            arms_here = []
             for stack in stacks:
                 for direction in directions:
-                    one = cell[(cell["stack"] == stack) & (cell["direction"] == direction)]
-                    if one.empty:
-                        continue
-                    for _, rep in one.groupby(["rep", "job_slot"]):
-                        x, y = percentile_curve(rep)
-                        ax.plot(x, y / 1e6, color=colors[stack], alpha=0.35, linewidth=0.7)
-                    x, y = percentile_curve(one)
-                    max_x = max(max_x, float(x.max()) if len(x) else 0.0)
+                    where = {**in_cell, "stack": stack, "direction": direction}
                     label = stack if len(directions) == 1 else f"{stack} {direction}"
                     style = {"color": colors[stack], "linestyle": styles[direction]}
-                    ax.plot(x, y / 1e6, **style, linewidth=1.8, label=label)
+                    max_x = max(max_x, _latency_curves(ax, _rows(df, where), label, style))
+                    arms_here.append((_rows(arms, where), colors[stack]))
             log_y(ax)
+            bottom = ax.get_ylim()[0]  # an interval reaching below the curves runs off the panel
+            for rows, color in arms_here:
+                _table_points(ax, rows, color)
+            ax.set_ylim(bottom=bottom)
             where = f" ({pat or 'main'})" if multi_pattern else ""
             ax.set_title(f"bs {bs_label(int(bs))}, iodepth {qd}{where}", fontsize="medium")
             if j == 0:
@@ -435,7 +487,8 @@ def latency_figure(
     fig.suptitle(
         f"{(host + ': ') if host else ''}{rw}{' [' + ', '.join(named) + ']' if named else ''}: "
         "completion-latency percentiles (json+ histograms)\n"
-        "thick: all repetitions pooled; thin: one repetition",
+        f"lines: one repetition, cut where fewer than {MIN_BEYOND} I/Os lie beyond; "
+        "points: the loss table's p50/p99/p99.9 (mean of repetitions, t-interval)",
         fontsize="medium",
     )
     legend_below(fig, axes, "stack", ncols=4)
@@ -471,8 +524,10 @@ def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
 
 
 _CPU_WHAT = {
-    "busy_cpu_s_per_gib": "all non-idle CPU time (user + system + irq …)",
-    "sys_cpu_s_per_gib": "system (kernel) CPU time",
+    "busy_cpu_s_per_gib": "CPU cost per GiB moved: all non-idle CPU time (user + system + irq …)",
+    "sys_cpu_s_per_gib": "CPU cost per GiB moved: system (kernel) CPU time",
+    "cpu_util_pct": "CPU utilisation: busy share of all CPUs during the run",
+    "busy_cpu_us_per_io": "CPU cost per I/O: all non-idle CPU time",
 }
 
 
@@ -482,8 +537,8 @@ def cpu_figure(
     stacks: Iterable[str] | None = None,
     host: str | None = None,
 ) -> matplotlib.figure.Figure:
-    """CPU seconds per GiB moved, by block size (x), one bar per stack with its interval
-    (arms.parquet); rows = iodepth, columns = rw pattern; log y."""
+    """A CPU cost metric (:data:`~luksbench.analysis.loss.CPU_METRICS`) by block size (x), one bar
+    per stack with its interval (arms.parquet); rows = iodepth, columns = rw pattern; log y."""
     house_style()
     summ = _arm_rows(arms, metric, host)
     if summ.empty:
@@ -505,8 +560,8 @@ def cpu_figure(
                 ax.set_xlabel("block size")
         axes[i][0].set_ylabel(metric_label(metric))
     fig.suptitle(
-        f"{(host + ': ') if host else ''}CPU cost per GiB moved: {_CPU_WHAT.get(metric, metric)}\n"
-        "whole machine, /proc/stat; mean over repetitions, "
+        f"{(host + ': ') if host else ''}{_CPU_WHAT.get(metric, metric)}\n"
+        "whole machine, /proc/stat, net of the idle baseline; mean over repetitions, "
         f"{float(summ['confidence'].iloc[0]):.0%} CI",
         fontsize="medium",
     )

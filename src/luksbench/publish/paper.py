@@ -22,7 +22,7 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs, label
-from luksbench.analysis.loss import CPU_METRICS
+from luksbench.analysis.tails import TOO_FEW
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
@@ -46,7 +46,6 @@ from luksbench.publish.run import (
 from luksbench.publish.text import (
     METRIC_UNITS,
     RW_ORDER,
-    VERDICT_MARKS,
     bs_human,
     cell_name,
     cell_words,
@@ -57,6 +56,7 @@ from luksbench.publish.text import (
     fmt_pct,
     fmt_text,
     metric_heading,
+    missing,
     multi_job,
     rw_words,
     sorted_metrics,
@@ -180,6 +180,12 @@ def _matrix(fio: pd.DataFrame, env: pd.DataFrame) -> dict:
     }
 
 
+def _too_few(row) -> bool:
+    """A latency percentile withheld for too few I/Os (loss.parquet's ``note``) in every pair."""
+    note = row.get("note")
+    return row["n"] < 2 and not missing(note) and str(note).startswith(TOO_FEW)
+
+
 def loss_sections(loss: pd.DataFrame) -> list[dict]:
     """One table per metric: rows rw x bs x iodepth (x pattern) with means, effect [CI], verdict,
     n. Called with one comparison's rows (several: the variant is named in every row)."""
@@ -202,9 +208,11 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
                     "n_dropped": int(r["n_dropped"]),
                     "baseline_mean": fmt_num(r["baseline_mean"] / div, dec),
                     "variant_mean": fmt_num(r["variant_mean"] / div, dec),
-                    "effect": fmt_pct(r["effect_pct"]),
+                    "effect": TOO_FEW if _too_few(r) else fmt_pct(r["effect_pct"]),
                     "ci": fmt_ci(r["ci_low"], r["ci_high"]),
+                    "decision": r["decision"],
                     "verdict": r["verdict"],
+                    "q": fmt_num(r["q_value"], 3),
                 }
             )
         sections.append(
@@ -235,6 +243,7 @@ def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> l
                 "scs_tables": scs_tables(rows),
                 "loss_sections": loss_sections(rows),
                 "n_significant": int((rows["verdict"] == "significant").sum()),
+                "decisions": decision_counts(rows),
                 "n_rows": len(rows),
             }
         )
@@ -243,7 +252,7 @@ def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> l
 
 def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
     """Several hosts: what the paper says about them, and one row per host and variant (bandwidth
-    loss: cells, significant, median, worst with its interval). Empty for a single host."""
+    loss: cells, material, median, worst material with its interval). Empty for a single host."""
     names = sorted(losses["host"].dropna().unique())
     if len(names) < 2:
         return {"present": False, "rows": []}
@@ -256,8 +265,8 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
         key=lambda kg: (kg[0][0], order.get((kg[0][1], kg[0][2]), len(order))),
     )
     for (host, baseline, variant), g in groups:
-        sig = g[(g["verdict"] == "significant") & (g["effect_pct"] > 0)]
-        worst = sig.loc[sig["effect_pct"].idxmax()] if len(sig) else None
+        material = g[g["decision"] == "material"]
+        worst = material.loc[material["effect_pct"].idxmax()] if len(material) else None
         h = facts.get(host, {})
         rows.append(
             {
@@ -268,11 +277,11 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
                 "kernel": h.get("kernel", "n/a"),
                 "cpu": h.get("cpu_model", "n/a"),
                 "cells": len(g),
-                "significant": len(sig),
+                "material": len(material),
                 "median": fmt_pct(g["effect_pct"].median()),
                 "worst": f"{cell_words(worst, False)}: {effect_ci(worst)}"
                 if worst is not None
-                else "none significant",
+                else "none material",
             }
         )
     pair = f"`luksbench compare {run} {run} --host {names[0]}={names[1]} --out DIR`"
@@ -292,7 +301,7 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
             "Every host's stacks are compared only "
             "with that host's own baseline; pairs never cross hosts (repetition k on one host is "
             "never paired with repetition k on another). The Benjamini-Hochberg adjustment runs "
-            "over the rows of all hosts together. Whether two hosts differ is a different "
+            "over the rows of all hosts together (one family per metric and comparison). Whether two hosts differ is a different "
             f"question, with its own intervals: {pair}."
         ),
         "rows": rows,
@@ -339,78 +348,50 @@ def _cryptsetup(cs: pd.DataFrame) -> dict:
     }
 
 
-#: thresholds of the recommendation (stated in the paper's text)
-NEGLIGIBLE_LOSS_PCT = 5.0
-MATERIAL_LOSS_PCT = 20.0
-
 #: metrics that get SCS-shaped tables (all metrics are in the detailed Results section)
 SCS_TABLE_METRICS = ("bw_bytes", "iops", "clat_p99_ns")
+#: the decided regions, worst first (the loss table's ``decision``; "undecided: ..." apart)
+DECIDED = ("material", "moderate", "negligible", "moderate gain", "material gain")
 
 
-def _worst_by_rw(bw: pd.DataFrame, pos: pd.DataFrame) -> str:
-    """Per access pattern, the largest significant loss with its cell."""
-    parts = []
-    for rw in sorted_rw(bw["rw"].dropna().unique()):
-        rp = pos[pos["rw"] == rw]
-        if rp.empty:
-            parts.append(f"{rw_words(rw)} none significant")
-            continue
-        w = rp.loc[rp["effect_pct"].idxmax()]
-        where = f"{bs_human(w['bs_bytes'])}, QD{int(w['iodepth'])}"
-        parts.append(f"{rw_words(rw)} up to {effect_ci(w)} ({where})")
-    return "By access pattern: " + "; ".join(parts) + "."
+def decision_kind(decision) -> str:
+    """``undecided`` for every ``undecided: straddles ...``; the decision itself otherwise."""
+    return str(decision).split(":")[0]
 
 
-def _bandwidth_sentences(bw: pd.DataFrame, variant: str, describe) -> list[str]:
-    """The worst loss, the worst per access pattern, and how the cells' verdicts fall."""
-    heading = metric_heading(str(bw["metric"].iloc[0])).lower()
-    sig = bw[bw["verdict"] == "significant"]
-    pos, gains = sig[sig["effect_pct"] > 0], sig[sig["effect_pct"] < 0]
-    if pos.empty:
-        out = [f"No significant {heading} loss in any of the {len(bw)} cells."]
-    else:
-        worst = pos.loc[pos["effect_pct"].idxmax()]
-        out = [
-            f"Worst {heading} loss: {describe(worst)} — {effect_ci(worst)} "
-            f"({int(worst['n'])} pairs).",
-            _worst_by_rw(bw, pos),
-        ]
-    n = {v: int((bw["verdict"] == v).sum()) for v in ("inconclusive", "insufficient", "equivalent")}
-    out.append(
-        f"Significant loss in {len(pos)} of {len(bw)} cells, significant gain "
-        f"(`{variant}` faster) in {len(gains)}, "
-        + (
-            f"equivalent (no practical difference) in {n['equivalent']}, "
-            if n["equivalent"]
-            else ""
+def _margins(rows: pd.DataFrame) -> str:
+    """``5 / 20 %``: the decision margins of a metric's rows, as the loss table records them."""
+    lower, upper = rows["decision_lower_pct"].iloc[0], rows["decision_upper_pct"].iloc[0]
+    return f"{fmt_num(lower, 0)} / {fmt_num(upper, 0)} %"
+
+
+def decision_counts(rows: pd.DataFrame) -> str:
+    """``2 material, 1 moderate, 3 undecided`` (of the rows' decisions, worst first)."""
+    kinds = rows["decision"].map(decision_kind).value_counts()
+    order = [*DECIDED, "undecided", "insufficient"]
+    return ", ".join(f"{kinds[k]} {k}" for k in order if k in kinds)
+
+
+def _decision_sentence(rows: pd.DataFrame, describe) -> str:
+    """How a metric's cells fall into its regions, and the worst decided cost with its interval."""
+    name = metric_heading(str(rows["metric"].iloc[0]))
+    kind = str(rows["effect"].iloc[0])
+    text = (
+        f"{name} {kind} ({_margins(rows)} margins): {decision_counts(rows)} of {len(rows)} cells."
+    )
+    costly = rows[rows["decision"].isin(["material", "moderate"])]
+    if len(costly):
+        w = costly.loc[costly["ci_low"].idxmax()]
+        text += (
+            f" Largest {w['decision']} {kind}: {describe(w)}, {effect_ci(w)} ({int(w['n'])} pairs)."
         )
-        + f"inconclusive in {n['inconclusive']}"
-        + (f", too few pairs in {n['insufficient']}" if n["insufficient"] else "")
-        + "."
-    )
-    return out
+    return text
 
 
-def _increase_sentence(metric: str, rows: pd.DataFrame, describe, rose: bool = False) -> str:
-    """How many cells of a higher-is-worse metric rose significantly, and the largest rise."""
-    name = metric_heading(metric)
-    up = rows[(rows["verdict"] == "significant") & (rows["effect_pct"] > 0)]
-    if up.empty:
-        return f"{name}: no significant increase in {len(rows)} cells."
-    w = up.loc[up["effect_pct"].idxmax()]
-    how = (
-        f"{name} rose significantly in {len(up)} of {len(rows)} cells, by up to"
-        if rose
-        else f"{name}: significant increase in {len(up)} of {len(rows)} cells, up to"
-    )
-    return f"{how} {effect_ci(w)} ({describe(w)})."
-
-
-def tldr_sentences(
-    losses: pd.DataFrame, cpu: pd.DataFrame, hosts: list[dict], baseline: str, matrix: dict
-) -> list[str]:
-    """The TL;DR, every number read from the loss tables (loss.parquet, cpu_loss.parquet): per
-    comparison, headline first (``baseline`` is unused: each comparison names its own)."""
+def tldr_sentences(losses: pd.DataFrame, hosts: list[dict], matrix: dict) -> list[str]:
+    """The TL;DR, every number read from the loss table the paper prints (loss.parquet): per
+    comparison, headline first; per metric the decisions by magnitude (IOPS rows that repeat
+    bandwidth at a fixed block size are left out: the same test)."""
     conf = fmt_num(100 * float(losses["confidence"].iloc[0]), 0)
     multi_host, several_jobs = losses["host"].nunique() > 1, multi_job(losses)
     backends = sorted({h["backend_short"] for h in hosts}) or ["an unknown backend"]
@@ -421,68 +402,63 @@ def tldr_sentences(
     out = []
     for baseline, variant in comparison_pairs(losses):
         lv = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
-        bw = lv[lv["metric"] == "bw_bytes"] if (lv["metric"] == "bw_bytes").any() else lv
+        lv = lv[(lv["derived_from"].fillna("") == "") & (lv["n"] > 0)]
         host_names = ", ".join(f"`{h}`" for h in sorted(lv["host"].dropna().unique()))
+        cells = lv.drop_duplicates(["host", "workload", "job_slot", "direction"])
         out.append(
             f"`{variant}` against `{baseline}` on {host_names}, "
-            f"measured with {' / '.join(backends)}: {len(bw)} cells, "
-            f"{matrix['reps_text']} paired repetitions each, {conf} % confidence intervals."
+            f"measured with {' / '.join(backends)}: {len(cells)} cells, "
+            f"{matrix['reps_text']} paired repetitions each, decided on {conf} % confidence "
+            "intervals."
         )
-        out += _bandwidth_sentences(bw, variant, describe)
-        for metric in sorted_metrics(set(lv["metric"]) - {"bw_bytes", "iops", *CPU_METRICS}):
-            out.append(_increase_sentence(metric, lv[lv["metric"] == metric], describe))
-        cv = cpu[(cpu["baseline"] == baseline) & (cpu["variant"] == variant)] if len(cpu) else cpu
-        for metric in CPU_METRICS:
-            rows = cv[cv["metric"] == metric] if len(cv) else cv
-            if rows is not None and len(rows):
-                out.append(_increase_sentence(metric, rows, describe, rose=True))
+        for metric in sorted_metrics(set(lv["metric"])):
+            out.append(_decision_sentence(lv[lv["metric"] == metric], describe))
     return out
 
 
 def recommendation(losses: pd.DataFrame, hosts: list[dict]) -> dict:
-    """The recommendation, driven by the two thresholds on the bandwidth loss interval."""
+    """The recommendation, from the bandwidth rows' decisions (loss.parquet)."""
     conf = fmt_num(100 * float(losses["confidence"].iloc[0]), 0)
-    neg, mat = fmt_num(NEGLIGIBLE_LOSS_PCT, 0), fmt_num(MATERIAL_LOSS_PCT, 0)
+    bw_all = losses[losses["metric"] == "bw_bytes"]
+    neg, mat = (
+        (fmt_num(bw_all[c].iloc[0], 0) for c in ("decision_lower_pct", "decision_upper_pct"))
+        if len(bw_all)
+        else ("n/a", "n/a")
+    )
     multi_host = losses["host"].nunique() > 1
     thresholds = (
-        f"Thresholds: a cell's loss is *negligible* when its whole {conf} % interval lies below "
-        f"{neg} %, *material* when the whole interval lies above {mat} %, and *undecided* "
-        f"otherwise (including cells with fewer than two pairs). Applied to bandwidth."
+        f"Decided by magnitude on bandwidth: a cell's loss is *negligible* when its whole {conf} % "
+        f"interval lies within ±{neg} %, *moderate* when it lies between {neg} and {mat} %, "
+        f"*material* when it lies above {mat} % (*gains* likewise where the variant is faster), "
+        "and *undecided* when it straddles one of these boundaries."
     )
     pairs = comparison_pairs(losses)
     parts = []
     for baseline, variant in pairs:
-        bw = losses[
-            (losses["baseline"] == baseline)
-            & (losses["variant"] == variant)
-            & (losses["metric"] == "bw_bytes")
-        ]
+        bw = bw_all[(bw_all["baseline"] == baseline) & (bw_all["variant"] == variant)]
         if bw.empty:
             continue
-        material = bw[bw["ci_low"] > MATERIAL_LOSS_PCT]
-        negligible = bw[bw["ci_high"] < NEGLIGIBLE_LOSS_PCT]
-        undecided = len(bw) - len(material) - len(negligible)
+        kinds = bw["decision"].map(decision_kind)
         name = f"`{variant}`" if len(pairs) == 1 else label((baseline, variant))
-        text = (
-            f"{name}: {len(material)} of {len(bw)} cells material, {len(negligible)} "
-            f"negligible, {undecided} undecided."
-        )
+        text = f"{name}: {decision_counts(bw)} of {len(bw)} cells."
+        material = bw[kinds == "material"].sort_values("ci_low", ascending=False)
         if len(material):
-            cells = material.sort_values("ci_low", ascending=False)
             listed = ", ".join(
-                f"{cell_words(r, multi_host)} ({effect_ci(r)})" for _, r in cells.head(4).iterrows()
+                f"{cell_words(r, multi_host)} ({effect_ci(r)})"
+                for _, r in material.head(4).iterrows()
             )
-            more = f" and {len(cells) - 4} more" if len(cells) > 4 else ""
+            more = f" and {len(material) - 4} more" if len(material) > 4 else ""
             text += (
                 f" Encryption costs materially in {listed}{more}: budget for that throughput, "
                 "or keep those workloads on unencrypted storage."
             )
-        elif len(negligible) == len(bw):
+        elif kinds.isin(["negligible", "moderate gain", "material gain"]).all():
             text += f" Turn it on: no cell lost {neg} % or more at {conf} % confidence."
+        undecided = int((kinds == "undecided").sum())
         if undecided:
             text += (
-                f" The {undecided} undecided cells need more repetitions before they support "
-                "a decision either way."
+                f" The {undecided} undecided cells straddle a boundary: more pairs would "
+                "narrow their intervals enough to decide them."
             )
         parts.append(text)
     caveats = []
@@ -542,7 +518,7 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
                         cells.append("not measured")
                         continue
                     r = c.iloc[0]
-                    cells.append(f"{effect_ci(r)} {VERDICT_MARKS.get(str(r['verdict']), '?')}")
+                    cells.append(f"{effect_ci(r)} {decision_kind(r['decision'])}")
                 rows.append({"label": label, "cells": cells, "_key": (host, variant, qd, slot)})
             rows.sort(key=lambda r: (r["_key"][0], r["_key"][1] != sub["variant"].iloc[0]))
             tables.append(
@@ -664,20 +640,36 @@ def _front_matter(run: Run, name: str, variant: str, title: str, author: str) ->
 
 
 def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: dict) -> dict:
-    """TL;DR, recommendation and one section per comparison, from the loss tables."""
+    """TL;DR, recommendation and one section per comparison, from the loss table."""
     losses = run.loss
-    cpu = run.table("cpu_loss", ["baseline", "variant", "metric"])
     return {
         "comparisons": comparison_sections(losses, pairs),
         "confidence_pct": fmt_num(100 * run.confidence, 0),
-        "tldr": " ".join(tldr_sentences(losses, cpu, hosts, pairs[0][0], matrix)),
+        "tldr": " ".join(tldr_sentences(losses, hosts, matrix)),
         "recommendation": recommendation(losses, hosts),
         "host_summary": host_summary(losses, hosts, name),
         "n_significant": int((losses["verdict"] == "significant").sum()),
         "n_rows": len(losses),
-        "negligible_pct": fmt_num(NEGLIGIBLE_LOSS_PCT, 0),
-        "material_pct": fmt_num(MATERIAL_LOSS_PCT, 0),
+        "decisions": decision_counts(losses),
+        "regions": [
+            {
+                "metrics": ", ".join(metric_heading(m) for m in sorted_metrics(set(g["metric"]))),
+                "margins": _margins(g),
+            }
+            for _, g in losses.groupby(["decision_lower_pct", "decision_upper_pct"])
+        ],
     }
+
+
+def order_effects(order: pd.DataFrame, baseline: str, variant: str) -> list[str]:
+    """The headline comparison's order effect per metric (order.parquet), in words."""
+    rows = order[(order["baseline"] == baseline) & (order["variant"] == variant)]
+    rows = rows[rows["n_cells"] >= 2].set_index("metric")
+    return [
+        f"{metric_heading(m)} {fmt_pct(r['order_pct'])} {fmt_ci(r['ci_low'], r['ci_high'])}"
+        f" over {int(r['n_cells'])} cells"
+        for m, r in rows.loc[sorted_metrics(rows.index)].iterrows()
+    ]
 
 
 def _published(run: Run, reference_dir: Path | None) -> dict:
@@ -760,6 +752,9 @@ def paper_context(
         "matrix": matrix,
         "figure_sections": figure_secs,
         "n_figures": sum(len(s["figures"]) for s in figure_secs),
+        "order_effects": order_effects(
+            data.table("order", ["baseline", "variant", "metric"]), *pairs[0]
+        ),
         "figures_rel": Path(os.path.relpath(Path(figures_dir), Path(out_md).parent)).as_posix(),
         **_machine(data, figure_secs),
         **_published(data, reference_dir),

@@ -20,6 +20,8 @@ METRIC_UNITS = {
     "lat_mean_ns": ("mean latency", "ms", 1e6, 3),
     "busy_cpu_s_per_gib": ("Busy CPU time per GiB", "CPU s/GiB", 1, 2),
     "sys_cpu_s_per_gib": ("System CPU time per GiB", "CPU s/GiB", 1, 2),
+    "cpu_util_pct": ("CPU utilisation", "% of all CPUs", 1, 1),
+    "busy_cpu_us_per_io": ("Busy CPU time per I/O", "CPU µs/IO", 1, 1),
 }
 
 #: rw pattern -> words, as the SCS post names its tables

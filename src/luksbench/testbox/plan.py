@@ -232,6 +232,8 @@ def workloads(plan: dict) -> list[Workload]:
 # --- patterns: families of cells with their own fio options -------------------------------------
 
 PATTERN_KEYS = ("description", "matrix", "io_bs", "fsync_per_block", "fio")
+#: optional pattern settings (plans made before they existed lack them)
+PATTERN_OPTIONAL_KEYS = ("rate_pct",)
 PATTERN_FIO_KEYS = ("ioengine", "direct", "sync")
 IOENGINES = ("libaio", "io_uring", "psync", "sync", "pvsync2")
 # fio rw values that write (fsync_per_block adds fsyncs only to these) and that seek at random.
@@ -253,11 +255,10 @@ def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
             raise PlanError(
                 f"{where}: a pattern must be an object with keys {', '.join(PATTERN_KEYS)}"
             )
-        unknown = sorted(set(spec) - set(PATTERN_KEYS))
+        known = (*PATTERN_KEYS, *PATTERN_OPTIONAL_KEYS)
+        unknown = sorted(set(spec) - set(known))
         if unknown:
-            raise PlanError(
-                f"{where}.{unknown[0]}: not a pattern setting ({', '.join(PATTERN_KEYS)})"
-            )
+            raise PlanError(f"{where}.{unknown[0]}: not a pattern setting ({', '.join(known)})")
         over = spec.get("fio") or {}
         if not isinstance(over, dict):
             raise PlanError(f"{where}.fio must be an object ({', '.join(PATTERN_FIO_KEYS)})")
@@ -280,6 +281,8 @@ def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
                 "sync": _inherit(over, "sync", False),
             },
         }
+        if spec.get("rate_pct") is not None:  # only then: plans of earlier runs stay equal
+            out[name]["rate_pct"] = spec["rate_pct"]
     return out
 
 
@@ -329,6 +332,13 @@ def check_patterns(plan: dict, source: str = "plan") -> None:
                 )
         if not isinstance(pattern["fsync_per_block"], bool):
             raise PlanError(f"{where}.fsync_per_block must be true or false")
+        rate = pattern.get("rate_pct")
+        if rate is not None and (
+            isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 100
+        ):
+            raise PlanError(
+                f"{where}.rate_pct must be a percentage in (0, 100] or null, not {rate!r}"
+            )
         fio = pattern["fio"]
         if not isinstance(fio, dict) or sorted(fio) != sorted(PATTERN_FIO_KEYS):
             raise PlanError(f"{where}.fio must hold exactly {', '.join(PATTERN_FIO_KEYS)}")
@@ -343,7 +353,8 @@ def check_patterns(plan: dict, source: str = "plan") -> None:
 
 def cell_options(plan: dict, w: Workload) -> dict:
     """How one cell runs: ioengine, direct, sync, io_bs_bytes (bytes per I/O), ios_per_block
-    (n: I/Os per block of the cell's bs) and fsync (an fsync every that many writes; 0: none)."""
+    (n: I/Os per block of the cell's bs), fsync (an fsync every that many writes; 0: none) and
+    rate_pct (a fixed-rate pattern's share of the slower stack's pilot IOPS; None: unthrottled)."""
     fio = plan["fio"]
     options = {
         "ioengine": fio.get("ioengine", "libaio"),
@@ -352,6 +363,7 @@ def cell_options(plan: dict, w: Workload) -> dict:
         "io_bs_bytes": w.bs_bytes,
         "ios_per_block": 1,
         "fsync": 0,
+        "rate_pct": None,
     }
     if not w.pattern:
         return options
@@ -363,6 +375,7 @@ def cell_options(plan: dict, w: Workload) -> dict:
         ioengine=pattern["fio"]["ioengine"],
         direct=bool(pattern["fio"]["direct"]),
         sync=bool(pattern["fio"]["sync"]),
+        rate_pct=pattern.get("rate_pct"),
     )
     if pattern["io_bs"] and w.bs_bytes > bs_to_bytes(pattern["io_bs"]):
         io_bytes = bs_to_bytes(pattern["io_bs"])

@@ -102,6 +102,11 @@ def pattern_fio_text(pattern: dict) -> str:
         )
     if pattern["fsync_per_block"]:
         parts.append("fsync after every block of writes (fsync=<I/Os per block>)")
+    if pattern.get("rate_pct"):
+        parts.append(
+            f"every stack at {pattern['rate_pct']:g} % of the slower stack's IOPS in an "
+            "unthrottled pilot run (rate_iops)"
+        )
     return ", ".join(parts)
 
 

@@ -2,8 +2,10 @@
 
 Schedule: repetition k of every cell is "round" k. Within a round the cells run in the order
 ``random.Random(seed + k).shuffle``; within a cell all stacks run back to back, and their order is
-counterbalanced across rounds ABBA-style (round 1 baseline first, rounds 2 and 3 reversed,
-round 4 baseline first, then repeat). Repetition k of every stack forms pair k.
+balanced within each cell (:func:`stacks_in_order`): every two rounds run the cell once baseline
+first and once reversed, and with an odd count the extra order alternates over the cells, so no
+order dominates a cell or the run. Repetition k of every stack forms pair k; ``position_in_cell``
+in the manifest records each run's place.
 
 Raw results are immutable: each rep is written to a temp file in its directory, fsynced, renamed
 into place and made read-only (0444). An existing ``rep<k>.json`` is never overwritten, it is
@@ -63,16 +65,29 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-def stacks_for_round(stacks: list[str], round_no: int) -> list[str]:
-    """ABBA counterbalancing: rounds 1, 4, 5, 8, ... in order; 2, 3, 6, 7, ... reversed."""
-    return list(stacks) if (round_no - 1) % 4 in (0, 3) else list(reversed(stacks))
+def order_positions(plan: dict) -> dict[str, int]:
+    """Each cell's place in a seeded permutation of the plan's cells (see :func:`stacks_in_order`)."""
+    ids = sorted(w.id for w in workloads(plan))
+    random.Random(f"{plan['seed']}:stack-order").shuffle(ids)
+    return {w: p for p, w in enumerate(ids)}
+
+
+def stacks_in_order(stacks: list[str], round_no: int, position: int) -> list[str]:
+    """The stacks of a cell in round ``round_no``: rounds 1-2, 3-4, ... each run the cell once in
+    order (baseline first) and once reversed, so every even count of rounds is balanced. Which comes
+    first flips from block to block (AB BA BA AB: a linear drift cancels too) and alternates over
+    the cells' ``position`` (:func:`order_positions`): with an odd count half of the cells have the
+    extra pair in order and half reversed."""
+    block, second = divmod(round_no - 1, 2)
+    forward = (position + block) % 2 == second
+    return list(stacks) if forward else list(reversed(stacks))
 
 
 def load_targets(path: Path) -> dict[str, int]:
     """Per-cell repetition targets (workload id -> pairs) from an adaptive targets file
     (:mod:`luksbench.formats.targets`); TestboxError naming the file when it is malformed."""
     try:
-        return {w: n for w, (n, _capped) in read_targets(Path(path)).items()}
+        return {w: design[0] for w, design in read_targets(Path(path)).items()}
     except TargetsError as exc:
         raise TestboxError(f"{path}: {exc}") from exc
 
@@ -93,12 +108,13 @@ def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
     cells = workloads(plan)
     reps = cell_repetitions(plan, targets)
     stacks = baseline_first(plan)
+    positions = order_positions(plan)
     runs = []
     for k in range(1, max(reps.values(), default=0) + 1):
         order = list(cells)
         random.Random(int(plan["seed"]) + k).shuffle(order)
         for w in (w for w in order if reps[w.id] >= k):
-            for pos, stack in enumerate(stacks_for_round(stacks, k)):
+            for pos, stack in enumerate(stacks_in_order(stacks, k, positions[w.id])):
                 runs.append(
                     {"round": k, "rep": k, "stack": stack, "workload": w, "position_in_cell": pos}
                 )
@@ -113,11 +129,18 @@ def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None 
 
 
 def fio_argv(
-    plan: dict, entry: dict, stack: str, w: Workload, output: Path, io_size: int
+    plan: dict,
+    entry: dict,
+    stack: str,
+    w: Workload,
+    output: Path,
+    io_size: int,
+    rate_iops: int | None = None,
 ) -> list[str]:
     """fio's command line for one run of cell ``w`` on ``stack``, over the first ``io_size`` bytes
-    of its device (0: all of it). A pattern cell runs with its pattern's fio options; one whose
-    block does not fit ``io_size`` is refused (TestboxError) before fio starts."""
+    of its device (0: all of it), at most ``rate_iops`` I/Os per second (a fixed-rate cell). A
+    pattern cell runs with its pattern's fio options; one whose block does not fit ``io_size`` is
+    refused (TestboxError) before fio starts."""
     f = plan["fio"]
     cell = cell_options(plan, w)
     if io_size and w.bs_bytes > io_size:
@@ -176,6 +199,8 @@ def fio_argv(
     ]
     if io_size:
         argv.append(f"--size={io_size}")
+    if rate_iops:
+        argv.append(f"--rate_iops={int(rate_iops)}")
     return argv
 
 
@@ -348,12 +373,59 @@ def check_state_live(state: dict) -> None:
         )
 
 
-def _previous_times(manifest_path: Path) -> dict:
-    """When the runs the last session's manifest records were measured ({} without one)."""
+def _previous(manifest_path: Path) -> tuple[dict, dict]:
+    """When the runs the last session's manifest records were measured, and the rates of its
+    fixed-rate cells ({}, {} without one)."""
     try:
-        return run_times(read_manifest(manifest_path))
+        manifest = read_manifest(manifest_path)
     except ValueError:
-        return {}
+        return {}, {}
+    return run_times(manifest), dict(manifest.get("fixed_rates") or {})
+
+
+def fixed_rates(plan: dict, session: dict, known: dict, clocksource: str | None) -> dict:
+    """The rate of every fixed-rate cell (pattern ``rate_pct``): as ``known`` (an earlier
+    session of the run), else from a pilot now: one unthrottled run on every stack, the rate
+    ``rate_pct`` % of the slower stack's IOPS, so all stacks run at one load."""
+    rates = {}
+    for w in workloads(session["measured_plan"]):
+        pct = cell_options(plan, w)["rate_pct"]
+        if not pct:
+            continue
+        if w.id in known:
+            rates[w.id] = known[w.id]
+            continue
+        stacks = baseline_first(session["measured_plan"])
+        pilot = {stack: _pilot_iops(plan, session, stack, w, clocksource) for stack in stacks}
+        rate = max(1, int(pct / 100 * min(pilot.values())))
+        rates[w.id] = {"rate_pct": pct, "rate_iops": rate, "pilot_iops": pilot}
+        log(
+            f"luksbench testbox run-fio: fixed-rate cell {w.id}: {rate} IOPS on every stack "
+            f"({pct:g} % of the slower pilot: {', '.join(f'{s} {v:.0f}' for s, v in pilot.items())})"
+        )
+    return rates
+
+
+def _pilot_iops(plan: dict, session: dict, stack: str, w: Workload, clocksource) -> float:
+    """IOPS of one unthrottled run of cell ``w`` on ``stack`` (its output is not kept)."""
+    with tempfile.TemporaryDirectory(prefix="luksbench-pilot-") as tmp:
+        out = Path(tmp) / "pilot.json"
+        entry = session["state"]["stacks"][stack]
+        argv = fio_argv(plan, entry, stack, w, out, session["io_size"])
+        if clocksource:
+            argv.append(f"--clocksource={clocksource}")
+        if fleet_clients(plan):
+            argv, job_text = client_argv(argv, Path(tmp) / "pilot.job", fleet_clients(plan))
+            (Path(tmp) / "pilot.job").write_text(job_text)
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        try:
+            if proc.returncode != 0:
+                raise ValueError(f"fio exited {proc.returncode}: {proc.stderr.strip()}")
+            doc = check_fio_result(out)
+        except ValueError as exc:
+            raise TestboxError(f"pilot of fixed-rate cell {w.id} on {stack} failed: {exc}") from exc
+    directions = ("read", "write", "trim")
+    return sum(e.get(d, {}).get("iops", 0.0) for e in _job_entries(doc) for d in directions)
 
 
 def run_fio(
@@ -375,12 +447,12 @@ def run_fio(
     """
     session = _open_session(plan, Path(state_path), Path(raw_host_dir), targets_path)
     session["manifest_path"] = Path(manifest_path)
-    session["previous"] = _previous_times(Path(manifest_path))
+    session["previous"], session["previous_rates"] = _previous(Path(manifest_path))
     session["stack_descriptions"] = (
         json.loads(Path(describe_path).read_text()) if describe_path is not None else None
     )
     outcome: dict = {"started": utc_now(), "done": [], "failed": [], "interrupted": None}
-    outcome.update(cpu_idle_baseline=None, clocksource=None)
+    outcome.update(cpu_idle_baseline=None, clocksource=None, fixed_rates={})
     try:
         _measure(plan, session, outcome)
     finally:  # also after an error: the manifest says what this session measured
@@ -474,6 +546,9 @@ def _measure(plan: dict, session: dict, outcome: dict) -> None:
             outcome["clocksource"] = fio_clocksource()
         # Once per session, before any fio run: the load and power of the box doing nothing.
         outcome["cpu_idle_baseline"] = probes.idle_baseline()
+        outcome["fixed_rates"] = fixed_rates(
+            plan, session, session["previous_rates"], outcome["clocksource"]
+        )
         for r in session["runs"]:
             _scheduled_run(plan, session, r, outcome)
     except Interrupted as exc:
@@ -517,8 +592,16 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     check_state_live(state)
     check_free_space(path.parent)
     rec["started"] = utc_now()
+    rate = outcome["fixed_rates"].get(w.id, {}).get("rate_iops")
     ok, msg = _one_run(
-        plan, state["stacks"][stack], stack, w, path, session["io_size"], outcome["clocksource"]
+        plan,
+        state["stacks"][stack],
+        stack,
+        w,
+        path,
+        session["io_size"],
+        outcome["clocksource"],
+        rate,
     )
     rec["ended"] = utc_now()
     rec["status"] = "ok" if ok else "failed"
@@ -557,6 +640,7 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "cell_order": CELL_ORDER,
         "io_size_bytes": session["io_size"],
         "cpu_idle_baseline": outcome["cpu_idle_baseline"],
+        "fixed_rates": outcome["fixed_rates"],
         "fio_clocksource": outcome["clocksource"],
         "fio": plan["fio"],
         "started": outcome["started"],
@@ -619,10 +703,12 @@ def _one_run(
     path: Path,
     io_size: int,
     clocksource: str | None = None,
+    rate_iops: int | None = None,
 ) -> tuple[bool, str]:
     """One fio run into ``path`` (+ cpu sidecar). Returns (ok, progress message).
 
-    ``clocksource``: fio's own choice on this machine (:func:`fio_clocksource`), passed on."""
+    ``clocksource``: fio's own choice on this machine (:func:`fio_clocksource`), passed on;
+    ``rate_iops``: a fixed-rate cell's rate."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)  # left by a SIGKILLed earlier attempt
@@ -631,7 +717,7 @@ def _one_run(
     tmp = Path(tmp_name)
     proc = None
     try:
-        argv = fio_argv(plan, entry, stack, w, tmp, io_size)
+        argv = fio_argv(plan, entry, stack, w, tmp, io_size, rate_iops)
         if clocksource:
             argv.append(f"--clocksource={clocksource}")
         clients = fleet_clients(plan)

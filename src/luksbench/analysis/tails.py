@@ -1,0 +1,84 @@
+"""Completion-latency percentiles from fio's json+ histograms, only where the run had enough I/Os.
+
+fio prints percentiles per job entry; a run with several entries for one job (numjobs without
+group_reporting) is a mixture, and a mixture's quantile is not the mean of the entries'
+quantiles. Here the histograms of a run's entries (the latency table's rows of one host, stack,
+workload, rep, job slot and direction) are summed, and each percentile is read off the sum the way
+fio reads its own: the first bin whose cumulative count reaches p/100 of the total.
+
+A percentile rests on the completions beyond it: p99.9 of 2,000 I/Os is the second-slowest of
+them. A percentile is given only where at least :data:`MIN_BEYOND` completions lie beyond it
+(p50: 20 I/Os, p99: 1,000, p99.9: 10,000); otherwise it is NaN and the loss table's ``note`` says
+"too few I/Os". Rows without json+ histograms keep fio's own percentiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+#: fio table column -> the percentile it holds
+PERCENTILES = {"clat_p50_ns": 50.0, "clat_p99_ns": 99.0, "clat_p999_ns": 99.9}
+#: completions that must lie beyond a percentile for it to be reported
+MIN_BEYOND = 10
+TOO_FEW = "too few I/Os"
+#: one run's histogram: the latency table's rows summed over these keys
+RUN_KEYS = ["host", "stack", "workload", "rep", "job_slot", "direction"]
+
+
+def min_ios(percent: float) -> int:
+    """The fewest completions with :data:`MIN_BEYOND` of them beyond the ``percent`` percentile."""
+    return int(np.ceil(MIN_BEYOND * 100 / (100 - percent) - 1e-9))
+
+
+def run_percentiles(latency: pd.DataFrame) -> pd.DataFrame:
+    """Per run (:data:`RUN_KEYS`): ``clat_ios`` (completions in the summed histogram) and every
+    :data:`PERCENTILES` column, NaN where fewer than :func:`min_ios` completions were made."""
+    columns = [*RUN_KEYS, "clat_ios", *PERCENTILES]
+    if latency.empty:
+        return pd.DataFrame(columns=columns)
+    hist = latency.groupby([*RUN_KEYS, "ns"], sort=True, observed=True)["count"].sum()
+    hist = hist.reset_index()
+    runs = hist.groupby(RUN_KEYS, sort=False, observed=True)["count"]
+    total, cum = runs.transform("sum").to_numpy(float), runs.cumsum().to_numpy(float)
+    out = hist[RUN_KEYS].drop_duplicates().set_index(RUN_KEYS)
+    out["clat_ios"] = runs.sum()
+    for column, percent in PERCENTILES.items():
+        reached = hist[cum >= percent / 100.0 * total]  # fio's rule (stat.c)
+        value = reached.groupby(RUN_KEYS, sort=False, observed=True)["ns"].first()
+        out[column] = value.where(out["clat_ios"] >= min_ios(percent)).astype("float64")
+    return out.reset_index()[columns]
+
+
+def with_histogram_percentiles(fio: pd.DataFrame, latency: pd.DataFrame) -> pd.DataFrame:
+    """``fio`` with the :data:`PERCENTILES` of every row that has a json+ histogram replaced by
+    its run's (:func:`run_percentiles`; all entries of a run get the run's value), and the
+    ``clat_ios`` column (NaN without a histogram)."""
+    runs = run_percentiles(latency)
+    fio = fio.drop(columns="clat_ios", errors="ignore")
+    if runs.empty or fio.empty:
+        return fio.assign(clat_ios=np.nan)
+    keyed = fio[RUN_KEYS].merge(runs, on=RUN_KEYS, how="left")
+    has_hist = keyed["clat_ios"].notna().to_numpy()
+    fio = fio.assign(clat_ios=keyed["clat_ios"].to_numpy(float))
+    for column in PERCENTILES:
+        fio[column] = np.where(has_hist, keyed[column].to_numpy(float), fio[column].astype(float))
+    return fio
+
+
+def too_few_notes(loss: pd.DataFrame, fio: pd.DataFrame) -> pd.Series:
+    """Per loss row: "too few I/Os ..." where a percentile row lost pairs because a run of its
+    baseline or variant had too few completions for it, else ""."""
+    notes = pd.Series("", index=loss.index, dtype="string")
+    if "clat_ios" not in fio.columns or loss.empty:
+        return notes
+    keys = ["host", "workload", "job_slot", "direction", "stack"]
+    fewest = fio.groupby(keys, observed=True)["clat_ios"].min()
+    for i, row in loss[loss["metric"].isin(list(PERCENTILES))].iterrows():
+        need = min_ios(PERCENTILES[row["metric"]])
+        cell = tuple(row[k] for k in keys[:-1])
+        counts = [fewest.get((*cell, row[s]), np.nan) for s in ("baseline", "variant")]
+        least = min((c for c in counts if c == c), default=np.nan)  # NaN: no json+ histogram
+        if least < need:
+            notes[i] = f"{TOO_FEW}: needs {need:,} completions per run, fewest {int(least):,}"
+    return notes

@@ -1,0 +1,131 @@
+"""Tail latency from the json+ histograms: fio's own percentile rule, runs of several job entries
+merged, percentiles withheld where too few I/Os lie beyond, table and figure the same quantity.
+Real fio json+ output: the shipped sample (fio 3.x on the development machine)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+from luksbench.analysis import ingest, tails
+from luksbench.analysis.loss import write_loss
+from luksbench.formats import fio as fio_format
+from luksbench.publish import figures
+from luksbench.publish.paper import loss_sections
+
+matplotlib.use("Agg")
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "data" / "raw" / "sample"
+
+
+@pytest.fixture(scope="module")
+def processed(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tails")
+    ingest.write_processed(SAMPLE, out, workers=1)
+    write_loss(out)
+    return out
+
+
+def fio_rule(bins: list[tuple[int, int]], percent: float) -> float:
+    """fio's stat.c: the first bin whose cumulative count reaches percent/100 of the total."""
+    ns, counts = np.array(sorted(bins)).T
+    cum = np.cumsum(counts)
+    return float(ns[np.argmax(cum >= percent / 100.0 * cum[-1])])
+
+
+def test_percentiles_are_fios_own_where_enough_ios_lie_beyond(processed):
+    fio = pd.read_parquet(processed / "fio.parquet")
+    rows = fio[fio["clat_ios"].notna()]
+    assert len(rows) == 96
+    reported = withheld = 0
+    for _, row in rows.iterrows():
+        own = fio_format.parse_fio_file(SAMPLE / row["file"], warn=lambda _: None)
+        own = next(r for r in own if r["direction"] == row["direction"])
+        for column, percent in tails.PERCENTILES.items():
+            beyond = row["clat_ios"] * (100 - percent) / 100
+            if beyond >= tails.MIN_BEYOND:
+                assert row[column] == own[column]  # the histogram gives fio's very number
+                reported += 1
+            else:
+                assert math.isnan(row[column]) and own[column] is not None
+                withheld += 1
+    assert reported and withheld  # the sample has both: 1 MiB cells of 2 s have few I/Os
+
+
+def test_a_run_of_several_job_entries_is_one_mixture(tmp_path):
+    """Two job entries of one run (numjobs without group_reporting): the percentile of the summed
+    histogram, not the mean of the entries' percentiles."""
+    raw = tmp_path / "raw" / "mix"
+    shutil.copytree(SAMPLE, raw)
+    for p in [raw, *raw.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    fast = json.loads((raw / "vm/fio/plain/randread-4k-qd1/rep1.json").read_text())
+    slow = json.loads((raw / "vm/fio/plain/randread-4k-qd32/rep1.json").read_text())
+    slow["jobs"][0]["jobname"] = fast["jobs"][0]["jobname"]
+    fast["jobs"].append(slow["jobs"][0])
+    target = raw / "vm/fio/plain/randread-4k-qd1/rep1.json"
+    target.write_text(json.dumps(fast))
+    fio, _ = ingest.fio_and_latency_tables(raw, workers=1)
+    rows = fio[(fio["file"] == "vm/fio/plain/randread-4k-qd1/rep1.json")]
+    assert len(rows) == 2 and rows["job_slot"].nunique() == 1
+    bins = fio_format.document_histograms(fast)
+    merged = [b for (_, d), hist in bins.items() if d == "read" for b in hist]
+    own = [fio_format.parse_fio_file(target, warn=lambda _: None)[i] for i in (0, 1)]
+    for column, percent in tails.PERCENTILES.items():
+        mixture = fio_rule(merged, percent)
+        assert (rows[column] == mixture).all()
+        mean_of_quantiles = np.mean([o[column] for o in own])
+        assert mixture != pytest.approx(mean_of_quantiles, rel=0.01)
+    assert (rows["clat_ios"] == sum(c for _, c in merged)).all()
+
+
+def test_the_loss_table_says_too_few_ios_and_the_paper_too(processed):
+    loss = pd.read_parquet(processed / "loss.parquet")
+    fio = pd.read_parquet(processed / "fio.parquet")
+    p999 = loss[loss["metric"] == "clat_p999_ns"]
+    few = fio.groupby("workload")["clat_ios"].min() < tails.min_ios(99.9)
+    for _, row in p999.iterrows():
+        if few[row["workload"]]:
+            assert row["note"].startswith(tails.TOO_FEW), row["note"]
+        else:
+            assert row["note"] == "" and row["n"] == 3
+    empty = p999[p999["n"] == 0]
+    assert len(empty) and empty["effect_pct"].isna().all()
+    assert (empty["verdict"] == "insufficient").all()
+    section = next(s for s in loss_sections(loss) if s["metric"] == "clat_p999_ns")
+    shown = {r["cell"]: r["effect"] for r in section["rows"]}
+    assert list(shown.values()).count(tails.TOO_FEW) == len(empty)
+    assert "n/a" not in shown.values()
+
+
+def test_figure_points_are_the_loss_tables_percentiles(processed):
+    loss = pd.read_parquet(processed / "loss.parquet")
+    arms = pd.read_parquet(processed / "arms.parquet")
+    lat = pd.read_parquet(processed / "latency.parquet")
+    rows = loss[loss["metric"].isin(list(tails.PERCENTILES)) & (loss["rw"] == "randread")]
+    complete = rows[(rows["n"] == 3) & (rows["n_dropped"] == 0)]
+    keys = ["rw", "bs_bytes", "iodepth", "direction", "metric"]
+    keyed = arms.set_index(["stack", *keys])["mean"]
+    assert len(complete)
+    for _, r in complete.iterrows():
+        for side in ("baseline", "variant"):
+            got = keyed[(r[side], *(r[k] for k in keys))]
+            assert got == pytest.approx(r[f"{side}_mean"], rel=1e-12)
+    fig = figures.latency_figure(lat, arms, "randread", stacks=["plain", "luks"])
+    points = sorted(
+        round(float(y), 9)
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_marker() == "o"
+        for y in line.get_ydata()
+    )
+    shown = arms[(arms["rw"] == "randread") & arms["metric"].isin(list(tails.PERCENTILES))]
+    expected = sorted(round(v / 1e6, 9) for v in shown["mean"].dropna())
+    assert points == expected and len(points) > 0
