@@ -70,26 +70,16 @@ GIB = 2**30
 
 #: columns added by :func:`fio_table` in front of the parser's columns
 FIO_LAYOUT_COLUMNS = ["run", "host", "stack", "workload", "pattern", "rep", "job_slot"]
-#: columns derived from the CPU sidecar and io_bytes, appended after the parser's columns
-FIO_DERIVED_COLUMNS = [
-    # bytes per I/O as fio ran it (the job's bs option); bs_bytes is the cell's bs, which for a
-    # pattern with io_bs is a block of several I/Os
-    "io_bs_bytes",
-    "io_gib",
-    "busy_cpu_s",
-    "busy_cpu_pct",
-    "sys_cpu_s",
-    "cpu_interval_s",
-    "busy_cpu_s_per_gib",
-    "sys_cpu_s_per_gib",
-    # adaptive design (<host>/fio/targets.json); NaN / missing for a fixed design
-    "target_pairs",
-    "hit_cap",
-    "pilot_pairs",
-    # the raw layout's <host> folder the file sits in; differs from ``host`` only for fio
-    # client/server (fleet) results, where ``host`` is the fio server that measured
-    "host_dir",
-]
+#: columns derived from the CPU sidecar and io_bytes, appended after the parser's columns:
+#: io_bs_bytes is the bytes per I/O as fio ran it (the job's bs option; bs_bytes is the cell's,
+#: for a pattern with io_bs a block of several I/Os); target_pairs and hit_cap come from the
+#: adaptive design (<host>/fio/targets.json; missing for a fixed design), as does pilot_pairs;
+#: host_dir is the raw layout's <host> folder, which differs from ``host`` only for fio
+#: client/server (fleet) results, where ``host`` is the fio server that measured
+FIO_DERIVED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "io_bs_bytes io_gib busy_cpu_s busy_cpu_pct sys_cpu_s cpu_interval_s busy_cpu_s_per_gib "
+    "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs host_dir"
+).split()
 
 ENV_COLUMNS = [
     "run",
@@ -123,20 +113,9 @@ STACKS_COLUMNS = [
 ]
 
 #: completion-latency histograms from the json+ ``bins``, one row per bin of an active row
-LATENCY_COLUMNS = [
-    "host",
-    "stack",
-    "workload",
-    "rw",
-    "bs_bytes",
-    "iodepth",
-    "rep",
-    "job_slot",
-    "direction",
-    "pattern",
-    "ns",
-    "count",
-]
+LATENCY_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "host stack workload rw bs_bytes iodepth rep job_slot direction pattern ns count"
+).split()
 
 #: the processed tables, in the order they are written (``<processed_dir>/<name>.parquet``)
 PROCESSED_TABLES = ("fio", "latency", "cryptsetup", "env", "stacks", "schedule", "problems")
@@ -257,14 +236,6 @@ def _isnum(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
 
-def _job_slots(rows: list[tuple]) -> dict[str, int]:
-    """Ordinal of each distinct job name in file order: pairs stacks whose job names differ."""
-    slots: dict[str, int] = {}
-    for r in rows:
-        slots.setdefault(r[_JOB], len(slots))
-    return slots
-
-
 #: files parsed per task of the process pool (large enough to amortise pickling, small enough to
 #: balance two workers)
 CHUNK_FILES = 250
@@ -312,26 +283,20 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
         if not isinstance(exc.__cause__, FileNotFoundError):
             return [], [], [(cpu_key, f"{exc}; its fio result is left out too")], notes
         cpu = _NO_CPU
-    histograms, why = _histogram_rows(doc)
-    notes += [(key, why)] if why else []
-    return _file_rows(key, run, rep, rows, cpu), histograms, [], notes
+    try:
+        bins = [
+            (i, d, ns, n) for (i, d), hist in document_histograms(doc).items() for ns, n in hist
+        ]
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # measurements stay usable
+        bins = []
+        notes.append((key, f"json+ latency histogram left out: {type(exc).__name__}: {exc}"))
+    return _file_rows(key, run, rep, rows, cpu), bins, [], notes
 
 
 try:  # optional: decodes a fio file several times faster than json, with json's values
     from orjson import loads as _FAST_LOADS
 except ImportError:  # pragma: no cover - depends on the environment
     _FAST_LOADS = None
-
-
-def _histogram_rows(doc: dict) -> tuple[list[tuple], str | None]:
-    """(job_index, direction, ns, count) of every json+ bin, and why there are none if unreadable
-    (the file's measurements stay usable)."""
-    try:
-        histograms = document_histograms(doc)
-    except (TypeError, ValueError, AttributeError, KeyError) as exc:
-        return [], f"json+ latency histogram left out: {type(exc).__name__}: {exc}"
-    rows = [(i, d, ns, n) for (i, d), bins in histograms.items() for ns, n in bins]
-    return rows, None
 
 
 def _file_rows(key: str, run: str, rep: RepPath, rows: list[tuple], cpu: dict) -> list[tuple]:
@@ -342,7 +307,9 @@ def _file_rows(key: str, run: str, rep: RepPath, rows: list[tuple], cpu: dict) -
     per_gib = [cpu[c] / file_gib if file_gib > 0 else math.nan for c in ("busy_cpu_s", "sys_cpu_s")]
     derived = (*(cpu[c] for c in _NO_CPU), *per_gib, key)  # CPU columns, then _key
     wl = rep.workload
-    slots = _job_slots(rows)
+    slots: dict[str, int] = {}  # ordinal of each job name in file order: pairs differing names
+    for r in rows:
+        slots.setdefault(r[_JOB], len(slots))
     place = (run, rep.host, rep.stack, wl.id, wl.pattern, rep.rep)
     out = []
     for i, r in enumerate(rows):
@@ -398,16 +365,17 @@ def _chunk_frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
 
 def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Worker task: parse the files ``raw_dir/<key>``; returns their typed rows, their json+ bins
-    and, per key, the file's problems and notes (paths relative to ``raw_dir``)."""
+    and, per key, the file's problems and notes (paths relative to ``raw_dir``) and stat key."""
     run = run_name(Path(raw_dir))
     rows: list[tuple] = []
     bins: list[tuple] = []
     results: dict[str, dict] = {}
     for key in keys:
+        stat = _file_stat(raw_dir, key)  # before reading: a later change is seen next time
         file_rows, histograms, problems, notes = _ingest_rep_file(raw_dir, key, run)
         rows += file_rows
         bins += [(key, *b) for b in histograms]
-        results[key] = {"problems": problems, "notes": notes}
+        results[key] = {"problems": problems, "notes": notes, "stat": stat}
     return _chunk_frame(rows, _CHUNK_COLUMNS), _chunk_frame(bins, _BIN_COLUMNS), results
 
 
@@ -415,21 +383,27 @@ def _parse_files(
     raw_dir: Path, keys: list[str], workers: int
 ) -> tuple[list[pd.DataFrame], list[pd.DataFrame], dict[str, dict]]:
     """Parse ``keys`` in chunks, with a process pool of ``workers`` when it pays off."""
-    chunks = [keys[i : i + CHUNK_FILES] for i in range(0, len(keys), CHUNK_FILES)]
+    size = max(CHUNK_FILES, -(-len(keys) // (8 * workers)))  # fewer frames, still balanced
+    chunks = [keys[i : i + size] for i in range(0, len(keys), size)]
     done = None
     if workers > 1 and len(keys) >= PARALLEL_MIN_FILES:
+        import gc
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
         # fork: workers start with luksbench already imported and never re-run the caller's
         # main module (spawn and forkserver do: a script or notebook without a __main__ guard
-        # would run again in every worker). The workers only read files and build DataFrames.
+        # would run again in every worker). The workers only read files and build DataFrames,
+        # with no garbage collector: parsing makes no reference cycles (it cost a tenth).
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         try:
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                done = list(pool.map(_ingest_chunk, [str(raw_dir)] * len(chunks), chunks))
+            with ProcessPoolExecutor(workers, context, initializer=gc.disable) as pool:
+                parsed = pool.map(_ingest_chunk, [str(raw_dir)] * len(chunks), chunks)
+                import pyarrow.parquet  # noqa: F401 - the tables' writer, loaded while they parse
+
+                done = list(parsed)
         except BrokenProcessPool as exc:  # e.g. a worker killed for memory: parse here instead
             print(
                 f"ingest: parallel parsing failed ({exc}); parsing in one process", file=sys.stderr
@@ -478,6 +452,27 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
     return reps, strays
 
 
+def _stat_key(path: str) -> tuple[int, int, int]:
+    """(size, mtime in ns, inode) of a file, (-1, -1, -1) when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (-1, -1, -1)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _file_stat(root: str, key: str) -> tuple[int, ...]:
+    """(size, mtime in ns, inode) of a result and of its CPU sidecar; -1s for a missing file."""
+    out: list[int] = []
+    for path in (f"{root}/{key}", f"{root}/{key[: -len('.json')]}.cpu.json"):
+        try:
+            st = os.stat(path)
+            out += (st.st_size, st.st_mtime_ns, st.st_ino)
+        except FileNotFoundError:
+            out += (-1, -1, -1)
+    return tuple(out)
+
+
 def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list[tuple[Path, str]]]:
     """The rep files ``keys`` that the manifests of their host record as written (all of a host
     whose manifests record no runs), and a problem for every other one and every recorded one
@@ -502,15 +497,6 @@ def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list[t
     missing = sorted(set().union(*recorded.values()) - set(keys), key=lambda k: k.split("/"))
     problems += [(raw_dir / k, "missing: the manifest records it as written") for k in missing]
     return kept, problems
-
-
-def _stat_key(path: str) -> tuple[int, int, int]:
-    """(size, mtime in ns, inode) of a file, (-1, -1, -1) when it does not exist."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return (-1, -1, -1)
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def fio_table(
@@ -574,13 +560,10 @@ def fio_and_latency_tables(
     keys, unrecorded = _recorded_results(raw_dir, keys)
     problems += unrecorded
 
-    root = str(raw_dir)
-    stats = {
-        k: (*_stat_key(f"{root}/{k}"), *_stat_key(f"{root}/{k[: -len('.json')]}.cpu.json"))
-        for k in keys
-    }
     cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
-    rows, bins, results = cache.load(stats) if cache else (pd.DataFrame(), pd.DataFrame(), {})
+    rows, bins, results = (
+        cache.load(raw_dir, keys) if cache else (pd.DataFrame(), pd.DataFrame(), {})
+    )
     todo = [k for k in keys if k not in results]
     new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers)
     frames = [f for f in (rows, *new_frames) if len(f)]
@@ -589,7 +572,7 @@ def fio_and_latency_tables(
     bins = [bins, *new_bins]
     results.update(new_results)
     if cache is not None and (todo or set(cache.keys) != set(keys)):
-        cache.save(stats, frames, bins, results)
+        cache.save({k: results[k]["stat"] for k in keys}, frames, bins, results)
 
     for key in keys:
         res = results[key]
@@ -717,19 +700,14 @@ class _IngestCache:
 
         h = hashlib.sha256(f"format {CACHE_FORMAT}; pandas {pd.__version__}".encode())
         here = Path(luksbench.__file__).parent
-        for name in (
-            "analysis/ingest.py",
-            "formats/fio.py",
-            "formats/layout.py",
-            "formats/sidecar.py",
-            "analysis/design.py",
-        ):
-            h.update((here / name).read_bytes())
+        for pattern in ("analysis/ingest.py", "analysis/design.py", "formats/*.py"):  # the parser
+            for path in sorted(here.glob(pattern)):
+                h.update(path.read_bytes())
         return h.hexdigest()
 
-    def load(self, stats: dict[str, tuple]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict]]:
-        """Rows, json+ bins and results of the files whose stat key is unchanged (others: parse
-        again)."""
+    def load(self, raw_dir: Path, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+        """Rows, json+ bins and results of the files of ``keys`` whose stat key is unchanged
+        (others: parse again)."""
         meta, files = self.path / "meta.json", self.path / "files.parquet"
         try:
             ok = json.loads(meta.read_text()).get("code") == self.code_digest()
@@ -739,16 +717,16 @@ class _IngestCache:
         if not ok or table is None:
             return pd.DataFrame(), pd.DataFrame(), {}
         self.keys = list(table["key"])
-        cols = list(self.STAT_COLUMNS)
+        cols, listed, root = list(self.STAT_COLUMNS), set(keys), str(raw_dir)
         cached = zip(table["key"], table[cols].itertuples(index=False, name=None), strict=True)
-        same = [k for k, st in cached if stats.get(k) == tuple(map(int, st))]
-        reused = table.set_index("key").loc[same]
+        same = {k: st for k, st in cached if k in listed and _file_stat(root, k) == st}
+        reused = table.set_index("key").loc[list(same)]
         results = {
-            k: {"problems": _json_list(p), "notes": _json_list(n)}
+            k: {"problems": _json_list(p), "notes": _json_list(n), "stat": same[k]}
             for k, p, n in zip(reused.index, reused["problems"], reused["notes"], strict=True)
         }
         try:
-            rows, bins = (self._read(name, same, len(table)) for name in self.TABLES)
+            rows, bins = (self._read(name, list(same), len(table)) for name in self.TABLES)
         except (OSError, ValueError):
             return pd.DataFrame(), pd.DataFrame(), {}
         return rows, bins, results

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from luksbench.formats.layout import read_raw_file
+
 CRYPTSETUP_COLUMNS = [
     "file",
     "kind",  # pbkdf2 | argon2 | cipher
@@ -167,7 +169,7 @@ def parse_cryptsetup_file(path: Path) -> list[dict]:
     it cannot be read or holds nothing recognisable.
     """
     try:
-        text = Path(path).read_bytes().decode("utf-8", errors="replace")
+        text = read_raw_file(path).decode("utf-8", errors="replace")
     except OSError as exc:
         raise CryptsetupParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
     return parse_cryptsetup_text(text, path)

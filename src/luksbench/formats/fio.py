@@ -29,45 +29,18 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from luksbench.formats.layout import LayoutError, bs_to_bytes
+from luksbench.formats.layout import LayoutError, bs_to_bytes, read_raw_file
 
-FIO_COLUMNS = [
-    "file",
-    "host",
-    "job",
-    "job_index",
-    "direction",
-    "rw",
-    "bs_bytes",
-    "iodepth",
-    "numjobs",
-    "runtime_ms",
-    "io_bytes",
-    "bw_bytes",
-    "iops",
-    "lat_mean_ns",
-    "clat_mean_ns",
-    "clat_p50_ns",
-    "clat_p99_ns",
-    "clat_p999_ns",
-    "usr_cpu",
-    "sys_cpu",
-    "error",
-    "fio_version",
-    # Extras, after the fixed contract above.
-    "groupid",
-    "ioengine",
-    "direct",
-    "bs",  # the block size option as written (per-direction lists, unparsable values)
-    "clat_stddev_ns",
-    "clat_max_ns",
-    "slat_mean_ns",
-    "lat_p99_ns",  # only when the job ran with lat_percentiles=1
-    "ctx",
-    "job_runtime_ms",  # fio >= 3.x: summed over the job's threads (numjobs x runtime)
-    "ss_attained",  # steadystate: 1/0, empty when the job had no steadystate criterion
-    "timestamp",  # unix seconds, empty for fio < 2.2
-]
+# The fixed contract, then extras: bs is the block size option as written (per-direction lists,
+# unparsable values), lat_p99_ns only with lat_percentiles=1, job_runtime_ms (fio >= 3) is summed
+# over the job's threads, ss_attained 1/0 (empty without a steadystate criterion), timestamp in
+# unix seconds (empty for fio < 2.2).
+FIO_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "file host job job_index direction rw bs_bytes iodepth numjobs runtime_ms io_bytes bw_bytes "
+    "iops lat_mean_ns clat_mean_ns clat_p50_ns clat_p99_ns clat_p999_ns usr_cpu sys_cpu error "
+    "fio_version groupid ioengine direct bs clat_stddev_ns clat_max_ns slat_mean_ns lat_p99_ns ctx "
+    "job_runtime_ms ss_attained timestamp"
+).split()
 
 DIRECTIONS = ("read", "write", "trim")
 
@@ -78,10 +51,6 @@ _JOB_OPTIONS = (("rw", "readwrite"), ("bs", "blocksize"), ("iodepth",), ("numjob
 
 # In client/server output the last client_stats entry sums all hosts; rows are per host.
 ALL_CLIENTS_JOBNAME = "All clients"
-
-# A JSON document starts with '{' in column 0 (fio indents every nested object), possibly glued
-# to non-blank junk such as a stray '>' left by a shell; indented '{' are nested objects.
-_NOT_A_DOCUMENT_PREFIX = re.compile(r"[\s{]")
 
 Warn = Callable[[str], None]
 
@@ -97,26 +66,27 @@ def _warn_on_stderr(message: str) -> None:
 # --------------------------------------------------------------------------- finding the document
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as file:
-            return file.read()
-    except OSError as exc:
-        raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
+# A JSON document starts at a line's first '{' (fio indents every nested object), possibly glued
+# to non-blank junk such as a stray '>' left by a shell; indented '{' are nested objects.
+_FIRST_DOCUMENT_START = re.compile(r"[^\s{]*\{")
+_LATER_DOCUMENT_START = re.compile(r"\n[^\s{]*\{")  # '\n' first: a fast search
 
 
-# The scan's document starts in an ASCII file (str's \s also holds \x1c-\x1f): a line's first
-# '{' with nothing but non-blank junk before it.
-_ASCII_LINE_START = re.compile(rb"[^\t\n\x0b\x0c\r\x1c-\x1f {]*\{")
-_ASCII_LATER_LINE_START = re.compile(rb"\n" + _ASCII_LINE_START.pattern)  # '\n' first: fast
+def _document_pieces(text: str) -> list[tuple[int, int]]:
+    """(start, next start) of every place a JSON document may start, in one pass over ``text``."""
+    first = _FIRST_DOCUMENT_START.match(text)
+    starts = [m.end() - 1 for m in (first, *_LATER_DOCUMENT_START.finditer(text)) if m]
+    return list(zip(starts, [*starts[1:], len(text)], strict=False))  # no start: []
+
+
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGIT_RUN = b"0" * 19  # 18 digits always fit in 64 bits
 
 
 def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object] | None:
-    """The documents the scan below would find, decoded by ``loads`` from the bytes between two
-    document starts, or None when one of them is not exactly a JSON value (then the scan decides,
-    with its messages), the file is not ASCII or holds a run of 19 digits or more."""
+    """The documents the scan below would find, each decoded by ``loads`` from the text up to the
+    next document start, or None when one of them does not start with a JSON value (then the scan
+    decides, with its messages), the file is not ASCII or holds a run of 19 digits or more."""
     if not raw.isascii() or _LONG_DIGIT_RUN in raw.translate(_DIGITS_TO_ZERO):
         return None  # a faster decoder (orjson) may read an integer past 64 bits as a float
     body = raw.lstrip(b" \t\r\n")  # JSON's white space
@@ -125,38 +95,57 @@ def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object
             return [loads(raw)]
         except ValueError:
             pass
-    first = _ASCII_LINE_START.match(raw)
-    starts = [m.end() - 1 for m in (first, *_ASCII_LATER_LINE_START.finditer(raw)) if m]
+    text = raw.decode("ascii")
     try:
-        return [loads(raw[a:b]) for a, b in zip(starts, [*starts[1:], len(raw)], strict=True)]
-    except ValueError:  # truncated, NaN, trailing text: the standard path's cases
+        return [_loads_value_before_text(loads, text[a:b]) for a, b in _document_pieces(text)]
+    except ValueError:  # truncated, NaN: the standard path's cases
         return None
+
+
+def _loads_value_before_text(loads: Callable, text: str) -> object:
+    """The JSON value ``text`` starts with, text after it allowed (``--output-format=json,normal``)."""
+    try:
+        return loads(text)
+    except json.JSONDecodeError as exc:  # also orjson's: the error is where the value's text ends
+        return loads(text[: exc.pos])  # a value, when the error was the text after it
 
 
 def _byte_offset(text: str, char_pos: int) -> int:
     return len(text[:char_pos].encode("utf-8", errors="replace"))
 
 
-def _scan_json_documents(text: str) -> tuple[list[object], list[tuple[int, json.JSONDecodeError]]]:
-    """All complete JSON documents starting at a line start, and the starts that failed to decode."""
+def _scan_json_documents(text: str) -> tuple[list[object], list[tuple[int, str, int]]]:
+    """All complete JSON documents at a document start, and the starts that failed to decode:
+    (start, json's message, where). After a document the scan resumes at its end."""
     decoder = json.JSONDecoder()
-    documents: list[object] = []
-    failures: list[tuple[int, json.JSONDecodeError]] = []
-    # str.find over '{' and a look at its line, not a regex tried at every position: after a
-    # document the search resumes at its end, so a plain fio file costs one decode and two finds.
-    start = text.find("{")
-    while start != -1:
-        resume = start + 1
-        if not _NOT_A_DOCUMENT_PREFIX.search(text, text.rfind("\n", 0, start) + 1, start):
+    documents, failures, resume = [], [], 0
+    for start, end in _document_pieces(text):
+        if start >= resume:
             try:
-                value, end = decoder.raw_decode(text, start)
-            except json.JSONDecodeError as exc:
-                failures.append((start, exc))
-            else:
+                value, resume = _decode_from(decoder, text, start, end)
                 documents.append(value)
-                resume = max(resume, end)
-        start = text.find("{", resume)
+            except json.JSONDecodeError as exc:
+                failures.append((start, exc.msg, start + exc.pos))
     return documents, failures
+
+
+def _decode_from(decoder: json.JSONDecoder, text: str, start: int, end: int) -> tuple[object, int]:
+    """``decoder.raw_decode(text, start)`` in time linear in the text it reads, not in ``start``
+    (json's error counts the lines before it): it decodes ``text[start:end]``, and twice as much
+    while the value runs past the piece's end. Errors are positioned in the piece."""
+    while True:
+        piece = text[start:end]
+        try:
+            value, length = decoder.raw_decode(piece)
+            return value, start + length
+        except RecursionError:
+            raise json.JSONDecodeError("Nesting too deep", piece, 0) from None
+        except json.JSONDecodeError as exc:  # past the end: the piece's end, a string, a literal
+            if end >= len(text) or not (
+                exc.msg.startswith("Unterminated") or exc.pos > end - start - 10
+            ):
+                raise
+        end = start + 2 * (end - start) + 64
 
 
 def _is_fio_document(value: object) -> bool:
@@ -165,22 +154,18 @@ def _is_fio_document(value: object) -> bool:
     )
 
 
-def _is_truncation(text: str, exc: json.JSONDecodeError) -> bool:
+def _describe_failure(path: Path, text: str, raw: bytes, failure: tuple[int, str, int]) -> str:
+    start, message, position = failure
     # The decoder gives up at EOF, or (unterminated string / cut-off literal) on the last line:
     # either way nothing but the rest of that last line follows the error position.
-    return "\n" not in text[exc.pos :].strip() or exc.msg.startswith("Unterminated string")
-
-
-def _describe_failure(path: Path, text: str, raw: bytes, failures) -> str:
-    start, exc = failures[0]
-    if _is_truncation(text, exc):
+    if "\n" not in text[position:].strip() or message.startswith("Unterminated string"):
         return (
             f"{path}: no complete fio JSON document (JSON starting at byte "
             f"{_byte_offset(text, start)} truncated at byte {len(raw.rstrip())})"
         )
     return (
         f"{path}: no complete fio JSON document (invalid JSON at byte "
-        f"{_byte_offset(text, exc.pos)}, line {exc.lineno}: {exc.msg})"
+        f"{_byte_offset(text, position)}, line {text.count(chr(10), 0, position) + 1}: {message})"
     )
 
 
@@ -194,7 +179,11 @@ def load_fio_document(
     (bytes -> value, raising ValueError) tried first on a file that is one JSON object; it must
     give ``json``'s values for what it accepts.
     """
-    return fio_output_document(_read_bytes(path), path, warn, loads)
+    try:
+        raw = read_raw_file(path)
+    except OSError as exc:
+        raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
+    return fio_output_document(raw, path, warn, loads)
 
 
 def fio_output_document(raw: bytes, source, warn: Warn = _warn_on_stderr, loads=None) -> dict:
@@ -221,7 +210,7 @@ def _scanned_fio_documents(path: Path, raw: bytes) -> list[dict]:
     fio_documents = [doc for doc in documents if _is_fio_document(doc)]
     if not fio_documents:
         if failures:
-            raise FioParseError(_describe_failure(path, text, raw, failures))
+            raise FioParseError(_describe_failure(path, text, raw, failures[0]))
         if documents:
             keys = list(documents[-1])[:6] if isinstance(documents[-1], dict) else []
             raise FioParseError(
@@ -242,33 +231,17 @@ def _scanned_fio_documents(path: Path, raw: bytes) -> list[dict]:
 
 def _job_entries(doc: dict) -> list[tuple[int, dict, str]]:
     """(index in the document's list, job entry, host) for every per-job entry of a fio document."""
-    if isinstance(doc.get("client_stats"), list):
-        entries = [
-            (index, entry)
-            for index, entry in enumerate(doc["client_stats"])
-            if isinstance(entry, dict) and entry.get("jobname") != ALL_CLIENTS_JOBNAME
-        ]
-
-        # Several servers on one host (distinct ports) would share a hostname: add the port.
-        def port(entry: dict) -> int | None:
-            value = entry.get("port")
-            return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-        names = {str(e.get("hostname", "")) for _, e in entries}
-        ports = {(str(e.get("hostname", "")), port(e)) for _, e in entries}
-        with_port = len(ports) > len(names)
-        return [
-            (
-                index,
-                entry,
-                f"{entry.get('hostname', '')}:{port(entry)}"
-                if with_port and port(entry) is not None
-                else str(entry.get("hostname", "")),
-            )
-            for index, entry in entries
-        ]
+    if not isinstance(doc.get("client_stats"), list):
+        return [(i, entry, "") for i, entry in enumerate(doc["jobs"]) if isinstance(entry, dict)]
+    entries = [
+        (i, e, str(e.get("hostname", "")), e.get("port") if type(e.get("port")) is int else None)
+        for i, e in enumerate(doc["client_stats"])
+        if isinstance(e, dict) and e.get("jobname") != ALL_CLIENTS_JOBNAME
+    ]
+    # Several servers on one host (distinct ports) would share a hostname: add the port.
+    with_port = len({(h, port) for _, _, h, port in entries}) > len({e[2] for e in entries})
     return [
-        (index, entry, "") for index, entry in enumerate(doc["jobs"]) if isinstance(entry, dict)
+        (i, e, f"{h}:{port}" if with_port and port is not None else h) for i, e, h, port in entries
     ]
 
 
@@ -439,17 +412,13 @@ def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
     or the document lists no job entries. ``warn`` receives one-line notes (several documents
     in one file).
     """
-    return document_rows(path, load_fio_document(path, warn))
-
-
-def document_rows(path: Path | str, doc: dict) -> list[dict]:
-    """:func:`parse_fio_file`'s rows of a document :func:`load_fio_document` returned for
-    ``path`` (the ``file`` column; messages name it)."""
-    return [dict(zip(FIO_COLUMNS, row, strict=True)) for row in document_tuples(path, doc)]
+    rows = document_tuples(path, load_fio_document(path, warn))
+    return [dict(zip(FIO_COLUMNS, row, strict=True)) for row in rows]
 
 
 def document_tuples(path: Path | str, doc: dict) -> list[tuple]:
-    """:func:`document_rows` as tuples in :data:`FIO_COLUMNS` order."""
+    """:func:`parse_fio_file`'s rows, as tuples in :data:`FIO_COLUMNS` order, of a document
+    :func:`load_fio_document` returned for ``path`` (the ``file`` column; messages name it)."""
     entries = _job_entries(doc)
     if not entries:
         raise FioParseError(f"{path}: fio JSON document lists no job entries")

@@ -18,9 +18,12 @@ Standard library only: the test box imports this.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,10 +125,34 @@ def _workload(workload_id: str) -> Workload:
     return Workload.from_id(workload_id)  # one parse per cell folder, not per file
 
 
+#: the environment variable that sets the largest raw file a reader accepts (a size: 4096, 64m)
+MAX_RAW_BYTES_VARIABLE = "LUKSBENCH_MAX_RAW_BYTES"
+MAX_RAW_BYTES = 64 * 2**20  # a real run's largest raw file (fio json+ output) is well under 1m
+
+
+def read_raw_file(path) -> bytes:
+    """A raw file's bytes; OSError naming it for anything but a regular file of at most
+    ``$LUKSBENCH_MAX_RAW_BYTES`` (default :data:`MAX_RAW_BYTES`): a device, a FIFO or a huge file
+    never stalls or exhausts a reader."""
+    limit = os.environ.get(MAX_RAW_BYTES_VARIABLE)
+    try:
+        limit = MAX_RAW_BYTES if limit is None else bs_to_bytes(limit)
+    except LayoutError:
+        raise LayoutError(f"${MAX_RAW_BYTES_VARIABLE}: not a size: {limit!r} (e.g. 64m)") from None
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:  # a FIFO: no waiting
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if info.st_size > limit:
+            why = f"{info.st_size} bytes, over the limit for a raw file (${MAX_RAW_BYTES_VARIABLE}"
+            raise OSError(errno.EFBIG, f"{why}={limit})", str(path))
+        return file.read(info.st_size)
+
+
 def read_json_object(path: Path) -> dict:
     """One of the raw layout's JSON documents (env.json, a manifest): ValueError saying why not."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_raw_file(path).decode())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not readable JSON: {exc}") from exc
     if not isinstance(data, dict):

@@ -20,6 +20,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from luksbench.formats.layout import read_raw_file
+
 FIO_WINDOW = (
     "fio process lifetime (startup, ramp_time and runtime); aggregate cpu line of /proc/stat; "
     "iowait counts as idle"
@@ -45,8 +47,7 @@ def read_cpu_sidecar(path: Path, loads: Callable[[bytes], object] = json.loads) 
     empty interval). ``loads``: a faster decoder with json's values; what it refuses (NaN) goes
     to json."""
     try:
-        with open(path, "rb") as file:  # not Path(path).read_bytes(): half the time per sidecar
-            raw = file.read()
+        raw = read_raw_file(path)
         try:
             data = loads(raw)
         except ValueError:

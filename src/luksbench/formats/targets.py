@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from luksbench.formats.layout import read_json_object
+
 
 class TargetsError(ValueError):
     """A targets file that cannot be used; the message says why (not which file)."""
@@ -31,10 +33,10 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None]]:
     """workload id -> (target pairs, capped, pilot pairs n0 or None) from a targets file
     (:class:`TargetsError`)."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TargetsError(f"targets file is not readable JSON: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("pairs"), dict):
+        doc = read_json_object(path)
+    except ValueError as exc:
+        raise TargetsError(f"targets file: {exc}") from exc
+    if not isinstance(doc.get("pairs"), dict):
         raise TargetsError("targets file: 'pairs' must be an object (workload id -> pairs)")
     noisy = set(doc.get("noisy") or [])
     n0 = doc.get("pilot_pairs")
