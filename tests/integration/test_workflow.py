@@ -8,6 +8,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import copy_workflow
 
@@ -217,12 +218,19 @@ def test_the_sample_is_re_analysed_without_fio(tmp_path):
         p: p.read_bytes() for p in sorted((work / "data/raw/sample").rglob("*")) if p.is_file()
     }
 
-    result = snakemake("--forceall", "paper/sample/index.md", cwd=work)
+    # margins other than the defaults reach the loss table through the shell command
+    regions = {"decision_regions": {"throughput": {"lower_pct": 3, "upper_pct": 30}}}
+    (work / "regions.yaml").write_text(json.dumps({"analysis": regions}))
+    regions_file = ("--configfile", "regions.yaml")
+    result = snakemake("--forceall", "paper/sample/index.md", *regions_file, cwd=work)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "run_fio" not in result.stderr and "stack_up" not in result.stderr
 
     for table in ("fio", "loss", "env", "cryptsetup", "stacks"):
         assert (work / "data/processed/sample" / f"{table}.parquet").stat().st_size > 0
+    loss = pd.read_parquet(work / "data/processed/sample/loss.parquet")
+    bw = loss[loss["metric"] == "bw_bytes"]
+    assert set(bw["decision_lower_pct"]) == {3} and set(bw["decision_upper_pct"]) == {30}
     assert list((work / "figures/sample").glob("*.png"))
     paper = (work / "paper/sample/index.md").read_text()
     assert "## Results" in paper and "95 % CI" in paper
@@ -234,10 +242,10 @@ def test_the_sample_is_re_analysed_without_fio(tmp_path):
 
     # raw files are inputs: nothing to do while they stand, the whole analysis once one is gone
     # (the manifest, an input by itself, unchanged)
-    result = snakemake("-n", "paper/sample/index.md", cwd=work)
+    result = snakemake("-n", "paper/sample/index.md", *regions_file, cwd=work)
     assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
     (work / "data/raw/sample/vm/fio/luks/read-4k-qd1/rep3.json").unlink()
-    result = snakemake("-n", "paper/sample/index.md", cwd=work)
+    result = snakemake("-n", "paper/sample/index.md", *regions_file, cwd=work)
     out = result.stdout + result.stderr
     assert "Job stats" in out and {"ingest_raw", "render_paper"} <= set(job_counts(out)), out
 

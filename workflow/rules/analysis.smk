@@ -73,7 +73,7 @@ rule compute_loss:
         comparisons=json.dumps(config["analysis"]["comparisons"]),
         confidence=config["analysis"]["confidence"],
         margin=config["analysis"]["equivalence_margin_pct"],
-        regions=shlex.quote(json.dumps(config["analysis"]["decision_regions"])),
+        regions=json.dumps(config["analysis"]["decision_regions"]),
         min_pairs=min_pairs,
     conda:
         "../../envs/luksbench.yaml"
