@@ -782,13 +782,8 @@ def loss_table(
     table["q_value"] = math.nan
     for idx in table.groupby("metric").indices.values():
         table.loc[table.index[idx], "q_value"] = benjamini_hochberg(table["p_value"].iloc[idx])
-    has_interval = table["interval"].ne("none").to_numpy()
-    table["verdict"] = table_verdicts(
-        np.where(has_interval, table["n"].to_numpy(), 0),
-        table["q_value"],
-        table["equivalent"].to_numpy(bool),
-        confidence,
-    )
+    n = table["n"].where(table["interval"].ne("none"), 0).to_numpy()  # no interval: too few
+    table["verdict"] = table_verdicts(n, table["q_value"], table["equivalent"], confidence)
     margins = table["metric"].map(lambda m: regions[METRIC_FAMILIES[m]])
     table["decision_lower_pct"] = [lower for lower, _ in margins]
     table["decision_upper_pct"] = [upper for _, upper in margins]
