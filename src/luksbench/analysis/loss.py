@@ -64,7 +64,12 @@ def write_loss(
         equivalence_margin_pct=equivalence_margin_pct,
         decision_regions=decision_regions,
     )
-    table["note"] = tails.too_few_notes(table, fio)
+    notes = tails.too_few_notes(table, fio)
+    no_pilot = table["interval"].eq("none")
+    notes[no_pilot] = [
+        f"{n}; {stats.NO_PILOT_NOTE}" if n else stats.NO_PILOT_NOTE for n in notes[no_pilot]
+    ]
+    table["note"] = notes
     path = processed_dir / "loss.parquet"
     table.to_parquet(path, index=False)
     cpu = table[table["metric"].isin(_measured(fio, CPU_METRICS))]

@@ -38,11 +38,12 @@ Beside the main interval, every row carries (all in the same loss/increase % uni
   they are kept unless ``loss_table(..., exclude_outliers=True)`` (then ``outliers_excluded``);
 * ``target_pairs``/``noisy``/``pilot_pairs``: the adaptive design's per-cell target, whether the
   cell hit the cap and its pilot pairs n0 (from ``<host>/fio/targets.json`` through ingest;
-  NaN/False for fixed designs); ``interval`` ("t" or "stein") and ``pilot_sd_log_ratio`` (s0).
+  NaN/False for fixed designs); ``interval`` ("t", "stein", or "none": an adaptive cell with
+  fewer than two usable pilot pairs of the metric) and ``pilot_sd_log_ratio`` (s0).
 
 Verdict (column ``verdict``, one of :data:`VERDICTS`), in this order:
 
-1. ``insufficient``: fewer than two usable pairs;
+1. ``insufficient``: fewer than two usable pairs, or no interval;
 2. ``significant``: ``q_value <= 1 - confidence`` (BH within the metric; such a row's marginal CI
    always excludes 0, because q >= p);
 3. ``equivalent``: not significant, and the 90 % interval lies inside +-margin;
@@ -145,6 +146,8 @@ LOSS_INTS = ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers")
 LOSS_BOOLS = ("higher_is_better", "equivalent", "outliers_excluded", "noisy")
 
 VERDICTS = ("significant", "equivalent", "inconclusive", "insufficient")
+#: the note of a row with ``interval`` "none"
+NO_PILOT_NOTE = "no interval: fewer than 2 usable pilot pairs of this metric chose N"
 
 
 def higher_is_better(metric: str) -> bool:
@@ -618,20 +621,24 @@ def _cell_stats(
 ) -> dict:
     """Everything of one row of the loss table except the cross-table q-value and verdict.
 
-    ``pilot_pairs`` (n0, adaptive cells): when the cell's n0 pilot pairs (reps 1..n0) are all
-    usable, the interval and test are Stein's on their SD; otherwise (a fixed design, or a failed
-    pilot, which set the cell to the cap whatever its data) the t-interval."""
+    ``pilot_pairs`` (n0, adaptive cells whose N came from a pilot SD): Stein's interval and test
+    on the SD of the usable pairs among reps 1..n0 (their count - 1 degrees of freedom); with
+    fewer than two of them no interval (``interval`` "none"): a t-interval after a pilot-chosen N
+    under-covers. NaN (a fixed design, or a pilot without an SD, which ran the cap whatever the
+    data): the t-interval."""
     ok = usable_pairs(b, v)
     d_all = np.log(v[ok] / b[ok])
     flagged = flag_outliers(d_all, flags[ok, 0], flags[ok, 1])
     use = ~flagged if exclude_outliers else np.ones_like(flagged)
     d, bu, vu = d_all[use], b[ok][use], v[ok][use]
-    pilot = None
+    pilot, valid = None, True
     if pilot_pairs >= 2:
         d_pilot = d_all[reps[ok] <= pilot_pairs]
-        if d_pilot.size == pilot_pairs:
-            pilot = (float(d_pilot.std(ddof=1)), int(pilot_pairs))
+        valid = d_pilot.size >= 2
+        pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
     ci = paired_log_ratio_ci(d, confidence, pilot)
+    if not valid:
+        ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
     nan2 = (math.nan, math.nan)
     if ci.n:
         effect_pct, lo, hi = effect_from_log_ratio(ci.mean, ci.low, ci.high, better_high)
@@ -641,7 +648,7 @@ def _cell_stats(
         effect_pct = lo = hi = math.nan
     eq_lo = eq_hi = math.nan
     equivalent = False
-    if ci.n >= 2:
+    if ci.n >= 2 and valid:
         eq_conf = 1 - 2 * (1 - confidence)  # TOST at alpha = 1 - confidence
         eq = paired_log_ratio_ci(d, eq_conf, pilot) if eq_conf > 0 else None
         if eq is not None and not math.isnan(eq.low):
@@ -667,7 +674,7 @@ def _cell_stats(
         "increase_pct": math.nan if better_high else effect_pct,
         "ci_low": lo,
         "ci_high": hi,
-        "p_value": paired_t_pvalue(d, pilot),
+        "p_value": paired_t_pvalue(d, pilot) if valid else math.nan,
         "equiv_low": eq_lo,
         "equiv_high": eq_hi,
         "equivalent": equivalent,
@@ -677,7 +684,7 @@ def _cell_stats(
         "boot_high": boot[1],
         "n_outliers": int(flagged.sum()),
         "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
-        "interval": "t" if pilot is None else "stein",
+        "interval": "none" if not valid else "t" if pilot is None else "stein",
         "pilot_sd_log_ratio": math.nan if pilot is None else pilot[0],
     }
 
@@ -775,9 +782,8 @@ def loss_table(
     table["q_value"] = math.nan
     for idx in table.groupby("metric").indices.values():
         table.loc[table.index[idx], "q_value"] = benjamini_hochberg(table["p_value"].iloc[idx])
-    table["verdict"] = table_verdicts(
-        table["n"].to_numpy(), table["q_value"], table["equivalent"].to_numpy(bool), confidence
-    )
+    n = table["n"].where(table["interval"].ne("none"), 0).to_numpy()  # no interval: too few
+    table["verdict"] = table_verdicts(n, table["q_value"], table["equivalent"], confidence)
     margins = table["metric"].map(lambda m: regions[METRIC_FAMILIES[m]])
     table["decision_lower_pct"] = [lower for lower, _ in margins]
     table["decision_upper_pct"] = [upper for _, upper in margins]
