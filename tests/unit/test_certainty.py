@@ -101,7 +101,10 @@ def test_fixed_design_coverage_and_decisions_at_the_boundaries(tmp_path):
         pd.testing.assert_series_equal(alone[column], bw[column], check_exact=False)
     iops = every[every["metric"] == "iops"]
     assert (iops["derived_from"] == "bw_bytes").all()
-    assert every.loc[every["metric"] != "iops", "derived_from"].isna().all()
+    per_io = every[every["metric"] == "busy_cpu_us_per_io"]
+    assert (per_io["derived_from"] == "busy_cpu_s_per_gib").all()
+    own = ~every["metric"].isin(["iops", "busy_cpu_us_per_io"])
+    assert every.loc[own, "derived_from"].isna().all()
 
 
 def test_fixed_design_three_pairs_coverage(tmp_path):

@@ -10,7 +10,8 @@
                       Completion-latency percentiles come from the json+ histograms where the
                       file has them, summed over a run's job entries and NaN where too few I/Os
                       lie beyond (:mod:`luksbench.analysis.tails`; ``clat_ios`` the completions).
-                      CPU columns are net of the session's idle baseline, with utilisation and
+                      CPU columns are net of the idle baseline where every session of the host
+                      recorded one (``cpu_net``), with utilisation and
                       CPU per I/O beside CPU per GiB (:mod:`luksbench.analysis.cpucost`).
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.

@@ -16,15 +16,18 @@ Reported effect, always "how much worse the variant is", in percent:
 
 Per row exactly one of ``loss_pct`` / ``increase_pct`` is filled; ``effect`` says which and
 ``effect_pct`` repeats it, so ``ci_low``/``ci_high`` always bound ``effect_pct``. Pairs with a
-missing side or a value <= 0 are excluded and counted in ``n_dropped``.
+missing side or a value <= 0 are excluded and counted in ``n_dropped``; for the CPU metrics (net
+of the idle baseline, so near 0 in a lightly loaded cell) one value <= 0 leaves the whole cell
+without an interval (``insufficient``) instead.
 
 Beside the main interval, every row carries (all in the same loss/increase % units):
 
 * ``decision`` (what the paper leads with): the region of :func:`decision` the whole interval
   lies in, margins per metric family (:data:`DEFAULT_DECISION_REGIONS`);
 * ``p_value`` (two-sided paired t-test of mean d = 0) and ``q_value`` (Benjamini-Hochberg over the
-  rows of one metric that have a p-value, :func:`scipy.stats.false_discovery_control`; IOPS rows
-  at a fixed block size repeat bandwidth's test and say so in ``derived_from``);
+  rows of one metric that have a p-value, :func:`scipy.stats.false_discovery_control`; IOPS and
+  CPU-per-I/O rows at a fixed block size repeat bandwidth's and CPU-per-GiB's test and say so in
+  ``derived_from``, :data:`DERIVED_FROM`);
 * ``equiv_low``/``equiv_high``: the (1 - 2 alpha) interval (90 % for 95 % confidence) of the
   two-one-sided-tests equivalence check against +-``equivalence_margin_pct`` (default 2 points);
   ``equivalent`` is True when it lies strictly inside the margin;
@@ -107,6 +110,8 @@ METRIC_FAMILIES |= {m: "cpu" for m in METRICS if "cpu" in m}
 #: family -> (lower, upper) margin in % of the effect: negligible within +-lower, moderate between
 #: lower and upper, material beyond upper (gains likewise on the other side)
 DEFAULT_DECISION_REGIONS = {"throughput": (5.0, 20.0), "latency": (10.0, 50.0), "cpu": (10.0, 50.0)}
+#: metric -> the metric whose test it repeats at a fixed block size (``derived_from``)
+DERIVED_FROM = {"iops": "bw_bytes", "busy_cpu_us_per_io": "busy_cpu_s_per_gib"}
 #: +- percentage points inside which a cell counts as "equivalent" (config analysis.equivalence_margin_pct)
 DEFAULT_EQUIVALENCE_MARGIN_PCT = 2.0
 #: bootstrap intervals only from this many pairs on (fewer: the bootstrap distribution is too coarse)
@@ -618,8 +623,12 @@ def _cell_stats(
     margin_pct: float,
     exclude_outliers: bool,
     pilot_pairs: float = math.nan,
+    all_or_none: bool = False,
 ) -> dict:
     """Everything of one row of the loss table except the cross-table q-value and verdict.
+
+    ``all_or_none`` (net CPU metrics): a value <= 0 on either side makes no pair usable, as the
+    cell's low values would otherwise be left out selectively.
 
     ``pilot_pairs`` (n0, adaptive cells whose N came from a pilot SD): Stein's interval and test
     on the SD of the usable pairs among reps 1..n0 (their count - 1 degrees of freedom); with
@@ -627,6 +636,8 @@ def _cell_stats(
     under-covers. NaN (a fixed design, or a pilot without an SD, which ran the cap whatever the
     data): the t-interval."""
     ok = usable_pairs(b, v)
+    if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
+        ok[:] = False
     d_all = np.log(v[ok] / b[ok])
     flagged = flag_outliers(d_all, flags[ok, 0], flags[ok, 1])
     use = ~flagged if exclude_outliers else np.ones_like(flagged)
@@ -762,6 +773,7 @@ def loss_table(
             equivalence_margin_pct,
             exclude_outliers,
             float(pilots.get((cell["host"], cell["workload"]), math.nan)),
+            METRIC_FAMILIES[cell["metric"]] == "cpu",
         )
         rows.append(
             {
@@ -793,9 +805,10 @@ def loss_table(
         .to_numpy(float)
         .tolist()
     ]
-    # IOPS at a fixed block size is bandwidth / block size: the same test, not a second one
+    # at a fixed block size IOPS is bandwidth / block size and CPU per I/O is CPU per GiB times
+    # it: the same test, not a second one
     fixed_bs = pd.to_numeric(table["bs_bytes"], errors="coerce").gt(0)
-    table["derived_from"] = np.where((table["metric"] == "iops") & fixed_bs, "bw_bytes", "")
+    table["derived_from"] = table["metric"].map(DERIVED_FROM).where(fixed_bs).fillna("")
     table = table[LOSS_COLUMNS]
     if not table.empty:
         order = {m: i for i, m in enumerate(metrics)}
