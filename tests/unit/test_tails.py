@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -17,8 +18,9 @@ import pytest
 from luksbench.analysis import ingest, tails
 from luksbench.analysis.loss import write_loss
 from luksbench.formats import fio as fio_format
-from luksbench.publish import figures
+from luksbench.publish import figures, paper
 from luksbench.publish.paper import loss_sections
+from luksbench.publish.text import metric_heading
 
 matplotlib.use("Agg")
 REPO = Path(__file__).resolve().parents[2]
@@ -135,3 +137,18 @@ def test_figure_points_are_the_loss_tables_percentiles(processed):
     shown = arms[(arms["rw"] == "randread") & arms["metric"].isin(list(tails.PERCENTILES))]
     expected = sorted(round(v / 1e6, 9) for v in shown["mean"].dropna())
     assert points == expected and len(points) > 0
+
+
+def test_the_tldr_counts_withheld_cells_so_they_add_up_to_the_matrix(processed):
+    loss = pd.read_parquet(processed / "loss.parquet")
+    sentences = paper.tldr_sentences(loss, [{"backend_short": "fio"}], {"reps_text": "3"})
+    cells = loss.drop_duplicates(["host", "workload", "job_slot", "direction"])
+    for metric in tails.PERCENTILES:
+        rows = loss[loss["metric"] == metric]
+        text = next(s for s in sentences if s.startswith(metric_heading(metric)))
+        counts = re.search(r"margins\): (.*) of (\d+) cells", text)
+        assert int(counts[2]) == len(cells) == len(rows), text
+        assert sum(int(n) for n in re.findall(r"(\d+) [a-z]", counts[1])) == len(cells), text
+        withheld = int(rows["note"].str.startswith(tails.TOO_FEW).sum())
+        assert (f"{withheld} withheld ({tails.TOO_FEW})" in text) == (withheld > 0), text
+    assert any("withheld" in s for s in sentences)
