@@ -152,3 +152,16 @@ def test_the_tldr_counts_withheld_cells_so_they_add_up_to_the_matrix(processed):
         withheld = int(rows["note"].str.startswith(tails.TOO_FEW).sum())
         assert (f"{withheld} withheld ({tails.TOO_FEW})" in text) == (withheld > 0), text
     assert any("withheld" in s for s in sentences)
+
+
+def test_the_heatmap_marks_each_cell_with_the_loss_tables_decision(processed):
+    loss = pd.read_parquet(processed / "loss.parquet")
+    for metric in ("bw_bytes", "clat_p99_ns"):
+        rows = loss[loss["metric"] == metric]
+        fig = figures.loss_heatmap(loss, metric)
+        shown = sorted(t.get_text().split("\n")[-1] for ax in fig.axes for t in ax.texts)
+        withheld = rows["note"].str.startswith(tails.TOO_FEW)
+        expected = [paper.decision_kind(d) for d in rows.loc[~withheld, "decision"]]
+        expected += ["I/Os"] * int(withheld.sum())  # "too few\nI/Os", as the table says
+        assert shown == sorted(expected), metric
+        assert {"undecided", "material"} <= set(shown) or {"undecided", "moderate"} <= set(shown)

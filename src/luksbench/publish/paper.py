@@ -49,6 +49,7 @@ from luksbench.publish.text import (
     bs_human,
     cell_name,
     cell_words,
+    decision_kind,
     effect_ci,
     fmt_bool,
     fmt_ci,
@@ -354,11 +355,6 @@ SCS_TABLE_METRICS = ("bw_bytes", "iops", "clat_p99_ns")
 DECIDED = ("material", "moderate", "negligible", "moderate gain", "material gain")
 #: a latency percentile withheld in a cell, counted beside the decisions
 WITHHELD = f"withheld ({TOO_FEW})"
-
-
-def decision_kind(decision) -> str:
-    """``undecided`` for every ``undecided: straddles ...``; the decision itself otherwise."""
-    return str(decision).split(":")[0]
 
 
 def _margins(rows: pd.DataFrame) -> str:
