@@ -107,6 +107,16 @@ def test_notebooks_thin_and_asserting():
         assert "def " not in code, f"{name}: logic belongs in the package"
 
 
+def test_the_loss_notebook_names_every_table_it_writes():
+    from luksbench.analysis.loss import LOSS_TABLES
+
+    story = "".join(
+        "".join(c["source"]) for c in load("02-loss")["cells"] if c["cell_type"] == "markdown"
+    )
+    for table in LOSS_TABLES:
+        assert f"{table}.parquet`" in story, table
+
+
 def run_notebooks(raw: Path, tmp_path: Path) -> dict[str, float]:
     """The four notebooks in order on run folder ``raw`` as Snakemake runs them; their timings."""
     import papermill

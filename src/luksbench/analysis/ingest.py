@@ -8,8 +8,9 @@
                       ``host`` is the box that measured: the layout's ``<host>`` folder, or for
                       fio client/server (fleet) results each fio server, named as in the plan.
                       Completion-latency percentiles come from the json+ histograms where the
-                      file has them, summed over a run's job entries and NaN where too few I/Os
-                      lie beyond (:mod:`luksbench.analysis.tails`; ``clat_ios`` the completions).
+                      file has them, summed over a run's job entries and NaN in every run of a
+                      cell where one run has too few I/Os beyond (:mod:`luksbench.analysis.tails`;
+                      ``clat_ios`` the completions).
                       CPU columns are net of the idle baseline where every session of the host
                       recorded one (``cpu_net``), with utilisation and
                       CPU per I/O beside CPU per GiB (:mod:`luksbench.analysis.cpucost`).

@@ -8,8 +8,11 @@ fio reads its own: the first bin whose cumulative count reaches p/100 of the tot
 
 A percentile rests on the completions beyond it: p99.9 of 2,000 I/Os is the second-slowest of
 them. A percentile is given only where at least :data:`MIN_BEYOND` completions lie beyond it
-(p50: 20 I/Os, p99: 1,000, p99.9: 10,000); otherwise it is NaN and the loss table's ``note`` says
-"too few I/Os". Rows without json+ histograms keep fio's own percentiles.
+(p50: 20 I/Os, p99: 1,000, p99.9: 10,000) in every run of the cell (:data:`CELL_KEYS`, all stacks
+and repetitions); otherwise it is NaN for every run of the cell and the loss table's ``note`` says
+"too few I/Os". Withholding run by run would drop the slow runs (a time-based run that completed
+few I/Os is a slow one), those most likely to have a high tail. Rows without json+ histograms keep
+fio's own percentiles.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ MIN_BEYOND = 10
 TOO_FEW = "too few I/Os"
 #: one run's histogram: the latency table's rows summed over these keys
 RUN_KEYS = ["host", "stack", "workload", "rep", "job_slot", "direction"]
+#: a cell: its percentiles are reported for all its runs (every stack and rep) or for none
+CELL_KEYS = ["host", "workload", "job_slot", "direction"]
 
 
 def min_ios(percent: float) -> int:
@@ -33,7 +38,7 @@ def min_ios(percent: float) -> int:
 
 def run_percentiles(latency: pd.DataFrame) -> pd.DataFrame:
     """Per run (:data:`RUN_KEYS`): ``clat_ios`` (completions in the summed histogram) and every
-    :data:`PERCENTILES` column, NaN where fewer than :func:`min_ios` completions were made."""
+    :data:`PERCENTILES` column."""
     columns = [*RUN_KEYS, "clat_ios", *PERCENTILES]
     if latency.empty:
         return pd.DataFrame(columns=columns)
@@ -46,14 +51,15 @@ def run_percentiles(latency: pd.DataFrame) -> pd.DataFrame:
     for column, percent in PERCENTILES.items():
         reached = hist[cum >= percent / 100.0 * total]  # fio's rule (stat.c)
         value = reached.groupby(RUN_KEYS, sort=False, observed=True)["ns"].first()
-        out[column] = value.where(out["clat_ios"] >= min_ios(percent)).astype("float64")
+        out[column] = value.astype("float64")
     return out.reset_index()[columns]
 
 
 def with_histogram_percentiles(fio: pd.DataFrame, latency: pd.DataFrame) -> pd.DataFrame:
     """``fio`` with the :data:`PERCENTILES` of every row that has a json+ histogram replaced by
-    its run's (:func:`run_percentiles`; all entries of a run get the run's value), and the
-    ``clat_ios`` column (NaN without a histogram)."""
+    its run's (:func:`run_percentiles`; all entries of a run get the run's value), NaN in every
+    row of a cell where a run had fewer than :func:`min_ios` completions, and the ``clat_ios``
+    column (NaN without a histogram)."""
     runs = run_percentiles(latency)
     fio = fio.drop(columns="clat_ios", errors="ignore")
     if runs.empty or fio.empty:
@@ -61,24 +67,23 @@ def with_histogram_percentiles(fio: pd.DataFrame, latency: pd.DataFrame) -> pd.D
     keyed = fio[RUN_KEYS].merge(runs, on=RUN_KEYS, how="left")
     has_hist = keyed["clat_ios"].notna().to_numpy()
     fio = fio.assign(clat_ios=keyed["clat_ios"].to_numpy(float))
-    for column in PERCENTILES:
-        fio[column] = np.where(has_hist, keyed[column].to_numpy(float), fio[column].astype(float))
+    fewest = fio.groupby(CELL_KEYS, observed=True, dropna=False)["clat_ios"].transform("min")
+    for column, percent in PERCENTILES.items():
+        value = np.where(has_hist, keyed[column].to_numpy(float), fio[column].astype(float))
+        fio[column] = np.where(fewest.to_numpy(float) < min_ios(percent), np.nan, value)
     return fio
 
 
 def too_few_notes(loss: pd.DataFrame, fio: pd.DataFrame) -> pd.Series:
-    """Per loss row: "too few I/Os ..." where a percentile row lost pairs because a run of its
-    baseline or variant had too few completions for it, else ""."""
+    """Per loss row: "too few I/Os ..." where a percentile row has no pairs because a run of its
+    cell (any stack, :func:`with_histogram_percentiles`) had too few completions for it, else ""."""
     notes = pd.Series("", index=loss.index, dtype="string")
     if "clat_ios" not in fio.columns or loss.empty:
         return notes
-    keys = ["host", "workload", "job_slot", "direction", "stack"]
-    fewest = fio.groupby(keys, observed=True)["clat_ios"].min()
+    fewest = fio.groupby(CELL_KEYS, observed=True)["clat_ios"].min()
     for i, row in loss[loss["metric"].isin(list(PERCENTILES))].iterrows():
         need = min_ios(PERCENTILES[row["metric"]])
-        cell = tuple(row[k] for k in keys[:-1])
-        counts = [fewest.get((*cell, row[s]), np.nan) for s in ("baseline", "variant")]
-        least = min((c for c in counts if c == c), default=np.nan)  # NaN: no json+ histogram
+        least = fewest.get(tuple(row[k] for k in CELL_KEYS), np.nan)  # NaN: no json+ histogram
         if least < need:
             notes[i] = f"{TOO_FEW}: needs {need:,} completions per run, fewest {int(least):,}"
     return notes

@@ -83,8 +83,8 @@ FIGURE_FAMILIES = {
     "heatmap": (
         "Loss heatmaps",
         "Block size \u00d7 access pattern per comparison and queue depth, annotated with the effect, its "
-        "interval and the verdict (● significant, ≈ equivalent, ○ inconclusive, \u2013 fewer than two "
-        "pairs).",
+        'interval and the decision by magnitude (as in the tables; "too few I/Os" where a '
+        "percentile is withheld).",
     ),
     "latency": (
         "Latency percentiles",

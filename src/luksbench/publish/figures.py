@@ -19,7 +19,7 @@ import pandas as pd
 import seaborn as sns
 
 from luksbench.analysis.cells import with_pattern
-from luksbench.analysis.tails import MIN_BEYOND, PERCENTILES
+from luksbench.analysis.tails import MIN_BEYOND, PERCENTILES, TOO_FEW
 from luksbench.formats.layout import bs_label
 from luksbench.publish.style import (
     VERDICT_COLORS,
@@ -32,9 +32,9 @@ from luksbench.publish.style import (
 )
 from luksbench.publish.text import (
     RW_ORDER,
-    VERDICT_MARKS,
     cell_name,
     cpu_basis,
+    decision_kind,
     fmt_num,
     fmt_pct,
     metric_heading,
@@ -230,7 +230,8 @@ def loss_heatmap(
 ) -> matplotlib.figure.Figure:
     """Block size (x) x rw pattern (y), one panel per comparison (rows: variant against its
     baseline) and iodepth (columns); colour = effect in %, each cell annotated with effect,
-    interval and a verdict mark. Cells of different config patterns get rows of their own."""
+    interval and decision (the loss table's ``decision``). Cells of different config patterns
+    get rows of their own."""
     house_style()
     df = with_pattern(losses[losses["metric"] == metric])
     if host is not None:
@@ -272,10 +273,12 @@ def loss_heatmap(
                         cell = cell.iloc[0] if isinstance(cell, pd.DataFrame) else cell
                         grid[a, b] = cell["effect_pct"]
                         text = (
-                            f"{fmt_pct(cell['effect_pct'])} "
-                            f"{VERDICT_MARKS.get(cell['verdict'], '?')}\n"
-                            f"[{fmt_num(cell['ci_low'])}, {fmt_num(cell['ci_high'])}]"
+                            f"{fmt_pct(cell['effect_pct'])}\n"
+                            f"[{fmt_num(cell['ci_low'])}, {fmt_num(cell['ci_high'])}]\n"
+                            f"{decision_kind(cell['decision'])}"
                         )
+                        if str(cell.get("note", "")).startswith(TOO_FEW):
+                            text = TOO_FEW.replace(" I/Os", "\nI/Os")  # as the tables say
                         color = "white" if abs(cell["effect_pct"]) > 0.6 * lim else "black"
                         ax.text(b, a, text, ha="center", va="center", fontsize="small", color=color)
                     else:
@@ -287,9 +290,11 @@ def loss_heatmap(
             ax.set_title(f"{var} vs {base}, iodepth {qd}", fontsize="medium")
             ax.set_xlabel("block size")
     conf = float(df["confidence"].iloc[0])
+    lower, upper = (fmt_num(df[c].iloc[0], 0) for c in ("decision_lower_pct", "decision_upper_pct"))
     fig.suptitle(
         f"{(host + ': ') if host else ''}{metric_heading(metric)} {kind} in % "
-        f"[{conf:.0%} CI]\n● significant (BH-adjusted)  ≈ equivalent  ○ inconclusive  \u2013 fewer than two pairs",
+        f"[{conf:.0%} CI]\ndecision: negligible within ±{lower} %, "
+        f"moderate {lower} to {upper} %, material beyond {upper} %",
         fontsize="medium",
     )
     if mesh is not None:

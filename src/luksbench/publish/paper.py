@@ -51,6 +51,7 @@ from luksbench.publish.text import (
     cell_words,
     cpu_basis,
     cpu_net,
+    decision_kind,
     effect_ci,
     fmt_bool,
     fmt_ci,
@@ -354,11 +355,8 @@ def _cryptsetup(cs: pd.DataFrame) -> dict:
 SCS_TABLE_METRICS = ("bw_bytes", "iops", "clat_p99_ns")
 #: the decided regions, worst first (the loss table's ``decision``; "undecided: ..." apart)
 DECIDED = ("material", "moderate", "negligible", "moderate gain", "material gain")
-
-
-def decision_kind(decision) -> str:
-    """``undecided`` for every ``undecided: straddles ...``; the decision itself otherwise."""
-    return str(decision).split(":")[0]
+#: a latency percentile withheld in a cell, counted beside the decisions
+WITHHELD = f"withheld ({TOO_FEW})"
 
 
 def _margins(rows: pd.DataFrame) -> str:
@@ -367,10 +365,18 @@ def _margins(rows: pd.DataFrame) -> str:
     return f"{fmt_num(lower, 0)} / {fmt_num(upper, 0)} %"
 
 
+def _withheld(rows: pd.DataFrame) -> pd.Series:
+    """Rows of a latency percentile withheld for too few I/Os (loss.parquet's ``note``)."""
+    if "note" not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows["note"].fillna("").astype(str).str.startswith(TOO_FEW)
+
+
 def decision_counts(rows: pd.DataFrame) -> str:
-    """``2 material, 1 moderate, 3 undecided`` (of the rows' decisions, worst first)."""
-    kinds = rows["decision"].map(decision_kind).value_counts()
-    order = [*DECIDED, "undecided", "insufficient"]
+    """``2 material, 1 moderate, 3 undecided, 2 withheld (too few I/Os)`` (of the rows'
+    decisions, worst first)."""
+    kinds = rows["decision"].map(decision_kind).mask(_withheld(rows), WITHHELD).value_counts()
+    order = [*DECIDED, "undecided", "insufficient", WITHHELD]
     return ", ".join(f"{kinds[k]} {k}" for k in order if k in kinds)
 
 
@@ -404,7 +410,7 @@ def tldr_sentences(losses: pd.DataFrame, hosts: list[dict], matrix: dict) -> lis
     out = []
     for baseline, variant in comparison_pairs(losses):
         lv = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
-        lv = lv[(lv["derived_from"].fillna("") == "") & (lv["n"] > 0)]
+        lv = lv[(lv["derived_from"].fillna("") == "") & ((lv["n"] > 0) | _withheld(lv))]
         host_names = ", ".join(f"`{h}`" for h in sorted(lv["host"].dropna().unique()))
         cells = lv.drop_duplicates(["host", "workload", "job_slot", "direction"])
         out.append(

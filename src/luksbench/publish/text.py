@@ -41,12 +41,11 @@ RW_ORDER = ("read", "write", "randread", "randwrite", "rw", "readwrite", "randrw
 #: fio rw patterns with two directions: their cells name the direction
 MIXED_RW = ("rw", "readwrite", "randrw")
 METRIC_ORDER = ("bw_bytes", "iops", "clat_p99_ns", "clat_p50_ns", "clat_p999_ns", "clat_mean_ns")
-VERDICT_MARKS = {
-    "significant": "●",
-    "equivalent": "≈",
-    "inconclusive": "○",
-    "insufficient": "\u2013",
-}
+
+
+def decision_kind(decision) -> str:
+    """``undecided`` for every ``undecided: straddles ...``; the decision itself otherwise."""
+    return str(decision).split(":")[0]
 
 
 def cpu_net(fio: pd.DataFrame) -> bool:
