@@ -591,14 +591,13 @@ def fio_and_latency_tables(
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = _assemble(frames, keys, targets, fleets)
+    latency = _latency_table(df, bins)
+    # attrs last: pandas deep-copies them on every operation
+    df = tails.with_histogram_percentiles(df, latency)
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
     df.attrs["notes"] = [(str(p), why) for p, why in notes]
     # how the table was made: files parsed now vs rows reused from the cache
     df.attrs["ingest"] = {"files": len(keys), "parsed": len(todo), "reused": len(keys) - len(todo)}
-    latency = _latency_table(df, bins)
-    attrs = df.attrs
-    df = tails.with_histogram_percentiles(df, latency)
-    df.attrs = attrs
     return df, latency
 
 
