@@ -23,6 +23,7 @@ Nothing is written outside the temporary folder (or --keep).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -93,6 +94,9 @@ def build_raw(raw: Path, n: int, tmpl: list[tuple[Path, str]], start: int = 0) -
             shutil.copyfile(
                 SAMPLE_HOST / "fio" / "manifest.json", raw / host / "fio" / "manifest.json"
             )
+            manifest = json.loads((raw / host / "fio" / "manifest.json").read_text())
+            (raw / host / "fio" / "manifest.json").write_text(json.dumps({**manifest, "runs": []}))
+    runs: dict[str, list[dict]] = {host: [] for host in hosts}
     size = 0
     per = len(tmpl) * len(hosts) * len(stacks)
     for i in range(start, start + n):
@@ -107,6 +111,14 @@ def build_raw(raw: Path, n: int, tmpl: list[tuple[Path, str]], start: int = 0) -
         shutil.copyfile(src, folder / f"rep{rep}.json")
         (folder / f"rep{rep}.cpu.json").write_bytes(sidecar)
         size += src.stat().st_size
+        path = f"fio/{stack}/{workload}/rep{rep}.json"
+        runs[host].append({"rep": rep, "stack": stack, "workload": workload, "path": path})
+        runs[host][-1] |= {"cpu_path": path.replace(".json", ".cpu.json"), "status": "ok"}
+    # ingest counts the results a manifest records, as the runner records them
+    for host in hosts:
+        path = raw / host / "fio" / "manifest.json"
+        manifest = json.loads(path.read_text())
+        path.write_text(json.dumps({**manifest, "runs": manifest["runs"] + runs[host]}))
     return size
 
 

@@ -373,6 +373,11 @@ def test_sample_paper_is_computed_from_the_tables(sample):
     decided = cell["decision"].split(":")[0]
     assert row.split(" | ")[2].rstrip(" |") == f"{fmt_pct(cell['effect_pct'])} {ci} {decided}"
     assert "## Methodology" in body and "## Appendix: environment" in body
+    # the sample recorded no idle CPU baseline: its CPU values and their captions are gross
+    assert not pd.read_parquet(sample["processed"] / "fio.parquet")["cpu_net"].any()
+    assert "gross: no idle baseline recorded" in body and "net of the" not in body
+    cpu_png = sample["figures"]["cpu-busy_cpu_s_per_gib"][0]
+    assert json.loads(Image.open(cpu_png).text["params"])["net"] is False
 
 
 def test_sample_paper_compares_with_published_results(sample):

@@ -266,12 +266,13 @@ def test_an_analysis_step_reruns_when_the_code_it_runs_changes(tmp_path, changed
     import os
 
     from luksbench.analysis.ingest import PROCESSED_TABLES
+    from luksbench.analysis.loss import LOSS_TABLES
 
     work = copy_workflow(tmp_path / "wf", extra=("data/raw/sample",))
     outputs = [
         *(f"data/processed/sample/{table}.parquet" for table in PROCESSED_TABLES),
         "data/processed/sample/notebooks/01-ingest.ipynb",
-        *(f"data/processed/sample/{table}.parquet" for table in ("loss", "cpu_loss", "arms")),
+        *(f"data/processed/sample/{table}.parquet" for table in LOSS_TABLES),
         "data/processed/sample/notebooks/02-loss.ipynb",
         "figures/sample",
         "data/processed/sample/notebooks/03-figures.ipynb",

@@ -19,9 +19,10 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from simulate import fio_frame, simulate_logs, write_raw_reps
+from simulate import fio_frame, simulate_logs, two_stage, write_raw_reps
 
 from luksbench.analysis import stats
+from luksbench.analysis.loss import write_loss
 
 BOUNDARIES = (-20.0, -5.0, 5.0, 20.0)  # the throughput regions' boundaries (loss %)
 
@@ -100,7 +101,10 @@ def test_fixed_design_coverage_and_decisions_at_the_boundaries(tmp_path):
         pd.testing.assert_series_equal(alone[column], bw[column], check_exact=False)
     iops = every[every["metric"] == "iops"]
     assert (iops["derived_from"] == "bw_bytes").all()
-    assert every.loc[every["metric"] != "iops", "derived_from"].isna().all()
+    per_io = every[every["metric"] == "busy_cpu_us_per_io"]
+    assert (per_io["derived_from"] == "busy_cpu_s_per_gib").all()
+    own = ~every["metric"].isin(["iops", "busy_cpu_us_per_io"])
+    assert every.loc[own, "derived_from"].isna().all()
 
 
 def test_fixed_design_three_pairs_coverage(tmp_path):
@@ -259,3 +263,54 @@ def test_targets_file_carries_what_steins_interval_needs(tmp_path):
     path.write_text(json.dumps({"pairs": {"a": 6}, "pilot_pairs": 1}))
     with pytest.raises(TargetsError, match="pilot_pairs"):
         read_targets(path)
+
+
+def test_adaptive_cell_with_unusable_pilot_pairs_keeps_steins_interval(tmp_path):
+    """A pilot pair of the metric unusable (a value withheld): Stein's interval on the usable
+    pilot pairs (their SD, their count - 1 degrees of freedom), never the t-interval of the
+    final sample after a pilot-chosen N; with fewer than two usable pilot pairs, no interval."""
+    rng = np.random.default_rng(15)
+    fio, pairs, _ = two_stage(rng, 3, np.full(3, 0.02), np.zeros(3))
+    luks = fio["stack"].eq("luks")
+    fio.loc[luks & fio["workload"].eq("c00000") & fio["rep"].eq(2), "bw_bytes"] = math.nan
+    fio.loc[luks & fio["workload"].eq("c00001") & fio["rep"].isin([1, 2, 3]), "bw_bytes"] = 0
+    loss = stats.loss_table(fio, metrics=["bw_bytes"]).set_index("workload")
+    one = loss.loc["c00000"]
+    pilot = fio[fio["workload"].eq("c00000") & fio["rep"].isin([1, 3, 4])]
+    d = np.log(pilot[pilot["stack"].eq("luks")]["bw_bytes"].to_numpy()) - np.log(
+        pilot[pilot["stack"].eq("plain")]["bw_bytes"].to_numpy()
+    )
+    half = stats._t_quantile(0.95, 2) * d.std(ddof=1) / math.sqrt(pairs[0] - 1)
+    assert one["interval"] == "stein" and one["n"] == pairs[0] - 1
+    assert one["pilot_sd_log_ratio"] == pytest.approx(d.std(ddof=1))
+    low = 100 * (1 - math.exp(one["mean_log_ratio"] + half))
+    assert one["ci_low"] == pytest.approx(low)
+    two = loss.loc["c00001"]
+    assert two["interval"] == "none" and two["n"] >= 2
+    assert two["verdict"] == "insufficient" and two["decision"] == "insufficient"
+    assert math.isnan(two["ci_low"]) and math.isnan(two["p_value"])
+    assert loss.loc["c00002", "interval"] == "stein"
+    fio.to_parquet(tmp_path / "fio.parquet")
+    written, _ = write_loss(tmp_path, metrics=["bw_bytes"])
+    assert written.set_index("workload")["note"].to_dict() == {
+        "c00000": "",
+        "c00001": stats.NO_PILOT_NOTE,
+        "c00002": "",
+    }
+    # a pilot without an SD ran the cap whatever the data: the t-interval
+    fixed = stats.loss_table(fio.assign(pilot_pairs=math.nan), metrics=["bw_bytes"])
+    assert (fixed["interval"] == "t").all() and fixed["ci_low"].notna().all()
+
+
+def test_targets_without_a_pilot_sd_name_no_pilot(tmp_path):
+    from luksbench.formats.targets import read_targets
+
+    path = tmp_path / "targets.json"
+    cells = {"a": {"pilot_sd_log_ratio": 0.01}, "b": {"pilot_sd_log_ratio": None}}
+    doc = {"pairs": {"a": 6, "b": 12, "c": 12}, "pilot_pairs": 4, "cells": cells}
+    path.write_text(json.dumps(doc))
+    assert read_targets(path) == {
+        "a": (6, False, 4),
+        "b": (12, False, None),
+        "c": (12, False, None),
+    }

@@ -7,11 +7,16 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
-from luksbench.analysis import ingest
+from luksbench.analysis import cpucost, ingest, stats
+from luksbench.analysis.loss import write_loss
 from luksbench.formats.layout import Workload
+from luksbench.publish import catalog, paper, text
+from luksbench.publish.run import Run, load_run
 from luksbench.testbox.plan import PlanError, check_patterns, resolve_patterns
 from luksbench.testbox.runner import fio_argv
 
@@ -76,3 +81,111 @@ def test_the_schema_describes_rate_pct_with_its_default():
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
     rate = schema["$defs"]["pattern"]["properties"]["rate_pct"]
     assert rate["default"] is None and "slower stack's pilot" in rate["description"]
+
+
+def _runs(idle_by_session: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A fio table of two sessions (reps 1 and 2) of host h and its schedule, with each
+    session's idle rates (None: the session recorded no baseline)."""
+    reps = [1, 1, 2, 2]
+    fio = pd.DataFrame(
+        {
+            "host": "h",
+            "host_dir": "h",
+            "stack": ["plain", "luks"] * 2,
+            "workload": "read-4k-qd1",
+            "rep": reps,
+            "file": [f"f{i}" for i in range(4)],
+            "cpu_interval_s": 2.0,
+            "io_bytes": 2**30,
+            "io_bs_bytes": 4096,
+            "io_gib": 1.0,
+            "busy_cpu_s": 3.0,
+            "sys_cpu_s": 1.0,
+            "busy_cpu_pct": 40.0,
+        }
+    )
+    rates = [idle_by_session[r] or dict.fromkeys(cpucost.IDLE_COLUMNS, np.nan) for r in reps]
+    schedule = fio[["host", "stack", "workload", "rep"]].assign(status="ok")
+    schedule = pd.concat([schedule, pd.DataFrame(rates)], axis=1)
+    return fio, schedule
+
+
+def test_a_host_is_net_only_when_every_session_recorded_a_baseline():
+    idle = cpucost.idle_rates(IDLE)
+    fio, schedule = _runs({1: idle, 2: None})
+    mixed = cpucost.with_cpu_cost(fio, schedule)
+    # one session without a baseline: every value of the host gross, never gross beside net
+    assert not mixed["cpu_net"].any()
+    assert (mixed["busy_cpu_s_per_gib"] == 3.0).all() and (mixed["cpu_util_pct"] == 40.0).all()
+    assert (mixed["sys_cpu_s_per_gib"] == 1.0).all()
+    net = cpucost.with_cpu_cost(*_runs({1: idle, 2: idle}))
+    assert net["cpu_net"].all()
+    assert net["busy_cpu_s_per_gib"].to_numpy() == pytest.approx([2.5] * 4)
+    assert net["cpu_util_pct"].to_numpy() == pytest.approx([27.5] * 4)
+
+
+def _sample_fio() -> pd.DataFrame:
+    return ingest.fio_table(SAMPLE, workers=1)
+
+
+def test_a_cpu_cell_with_a_run_within_idle_noise_is_insufficient_not_thinned(tmp_path):
+    fio = _sample_fio()
+    cell = (fio["workload"] == "randread-4k-qd1") & (fio["stack"] == "plain")
+    low = fio.index[cell & (fio["rep"] == 1)]
+    for metric in ("busy_cpu_s_per_gib", "cpu_util_pct", "busy_cpu_us_per_io"):
+        fio.loc[low, metric] = -0.01
+    fio.to_parquet(tmp_path / "fio.parquet", index=False)
+    table, _ = write_loss(tmp_path)
+    cpu = table[table["metric"].isin(["busy_cpu_s_per_gib", "cpu_util_pct"])]
+    hit = cpu[cpu["workload"] == "randread-4k-qd1"]
+    assert len(hit) == 2
+    assert (hit["n"] == 0).all() and (hit["decision"] == "insufficient").all()
+    assert (hit["verdict"] == "insufficient").all()
+    assert (hit["note"] == cpucost.NOT_ABOVE_IDLE).all()
+    # the other cells keep every pair and no note; bandwidth of the same cell is untouched
+    rest = cpu[cpu["workload"] != "randread-4k-qd1"]
+    assert (rest["n"] == 3).all() and (rest["note"] == "").all()
+    bw = table[(table["metric"] == "bw_bytes") & (table["workload"] == "randread-4k-qd1")]
+    assert (bw["n"] == 3).all() and (bw["note"] == "").all()
+
+
+def test_cpu_per_io_repeats_cpu_per_gib_and_is_no_second_hypothesis():
+    table = stats.loss_table(_sample_fio())
+    per_io = table[table["metric"] == "busy_cpu_us_per_io"]
+    assert len(per_io) and (per_io["derived_from"] == "busy_cpu_s_per_gib").all()
+    others = table[~table["metric"].isin(["busy_cpu_us_per_io", "iops"])]
+    assert (others["derived_from"] == "").all()
+
+
+def _processed(raw: Path, out: Path) -> Run:
+    ingest.write_processed(raw, out, workers=1)
+    write_loss(out)
+    return load_run(out)
+
+
+def test_cpu_captions_say_net_only_when_the_values_are(tmp_path):
+    raw = tmp_path / "raw" / "idle"
+    shutil.copytree(SAMPLE, raw)
+    for p in [raw, *raw.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    gross = _processed(SAMPLE, tmp_path / "gross")  # the sample recorded no idle baseline
+    for session in (raw / "vm" / "fio" / "sessions").glob("*.json"):
+        doc = json.loads(session.read_text())
+        session.write_text(json.dumps({**doc, "cpu_idle_baseline": IDLE}))
+    net = _processed(raw, tmp_path / "net")
+    for run, words, not_words in (
+        (gross, "gross: no idle baseline recorded", "net of"),
+        (net, "net of the idle baseline", "gross"),
+    ):
+        specs = [s for s in catalog.figure_specs(run) if s.family == "cpu"]
+        assert specs
+        for spec in specs:
+            fig = spec.draw(*(run.tables[t] for t in spec.tables), **spec.kwargs)
+            title = fig._suptitle.get_text()
+            assert words in title and not_words not in title, title
+        figures_dir = tmp_path / "figures" / words[:5]
+        figures_dir.mkdir(parents=True)
+        entry = {"family": "cpu", "name": specs[0].name, "caption": "c", "files": ["x.png"]}
+        (figures_dir / catalog.INDEX).write_text(json.dumps({"figures": [entry]}))
+        sections = paper.figure_sections(figures_dir, tmp_path / "p.md", text.cpu_net(run.fio))
+        assert words in sections[0]["intro"] and not_words not in sections[0]["intro"]

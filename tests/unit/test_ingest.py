@@ -299,3 +299,17 @@ def test_env_facts_of_testbox_capture():
     assert facts["backend"] == "userspace" and facts["backend_reason"] == "auto: no dm"
     assert facts["aes"] is True and facts["vaes"] is False
     assert facts["qemu_version"] is None
+
+
+def test_manifest_times_are_utc_and_malformed_ones_missing():
+    from luksbench.analysis.ingest import _utc_times
+
+    raw = ["2026-11-21T08:51:07.400Z", "2026-11-21T08:51:07", "2026-11-21T09:51:07+01:00"]
+    times = _utc_times(pd.Series([*raw, "garbage", None, 5, ""], dtype=object))
+    assert str(times.dtype) == "datetime64[ns, UTC]"
+    assert times[:3].tolist() == [
+        pd.Timestamp("2026-11-21T08:51:07.4Z"),
+        pd.Timestamp("2026-11-21T08:51:07Z"),
+        pd.Timestamp("2026-11-21T08:51:07Z"),
+    ]
+    assert times[3:].isna().all()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 
@@ -116,3 +117,44 @@ def _race(tmp_path, trial: int, contenders: int, stale: bool) -> int:
 def test_processes_taking_the_lock_at_once_never_both_get_it(tmp_path, stale):
     winners = [_race(tmp_path, trial, 4, stale) for trial in range(15)]
     assert winners == [1] * len(winners)
+
+
+def _release_from(cwd, state, locks, session_pid: int | None) -> bool:
+    """``lock.release`` in a process of its own, started in ``cwd`` (another invocation of the
+    same run), in the session ``session_pid`` (None: the process's own)."""
+    env = {k: v for k, v in os.environ.items() if k != lock.SESSION_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    if session_pid is not None:
+        env[lock.SESSION_ENV] = str(session_pid)
+    code = "import sys; from pathlib import Path; from luksbench.testbox import lock; "
+    code += "print(lock.release(Path(sys.argv[1]), lock_dir=Path(sys.argv[2])))"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(state), str(locks)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip() == "True"
+
+
+def test_only_the_holding_session_releases_its_run(tmp_path):
+    """The same run (same scratch directory) invoked again from another directory while the
+    first session measures: its stack-down must not give the first session's lock away."""
+    locks, elsewhere = tmp_path / "locks", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    plan = plan_from_config(CONFIG, "box", tmp_path / "a")
+    state = tmp_path / "a" / "state.json"
+    workflow = subprocess.Popen(["sleep", "60"])
+    try:
+        lock.acquire(plan, state, lock_dir=locks, session=session_of(workflow))
+        assert not _release_from(elsewhere, state, locks, None)
+        assert (locks / lock.LOCK_NAME).exists()
+        assert _release_from(tmp_path, state, locks, workflow.pid)  # the session's own step
+        assert not (locks / lock.LOCK_NAME).exists()
+        lock.acquire(plan, state, lock_dir=locks, session=session_of(workflow))
+    finally:
+        workflow.kill()
+        workflow.wait()
+    assert _release_from(elsewhere, state, locks, None)  # the session ended: a stale lock

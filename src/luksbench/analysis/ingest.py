@@ -11,7 +11,8 @@
                       file has them, summed over a run's job entries and NaN in every run of a
                       cell where one run has too few I/Os beyond (:mod:`luksbench.analysis.tails`;
                       ``clat_ios`` the completions).
-                      CPU columns are net of the session's idle baseline, with utilisation and
+                      CPU columns are net of the idle baseline where every session of the host
+                      recorded one (``cpu_net``), with utilisation and
                       CPU per I/O beside CPU per GiB (:mod:`luksbench.analysis.cpucost`).
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
@@ -524,9 +525,16 @@ def fio_table(
     that parse in parallel (default: the CPUs available; 1 = in this process).
     """
     fio = fio_and_latency_tables(raw_dir, strict, cache_dir, workers)[0]
-    with_cost = cpucost.with_cpu_cost(fio, schedule_table(raw_dir, strict=False))
-    with_cost.attrs = fio.attrs
-    return with_cost
+    return _with_cpu_cost(fio, schedule_table(raw_dir, strict=False))
+
+
+def _with_cpu_cost(fio: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
+    """:func:`cpucost.with_cpu_cost`, ``fio``'s attrs (the problem list) kept aside meanwhile:
+    pandas deep-copies attrs on every operation, seconds on a large run."""
+    attrs, fio.attrs = fio.attrs, {}
+    out = cpucost.with_cpu_cost(fio, schedule)
+    out.attrs = attrs
+    return out
 
 
 def fio_and_latency_tables(
@@ -970,15 +978,12 @@ SCHEDULE_COLUMNS = [
 ]
 
 
-def _timestamp(value):
-    """An ISO time of a manifest as a UTC timestamp (NaT when missing or malformed)."""
-    if not isinstance(value, str) or not value:
-        return pd.NaT
-    try:
-        ts = pd.Timestamp(value)
-    except (ValueError, TypeError):
-        return pd.NaT
-    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+def _utc_times(values: pd.Series) -> pd.Series:
+    """ISO times of manifests as UTC timestamps, naive ones taken as UTC (NaT when missing or
+    malformed); one vectorised parse, as a run's manifests record tens of thousands of runs."""
+    text = values.where(values.map(lambda v: isinstance(v, str) and bool(v)), None)
+    times = pd.to_datetime(text, utc=True, format="ISO8601", errors="coerce")
+    return times.astype("datetime64[ns, UTC]")
 
 
 def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
@@ -1011,14 +1016,14 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                         "run": run,
                         "host": hdir.name,
                         "session": session,
-                        "session_started": _timestamp(manifest.get("started")),
-                        "session_ended": _timestamp(manifest.get("ended")),
+                        "session_started": manifest.get("started"),
+                        "session_ended": manifest.get("ended"),
                         "seed": manifest.get("seed"),
                         **{k: entry.get(k) for k in ("index", "round", "rep", "stack")},
                         "workload": entry.get("workload"),
                         "position_in_cell": entry.get("position_in_cell"),
-                        "started": _timestamp(entry.get("started")),
-                        "ended": _timestamp(entry.get("ended")),
+                        "started": entry.get("started"),
+                        "ended": entry.get("ended"),
                         "status": entry.get("status"),
                         **idle,
                     }
@@ -1028,7 +1033,7 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     df = pd.DataFrame.from_records(records, columns=SCHEDULE_COLUMNS)
     for col in SCHEDULE_COLUMNS:
         if col in ("session_started", "session_ended", "started", "ended"):
-            df[col] = pd.to_datetime(df[col], utc=True).astype("datetime64[ns, UTC]")
+            df[col] = _utc_times(df[col])
         elif col in ("seed", "index", "round", "rep", "position_in_cell"):
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
         elif col in cpucost.IDLE_COLUMNS:
@@ -1072,9 +1077,7 @@ def ingest_run(
         ("schedule", schedule_table),
     ):
         tables[name] = func(raw_dir, strict=False)
-    attrs = tables["fio"].attrs
-    tables["fio"] = cpucost.with_cpu_cost(tables["fio"], tables["schedule"])
-    tables["fio"].attrs = attrs
+    tables["fio"] = _with_cpu_cost(tables["fio"], tables["schedule"])
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
     notes = [n for table in tables.values() for n in table.attrs.get("notes", [])]
     if problems and strict:

@@ -4,7 +4,8 @@
 
 ``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`),
                       with ``note``: "too few I/Os ..." where a latency percentile is withheld
-                      (:func:`tails.too_few_notes`);
+                      (:func:`tails.too_few_notes`), "net CPU <= 0 ..." where a CPU cell
+                      has no interval (:func:`cpucost.within_noise_notes`);
 ``cpu_loss.parquet``  its rows of CPU cost (:data:`CPU_METRICS`) that were measured;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
                       (throughput and CPU: the bars of the figures);
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import stats, tails
+from luksbench.analysis import cpucost, stats, tails
 from luksbench.analysis.contrasts import resolve
 
 #: metrics whose per-arm means and intervals are tabled (the bars and points of the figures)
@@ -64,7 +65,13 @@ def write_loss(
         equivalence_margin_pct=equivalence_margin_pct,
         decision_regions=decision_regions,
     )
-    table["note"] = tails.too_few_notes(table, fio)
+    notes = tails.too_few_notes(table, fio)
+    notes = notes.where(notes != "", cpucost.within_noise_notes(table, fio))
+    no_pilot = table["interval"].eq("none")
+    notes[no_pilot] = [
+        f"{n}; {stats.NO_PILOT_NOTE}" if n else stats.NO_PILOT_NOTE for n in notes[no_pilot]
+    ]
+    table["note"] = notes
     path = processed_dir / "loss.parquet"
     table.to_parquet(path, index=False)
     cpu = table[table["metric"].isin(_measured(fio, CPU_METRICS))]

@@ -16,15 +16,18 @@ Reported effect, always "how much worse the variant is", in percent:
 
 Per row exactly one of ``loss_pct`` / ``increase_pct`` is filled; ``effect`` says which and
 ``effect_pct`` repeats it, so ``ci_low``/``ci_high`` always bound ``effect_pct``. Pairs with a
-missing side or a value <= 0 are excluded and counted in ``n_dropped``.
+missing side or a value <= 0 are excluded and counted in ``n_dropped``; for the CPU metrics (net
+of the idle baseline, so near 0 in a lightly loaded cell) one value <= 0 leaves the whole cell
+without an interval (``insufficient``) instead.
 
 Beside the main interval, every row carries (all in the same loss/increase % units):
 
 * ``decision`` (what the paper leads with): the region of :func:`decision` the whole interval
   lies in, margins per metric family (:data:`DEFAULT_DECISION_REGIONS`);
 * ``p_value`` (two-sided paired t-test of mean d = 0) and ``q_value`` (Benjamini-Hochberg over the
-  rows of one metric that have a p-value, :func:`scipy.stats.false_discovery_control`; IOPS rows
-  at a fixed block size repeat bandwidth's test and say so in ``derived_from``);
+  rows of one metric that have a p-value, :func:`scipy.stats.false_discovery_control`; IOPS and
+  CPU-per-I/O rows at a fixed block size repeat bandwidth's and CPU-per-GiB's test and say so in
+  ``derived_from``, :data:`DERIVED_FROM`);
 * ``equiv_low``/``equiv_high``: the (1 - 2 alpha) interval (90 % for 95 % confidence) of the
   two-one-sided-tests equivalence check against +-``equivalence_margin_pct`` (default 2 points);
   ``equivalent`` is True when it lies strictly inside the margin;
@@ -38,11 +41,12 @@ Beside the main interval, every row carries (all in the same loss/increase % uni
   they are kept unless ``loss_table(..., exclude_outliers=True)`` (then ``outliers_excluded``);
 * ``target_pairs``/``noisy``/``pilot_pairs``: the adaptive design's per-cell target, whether the
   cell hit the cap and its pilot pairs n0 (from ``<host>/fio/targets.json`` through ingest;
-  NaN/False for fixed designs); ``interval`` ("t" or "stein") and ``pilot_sd_log_ratio`` (s0).
+  NaN/False for fixed designs); ``interval`` ("t", "stein", or "none": an adaptive cell with
+  fewer than two usable pilot pairs of the metric) and ``pilot_sd_log_ratio`` (s0).
 
 Verdict (column ``verdict``, one of :data:`VERDICTS`), in this order:
 
-1. ``insufficient``: fewer than two usable pairs;
+1. ``insufficient``: fewer than two usable pairs, or no interval;
 2. ``significant``: ``q_value <= 1 - confidence`` (BH within the metric; such a row's marginal CI
    always excludes 0, because q >= p);
 3. ``equivalent``: not significant, and the 90 % interval lies inside +-margin;
@@ -106,6 +110,8 @@ METRIC_FAMILIES |= {m: "cpu" for m in METRICS if "cpu" in m}
 #: family -> (lower, upper) margin in % of the effect: negligible within +-lower, moderate between
 #: lower and upper, material beyond upper (gains likewise on the other side)
 DEFAULT_DECISION_REGIONS = {"throughput": (5.0, 20.0), "latency": (10.0, 50.0), "cpu": (10.0, 50.0)}
+#: metric -> the metric whose test it repeats at a fixed block size (``derived_from``)
+DERIVED_FROM = {"iops": "bw_bytes", "busy_cpu_us_per_io": "busy_cpu_s_per_gib"}
 #: +- percentage points inside which a cell counts as "equivalent" (config analysis.equivalence_margin_pct)
 DEFAULT_EQUIVALENCE_MARGIN_PCT = 2.0
 #: bootstrap intervals only from this many pairs on (fewer: the bootstrap distribution is too coarse)
@@ -145,6 +151,8 @@ LOSS_INTS = ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers")
 LOSS_BOOLS = ("higher_is_better", "equivalent", "outliers_excluded", "noisy")
 
 VERDICTS = ("significant", "equivalent", "inconclusive", "insufficient")
+#: the note of a row with ``interval`` "none"
+NO_PILOT_NOTE = "no interval: fewer than 2 usable pilot pairs of this metric chose N"
 
 
 def higher_is_better(metric: str) -> bool:
@@ -615,23 +623,33 @@ def _cell_stats(
     margin_pct: float,
     exclude_outliers: bool,
     pilot_pairs: float = math.nan,
+    all_or_none: bool = False,
 ) -> dict:
     """Everything of one row of the loss table except the cross-table q-value and verdict.
 
-    ``pilot_pairs`` (n0, adaptive cells): when the cell's n0 pilot pairs (reps 1..n0) are all
-    usable, the interval and test are Stein's on their SD; otherwise (a fixed design, or a failed
-    pilot, which set the cell to the cap whatever its data) the t-interval."""
+    ``all_or_none`` (net CPU metrics): a value <= 0 on either side makes no pair usable, as the
+    cell's low values would otherwise be left out selectively.
+
+    ``pilot_pairs`` (n0, adaptive cells whose N came from a pilot SD): Stein's interval and test
+    on the SD of the usable pairs among reps 1..n0 (their count - 1 degrees of freedom); with
+    fewer than two of them no interval (``interval`` "none"): a t-interval after a pilot-chosen N
+    under-covers. NaN (a fixed design, or a pilot without an SD, which ran the cap whatever the
+    data): the t-interval."""
     ok = usable_pairs(b, v)
+    if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
+        ok[:] = False
     d_all = np.log(v[ok] / b[ok])
     flagged = flag_outliers(d_all, flags[ok, 0], flags[ok, 1])
     use = ~flagged if exclude_outliers else np.ones_like(flagged)
     d, bu, vu = d_all[use], b[ok][use], v[ok][use]
-    pilot = None
+    pilot, valid = None, True
     if pilot_pairs >= 2:
         d_pilot = d_all[reps[ok] <= pilot_pairs]
-        if d_pilot.size == pilot_pairs:
-            pilot = (float(d_pilot.std(ddof=1)), int(pilot_pairs))
+        valid = d_pilot.size >= 2
+        pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
     ci = paired_log_ratio_ci(d, confidence, pilot)
+    if not valid:
+        ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
     nan2 = (math.nan, math.nan)
     if ci.n:
         effect_pct, lo, hi = effect_from_log_ratio(ci.mean, ci.low, ci.high, better_high)
@@ -641,7 +659,7 @@ def _cell_stats(
         effect_pct = lo = hi = math.nan
     eq_lo = eq_hi = math.nan
     equivalent = False
-    if ci.n >= 2:
+    if ci.n >= 2 and valid:
         eq_conf = 1 - 2 * (1 - confidence)  # TOST at alpha = 1 - confidence
         eq = paired_log_ratio_ci(d, eq_conf, pilot) if eq_conf > 0 else None
         if eq is not None and not math.isnan(eq.low):
@@ -667,7 +685,7 @@ def _cell_stats(
         "increase_pct": math.nan if better_high else effect_pct,
         "ci_low": lo,
         "ci_high": hi,
-        "p_value": paired_t_pvalue(d, pilot),
+        "p_value": paired_t_pvalue(d, pilot) if valid else math.nan,
         "equiv_low": eq_lo,
         "equiv_high": eq_hi,
         "equivalent": equivalent,
@@ -677,7 +695,7 @@ def _cell_stats(
         "boot_high": boot[1],
         "n_outliers": int(flagged.sum()),
         "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
-        "interval": "t" if pilot is None else "stein",
+        "interval": "none" if not valid else "t" if pilot is None else "stein",
         "pilot_sd_log_ratio": math.nan if pilot is None else pilot[0],
     }
 
@@ -755,6 +773,7 @@ def loss_table(
             equivalence_margin_pct,
             exclude_outliers,
             float(pilots.get((cell["host"], cell["workload"]), math.nan)),
+            METRIC_FAMILIES[cell["metric"]] == "cpu",
         )
         rows.append(
             {
@@ -775,9 +794,8 @@ def loss_table(
     table["q_value"] = math.nan
     for idx in table.groupby("metric").indices.values():
         table.loc[table.index[idx], "q_value"] = benjamini_hochberg(table["p_value"].iloc[idx])
-    table["verdict"] = table_verdicts(
-        table["n"].to_numpy(), table["q_value"], table["equivalent"].to_numpy(bool), confidence
-    )
+    n = table["n"].where(table["interval"].ne("none"), 0).to_numpy()  # no interval: too few
+    table["verdict"] = table_verdicts(n, table["q_value"], table["equivalent"], confidence)
     margins = table["metric"].map(lambda m: regions[METRIC_FAMILIES[m]])
     table["decision_lower_pct"] = [lower for lower, _ in margins]
     table["decision_upper_pct"] = [upper for _, upper in margins]
@@ -787,9 +805,10 @@ def loss_table(
         .to_numpy(float)
         .tolist()
     ]
-    # IOPS at a fixed block size is bandwidth / block size: the same test, not a second one
+    # at a fixed block size IOPS is bandwidth / block size and CPU per I/O is CPU per GiB times
+    # it: the same test, not a second one
     fixed_bs = pd.to_numeric(table["bs_bytes"], errors="coerce").gt(0)
-    table["derived_from"] = np.where((table["metric"] == "iops") & fixed_bs, "bw_bytes", "")
+    table["derived_from"] = table["metric"].map(DERIVED_FROM).where(fixed_bs).fillna("")
     table = table[LOSS_COLUMNS]
     if not table.empty:
         order = {m: i for i, m in enumerate(metrics)}

@@ -31,7 +31,9 @@ class TargetsError(ValueError):
 
 def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None]]:
     """workload id -> (target pairs, capped, pilot pairs n0 or None) from a targets file
-    (:class:`TargetsError`)."""
+    (:class:`TargetsError`). n0 is None where the pairs did not come from a pilot SD: no
+    ``pilot_pairs``, or ``cells`` records no SD for the cell (its pilot was incomplete, the cell
+    ran the cap whatever its data)."""
     try:
         doc = read_json_object(path)
     except ValueError as exc:
@@ -42,13 +44,15 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None]]:
     n0 = doc.get("pilot_pairs")
     if n0 is not None and (isinstance(n0, bool) or not isinstance(n0, int) or n0 < 2):
         raise TargetsError(f"targets file: pilot_pairs must be an integer >= 2, not {n0!r}")
+    cells = doc.get("cells")
     out = {}
     for w, n in doc["pairs"].items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise TargetsError(
                 f"targets file: pairs of {w!r} must be a positive integer, not {n!r}"
             )
-        out[w] = (n, w in noisy, n0)
+        sd = (cells.get(w) or {}).get("pilot_sd_log_ratio") if isinstance(cells, dict) else 0
+        out[w] = (n, w in noisy, n0 if isinstance(sd, (int, float)) and sd == sd else None)
     return out
 
 

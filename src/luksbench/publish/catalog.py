@@ -30,7 +30,7 @@ from luksbench.publish import figures
 from luksbench.publish.ceilings import crypto_ceilings, undescribed
 from luksbench.publish.run import Run, load_run, package_version, provenance_facts
 from luksbench.publish.style import figure_paths, save_figure
-from luksbench.publish.text import metric_heading, rw_words
+from luksbench.publish.text import cpu_net, metric_heading, rw_words
 
 INDEX = "index.json"
 #: metrics that get a heatmap (IOPS repeats bandwidth at a fixed block size; every metric is in
@@ -95,7 +95,7 @@ FIGURE_FAMILIES = {
     "cpu": (
         "CPU cost",
         "CPU seconds per GiB moved, CPU utilisation beside it, and CPU time per I/O (whole "
-        "machine, from /proc/stat around each fio run, net of the session's idle baseline), by "
+        "machine, from /proc/stat around each fio run, {cpu_basis}), by "
         "block size, with t-intervals. At full speed CPU per GiB also rises with any throughput "
         "loss; CPU per I/O of a fixed-rate pattern's cells compares the stacks at equal load. "
         "With the userspace backend the encryption runs in qemu's user space, so the *busy* (all "
@@ -235,10 +235,18 @@ def _host_specs(run: Run, host: str, scope: str | None, stacks, ceilings) -> lis
     arms = run.tables["arms"][run.tables["arms"]["host"] == host]
     for metric in CPU_METRICS:
         if pd.to_numeric(arms.loc[arms["metric"] == metric, "mean"], errors="coerce").notna().any():
-            kwargs = {"metric": metric, "stacks": stacks, "host": scope}
+            net = cpu_net(run.fio[run.fio["host"] == host])
+            kwargs = {"metric": metric, "stacks": stacks, "host": scope, "net": net}
             name = _name("cpu", scope, metric)
             specs.append(
-                _spec(name, figures.cpu_figure, ("arms",), kwargs=kwargs, params={"metric": metric})
+                _spec(
+                    name,
+                    figures.cpu_figure,
+                    ("arms",),
+                    kwargs=kwargs,
+                    sources=("fio",),
+                    params={"metric": metric, "net": net},
+                )
             )
     mine = [c for c in ceilings if c["host"] == host]
     if mine and run.fio[run.fio["host"] == host]["stack"].isin([c["stack"] for c in mine]).any():

@@ -33,6 +33,7 @@ from luksbench.publish.style import (
 from luksbench.publish.text import (
     RW_ORDER,
     cell_name,
+    cpu_basis,
     decision_kind,
     fmt_num,
     fmt_pct,
@@ -541,9 +542,11 @@ def cpu_figure(
     metric: str = "busy_cpu_s_per_gib",
     stacks: Iterable[str] | None = None,
     host: str | None = None,
+    net: bool = False,
 ) -> matplotlib.figure.Figure:
     """A CPU cost metric (:data:`~luksbench.analysis.loss.CPU_METRICS`) by block size (x), one bar
-    per stack with its interval (arms.parquet); rows = iodepth, columns = rw pattern; log y."""
+    per stack with its interval (arms.parquet); rows = iodepth, columns = rw pattern; log y.
+    ``net``: the values are net of the idle baseline (the fio table's ``cpu_net``), else gross."""
     house_style()
     summ = _arm_rows(arms, metric, host)
     if summ.empty:
@@ -566,7 +569,7 @@ def cpu_figure(
         axes[i][0].set_ylabel(metric_label(metric))
     fig.suptitle(
         f"{(host + ': ') if host else ''}{_CPU_WHAT.get(metric, metric)}\n"
-        "whole machine, /proc/stat, net of the idle baseline; mean over repetitions, "
+        f"whole machine, /proc/stat, {cpu_basis(net)}; mean over repetitions, "
         f"{float(summ['confidence'].iloc[0]):.0%} CI",
         fontsize="medium",
     )

@@ -49,6 +49,8 @@ from luksbench.publish.text import (
     bs_human,
     cell_name,
     cell_words,
+    cpu_basis,
+    cpu_net,
     decision_kind,
     effect_ci,
     fmt_bool,
@@ -599,9 +601,10 @@ def gaps(run: Run, figures_found: set[str]) -> list[str]:
     return out
 
 
-def figure_sections(figures_dir: Path, out_md: Path) -> list[dict]:
+def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[dict]:
     """The run's figures from the figure index, grouped by family (in FIGURE_FAMILIES order),
-    linked relative to the Markdown file (none when no figures were drawn)."""
+    linked relative to the Markdown file (none when no figures were drawn). ``net``: the CPU
+    values are net of the idle baseline (:func:`~luksbench.publish.text.cpu_net`)."""
     entries = read_index(figures_dir) if (Path(figures_dir) / INDEX).exists() else []
     rank = {rw: i for i, rw in enumerate(RW_ORDER)}
     sections = []
@@ -625,6 +628,7 @@ def figure_sections(figures_dir: Path, out_md: Path) -> list[dict]:
             }
             for e in found
         ]
+        intro = intro.replace("{cpu_basis}", cpu_basis(net))
         sections.append({"kind": kind, "heading": heading, "intro": intro, "figures": figures})
     return sections
 
@@ -746,7 +750,7 @@ def paper_context(
     pairs = data.headline_first(baseline, variant)
     hosts = _hosts(data.env, data.stacks)
     matrix = _matrix(data.fio, data.env)
-    figure_secs = figure_sections(figures_dir, Path(out_md))
+    figure_secs = figure_sections(figures_dir, Path(out_md), cpu_net(data.fio))
     return {
         **_front_matter(data, run, pairs[0][1], title, author),
         "baseline": pairs[0][0],

@@ -48,6 +48,16 @@ def decision_kind(decision) -> str:
     return str(decision).split(":")[0]
 
 
+def cpu_net(fio: pd.DataFrame) -> bool:
+    """Whether every CPU value of ``fio`` is net of its session's idle baseline (``cpu_net``)."""
+    return "cpu_net" in fio and not fio.empty and bool(fio["cpu_net"].eq(True).all())
+
+
+def cpu_basis(net: bool) -> str:
+    """What the CPU values are taken net of, as a caption says it."""
+    return "net of the idle baseline" if net else "gross: no idle baseline recorded"
+
+
 def metric_heading(metric: str) -> str:
     return METRIC_UNITS.get(metric, (metric,))[0]
 

@@ -9,7 +9,9 @@ A second run meanwhile is refused with a message naming the holder.
 The holder is a run's stack state file in a session: the workflow process that runs the steps
 (``LUKSBENCH_SESSION``, which the workflow sets), or the step's own process when a step is run by
 hand. It holds the lock while that session lives or while its stacks are up (the state file
-exists), so a crashed run keeps the box locked until its stacks are torn down. Reading, taking
+exists), so a crashed run keeps the box locked until its stacks are torn down. Only the holding
+session gives it back (anyone may once that session has ended): the same run started again from
+another directory does not free the lock of the session that measures. Reading, taking
 and giving back the lock happen under ``flock`` on a guard file that is never removed, so two
 processes can never both win it, also not when they take over a stale one.
 Standard library only.
@@ -139,13 +141,19 @@ def acquire(
     return lock
 
 
-def release(state_path: Path, lock_dir: Path = LOCK_DIR) -> bool:
-    """Give the test box back if this state's run holds it; True when a lock was removed."""
+def release(state_path: Path, lock_dir: Path = LOCK_DIR, session: dict | None = None) -> bool:
+    """Give the test box back if this state's run holds it in this session (default
+    :func:`current_session`) or in one that has ended; True when a lock was removed. The same
+    run started again elsewhere (same scratch directory) must not free the measuring session's
+    lock."""
     if not (lock_dir / GUARD_NAME).exists():
         return False
+    session = session or current_session()
     with _guarded(lock_dir) as lock:
         current = _read(lock)
-        if current is not None and current["state"] == str(Path(state_path).resolve()):
-            lock.unlink(missing_ok=True)
-            return True
-    return False
+        if current is None or current["state"] != str(Path(state_path).resolve()):
+            return False
+        if current.get("session") != session and _alive(current.get("session")):
+            return False
+        lock.unlink(missing_ok=True)
+        return True
