@@ -165,3 +165,17 @@ def test_the_heatmap_marks_each_cell_with_the_loss_tables_decision(processed):
         expected += ["I/Os"] * int(withheld.sum())  # "too few\nI/Os", as the table says
         assert shown == sorted(expected), metric
         assert {"undecided", "material"} <= set(shown) or {"undecided", "moderate"} <= set(shown)
+
+
+def test_the_tldr_counts_every_withheld_row_with_its_reason(processed):
+    from luksbench.analysis.cpucost import NOT_ABOVE_IDLE
+
+    loss = pd.read_parquet(processed / "loss.parquet")
+    cpu = loss.index[loss["metric"] == "busy_cpu_s_per_gib"]
+    loss.loc[cpu[:2], ["note", "n", "decision"]] = [NOT_ABOVE_IDLE, 0, "insufficient"]
+    sentences = paper.tldr_sentences(loss, [{"backend_short": "fio"}], {"reps_text": "3"})
+    text = next(s for s in sentences if s.startswith(metric_heading("busy_cpu_s_per_gib")))
+    counts = re.search(r"margins\): (.*) of (\d+) cells", text)
+    assert int(counts[2]) == len(cpu), text
+    assert sum(int(n) for n in re.findall(r"(\d+) [a-z]", counts[1])) == len(cpu), text
+    assert "2 withheld (net CPU <= 0)" in text, text

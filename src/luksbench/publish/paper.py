@@ -356,7 +356,6 @@ SCS_TABLE_METRICS = ("bw_bytes", "iops", "clat_p99_ns")
 #: the decided regions, worst first (the loss table's ``decision``; "undecided: ..." apart)
 DECIDED = ("material", "moderate", "negligible", "moderate gain", "material gain")
 #: a latency percentile withheld in a cell, counted beside the decisions
-WITHHELD = f"withheld ({TOO_FEW})"
 
 
 def _margins(rows: pd.DataFrame) -> str:
@@ -366,17 +365,21 @@ def _margins(rows: pd.DataFrame) -> str:
 
 
 def _withheld(rows: pd.DataFrame) -> pd.Series:
-    """Rows of a latency percentile withheld for too few I/Os (loss.parquet's ``note``)."""
+    """Rows withheld with a reason (loss.parquet's ``note``: too few I/Os beyond a percentile,
+    net CPU within idle noise, no usable pilot)."""
     if "note" not in rows:
         return pd.Series(False, index=rows.index)
-    return rows["note"].fillna("").astype(str).str.startswith(TOO_FEW)
+    return rows["note"].fillna("").astype(str).ne("")
 
 
 def decision_counts(rows: pd.DataFrame) -> str:
     """``2 material, 1 moderate, 3 undecided, 2 withheld (too few I/Os)`` (of the rows'
     decisions, worst first)."""
-    kinds = rows["decision"].map(decision_kind).mask(_withheld(rows), WITHHELD).value_counts()
-    order = [*DECIDED, "undecided", "insufficient", WITHHELD]
+    notes = rows.get("note", pd.Series("", index=rows.index)).fillna("").astype(str)
+    reasons = "withheld (" + notes.str.split(":").str[0] + ")"
+    withheld = _withheld(rows)
+    kinds = rows["decision"].map(decision_kind).mask(withheld, reasons).value_counts()
+    order = [*DECIDED, "undecided", "insufficient", *sorted(set(reasons[withheld]))]
     return ", ".join(f"{kinds[k]} {k}" for k in order if k in kinds)
 
 
