@@ -20,3 +20,14 @@ def test_ruff_format_is_clean():
         [str(RUFF), "format", "--check", "."], cwd=REPO, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_interval_bars_draw_a_mean_at_or_below_zero():
+    # net CPU within idle noise can average below 0: its bar has no lower error bar, no error
+    import matplotlib.pyplot as plt
+
+    from luksbench.publish.style import interval_bars
+
+    fig, ax = plt.subplots()
+    interval_bars(ax, [0, 1, 2], [-0.2, 0.0, 2.0], [0.5, 0.1, 0.5], 0.8, "C0", "net")
+    plt.close(fig)

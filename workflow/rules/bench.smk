@@ -117,6 +117,6 @@ rule stack_down:
     log:
         "logs/{run}/{host}/stack_down.log",
     wildcard_constraints:
-        **MEASURED,
+        **measuring("fio/manifest.json"),
     shell:
         "luksbench testbox stack-down --state {input.state:q} --record {output.record:q} 2> {log:q}"

@@ -420,7 +420,7 @@ def _table_points(ax, arms: pd.DataFrame, color) -> None:
         if row.empty or pd.isna(row["mean"].iloc[0]):
             continue  # too few I/Os: the table has no number either
         mean, half = row["mean"].iloc[0] / 1e6, row["ci_half"].iloc[0] / 1e6
-        yerr = None if pd.isna(half) else [[min(half, 0.999 * mean)], [half]]
+        yerr = None if pd.isna(half) else [[max(0.0, min(half, 0.999 * mean))], [half]]
         x = -math.log10(1 - percent / 100)
         ax.errorbar([x], [mean], yerr=yerr, color=color, marker="o", markersize=4, capsize=3)
 

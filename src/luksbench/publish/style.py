@@ -67,9 +67,10 @@ def log_y(ax) -> None:
 
 def interval_bars(ax, x, mean, half, width, color, label, capsize=3) -> None:
     """Bars of ``mean`` with +-``half`` error bars; the lower end stops just above 0 (a log axis
-    cannot draw it) and a missing interval draws no error bar."""
+    cannot draw it; none below a mean at or under 0, e.g. net CPU within idle noise) and a
+    missing interval draws no error bar."""
     mean, half = np.asarray(mean, float), np.asarray(half, float)
-    lower = np.where(np.isfinite(half), np.minimum(half, mean * 0.999), 0)
+    lower = np.where(np.isfinite(half), np.clip(np.minimum(half, mean * 0.999), 0, None), 0)
     upper = np.where(np.isfinite(half), half, 0)
     ax.bar(
         x,
