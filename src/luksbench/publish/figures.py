@@ -249,7 +249,9 @@ def loss_heatmap(
     rows = list(
         dict.fromkeys(df.sort_values(["pattern", "_o", "rw", "direction", "job_slot"])["row"])
     )
-    lim = float(np.nanmax(np.abs(df["effect_pct"].to_numpy(float)))) if len(df) else 1.0
+    effects = np.abs(df["effect_pct"].to_numpy(float))
+    # every cell withheld (too few I/Os): an empty colour scale, not an all-NaN maximum
+    lim = float(np.nanmax(effects)) if np.isfinite(effects).any() else 1.0
     lim = min(max(lim, 1.0), 100.0) if df["higher_is_better"].all() else max(lim, 1.0)
     cmap = sns.color_palette("vlag", as_cmap=True)
     fig, axes = panels(
@@ -358,8 +360,9 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
                         fontsize="x-small",
                         color=colors[host],
                     )
-        low = float(np.nanmin(sub[["ci_low", "effect_pct"]].to_numpy(float)))
-        high = float(np.nanmax(sub[["ci_high", "effect_pct"]].to_numpy(float)))
+        bounds = sub[["ci_low", "ci_high", "effect_pct"]].to_numpy(float)
+        bounds = bounds[np.isfinite(bounds)] if np.isfinite(bounds).any() else np.array([-1.0, 1.0])
+        low, high = float(bounds.min()), float(bounds.max())  # all withheld: an axis around 0
         span = max(high, 0) - max(min(low, 0), -HOSTS_AXIS_MIN_PCT)
         ax.set_xlim(max(min(low, 0), -HOSTS_AXIS_MIN_PCT) - 0.05 * span, max(high, 0) + 0.05 * span)
         ax.axvline(0, color="black", linewidth=0.8)
