@@ -61,9 +61,9 @@ from luksbench.formats.layout import (
 from luksbench.formats.manifest import (
     fleet_servers,
     read_manifest,
+    result_sessions,
     session_records,
     stack_descriptions,
-    written_results,
 )
 from luksbench.formats.sidecar import read_cpu_sidecar
 from luksbench.formats.targets import read_targets
@@ -80,7 +80,7 @@ FIO_LAYOUT_COLUMNS = ["run", "host", "stack", "workload", "pattern", "rep", "job
 #: client/server (fleet) results, where ``host`` is the fio server that measured
 FIO_DERIVED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "io_bs_bytes io_gib busy_cpu_s busy_cpu_pct sys_cpu_s cpu_interval_s busy_cpu_s_per_gib "
-    "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs host_dir"
+    "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs host_dir session sessions_planned"
 ).split()
 
 ENV_COLUMNS = [
@@ -323,7 +323,8 @@ def _file_rows(key: str, run: str, rep: RepPath, rows: list[tuple], cpu: dict) -
 
 
 #: columns of the per-file part of the table: all but those added per host when assembling
-_DESIGN_COLUMNS = ("target_pairs", "hit_cap", "pilot_pairs", "host_dir")
+_DESIGN_COLUMNS = ("target_pairs", "hit_cap", "pilot_pairs", "host_dir", "session")
+_DESIGN_COLUMNS += ("sessions_planned",)
 #: CPU columns from the sidecar: /proc/stat of the machine running the fio *client*
 _CPU_COLUMNS = (*_NO_CPU, "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 #: the rows a worker returns: the table's columns but the design's, with ``_key``/``_row`` to order
@@ -331,6 +332,7 @@ _CHUNK_COLUMNS = [c for c in fio_columns() if c not in _DESIGN_COLUMNS] + ["_key
 #: json+ bins as a worker returns them (``_key`` names the file)
 _BIN_COLUMNS = ["_key", "job_index", "direction", "ns", "count"]
 _TEXT_COLUMNS = (*FIO_LAYOUT_COLUMNS[:5], "fio_hostname", "job", "direction", "rw", "file", "bs")
+_TEXT_COLUMNS += ("session",)
 
 
 def _typed_column(name, values, text_cols=_TEXT_COLUMNS, bool_cols=(), whole_numbers=True):
@@ -475,20 +477,25 @@ def _file_stat(root: str, key: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list[tuple[Path, str]]]:
+def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, dict]:
     """The rep files ``keys`` that the manifests of their host record as written (all of a host
-    whose manifests record no runs), and a problem for every other one and every recorded one
-    that is missing."""
+    whose manifests record no runs), a problem for every other one and every recorded one that
+    is missing, and the sessions: {"<host>/<path>": session} and {host: sessions planned}."""
     recorded: dict[str, set[str]] = {}
+    sessions: dict = {"results": {}, "planned": {}}
     for hdir in host_dirs(raw_dir):
-        written: set[str] = set()
+        written: dict[str, str] = {}
         for path, _ in session_records(hdir):
             try:
-                written |= {f"{hdir.name}/{p}" for p in written_results(read_manifest(path))}
+                manifest = read_manifest(path)
             except ValueError:  # an unreadable manifest: the schedule table names it
                 continue
+            written |= {f"{hdir.name}/{p}": s for p, s in result_sessions(manifest).items()}
+            planned = manifest.get("sessions", 1)
+            sessions["planned"][hdir.name] = planned if isinstance(planned, int) else 1
+        sessions["results"] |= written
         if written:
-            recorded[hdir.name] = written
+            recorded[hdir.name] = set(written)
     problems, kept = [], []
     for key in keys:
         written = recorded.get(key.split("/", 1)[0])
@@ -498,7 +505,7 @@ def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list[t
             problems.append((raw_dir / key, "not a run the manifest records: left out"))
     missing = sorted(set().union(*recorded.values()) - set(keys), key=lambda k: k.split("/"))
     problems += [(raw_dir / k, "missing: the manifest records it as written") for k in missing]
-    return kept, problems
+    return kept, problems, sessions
 
 
 def fio_table(
@@ -566,7 +573,7 @@ def fio_and_latency_tables(
         problems.append(
             (raw_dir / key, "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json")
         )
-    keys, unrecorded = _recorded_results(raw_dir, keys)
+    keys, unrecorded, sessions = _recorded_results(raw_dir, keys)
     problems += unrecorded
 
     cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
@@ -590,7 +597,7 @@ def fio_and_latency_tables(
             notes += [(raw_dir / k, why) for k, why in res["notes"]]
     if problems and strict:
         raise IngestError(raw_dir, problems)
-    df = _assemble(frames, keys, targets, fleets)
+    df = _assemble(frames, keys, targets, fleets, sessions)
     latency = _latency_table(df, bins)
     # attrs last: pandas deep-copies them on every operation
     df = tails.with_histogram_percentiles(df, latency)
@@ -614,7 +621,11 @@ def _latency_table(fio: pd.DataFrame, bins: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def _assemble(
-    frames: list[pd.DataFrame], keys: list[str], targets: dict, fleets: dict | None = None
+    frames: list[pd.DataFrame],
+    keys: list[str],
+    targets: dict,
+    fleets: dict | None = None,
+    sessions: dict | None = None,
 ) -> pd.DataFrame:
     """One table from the per-chunk frames: raw-layout file order, then row order in the file;
     the adaptive design's columns per host and workload; fio client/server rows renamed to their
@@ -639,6 +650,10 @@ def _assemble(
         values = [d[i] for d in design] if design else [None] * len(df)
         df[col] = pd.Series(values, dtype="object", index=df.index)
     df["host_dir"] = df["host"]
+    # the stack-up that measured each result ("" before sessions were recorded)
+    sessions = sessions or {"results": {}, "planned": {}}
+    df["session"] = [sessions["results"].get(f, "") for f in df["file"].tolist()]
+    df["sessions_planned"] = [sessions["planned"].get(h, 1) for h in df["host_dir"].tolist()]
     # fio client/server output: every server's entry is its own host (the parser names it);
     # the CPU sidecar measured the client here, not the servers doing the I/O: no CPU values
     server = df["fio_hostname"].to_numpy(dtype=object)

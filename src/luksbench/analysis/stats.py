@@ -141,13 +141,14 @@ LOSS_COLUMNS = [
     *("fieller_low", "fieller_high", "boot_low", "boot_high"),
     *("n_outliers", "outlier_reps", "outliers_excluded", "target_pairs", "noisy", "pattern"),
     *("decision", "decision_lower_pct", "decision_upper_pct", "interval", "pilot_pairs"),
-    *("pilot_sd_log_ratio", "derived_from"),
+    *("pilot_sd_log_ratio", "derived_from", "covers", "sessions", "sd_within_session"),
+    *("sd_between_sessions",),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_TEXT = ("host", "workload", "rw", "direction", "job", "pattern", "metric", "baseline")
 LOSS_TEXT += ("variant", "effect", "verdict", "outlier_reps", "decision", "interval")
-LOSS_TEXT += ("derived_from",)
-LOSS_INTS = ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers")
+LOSS_TEXT += ("derived_from", "covers")
+LOSS_INTS = ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers", "sessions")
 LOSS_BOOLS = ("higher_is_better", "equivalent", "outliers_excluded", "noisy")
 
 VERDICTS = ("significant", "equivalent", "inconclusive", "insufficient")
@@ -191,7 +192,9 @@ def rep_values(fio: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     are combined — throughput summed, latency and CPU columns IOPS-weighted mean. The quality flags
     :data:`REP_FLAGS` are OR-ed over the entries."""
     df = active_rows(with_pattern(fio))
-    keys = ["stack", "rep", *CELL_KEYS]
+    if "session" not in df:  # a table ingested before sessions were recorded: one session
+        df = df.assign(session="")
+    keys = ["stack", "session", "rep", *CELL_KEYS]
     if df.empty:
         return pd.DataFrame(columns=[*keys, *CELL_ATTRS, *metrics, *REP_FLAGS])
     df = pd.concat([df, _rep_flags(df)], axis=1)
@@ -221,15 +224,15 @@ def rep_values(fio: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
 
 
 def pair_values(fio: pd.DataFrame, baseline: str, variant: str, metrics: list[str]) -> pd.DataFrame:
-    """Long table: one row per cell x metric x rep with ``baseline_value`` and ``variant_value``
-    (NaN where that side is missing), and the :data:`REP_FLAGS` of either arm."""
+    """Long table: one row per cell x metric x pair (session, rep) with ``baseline_value`` and
+    ``variant_value`` (NaN where that side is missing), and the :data:`REP_FLAGS` of either arm."""
     stacks = set(fio["stack"].dropna().unique()) if not fio.empty else set()
     for name in (baseline, variant):
         if name not in stacks:
             raise ValueError(f"stack {name!r} not in the data (stacks: {sorted(stacks)})")
     vals = rep_values(fio[fio["stack"].isin([baseline, variant])], metrics)
     long = vals.melt(
-        id_vars=["stack", "rep", *CELL_KEYS, *CELL_ATTRS, *REP_FLAGS],
+        id_vars=["stack", "session", "rep", *CELL_KEYS, *CELL_ATTRS, *REP_FLAGS],
         value_vars=metrics,
         var_name="metric",
         value_name="value",
@@ -237,7 +240,7 @@ def pair_values(fio: pd.DataFrame, baseline: str, variant: str, metrics: list[st
     long["value"] = pd.to_numeric(long["value"], errors="coerce").astype("float64")
     base = long[long["stack"] == baseline].drop(columns="stack")
     var = long[long["stack"] == variant].drop(columns=["stack", *CELL_ATTRS])
-    on = [*CELL_KEYS, "metric", "rep"]
+    on = [*CELL_KEYS, "metric", "session", "rep"]  # a pair never crosses sessions
     paired = base.merge(var, on=on, how="outer", suffixes=("_baseline", "_variant"))
     paired = paired.rename(
         columns={"value_baseline": "baseline_value", "value_variant": "variant_value"}
@@ -248,7 +251,7 @@ def pair_values(fio: pd.DataFrame, baseline: str, variant: str, metrics: list[st
     # cell attributes from whichever side exists
     attrs = vals[[*CELL_KEYS, *CELL_ATTRS]].drop_duplicates(CELL_KEYS)
     paired = paired.drop(columns=CELL_ATTRS).merge(attrs, on=CELL_KEYS, how="left")
-    return paired.sort_values([*CELL_KEYS, "metric", "rep"]).reset_index(drop=True)
+    return paired.sort_values([*CELL_KEYS, "metric", "session", "rep"]).reset_index(drop=True)
 
 
 def usable_pairs(baseline: np.ndarray, variant: np.ndarray) -> np.ndarray:
@@ -610,6 +613,23 @@ def stein_pairs(
     return pairs, required, capped
 
 
+def session_components(d: np.ndarray, sessions: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """Session means of ``d``, and the within- and between-session SDs of d: one-way random
+    effects by the method of moments (ANOVA; unequal pairs per session through the usual n0),
+    the between part clipped at 0; NaN where not estimable."""
+    labels, inv = np.unique(np.asarray(sessions, dtype=str), return_inverse=True)
+    n_j = np.bincount(inv, minlength=labels.size)
+    means = np.bincount(inv, weights=d, minlength=labels.size) / np.maximum(n_j, 1)
+    n, m = d.size, labels.size
+    ms_within = ((d - means[inv]) ** 2).sum() / (n - m) if n > m else math.nan
+    if m < 2:
+        return means, math.sqrt(ms_within), math.nan
+    ms_between = (n_j * (means - d.mean()) ** 2).sum() / (m - 1)
+    n0 = (n - (n_j**2).sum() / n) / (m - 1)
+    within = ms_within if math.isfinite(ms_within) else 0.0
+    return means, math.sqrt(ms_within), math.sqrt(max(0.0, (ms_between - within) / n0))
+
+
 # ------------------------------------------------------------------------------------------ table
 
 
@@ -617,6 +637,7 @@ def _cell_stats(
     b: np.ndarray,
     v: np.ndarray,
     reps: np.ndarray,
+    sessions: np.ndarray,
     flags: np.ndarray,
     better_high: bool,
     confidence: float,
@@ -624,32 +645,53 @@ def _cell_stats(
     exclude_outliers: bool,
     pilot_pairs: float = math.nan,
     all_or_none: bool = False,
+    sessions_planned: int = 1,
 ) -> dict:
     """Everything of one row of the loss table except the cross-table q-value and verdict.
 
     ``all_or_none`` (net CPU metrics): a value <= 0 on either side makes no pair usable, as the
     cell's low values would otherwise be left out selectively.
 
-    ``pilot_pairs`` (n0, adaptive cells whose N came from a pilot SD): Stein's interval and test
-    on the SD of the usable pairs among reps 1..n0 (their count - 1 degrees of freedom); with
-    fewer than two of them no interval (``interval`` "none"): a t-interval after a pilot-chosen N
-    under-covers. NaN (a fixed design, or a pilot without an SD, which ran the cap whatever the
-    data): the t-interval."""
+    ``sessions_planned`` >= 2 and pairs from at least two sessions: the two-level interval, a
+    t-interval over the session means of d (``interval`` "sessions"), which covers the variation
+    from one stack-up to the next; every estimate then rests on session means.
+
+    ``pilot_pairs`` (n0, adaptive cells whose N came from a pilot SD, one session): Stein's
+    interval and test on the SD of the usable pairs among reps 1..n0 (their count - 1 degrees of
+    freedom); with fewer than two of them no interval (``interval`` "none"): a t-interval after a
+    pilot-chosen N under-covers. NaN (a fixed design, or a pilot without an SD, which ran the cap
+    whatever the data): the t-interval."""
     ok = usable_pairs(b, v)
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
         ok[:] = False
     d_all = np.log(v[ok] / b[ok])
     flagged = flag_outliers(d_all, flags[ok, 0], flags[ok, 1])
     use = ~flagged if exclude_outliers else np.ones_like(flagged)
-    d, bu, vu = d_all[use], b[ok][use], v[ok][use]
+    d, bu, vu, su = d_all[use], b[ok][use], v[ok][use], sessions[ok][use]
+    means, sd_within, sd_between = session_components(d, su)
+    two_level = sessions_planned >= 2 and means.size >= 2
     pilot, valid = None, True
-    if pilot_pairs >= 2:
+    if two_level:  # every estimate from the session means
+        _, inv = np.unique(su.astype(str), return_inverse=True)
+        count = np.bincount(inv)
+        d, bu, vu = means, np.bincount(inv, bu) / count, np.bincount(inv, vu) / count
+    elif pilot_pairs >= 2:
         d_pilot = d_all[reps[ok] <= pilot_pairs]
         valid = d_pilot.size >= 2
         pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
     ci = paired_log_ratio_ci(d, confidence, pilot)
     if not valid:
         ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
+    kind = "sessions" if two_level else "none" if not valid else "t" if pilot is None else "stein"
+    pairs = int(use.sum())
+    level = {
+        "covers": "sessions"
+        if two_level
+        else f"repetitions within {'one session' if means.size <= 1 else 'sessions'}",
+        "sessions": int(means.size),
+        "sd_within_session": sd_within,
+        "sd_between_sessions": sd_between,
+    }
     nan2 = (math.nan, math.nan)
     if ci.n:
         effect_pct, lo, hi = effect_from_log_ratio(ci.mean, ci.low, ci.high, better_high)
@@ -672,7 +714,7 @@ def _cell_stats(
     if math.isfinite(b_lo):
         boot = effect_from_log_ratio(ci.mean, b_lo, b_hi, better_high)[1:]
     return {
-        "n": ci.n,
+        "n": pairs,
         "n_dropped": int((~ok).sum()),
         "baseline_mean": float(bu.mean()) if ci.n else math.nan,
         "variant_mean": float(vu.mean()) if ci.n else math.nan,
@@ -695,8 +737,9 @@ def _cell_stats(
         "boot_high": boot[1],
         "n_outliers": int(flagged.sum()),
         "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
-        "interval": "none" if not valid else "t" if pilot is None else "stein",
+        "interval": kind,
         "pilot_sd_log_ratio": math.nan if pilot is None else pilot[0],
+        **level,
     }
 
 
@@ -754,6 +797,8 @@ def loss_table(
     base_v = paired["baseline_value"].to_numpy(float)
     var_v = paired["variant_value"].to_numpy(float)
     reps = paired["rep"].to_numpy()
+    sessions = paired["session"].to_numpy(dtype=object)
+    planned = fio.groupby("host")["sessions_planned"].max() if "sessions_planned" in fio else {}
     flags = paired[list(REP_FLAGS)].to_numpy(bool)
     attrs = {a: paired[a].to_numpy(object) for a in CELL_ATTRS}
     design = _design(fio)
@@ -767,6 +812,7 @@ def loss_table(
             base_v[pos],
             var_v[pos],
             reps[pos],
+            sessions[pos],
             flags[pos],
             better_high,
             confidence,
@@ -774,6 +820,7 @@ def loss_table(
             exclude_outliers,
             float(pilots.get((cell["host"], cell["workload"]), math.nan)),
             METRIC_FAMILIES[cell["metric"]] == "cpu",
+            int(planned.get(cell["host"], 1)),
         )
         rows.append(
             {

@@ -10,12 +10,13 @@ and the fio servers of a fleet run (``fleet``). The document (keys the readers u
     {"run", "host", "seed", "repetitions", "cell_repetitions": {cell: n}, "targets", "adaptive",
      "backend", "backend_reason", "baseline", "fleet": {"mode": "clients", "hosts": [...]} | null,
      "stacks": [...], "unavailable_stacks": {stack: reason}, "cells": [...],
+     "sessions", "session",                                    # planned k, this stack-up's id
      "pairing", "counterbalance", "cell_order",                # the design, in words
      "io_size_bytes", "cpu_idle_baseline", "fio_clocksource", "fio",
      "fixed_rates": {cell: {"rate_pct", "rate_iops", "pilot_iops": {stack: iops}}},
      "started", "ended", "complete", "interrupted", "failed": [...],
      "stack_descriptions": {"stacks": {stack: {...}}, ...},    # stack-up's description
-     "runs": [{"index", "round", "rep", "stack", "workload", "position_in_cell", "path",
+     "runs": [{"index", "round", "rep", "stack", "workload", "session", "position_in_cell", "path",
                "cpu_path", "started", "ended", "skipped_existing", "status"}, ...]}
 
 Standard library only: the test box imports this.
@@ -31,7 +32,10 @@ MANIFEST_NAME = "manifest.json"
 PILOT_MANIFEST_NAME = "pilot-manifest.json"
 SESSIONS_DIR = "sessions"
 
-PAIRING = "rep k of every stack forms pair k (same round k, same cell, run back to back)"
+PAIRING = (
+    "rep k of every stack forms pair k (same cell, same session, run back to back); a pair is never "
+    "completed in another session (stack-up)"
+)
 COUNTERBALANCE = (
     "balanced per cell: rounds 1-2, 3-4, ... run each cell once in order and once reversed, which "
     "first alternating over blocks and over a seeded permutation of the cells; position_in_cell "
@@ -83,6 +87,17 @@ def written_results(manifest: dict) -> set[str]:
     runs = manifest.get("runs")
     return {
         r["path"]
+        for r in (runs if isinstance(runs, list) else [])
+        if isinstance(r, dict) and isinstance(r.get("path"), str) and r.get("status") != "failed"
+    }
+
+
+def result_sessions(manifest: dict) -> dict[str, str]:
+    """Path (inside the host folder) -> the session (stack-up) that measured it, for every result
+    the manifest records as written ("" for a record from before sessions were recorded)."""
+    runs = manifest.get("runs")
+    return {
+        r["path"]: str(r.get("session") or "")
         for r in (runs if isinstance(runs, list) else [])
         if isinstance(r, dict) and isinstance(r.get("path"), str) and r.get("status") != "failed"
     }

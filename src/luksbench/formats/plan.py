@@ -84,6 +84,8 @@ def check_document(plan: dict, source: str = "plan") -> None:
         )
     if int(plan["repetitions"]) < 1:
         raise PlanError(f"{source}: repetitions must be >= 1")
+    if int(plan.get("sessions", 1)) < 1:
+        raise PlanError(f"{source}: sessions must be >= 1")
     for key in ("rw", "bs", "iodepth"):
         if not plan["matrix"].get(key):
             raise PlanError(f"{source}: matrix.{key} must be a non-empty list")

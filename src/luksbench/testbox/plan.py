@@ -643,6 +643,8 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         "repetitions": config["repetitions"],
         "seed": config["seed"],
     }
+    if config.get("sessions", 1) > 1:  # absent otherwise, as for earlier runs' plans
+        plan["sessions"] = config["sessions"]
     patterns = resolve_patterns(config.get("patterns"), plan["fio"])
     if patterns:  # absent otherwise: plans of runs measured before patterns existed stay equal
         plan["patterns"] = patterns

@@ -39,7 +39,7 @@ from luksbench.formats.fio import (
     load_fio_document,
     parse_fio_file,
 )
-from luksbench.formats.layout import Workload, cpu_rep_path, fio_rep_path
+from luksbench.formats.layout import REP_NAME, Workload, cpu_rep_path, fio_rep_path
 from luksbench.formats.manifest import (
     CELL_ORDER,
     COUNTERBALANCE,
@@ -47,6 +47,7 @@ from luksbench.formats.manifest import (
     SESSIONS_DIR,
     new_session_path,
     read_manifest,
+    result_sessions,
     run_times,
 )
 from luksbench.formats.plan import plan_changes
@@ -54,7 +55,7 @@ from luksbench.formats.sidecar import cpu_sidecar_document
 from luksbench.formats.targets import TargetsError, read_targets
 from luksbench.testbox import probes, safety
 from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
-from luksbench.testbox.stacks import load_state
+from luksbench.testbox.stacks import load_state, stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now, write_json_atomic
 
 
@@ -100,24 +101,59 @@ def cell_repetitions(plan: dict, targets: dict[str, int] | None = None) -> dict[
     return {w.id: max(fixed, int(targets.get(w.id, fixed))) for w in workloads(plan)}
 
 
-def schedule(plan: dict, targets: dict[str, int] | None = None) -> list[dict]:
+def session_pairs(
+    plan: dict,
+    targets: dict[str, int] | None,
+    existing: dict[tuple[str, int], dict[str, str]],
+    session: str | None,
+) -> dict[str, list[int]]:
+    """The pairs (rep numbers) each cell runs in ``session``, the current stack-up.
+
+    ``existing``: (cell, rep) -> {stack: session that measured it} of the results on disk. A pair
+    counts when every stack's result came from one session; a half measured in another session
+    is never completed here (its stacks were other devices, keys and preconditioning): the cell
+    gets a new pair number instead. Each session holds at most a cell's per-session pairs
+    (repetitions, or its adaptive target) and all sessions together ``sessions`` times that."""
+    stacks = set(baseline_first(plan))
+    per_session = cell_repetitions(plan, targets)
+    sessions = int(plan.get("sessions", 1))
+    pairs = {}
+    for w in workloads(plan):
+        reps = {rep: by for (cell, rep), by in existing.items() if cell == w.id}
+        here = sorted(rep for rep, by in reps.items() if set(by.values()) == {session})
+        elsewhere = sum(
+            set(by) >= stacks and len(set(by.values())) == 1 and session not in by.values()
+            for by in reps.values()
+        )
+        wanted = min(per_session[w.id], sessions * per_session[w.id] - elsewhere)
+        free = (r for r in range(1, len(reps) + wanted + 1) if r not in reps)
+        pairs[w.id] = sorted(here + [next(free) for _ in range(wanted - len(here))])
+    return pairs
+
+
+def schedule(
+    plan: dict, targets: dict[str, int] | None = None, pairs: dict[str, list[int]] | None = None
+) -> list[dict]:
     """The whole matrix in run order: one entry per fio run.
 
     Round k shuffles all cells with ``random.Random(seed + k)`` and runs those that need a k-th
-    repetition (every cell with a fixed design; with ``targets``, cells whose target is >= k), so the
-    rounds of the fixed design (and of an adaptive pilot) are the same with or without targets."""
+    pair in this session (``pairs``, :func:`session_pairs`; default: pairs 1..n, with n the
+    cell's repetitions or its target), so the rounds of the fixed design (and of an adaptive
+    pilot) are the same with or without targets. The order within a pair follows its number."""
     cells = workloads(plan)
-    reps = cell_repetitions(plan, targets)
+    if pairs is None:
+        pairs = {w: list(range(1, n + 1)) for w, n in cell_repetitions(plan, targets).items()}
     stacks = baseline_first(plan)
     positions = order_positions(plan)
     runs = []
-    for k in range(1, max(reps.values(), default=0) + 1):
+    for k in range(1, max(map(len, pairs.values()), default=0) + 1):
         order = list(cells)
         random.Random(int(plan["seed"]) + k).shuffle(order)
-        for w in (w for w in order if reps[w.id] >= k):
-            for pos, stack in enumerate(stacks_in_order(stacks, k, positions[w.id])):
+        for w in (w for w in order if len(pairs[w.id]) >= k):
+            rep = pairs[w.id][k - 1]
+            for pos, stack in enumerate(stacks_in_order(stacks, rep, positions[w.id])):
                 runs.append(
-                    {"round": k, "rep": k, "stack": stack, "workload": w, "position_in_cell": pos}
+                    {"round": k, "rep": rep, "stack": stack, "workload": w, "position_in_cell": pos}
                 )
     for i, r in enumerate(runs, 1):
         r["index"] = i
@@ -374,18 +410,36 @@ def check_state_live(state: dict) -> None:
         )
 
 
-def _previous(manifest_path: Path) -> tuple[dict, dict]:
-    """When earlier sessions measured their runs, and the rates of their fixed-rate cells ({}, {}
-    without any): every session's write-once record, then the manifest (an interrupted session's
-    manifest is removed before it resumes)."""
+def _previous(manifest_path: Path) -> tuple[dict, dict, dict]:
+    """When earlier sessions measured their runs, the rates of their fixed-rate cells and the
+    session (stack-up) of every result they wrote (path in the host folder -> session; "" for a
+    run recorded before sessions were): every session's write-once record, then the manifest (an
+    interrupted session's manifest is removed before it resumes)."""
     sessions = sorted((manifest_path.parent / SESSIONS_DIR).glob("*.json"))
-    times, rates = {}, {}
+    times, rates, measured_in = {}, {}, {}
     for path in [*sessions, manifest_path]:
         with contextlib.suppress(ValueError):
             manifest = read_manifest(path)
             times.update(run_times(manifest))
             rates.update(manifest.get("fixed_rates") or {})
-    return times, rates
+            measured_in.update(result_sessions(manifest))
+    return times, rates, measured_in
+
+
+def _existing(session: dict) -> dict[tuple[str, int], dict[str, str]]:
+    """(cell, rep) -> {stack: its session} of every result already on disk (one no record names
+    is from an unknown session)."""
+    host_dir, existing = session["raw_host_dir"], {}
+    for stack in session["measured_plan"]["stacks"]:
+        for w in workloads(session["measured_plan"]):
+            folder = fio_rep_path(host_dir.parent, session["host"], stack, w, 0).parent
+            for path in folder.glob("rep*.json"):
+                m = REP_NAME.match(path.name)
+                if m:
+                    key = str(path.relative_to(host_dir))
+                    by_stack = existing.setdefault((w.id, int(m["rep"])), {})
+                    by_stack[stack] = session["measured_in"].get(key, "unrecorded")
+    return existing
 
 
 def fixed_rates(plan: dict, session: dict, known: dict, clocksource: str | None) -> dict:
@@ -448,6 +502,7 @@ def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bo
         and not changed
         and manifest.get("cells") == [w.id for w in workloads(plan)]
         and manifest.get("repetitions") == plan["repetitions"]
+        and manifest.get("sessions", 1) == (1 if pilot else plan.get("sessions", 1))
         and stacks == set(plan["stacks"])
         and (pilot or manifest.get("adaptive") == plan.get("adaptive"))
     )
@@ -470,26 +525,50 @@ def run_fio(
     also leaves a write-once copy in ``fio/sessions/`` so no session's record is ever lost. Both
     carry the stack descriptions (``describe_path``, written by stack-up: no key material).
     """
-    session = _open_session(plan, Path(state_path), Path(raw_host_dir), targets_path)
-    session["manifest_path"] = Path(manifest_path)
-    session["previous"], session["previous_rates"] = _previous(Path(manifest_path))
-    session["stack_descriptions"] = (
-        json.loads(Path(describe_path).read_text()) if describe_path is not None else None
-    )
-    outcome: dict = {"started": utc_now(), "done": [], "failed": [], "interrupted": None}
-    outcome.update(cpu_idle_baseline=None, clocksource=None, fixed_rates={})
-    try:
-        _measure(plan, session, outcome)
-    finally:  # also after an error: the manifest says what this session measured
-        _write_manifest(plan, session, outcome)
-    if outcome["interrupted"] is not None:
-        raise outcome["interrupted"]
-    if outcome["failed"]:
-        failed = outcome["failed"]
-        log(f"luksbench testbox run-fio: {len(failed)} fio run(s) failed: {', '.join(failed)}")
-        return 1
+    describe_path = Path(describe_path or Path(state_path).with_name("stacks.json"))
+    while True:
+        session = _open_session(
+            plan, Path(state_path), Path(raw_host_dir), Path(manifest_path), targets_path
+        )
+        session["manifest_path"] = Path(manifest_path)
+        session["stack_descriptions"] = (
+            json.loads(describe_path.read_text()) if describe_path.exists() else None
+        )
+        outcome: dict = {"started": utc_now(), "done": [], "failed": [], "interrupted": None}
+        outcome.update(cpu_idle_baseline=None, clocksource=None, fixed_rates={})
+        try:
+            _measure(plan, session, outcome)
+            session["more"] = not outcome["failed"] and _another_session(session, outcome)
+        finally:  # also after an error: the manifest says what this session measured
+            _write_manifest(plan, session, outcome)
+        if outcome["interrupted"] is not None:
+            raise outcome["interrupted"]
+        if outcome["failed"]:
+            failed = outcome["failed"]
+            log(f"luksbench testbox run-fio: {len(failed)} fio run(s) failed: {', '.join(failed)}")
+            return 1
+        if not session["more"]:
+            break
+        _restack(plan, Path(state_path), describe_path)
     log(f"luksbench testbox run-fio: done; manifest {manifest_path}")
     return 0
+
+
+def _another_session(session: dict, outcome: dict) -> bool:
+    """Whether a fresh stack-up would have pairs to measure (the run's sessions are not done)."""
+    session["measured_in"].update({r["path"]: r["session"] for r in outcome["done"]})
+    pairs = session_pairs(session["measured_plan"], session["targets"], _existing(session), None)
+    return any(pairs.values())
+
+
+def _restack(plan: dict, state_path: Path, describe_path: Path) -> None:
+    """End this session and begin the next: tear every stack down (checked clean), then build
+    them afresh: a new LUKS format and key, new arrays, preconditioning."""
+    log("luksbench testbox run-fio: session done; tearing down and building the stacks afresh")
+    record = stack_down(state_path, keep_lock=True)
+    if not record["ok"]:
+        raise TestboxError(f"teardown between sessions failed: {record['errors'] or record}")
+    stack_up(plan, state_path, describe_path)
 
 
 def _live_state(plan: dict, state_path: Path) -> dict:
@@ -506,7 +585,9 @@ def _live_state(plan: dict, state_path: Path) -> dict:
     return state
 
 
-def _open_session(plan: dict, state_path: Path, raw_host_dir: Path, targets_path) -> dict:
+def _open_session(
+    plan: dict, state_path: Path, raw_host_dir: Path, manifest_path: Path, targets_path
+) -> dict:
     """Everything a session measures: live stacks, where results go, the schedule."""
     state = _live_state(plan, state_path)
     raw_host_dir = raw_host_dir.resolve()
@@ -528,17 +609,25 @@ def _open_session(plan: dict, state_path: Path, raw_host_dir: Path, targets_path
         **plan,
         "stacks": {n: s for n, s in plan["stacks"].items() if n not in unavailable},
     }
+    if plan.get("adaptive") and targets_path is None:
+        measured_plan["sessions"] = 1  # the adaptive pilot: the first session's first pairs
     session = {
         "state": state,
+        "id": state.get("session") or state["created"],
         "raw_host_dir": raw_host_dir,
         "host": host,
         "io_size": int(state.get("io_size_bytes") or 0),
         "targets_path": targets_path,
+        "targets": targets,
         "unavailable": unavailable,
         "measured_plan": measured_plan,
-        "runs": schedule(measured_plan, targets),
         "reps": cell_repetitions(plan, targets),
     }
+    session["previous"], session["previous_rates"], session["measured_in"] = _previous(
+        manifest_path
+    )
+    pairs = session_pairs(measured_plan, targets, _existing(session), session["id"])
+    session["runs"] = schedule(measured_plan, targets, pairs)
     _announce(plan, session, targets)
     return session
 
@@ -599,6 +688,7 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     rec = {
         **{k: r[k] for k in ("index", "round", "rep", "stack")},
         "workload": w.id,
+        "session": session["id"],
         "position_in_cell": r["position_in_cell"],
         "path": str(path.relative_to(raw_host_dir)),
         "cpu_path": str(cpu_rep_path(path).relative_to(raw_host_dir)),
@@ -612,6 +702,7 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     if path.exists():
         rec["skipped_existing"] = True
         rec["status"] = "skipped_existing"
+        rec["session"] = session["measured_in"].get(rec["path"], "unrecorded")
         rec["started"], rec["ended"] = session["previous"].get(
             (stack, w.id, r["rep"]), (None, None)
         )
@@ -655,6 +746,8 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "host": session["host"],
         "seed": plan["seed"],
         "repetitions": plan["repetitions"],
+        "sessions": int(session["measured_plan"].get("sessions", 1)),
+        "session": session["id"],
         "cell_repetitions": session["reps"],
         "targets": str(targets_path) if targets_path is not None else None,
         "adaptive": plan.get("adaptive"),
@@ -677,7 +770,8 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "ended": utc_now(),
         "complete": interrupted is None
         and not outcome["failed"]
-        and len(outcome["done"]) == len(session["runs"]),
+        and len(outcome["done"]) == len(session["runs"])
+        and not session.get("more", False),
         "interrupted": str(interrupted) if interrupted else None,
         "failed": outcome["failed"],
         "stack_descriptions": session["stack_descriptions"],

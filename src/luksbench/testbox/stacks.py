@@ -174,6 +174,7 @@ def _new_state(plan: dict, backend: dict, scratch: Path, size: int) -> dict:
         "key_dir": None,
         "runtime_dir": None,
         "created": utc_now(),
+        "session": f"{utc_now()}-{os.urandom(3).hex()}",  # one stack-up: the pairs it holds
         "complete": False,
         "order": order,
         "io_size_bytes": None,
@@ -266,8 +267,12 @@ def _shred_keys(key_dir: str | None, actions: list[str]) -> None:
     actions.append(f"removed key directory {key_dir}")
 
 
-def stack_down(state_path: str | Path, record_path: str | Path | None = None) -> dict:
+def stack_down(
+    state_path: str | Path, record_path: str | Path | None = None, keep_lock: bool = False
+) -> dict:
     """Tear down everything STATE describes, verify nothing of ours is left, delete STATE.
+
+    ``keep_lock``: the test box stays taken (between two sessions of one run).
 
     Idempotent: a missing STATE, or one whose stacks are already (partly) gone, is fine. Returns
     the record (also written to ``record_path`` if given); ``record["ok"]`` is False when a check
@@ -291,7 +296,7 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
     _tear_down(state, stacks, actions, errors)
     checks, details = _verify_clean(state, stacks)
     ok = all(checks.values()) and not errors
-    if ok and lock.release(state_path):
+    if ok and not keep_lock and lock.release(state_path):
         actions.append("released the test box lock")
     record = {
         "state": str(state_path),
