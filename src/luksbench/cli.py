@@ -259,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="change per cell and stack from run A to run B (two kernels, hosts, settings)",
         description="Change of bandwidth, IOPS, p99 latency and CPU per GiB from run A to run B, "
         "per cell and stack, with confidence intervals (paired by repetition only when the runs "
-        "were measured side by side, else Welch) and Benjamini-Hochberg verdicts. Writes "
+        "were measured side by side, else Welch over each run's sessions) and Benjamini-Hochberg "
+        "verdicts. Writes "
         "compare.parquet, .csv, .md and a figure to --out; prints the Markdown.",
     )
     comp.add_argument(
@@ -282,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--confidence", type=float, default=0.95)
     comp.add_argument("--equivalence-margin", type=float, default=2.0, metavar="PCT")
     comp.add_argument(
-        "--unpaired", action="store_true", help="never pair repetitions (always Welch)"
+        "--unpaired",
+        action="store_true",
+        help="never pair repetitions (sessions are the replicates)",
     )
     comp.add_argument("--out", required=True, metavar="DIR", help="output folder (not a file)")
     comp.add_argument("--processed-root", type=Path, default=Path("data/processed"))

@@ -112,36 +112,68 @@ def test_hosts_measured_side_by_side_are_paired(runs):
     assert table.groupby("metric").size().to_dict() == {m: 32 for m in compare.COMPARE_METRICS}
 
 
+def mark_sessions(raw: Path, host: str, session_of_rep) -> Path:
+    """A copy of a raw run whose records say each result's session (``session_of_rep(k)``): the
+    same measurements read as a two-session run."""
+    out = raw.parent / f"{raw.name}-sessions"
+    shutil.copytree(raw, out)
+    writable(out)
+    for path in [
+        out / host / "fio" / "manifest.json",
+        *(out / host / "fio" / "sessions").glob("*"),
+    ]:
+        doc = json.loads(path.read_text())
+        doc["sessions"] = 2
+        for run in doc["runs"]:
+            run["session"] = session_of_rep(run["rep"])
+        path.write_text(json.dumps(doc))
+    return out
+
+
 def test_runs_from_different_sessions_are_not_paired(runs):
-    a, b = compare.load_run(runs["fleet"]), compare.load_run(runs["later"])
+    a, b = compare.load_run(runs["fleet_raw"]), compare.load_run(runs["later_raw"])
     table = compare.compare_runs(a, b)  # host vm is in both runs: compared by name
-    assert set(table["design"]) == {"welch"}
-    assert "did not overlap in time" in table.attrs["designs"]["vm=vm"]["reason"]
+    assert set(table["design"]) == {"one session"}
+    reason = table.attrs["designs"]["vm=vm"]["reason"]
+    assert "did not overlap in time" in reason and "cannot be estimated" in reason
     bw = row(table, "bw_bytes")
-    # every repetition scaled by 0.8: the geometric-mean ratio is exactly 0.8
+    # every repetition scaled by 0.8: the change is exactly -20 %, but one session per run
+    # cannot tell it from a session effect: no interval
     assert bw["change_pct"] == pytest.approx(-20.0)
-    assert bw["ci_low"] < -20 < bw["ci_high"]
-    assert bw["n_a"] == bw["n_b"] == 3 and bw["df"] > 0
+    assert np.isnan(bw["ci_low"]) and bw["verdict"] == "insufficient"
+    assert bw["n_a"] == bw["n_b"] == 1
 
-    # the interval is Welch's on the log values, as scipy computes it
-    def cell(fio):
-        return fio[(fio["host"] == "vm") & (fio["stack"] == "luks") & (fio["workload"] == CELL)]
+    # the same results recorded as two sessions (rep 1; reps 2-3): Welch over session means
+    def session(rep):
+        return "s1" if rep == 1 else "s2"
 
-    fio_a, fio_b = cell(a.fio), cell(b.fio)
-    la = np.log(stats.active_rows(fio_a)["bw_bytes"].to_numpy(float))
-    lb = np.log(stats.active_rows(fio_b)["bw_bytes"].to_numpy(float))
-    ci = sps.ttest_ind(lb, la, equal_var=False).confidence_interval(0.95)
+    a = compare.load_run(mark_sessions(runs["fleet_raw"], "vm", session))
+    b = compare.load_run(mark_sessions(runs["later_raw"], "vm", session))
+    table = compare.compare_runs(a, b)
+    assert set(table["design"]) == {"sessions"}
+    bw = row(table, "bw_bytes")
+    assert bw["change_pct"] == pytest.approx(-20.0)
+    assert bw["n_a"] == bw["n_b"] == 2 and bw["df"] > 0
+
+    def session_means(fio):
+        sel = fio[(fio["host"] == "vm") & (fio["stack"] == "luks") & (fio["workload"] == CELL)]
+        sel = stats.active_rows(sel).assign(log=lambda x: np.log(x["bw_bytes"].astype(float)))
+        return sel.groupby("session")["log"].mean().to_numpy()
+
+    la, lb = session_means(a.fio), session_means(b.fio)
+    ref = sps.ttest_ind(lb, la, equal_var=False)
+    ci = ref.confidence_interval(0.95)
     assert bw["ci_low"] == pytest.approx(100 * (np.exp(ci.low) - 1))
     assert bw["ci_high"] == pytest.approx(100 * (np.exp(ci.high) - 1))
-    assert bw["p_value"] == pytest.approx(sps.ttest_ind(lb, la, equal_var=False).pvalue)
+    assert bw["p_value"] == pytest.approx(ref.pvalue)
     # BH across the whole comparison, verdicts as in the loss table
     tested = table["p_value"].notna()
     assert (table["q_value"] >= table["p_value"] - 1e-12)[tested].all()
     assert table["verdict"].isin(stats.VERDICTS).all()
-    # forcing Welch on the side-by-side hosts: the same point estimate, a wider interval
+    # forcing the unpaired design on the side-by-side hosts: the same point estimate
     fleet = compare.load_run(runs["fleet"])
     forced = compare.compare_runs(fleet, fleet, hosts=["vm=vm2"], unpaired=True)
-    assert set(forced["design"]) == {"welch"}
+    assert set(forced["design"]) == {"one session"}
     assert row(forced, "bw_bytes")["change_pct"] == pytest.approx(-20.0)
 
 
@@ -189,7 +221,7 @@ def test_cli_writes_table_markdown_and_figure(runs, tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "**unpaired** (Welch t-interval on log values)" in result.stdout
+    assert "**unpaired**, one session on a side: no interval" in result.stdout
     assert "| read 1m QD1 | `luks` |" in result.stdout
     table = pd.read_parquet(out / "compare.parquet")
     assert set(table["stack"]) == {"luks"} and len(table) == 16 * 4
@@ -197,7 +229,7 @@ def test_cli_writes_table_markdown_and_figure(runs, tmp_path):
     assert (out / "compare.md").read_text() == result.stdout
     meta = Image.open(out / "compare.png").text
     assert meta["made_by"] == "luksbench.publish.crossrun.compare_figure"
-    assert "welch" in meta["designs"]
+    assert "one session" in meta["designs"]
     assert (out / "compare.svg").stat().st_size > 0
     counts = table["outcome"].value_counts()
     assert f"{len(table)} rows: " + ", ".join(f"{counts[k]} {k}" for k in counts.index) in (

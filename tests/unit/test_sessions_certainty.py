@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
+from scipy import stats as sps
 from simulate import SIM_HOST, sim_workload, simulate_logs, write_raw_reps
-from test_certainty import covers, loss_csv
+from test_certainty import covers, loss_csv, luksbench
 
 SESSIONS, PAIRS = 4, 3  # per session
 
@@ -63,3 +65,44 @@ def test_without_a_session_effect_the_two_level_interval_still_holds(tmp_path):
     rows, truth = multi_session_run(tmp_path / "calm", rng, 100, 20, 0.0, SESSIONS)
     coverage = covers(rows, truth).mean()
     assert 0.94 <= coverage <= 0.96, coverage
+
+
+def one_run(raw, rng, workloads, jobs, sd_session, sessions, reps=3):
+    """A run with no change at all, but each session its own level (N(0, sd_session)) on both
+    stacks, each repetition its own noise (sd 0.005); the manifest records the sessions."""
+    cells, n = workloads * jobs, sessions * reps
+    logs = {}
+    for stack in ("plain", "luks"):
+        level = np.repeat(rng.normal(0, sd_session, (cells, sessions)), reps, axis=1)
+        logs[stack] = 18 + level + rng.normal(0, 0.005, (cells, n))
+    write_raw_reps(raw, logs, [range(1, n + 1)] * workloads, jobs)
+    runs = [
+        {"rep": k, "stack": s, "workload": sim_workload(w), "session": f"s{(k - 1) // reps}"}
+        | {"path": f"fio/{s}/{sim_workload(w)}/rep{k}.json", "status": "ok"}
+        for s in logs
+        for w in range(workloads)
+        for k in range(1, n + 1)
+    ]
+    doc = {"run": raw.name, "host": SIM_HOST, "sessions": sessions, "runs": runs}
+    (raw / SIM_HOST / "fio" / "manifest.json").write_text(json.dumps(doc))
+    return logs
+
+
+def test_compare_takes_sessions_as_replicates(tmp_path):
+    """Two runs of an unchanged system whose sessions differ by 2 % (sd): `luksbench compare`
+    calls a cell changed at about the nominal rate; repetitions as replicates would not."""
+    rng = np.random.default_rng(31)
+    workloads, jobs, sessions, reps = 50, 10, 3, 3
+    logs_a = one_run(tmp_path / "a", rng, workloads, jobs, 0.02, sessions, reps)
+    logs_b = one_run(tmp_path / "b", rng, workloads, jobs, 0.02, sessions, reps)
+    out = tmp_path / "cmp"
+    luksbench("compare", tmp_path / "a", tmp_path / "b", "--metric", "bw_bytes", "--out", out)
+    table = pd.read_csv(out / "compare.csv")
+    assert len(table) == 2 * workloads * jobs and set(table["design"]) == {"sessions"}
+    assert (table["n_a"] == sessions).all()
+    false_change = (table["p_value"] < 0.05).mean()
+    assert 0.03 <= false_change <= 0.07, false_change
+    assert table["outcome"].isin(["better", "worse"]).mean() <= 0.01  # after BH
+    # Welch over the repetitions of the same data: far above 5 %
+    within = sps.ttest_ind(logs_b["luks"], logs_a["luks"], axis=1, equal_var=False).pvalue
+    assert (within < 0.05).mean() > 0.3

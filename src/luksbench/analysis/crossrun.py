@@ -11,9 +11,15 @@ B / A, and its confidence interval, from log values:
   the schedules show it is justified: every repetition k of a cell ran in the same round k of
   sessions that overlapped in time (two hosts measured side by side, e.g. a fleet run). Then the
   pairs share whatever drifted during the session.
-* **unpaired** (``design == "welch"``): otherwise, the normal case for two runs measured at
-  different times: repetition k of A has nothing in common with repetition k of B, so a Welch
-  t-interval on ``mean ln B - mean ln A`` (:func:`luksbench.analysis.stats.welch_log_ratio_ci`).
+* **sessions** (``design == "sessions"``): otherwise, the normal case for two runs measured at
+  different times: repetition k of A has nothing in common with repetition k of B, and two runs
+  differ by everything that differs from one session (stack-up) to the next, which repetitions
+  within a session do not show. So each side's replicates are its sessions: a Welch t-interval
+  on the difference of the mean session means of ln value
+  (:func:`luksbench.analysis.stats.welch_log_ratio_ci`), which needs two sessions on each side
+  (config ``sessions``). With one session on a side (``design == "one session"``) the change
+  has no interval and the row is ``insufficient``: a Welch interval over repetitions would call
+  an unchanged system "changed" far more often than 5 % when sessions differ.
 
 Verdicts as in the loss table (:func:`luksbench.analysis.stats.table_verdicts`, Benjamini-Hochberg
 over the whole comparison). ``outcome`` reads them for the metric: ``better`` / ``worse``
@@ -155,14 +161,14 @@ def pairing_design(
     """("paired" | "welch", why). Paired only when every repetition k measured on both sides ran
     in the same round k of sessions that overlap in time (measured side by side)."""
     if unpaired:
-        return "welch", "unpaired by request (--unpaired)"
+        return "sessions", "unpaired by request (--unpaired)"
     sa = _sessions(a.schedule, _layout_host(a, host_a))
     sb = _sessions(b.schedule, _layout_host(b, host_b))
     if sa.empty or sb.empty:
-        return "welch", "no session schedule recorded for one side, so no pairing can be shown"
+        return "sessions", "no session schedule recorded for one side, so no pairing can be shown"
     both = sa.merge(sb, on=["stack", "workload", "rep"], suffixes=("_a", "_b"))
     if both.empty:
-        return "welch", "the two sides share no (stack, cell, repetition)"
+        return "sessions", "the two sides share no (stack, cell, repetition)"
     same_round = (both["round_a"] == both["round_b"]).fillna(False)
     overlap = (both["session_started_a"] <= both["session_ended_b"]) & (
         both["session_started_b"] <= both["session_ended_a"]
@@ -176,7 +182,19 @@ def pairing_design(
         why = f"the sessions did not overlap in time ({_span(sa)} vs {_span(sb)})"
     else:
         why = "repetitions with the same number ran in different rounds"
-    return "welch", f"{why}: repetition k of A has nothing in common with repetition k of B"
+    return "sessions", f"{why}: repetition k of A has nothing in common with repetition k of B"
+
+
+def _by_sessions(design: str, why: str, sa: pd.DataFrame, sb: pd.DataFrame) -> tuple[str, str]:
+    """The unpaired design's replicates: sessions, when each side has two or more."""
+    counts = [side["session"].nunique() if "session" in side else 1 for side in (sa, sb)]
+    if design == "paired" or min(counts) >= 2:
+        return design, why + (f"; sessions are the replicates ({counts[0]} and {counts[1]})")
+    return "one session", (
+        f"{why}; {counts[0]} and {counts[1]} session(s): with one session on a side the "
+        "session-to-session variation that separates two runs cannot be estimated, so no "
+        "interval (measure with sessions >= 2)"
+    )
 
 
 def _layout_host(run: RunData, host: str) -> str:
@@ -197,24 +215,25 @@ def _span(sched: pd.DataFrame) -> str:
 
 
 def _cell_change(
-    va: dict[int, float],
-    vb: dict[int, float],
+    va: dict[tuple[str, int], float],
+    vb: dict[tuple[str, int], float],
     design: str,
     confidence: float,
     margin_pct: float,
 ) -> dict:
-    """One row's statistics: values by repetition on each side -> change % with its interval."""
+    """One row's statistics: values by (session, repetition) on each side -> change % with its
+    interval; ``n_a``/``n_b`` count the replicates (repetitions when paired, else sessions)."""
     nan = math.nan
     a = {k: v for k, v in va.items() if np.isfinite(v) and v > 0}
     b = {k: v for k, v in vb.items() if np.isfinite(v) and v > 0}
     out = {
-        "n_a": len(a),
-        "n_b": len(b),
         "a_mean": float(np.mean(list(a.values()))) if a else nan,
         "b_mean": float(np.mean(list(b.values()))) if b else nan,
     }
     eq_conf = 1 - 2 * (1 - confidence)
     if design == "paired":
+        a, b = ({rep: v for (_, rep), v in side.items()} for side in (a, b))
+        out |= {"n_a": len(a), "n_b": len(b)}
         reps = sorted(set(a) & set(b))
         d = np.log(np.array([b[k] for k in reps]) / np.array([a[k] for k in reps]))
         ci = stats.paired_log_ratio_ci(d, confidence)
@@ -222,7 +241,8 @@ def _cell_change(
         n, mean, se, df = ci.n, ci.mean, ci.sd / math.sqrt(ci.n) if ci.n >= 2 else nan, ci.n - 1
         p = stats.paired_t_pvalue(d)
     else:
-        la, lb = np.log(list(a.values())), np.log(list(b.values()))
+        la, lb = (_session_means(side) for side in (a, b))
+        out |= {"n_a": la.size, "n_b": lb.size}
         ci = stats.welch_log_ratio_ci(la, lb, confidence)
         eq = stats.welch_log_ratio_ci(la, lb, eq_conf) if eq_conf > 0 else None
         n, mean, se, df = min(ci.n_a, ci.n_b), ci.mean, ci.se, ci.df
@@ -306,9 +326,9 @@ def compare_runs(
     cell = ["stack", "workload", "job_slot", "direction"]
     rows, designs = [], {}
     for ha, hb in pairs:
-        design, why = pairing_design(a, b, ha, hb, unpaired)
-        designs[f"{ha}={hb}"] = {"design": design, "reason": why}
         sa, sb = vals_a[vals_a["host"] == ha], vals_b[vals_b["host"] == hb]
+        design, why = _by_sessions(*pairing_design(a, b, ha, hb, unpaired), sa, sb)
+        designs[f"{ha}={hb}"] = {"design": design, "reason": why}
         attrs = pd.concat([sa, sb])[[*cell, *stats.CELL_ATTRS]].drop_duplicates(cell)
         info_of = {
             tuple(r[:4]): dict(zip(stats.CELL_ATTRS, r[4:], strict=True))
@@ -356,12 +376,21 @@ def compare_runs(
     return table
 
 
-def _by_rep(vals: pd.DataFrame, pos, metric: str) -> dict[int, float]:
+def _session_means(values: dict[tuple[str, int], float]) -> np.ndarray:
+    """Mean log value of each session."""
+    logs: dict[str, list[float]] = {}
+    for (session, _), v in values.items():
+        logs.setdefault(session, []).append(math.log(v))
+    return np.array([np.mean(x) for x in logs.values()])
+
+
+def _by_rep(vals: pd.DataFrame, pos, metric: str) -> dict[tuple[str, int], float]:
     if pos is None:
         return {}
     sub = vals.iloc[pos]
     values = pd.to_numeric(sub[metric], errors="coerce").to_numpy(float)
-    return dict(zip(sub["rep"].astype(int), values, strict=True))
+    keys = zip(sub["session"].astype(str), sub["rep"].astype(int), strict=True)
+    return dict(zip(keys, values, strict=True))
 
 
 def _dtypes(table: pd.DataFrame) -> pd.DataFrame:

@@ -117,7 +117,7 @@ def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
             hue_order=present,
             palette=OUTCOME_COLORS,
             style="design",
-            style_order=["paired", "welch"],
+            style_order=["paired", "sessions", "one session"],
             s=45,
             ax=ax,
             legend=ax is axes[0][-1],
@@ -157,11 +157,10 @@ def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: l
     ]
     for pair, d in table.attrs.get("designs", {}).items():
         ha, _, hb = pair.partition("=")
-        what = (
-            "**paired** by repetition index"
-            if d["design"] == "paired"
-            else "**unpaired** (Welch t-interval on log values)"
-        )
+        what = {
+            "paired": "**paired** by repetition index",
+            "sessions": "**unpaired**, sessions as replicates (Welch t-interval on session means)",
+        }.get(d["design"], "**unpaired**, one session on a side: no interval")
         host = f"`{ha}`" if ha == hb else f"`{ha}` (A) vs `{hb}` (B)"
         lines.append(f"- Host {host}: {what}: {d['reason']}.")
     lines.append("")
