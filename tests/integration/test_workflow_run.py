@@ -224,3 +224,37 @@ def test_an_adaptive_run_measures_the_pilot_then_tops_cells_up_to_their_targets(
         assert (measured["pilot_pairs"] == 2).all() and measured["decision"].notna().all()
     assert our_mounts(workdir) == []
     assert our_processes(workdir) == []
+
+
+SESSIONS_RUN = """\
+run: e2e-sessions
+repetitions: 2
+sessions: 2
+"""
+
+
+def test_a_two_session_run_measures_each_session_on_its_own_stacks(workdir):
+    """`sessions: 2` through the workflow: two stack-ups, each with its pairs, the loss table's
+    intervals over the sessions, the paper saying what they cover."""
+    (workdir / "sessions.yaml").write_text(SESSIONS_RUN)
+    host = socket.gethostname().split(".")[0]
+    result = snakemake(workdir, "all", configfiles=("small.yaml", "sessions.yaml"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "building the stacks afresh" in result.stderr
+    records = sorted(
+        (workdir / "data" / "raw" / "e2e-sessions" / host / "fio" / "sessions").glob("*")
+    )
+    docs = [json.loads(p.read_text()) for p in records]
+    assert len({d["session"] for d in docs}) == 2 and docs[-1]["complete"]
+    import pandas as pd
+
+    loss = pd.read_parquet(workdir / "data" / "processed" / "e2e-sessions" / "loss.parquet")
+    bw = loss[loss["metric"] == "bw_bytes"]
+    assert (bw["interval"] == "sessions").all() and (bw["sessions"] == 2).all()
+    assert (bw["n"] == 4).all()
+    paper = (workdir / "paper" / "e2e-sessions" / "index.md").read_text()
+    assert "cover sessions" in paper
+    again = snakemake(workdir, "-n", "all", configfiles=("small.yaml", "sessions.yaml"))
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+    assert our_mounts(workdir) == []
+    assert our_processes(workdir) == []

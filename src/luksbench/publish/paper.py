@@ -664,6 +664,7 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
         "n_significant": int((losses["verdict"] == "significant").sum()),
         "n_rows": len(losses),
         "decisions": decision_counts(losses),
+        "intervals_cover": intervals_cover(losses),
         "regions": [
             {
                 "metrics": ", ".join(metric_heading(m) for m in sorted_metrics(set(g["metric"]))),
@@ -672,6 +673,32 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
             for _, g in losses.groupby(["decision_lower_pct", "decision_upper_pct"])
         ],
     }
+
+
+def intervals_cover(losses: pd.DataFrame) -> str:
+    """What the loss table's intervals cover (its ``covers`` and ``sessions`` columns), in words."""
+    covers = losses.get("covers", pd.Series(dtype=str)).fillna("repetitions within one session")
+    parts = []
+    if (covers == "sessions").any():
+        k = int(losses.loc[covers == "sessions", "sessions"].max())
+        parts.append(
+            f"cover sessions: each of the run's {k} sessions had its own stack-up (a fresh LUKS "
+            "format and key, fresh arrays, preconditioning), and the interval of a cell is a "
+            "t-interval over its session means, so it includes the variation from one stack-up "
+            "to the next (the loss table gives each cell's between- and within-session SD of d "
+            "as variance components)"
+        )
+    if (covers == "repetitions within sessions").any():
+        parts.append(
+            "pool the pairs of a run resumed in a new stack-up (pairs never cross stack-ups): "
+            "they cover repetition within those sessions, not the variation between sessions"
+        )
+    if (covers == "repetitions within one session").any():
+        parts.append(
+            "cover repetition within this run's session (one stack-up, one measuring window), "
+            "not the variation between sessions or machines (config `sessions: k` measures it)"
+        )
+    return "; where marked otherwise they ".join(parts) if parts else "are not computed"
 
 
 def order_effects(order: pd.DataFrame, baseline: str, variant: str) -> list[str]:

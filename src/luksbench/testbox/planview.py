@@ -123,14 +123,16 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
     """The plan in lines: header with the run count, stacks, destructive actions, cells."""
     cells = workloads(plan)
     stacks = list(plan["stacks"])
-    reps = int(plan["repetitions"])
-    runs = len(cells) * len(stacks) * reps
+    reps, sessions = int(plan["repetitions"]), int(plan.get("sessions", 1))
+    runs = len(cells) * len(stacks) * reps * sessions
     fio = plan["fio"]
     seconds = runs * (int(fio.get("runtime_s", 0)) + int(fio.get("ramp_time_s", 0)))
     rep_word = "repetitions" + (" (adaptive pilot)" if plan.get("adaptive") else "")
     lines = [
         f"luksbench plan: run {plan['run']} on {plan['host']}: {len(stacks)} stacks x "
-        f"{len(cells)} cells x {reps} {rep_word} = {runs} fio runs",
+        f"{len(cells)} cells x {reps} {rep_word}"
+        + (f" x {sessions} sessions (each its own stack-up)" if sessions > 1 else "")
+        + f" = {runs} fio runs",
         f"  fio time: {seconds / 3600:.1f} h ({seconds} s of runtime + ramp), backend "
         f"{plan['backend']}, baseline {plan['baseline']}",
     ]
