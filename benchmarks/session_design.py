@@ -41,6 +41,7 @@ from luksbench.analysis import ingest, stats  # noqa: E402
 from luksbench.formats.manifest import session_records  # noqa: E402
 
 MAX_SESSIONS = 200
+MAX_PAIRS = 50  # per session: with no measurable session effect, "as many as the budget allows"
 
 
 def measure(work: Path) -> Path:
@@ -86,8 +87,8 @@ def costs(host_dir: Path) -> tuple[float, float]:
 def allocation(s_w: float, s_b: float, c_s: float, c_p: float, half_width_pct: float):
     """(pairs per session, sessions, device seconds) for the target half-width."""
     h = math.log1p(half_width_pct / 100)
-    n = max(1, round(math.sqrt(c_s * s_w**2 / (c_p * s_b**2)))) if s_b > 0 else MAX_SESSIONS
-    n = min(n, MAX_SESSIONS)
+    n = max(1, round(math.sqrt(c_s * s_w**2 / (c_p * s_b**2)))) if s_b > 0 else MAX_PAIRS
+    n = min(n, MAX_PAIRS)
     var = s_b**2 + s_w**2 / n
     for m in range(2, MAX_SESSIONS + 1):
         if sps.t.ppf(0.975, m - 1) * math.sqrt(var / m) <= h:
@@ -100,9 +101,12 @@ def main(argv=None) -> int:
     ap.add_argument("raw_dir", nargs="?", type=Path)
     ap.add_argument("--target-half-width", type=float, default=2.0, metavar="PCT")
     ap.add_argument("--metric", default="bw_bytes")
+    ap.add_argument("--workdir", type=Path, help="measure here (kept) instead of a temp folder")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="luksbench-sessions-") as tmp:
-        raw = args.raw_dir or measure(Path(tmp))
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        raw = args.raw_dir or measure(work)
         fio = ingest.fio_table(raw)
         host_dir = next(p for p in raw.iterdir() if p.is_dir() and (p / "fio").is_dir())
         c_s, c_p = costs(host_dir)

@@ -682,42 +682,48 @@ def _cell_stats(
     ci = paired_log_ratio_ci(d, confidence, pilot)
     if not valid:
         ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
-    kind = "sessions" if two_level else "none" if not valid else "t" if pilot is None else "stein"
-    pairs = int(use.sum())
-    level = {
-        "covers": "sessions"
-        if two_level
-        else f"repetitions within {'one session' if means.size <= 1 else 'sessions'}",
+    one = "one session" if means.size <= 1 else "sessions"
+    kind = "sessions" if two_level else "none" if not valid else "stein" if pilot else "t"
+    return {
+        "n": int(use.sum()),
+        "n_dropped": int((~ok).sum()),
+        "baseline_mean": float(bu.mean()) if ci.n else math.nan,
+        "variant_mean": float(vu.mean()) if ci.n else math.nan,
+        **_estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct),
+        "n_outliers": int(flagged.sum()),
+        "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
+        "interval": kind,
+        "pilot_sd_log_ratio": math.nan if pilot is None else pilot[0],
+        "covers": "sessions" if two_level else f"repetitions within {one}",
         "sessions": int(means.size),
         "sd_within_session": sd_within,
         "sd_between_sessions": sd_between,
     }
+
+
+def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct) -> dict:
+    """A row's effect with its interval, test and equivalence check, and the Fieller and
+    bootstrap cross-checks, from the values its interval rests on (pairs or session means)."""
     nan2 = (math.nan, math.nan)
+    effect_pct = lo = hi = math.nan
     if ci.n:
         effect_pct, lo, hi = effect_from_log_ratio(ci.mean, ci.low, ci.high, better_high)
         if math.isnan(ci.low):
             lo = hi = math.nan
-    else:
-        effect_pct = lo = hi = math.nan
     eq_lo = eq_hi = math.nan
     equivalent = False
-    if ci.n >= 2 and valid:
-        eq_conf = 1 - 2 * (1 - confidence)  # TOST at alpha = 1 - confidence
-        eq = paired_log_ratio_ci(d, eq_conf, pilot) if eq_conf > 0 else None
-        if eq is not None and not math.isnan(eq.low):
+    eq_conf = 1 - 2 * (1 - confidence)  # TOST at alpha = 1 - confidence
+    if ci.n >= 2 and valid and eq_conf > 0:
+        eq = paired_log_ratio_ci(d, eq_conf, pilot)
+        if not math.isnan(eq.low):
             _, eq_lo, eq_hi = effect_from_log_ratio(eq.mean, eq.low, eq.high, better_high)
             equivalent = bool(-margin_pct < eq_lo and eq_hi < margin_pct)
     f_lo, f_hi = fieller_ratio_ci(bu, vu, confidence)
     fieller = effect_bounds_from_ratio(f_lo, f_hi, better_high) if math.isfinite(f_lo) else nan2
     b_lo, b_hi = bootstrap_log_ratio_ci(d, confidence)
-    boot = nan2
-    if math.isfinite(b_lo):
-        boot = effect_from_log_ratio(ci.mean, b_lo, b_hi, better_high)[1:]
+    boot = effect_from_log_ratio(ci.mean, b_lo, b_hi, better_high)[1:]
+    boot = boot if math.isfinite(b_lo) else nan2
     return {
-        "n": pairs,
-        "n_dropped": int((~ok).sum()),
-        "baseline_mean": float(bu.mean()) if ci.n else math.nan,
-        "variant_mean": float(vu.mean()) if ci.n else math.nan,
         "mean_log_ratio": ci.mean,
         "sd_log_ratio": ci.sd,
         "ratio": math.exp(ci.mean) if ci.n else math.nan,
@@ -735,11 +741,6 @@ def _cell_stats(
         "fieller_high": fieller[1],
         "boot_low": boot[0],
         "boot_high": boot[1],
-        "n_outliers": int(flagged.sum()),
-        "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
-        "interval": kind,
-        "pilot_sd_log_ratio": math.nan if pilot is None else pilot[0],
-        **level,
     }
 
 
@@ -843,6 +844,24 @@ def loss_table(
         table.loc[table.index[idx], "q_value"] = benjamini_hochberg(table["p_value"].iloc[idx])
     n = table["n"].where(table["interval"].ne("none"), 0).to_numpy()  # no interval: too few
     table["verdict"] = table_verdicts(n, table["q_value"], table["equivalent"], confidence)
+    table = _with_decisions(table, regions)
+    table = table[LOSS_COLUMNS]
+    if not table.empty:
+        order = {m: i for i, m in enumerate(metrics)}
+        table = (
+            table.assign(_m=table["metric"].map(order))
+            .sort_values(
+                ["host", "pattern", "rw", "bs_bytes", "iodepth", "job_slot", "direction", "_m"]
+            )
+            .drop(columns="_m")
+            .reset_index(drop=True)
+        )
+    return with_dtypes(table, LOSS_COLUMNS, LOSS_TEXT, LOSS_INTS, LOSS_BOOLS)
+
+
+def _with_decisions(table: pd.DataFrame, regions: dict) -> pd.DataFrame:
+    """The decision by magnitude of every row, its margins, and which test an IOPS or CPU-per-I/O
+    row repeats."""
     margins = table["metric"].map(lambda m: regions[METRIC_FAMILIES[m]])
     table["decision_lower_pct"] = [lower for lower, _ in margins]
     table["decision_upper_pct"] = [upper for _, upper in margins]
@@ -856,18 +875,7 @@ def loss_table(
     # it: the same test, not a second one
     fixed_bs = pd.to_numeric(table["bs_bytes"], errors="coerce").gt(0)
     table["derived_from"] = table["metric"].map(DERIVED_FROM).where(fixed_bs).fillna("")
-    table = table[LOSS_COLUMNS]
-    if not table.empty:
-        order = {m: i for i, m in enumerate(metrics)}
-        table = (
-            table.assign(_m=table["metric"].map(order))
-            .sort_values(
-                ["host", "pattern", "rw", "bs_bytes", "iodepth", "job_slot", "direction", "_m"]
-            )
-            .drop(columns="_m")
-            .reset_index(drop=True)
-        )
-    return with_dtypes(table, LOSS_COLUMNS, LOSS_TEXT, LOSS_INTS, LOSS_BOOLS)
+    return table
 
 
 def with_dtypes(table: pd.DataFrame, columns, text, ints, bools) -> pd.DataFrame:
