@@ -34,6 +34,9 @@ of cells beside the main matrix, each with its own fio options (``fio`` resolved
 top-level ``fio`` section: no nulls); absent when the config has none. See
 :func:`luksbench.testbox.plan.cell_options`.
 
+Optional: ``"sessions": k`` (k >= 2; absent for one): every cell is measured in k sessions, each
+its own stack-up, pairs and teardown.
+
 Optional: ``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2,
 "max_pairs": 12, "metric": "bw_bytes"}`` (only when the config enables adaptive repetitions; then
 ``repetitions`` is the pilot's n0 and the second stage gets per-cell targets from ``run-fio
