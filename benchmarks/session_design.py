@@ -22,6 +22,7 @@ m (c_s + n* c_p) it costs, beside the run's own design.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import shutil
@@ -75,8 +76,9 @@ def costs(host_dir: Path) -> tuple[float, float]:
         key=lambda m: m["started"],
     )
     gaps, runs = [], []
-    for before, after in zip(sessions, sessions[1:], strict=False):
-        gaps.append((pd.Timestamp(after["started"]) - pd.Timestamp(before["ended"])).total_seconds())
+    for before, after in itertools.pairwise(sessions):
+        gap = pd.Timestamp(after["started"]) - pd.Timestamp(before["ended"])
+        gaps.append(gap.total_seconds())
     for m in sessions:
         for r in m["runs"]:
             if r.get("status") == "ok":
