@@ -91,27 +91,22 @@ def is_mounted(path: str | Path) -> bool:
     return os.path.abspath(path) in mountpoints()
 
 
+def loop_devices(*names: str) -> list[dict]:
+    """``losetup -J -l`` entries of the named loop devices (of every one without names)."""
+    argv = ["losetup", "-J", "-l", *names]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return json.loads(proc.stdout).get("loopdevices", [])
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+        pass
+    return []
+
+
 def loop_devices_backed_by(files: list[str | Path]) -> list[str]:
-    """Loop devices whose backing file is one of ``files`` (per ``losetup -J -l``)."""
-    wanted = {os.path.abspath(f) for f in files}
-    try:
-        proc = subprocess.run(
-            ["losetup", "-J", "-l"], capture_output=True, text=True, check=False, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if proc.returncode != 0 or not proc.stdout.strip():
-        return []
-    try:
-        devices = json.loads(proc.stdout).get("loopdevices", [])
-    except json.JSONDecodeError:
-        return []
-    found = []
-    for dev in devices:
-        back = (dev.get("back-file") or "").removesuffix(" (deleted)")
-        if back in wanted:
-            found.append(dev["name"])
-    return sorted(found)
+    """Loop devices whose backing file is one of ``files``."""
+    wanted = {os.path.abspath(f) + deleted for f in files for deleted in ("", " (deleted)")}
+    return sorted(d["name"] for d in loop_devices() if d.get("back-file") in wanted)
 
 
 def mapper_names_with_prefix(prefix: str) -> list[str]:
