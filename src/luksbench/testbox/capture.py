@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import os
-import platform
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from luksbench.testbox.backends.choose import resolve_plan_backend
-from luksbench.testbox.sysinfo import capture_system
+from luksbench.testbox.sysinfo import VULNERABILITIES, capture_system, cpu_vulnerabilities
 from luksbench.testbox.sysutil import (
     TestboxError,
     log,
@@ -54,14 +53,11 @@ def _cpuinfo() -> dict:
     except OSError:
         return {}
     info: dict = {}
+    wanted = ("model name", "flags", "Features", "vendor_id", "microcode")
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         key = key.strip()
-        if (
-            sep
-            and key in ("model name", "flags", "Features", "vendor_id", "microcode")
-            and key not in info
-        ):
+        if sep and key in wanted and key not in info:
             info[key] = value.strip()
     return info
 
@@ -99,36 +95,22 @@ def _kernel_crypto(names: tuple[str, ...] = ("xts(aes)", "aes", "cbc(aes)")) -> 
 def capture_env(plan: dict) -> dict:
     cpu = _cpuinfo()
     flags = (cpu.get("flags") or cpu.get("Features") or "").split()
-    uname = platform.uname()
-    vuln_dir = Path("/sys/devices/system/cpu/vulnerabilities")
-    mitigations = {}
-    if vuln_dir.is_dir():
-        for p in sorted(vuln_dir.iterdir()):
-            mitigations[p.name] = read_text(str(p))
+    uname = os.uname()
     return {
         "captured": utc_now(),
         "hostname": socket.gethostname(),
-        "kernel": {
-            "sysname": uname.system,
-            "release": uname.release,
-            "version": uname.version,
-            "machine": uname.machine,
-        },
+        "kernel": {k: getattr(uname, k) for k in ("sysname", "release", "version", "machine")},
         "cmdline": read_text("/proc/cmdline"),
         "cpu": {
             "model": cpu.get("model name"),
             "vendor": cpu.get("vendor_id"),
             "microcode": cpu.get("microcode"),
             "count": os.cpu_count(),
-            "aes": "aes" in flags,
-            "vaes": "vaes" in flags,
-            "avx2": "avx2" in flags,
-            "avx512f": "avx512f" in flags,
-            "vpclmulqdq": "vpclmulqdq" in flags,
+            **{flag: flag in flags for flag in ("aes", "vaes", "avx2", "avx512f", "vpclmulqdq")},
             "flags": flags,
         },
         "memory_bytes": _meminfo(),
-        "mitigations": mitigations,
+        "mitigations": cpu_vulnerabilities() if os.path.isdir(VULNERABILITIES) else {},
         "kernel_crypto": _kernel_crypto(),
         "tools": tool_versions(),
         "backend": resolve_plan_backend(plan),

@@ -30,6 +30,13 @@ def blkdiscard_argv(device: str | Path) -> list[str]:
     return ["blkdiscard", str(device)]
 
 
+def _fio_argv(name, device, rw, bs, iodepth, ioengine, size_bytes, *options: str) -> list[str]:
+    """One fio job of direct I/O over ``size_bytes`` of ``device``, JSON output."""
+    argv = ["fio", "--output-format=json", f"--name={name}", f"--filename={device}", f"--rw={rw}"]
+    argv += [f"--bs={bs}", f"--iodepth={iodepth}", f"--ioengine={ioengine}", "--direct=1"]
+    return [*argv, f"--size={size_bytes}", *options, "--numjobs=1", "--group_reporting"]
+
+
 def fill_argv(
     device: str | Path,
     size_bytes: int,
@@ -41,21 +48,7 @@ def fill_argv(
     name: str = "precondition-fill",
 ) -> list[str]:
     """Sequential direct writes over ``size_bytes``, ``passes`` times (SNIA: 2x capacity)."""
-    return [
-        "fio",
-        "--output-format=json",
-        f"--name={name}",
-        f"--filename={device}",
-        "--rw=write",
-        f"--bs={bs}",
-        f"--iodepth={iodepth}",
-        f"--ioengine={ioengine}",
-        "--direct=1",
-        f"--size={size_bytes}",
-        f"--loops={passes}",
-        "--numjobs=1",
-        "--group_reporting",
-    ]
+    return _fio_argv(name, device, "write", bs, iodepth, ioengine, size_bytes, f"--loops={passes}")
 
 
 def steady_state_round_argv(
@@ -78,26 +71,9 @@ def steady_state_round_argv(
     :func:`snia_steady_state`. Random offsets differ per round (``randrepeat=0``) and cover the
     device uniformly (``norandommap``), as SNIA's random writes do."""
     seconds = max(1, round(round_s))
-    return [
-        "fio",
-        "--output-format=json",
-        f"--name={name}",
-        f"--filename={device}",
-        f"--rw={rw}",
-        f"--bs={bs}",
-        f"--iodepth={iodepth}",
-        f"--ioengine={ioengine}",
-        "--direct=1",
-        f"--size={size_bytes}",
-        "--time_based",
-        f"--runtime={seconds}s",
-        "--randrepeat=0",
-        "--norandommap",
-        f"--steadystate=iops:{deviation_pct:g}%",
-        f"--steadystate_duration={seconds}s",
-        "--numjobs=1",
-        "--group_reporting",
-    ]
+    timing = ["--time_based", f"--runtime={seconds}s", "--randrepeat=0", "--norandommap"]
+    ss = [f"--steadystate=iops:{deviation_pct:g}%", f"--steadystate_duration={seconds}s"]
+    return _fio_argv(name, device, rw, bs, iodepth, ioengine, size_bytes, *timing, *ss)
 
 
 def snia_steady_state(
@@ -113,25 +89,11 @@ def snia_steady_state(
     if window < 2:
         raise ValueError(f"window must be at least 2, not {window}")
     values = [float(v) for v in values]
-    result: dict = {
-        "rounds": len(values),
-        "window": window,
-        "range_pct_limit": range_pct,
-        "slope_pct_limit": slope_pct,
-        "first_round": None,
-        "window_values": None,
-        "mean": None,
-        "range": None,
-        "range_limit": None,
-        "range_ok": False,
-        "slope": None,
-        "intercept": None,
-        "excursion": None,
-        "excursion_limit": None,
-        "slope_ok": False,
-        "steady": False,
-        "reason": None,
-    }
+    result: dict = {"rounds": len(values), "window": window}
+    result.update(range_pct_limit=range_pct, slope_pct_limit=slope_pct, first_round=None)
+    result.update(dict.fromkeys(("window_values", "mean", "range", "range_limit")), range_ok=False)
+    result.update(dict.fromkeys(("slope", "intercept", "excursion", "excursion_limit")))
+    result.update(slope_ok=False, steady=False, reason=None)
     if len(values) < window:
         result["reason"] = f"{len(values)} round(s), the window needs {window}"
         return result
@@ -241,16 +203,8 @@ def precondition(
     if not (stat.S_ISBLK(mode) or stat.S_ISREG(mode)):
         raise TestboxError(f"precondition: {device} is neither a block device nor a file")
     t_start = time.monotonic()
-    record: dict = {
-        "device": device,
-        "size_bytes": int(size_bytes),
-        "ioengine": ioengine,
-        "options": o,
-        "discard": None,
-        "fill": None,
-        "steady_state": None,
-        "seconds": None,
-    }
+    record: dict = {"device": device, "size_bytes": int(size_bytes), "ioengine": ioengine}
+    record.update(options=o, **dict.fromkeys(("discard", "fill", "steady_state", "seconds")))
     if not o["enabled"]:
         record["seconds"] = 0.0
         return record
@@ -288,11 +242,9 @@ def precondition(
         f"precondition {device}: fill",
     )
     io = _io(job)
+    fill = {"argv": argv, "passes": passes, "block_size": bs, "io_bytes": io["io_bytes"]}
     record["fill"] = {
-        "argv": argv,
-        "passes": passes,
-        "block_size": bs,
-        "io_bytes": io["io_bytes"],
+        **fill,
         "bw_bytes": io["bw_bytes"],
         "seconds": round(time.monotonic() - t0, 3),
     }
@@ -325,17 +277,10 @@ def _steady_state_rounds(
         t_round = time.monotonic()
         job = _fio_job(run_tool(argv, what, timeout=o["ss_round_s"] + 600), what)
         fio_ss = job.get("steadystate") or {}
-        rounds.append(
-            {
-                "round": n,
-                **_io(job),
-                "seconds": round(time.monotonic() - t_round, 3),
-                "per_second_iops": (fio_ss.get("data") or {}).get("iops"),
-                "fio_steadystate": {
-                    k: fio_ss.get(k) for k in ("ss", "attained", "criterion", "max_deviation")
-                },
-            }
-        )
+        rounds.append({"round": n, **_io(job), "seconds": round(time.monotonic() - t_round, 3)})
+        rounds[-1]["per_second_iops"] = (fio_ss.get("data") or {}).get("iops")
+        keys = ("ss", "attained", "criterion", "max_deviation")
+        rounds[-1]["fio_steadystate"] = {k: fio_ss.get(k) for k in keys}
         check = snia_steady_state(
             [r["iops"] for r in rounds], o["ss_window"], o["ss_range_pct"], o["ss_slope_pct"]
         )

@@ -27,12 +27,11 @@ from luksbench.testbox.plan import baseline_first, device_uses, precondition_opt
 from luksbench.testbox.precondition import precondition
 from luksbench.testbox.sysutil import (
     TestboxError,
-    cmdline,
     find_our_processes,
     log,
-    pid_alive,
+    runs_with,
+    stop_process,
     utc_now,
-    wait_gone,
     write_json_atomic,
 )
 
@@ -47,22 +46,10 @@ def load_state(state_path: Path) -> dict:
         raise TestboxError(f"{state_path}: cannot read stack state: {exc}") from exc
 
 
-def _precondition(entry: dict, ioengine: str, options: dict) -> dict:
-    """Discard (where the device allows it), fill, optionally reach steady state (precondition.py)."""
-    log(f"  {entry['stack']}: preconditioning {entry['size_bytes'] / MIB:.0f} MiB")
-    record = precondition(entry["device"], entry["size_bytes"], options, ioengine, log=log)
-    log(f"  {entry['stack']}: preconditioned in {record['seconds']:.1f} s")
-    return record
-
-
 def _real_devices_used(plan: dict) -> dict[str, dict]:
     """The allowlisted real disks (``devices`` entries with a path) the stacks use."""
     used = device_uses(plan)
-    return {
-        name: spec
-        for name, spec in plan.get("devices", {}).items()
-        if "path" in spec and name in used
-    }
+    return {n: spec for n, spec in plan.get("devices", {}).items() if "path" in spec and n in used}
 
 
 def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
@@ -96,9 +83,8 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
         _undo_failed_stack_up(state_path, exc)
         raise
     write_json_atomic(describe_path, description)
-    log(
-        f"luksbench testbox stack-up: {len(state['order'])} stack(s) up; state {state_path}, description {describe_path}"
-    )
+    up = f"{len(state['order'])} stack(s) up"
+    log(f"luksbench testbox stack-up: {up}; state {state_path}, description {describe_path}")
     return description
 
 
@@ -133,14 +119,8 @@ def _new_entry(plan: dict, name: str, backend: str, scratch: Path, size: int) ->
     """A stack's STATE entry before it is built (userspace: its backing file and mountpoint)."""
     cfg = plan["stacks"][name]
     kind = cfg.get("kind", "plain")
-    entry = {
-        "stack": name,
-        "kind": kind,
-        "device": None,
-        "device_type": None,
-        "size_bytes": None,
-        "mountpoint": None,
-    }
+    built = dict.fromkeys(("device", "device_type", "size_bytes", "mountpoint"))  # not yet
+    entry = {"stack": name, "kind": kind, **built}
     if backend != "userspace":
         return entry
     if userspace_compatible({"stacks": {name: cfg}}):
@@ -151,13 +131,8 @@ def _new_entry(plan: dict, name: str, backend: str, scratch: Path, size: int) ->
     run = plan["run"]
     backing = safety.check_inside(scratch / f"luksbench-{run}-{name}.img", scratch)
     mountpoint = safety.check_inside(scratch / f"luksbench-{run}-{name}.fuse", scratch)
-    entry.update(
-        backing_file=str(backing),
-        backing_size_bytes=size,
-        daemon=None,
-        key_file=None,
-        mountpoint=str(mountpoint),
-    )
+    entry.update(backing_file=str(backing), backing_size_bytes=size, daemon=None, key_file=None)
+    entry["mountpoint"] = str(mountpoint)
     safety.check_free(mountpoint=mountpoint, backing=backing)
     return entry
 
@@ -212,10 +187,12 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
         entry = state["stacks"][name]
         if entry.get("unavailable"):
             continue
+        record = None
         if options["enabled"] and entry["device_type"] != "rbd":
-            described[name]["precondition"] = _precondition(entry, ioengine, options)
-        else:
-            described[name]["precondition"] = None
+            log(f"  {name}: preconditioning {entry['size_bytes'] / MIB:.0f} MiB")
+            record = precondition(entry["device"], entry["size_bytes"], options, ioengine, log=log)
+            log(f"  {name}: preconditioned in {record['seconds']:.1f} s")
+        described[name]["precondition"] = record
     state["complete"] = True
     write_json_atomic(state_path, state, mode=0o600)
     return {
@@ -237,12 +214,8 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
 def _kill_fio(devices: list[str], actions: list[str]) -> None:
     markers = [f"--filename={d}" for d in devices if d]
     for pid in find_our_processes(markers, names=("fio",), exact=True):
-        for sig, wait in ((signal.SIGINT, 5), (signal.SIGKILL, 5)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-            if wait_gone(pid, wait):
-                actions.append(f"stopped leftover fio pid {pid} ({sig.name})")
-                break
+        if stopped_by := stop_process(pid, (signal.SIGINT, signal.SIGKILL)):
+            actions.append(f"stopped leftover fio pid {pid} ({stopped_by})")
 
 
 def _remove_file(path: str | None, what: str, actions: list[str]) -> None:
@@ -276,9 +249,8 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
     state_path = Path(state_path)
     started = utc_now()
     if not state_path.exists():
-        log(
-            f"luksbench testbox stack-down: {state_path} does not exist; nothing to tear down (already down)"
-        )
+        gone = f"{state_path} does not exist; nothing to tear down (already down)"
+        log(f"luksbench testbox stack-down: {gone}")
         record = {"state": str(state_path), "started": started, "ended": utc_now()}
         record.update(already_down=True, state_found=False, actions=[], checks={}, ok=True)
         if record_path:
@@ -286,8 +258,7 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
         return record
     state = load_state(state_path)
     stacks = [state["stacks"][n] for n in reversed(state.get("order") or list(state["stacks"]))]
-    actions: list[str] = []
-    errors: list[str] = []
+    actions, errors = [], []
     _tear_down(state, stacks, actions, errors)
     checks, details = _verify_clean(state, stacks)
     ok = all(checks.values()) and not errors
@@ -353,13 +324,8 @@ def _tear_down_entry(entry: dict, actions: list[str], errors: list[str]) -> None
         userspace.unmount(entry["mountpoint"], name, actions)
         if not safety.is_mounted(entry["mountpoint"]):
             _remove_file(entry["mountpoint"], f"{name} FUSE mountpoint file", actions)
-    mapper = entry.get("mapper_name")
-    if (
-        mapper
-        and mapper.startswith(safety.MAPPER_PREFIX)
-        and os.path.exists(f"/dev/mapper/{mapper}")
-    ):
-        kernel.undo([{"type": "crypt", "name": mapper}], actions, errors)
+    if entry.get("mapper_name"):  # undo leaves a name without our prefix alone
+        kernel.undo([{"type": "crypt", "name": entry["mapper_name"]}], actions, errors)
     if entry.get("backing_file"):
         kernel.undo([{"type": "loop", "backing": entry["backing_file"]}], actions, errors)
 
@@ -368,13 +334,8 @@ def _our_processes(stacks: list[dict], objects: list[dict]) -> list[int]:
     """Daemons and fio processes still running on anything of ours."""
     markers = [e.get("mountpoint") for e in stacks] + [e.get("backing_file") for e in stacks]
     markers += [o.get("backing") for o in objects if o["type"] == "loop"]
-    return find_our_processes(markers) + [
-        e["daemon"]["pid"]
-        for e in stacks
-        if (e.get("daemon") or {}).get("pid")
-        and pid_alive(e["daemon"]["pid"])
-        and any(m and m in "\0".join(cmdline(e["daemon"]["pid"])) for m in markers)
-    ]
+    daemons = [(e.get("daemon") or {}).get("pid") for e in stacks]
+    return find_our_processes(markers) + [pid for pid in daemons if runs_with(pid, markers)]
 
 
 def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:

@@ -33,6 +33,7 @@ QUEUE_ATTRS += ("rq_affinity", "add_random")
 # dm-integrity optional arguments that carry a key: "<name>:<algorithm>:<key>".
 _INTEGRITY_KEY_ARG = re.compile(r"^((?:internal_hash|journal_crypt|journal_mac):[^:]+):.+$")
 _NUMBER = re.compile(r"^\d+\Z")
+VULNERABILITIES = "/sys/devices/system/cpu/vulnerabilities"
 
 
 def _target_index(tokens: list[str]) -> int | None:
@@ -133,8 +134,7 @@ def block_queues(sys_block: str | Path = "/sys/block") -> dict:
         queue = dev / "queue"
         sched = read_text(queue / "scheduler")
         entry: dict = {"scheduler": parse_scheduler(sched) if sched is not None else None}
-        for attr in QUEUE_ATTRS:
-            entry[attr] = read_text(queue / attr)
+        entry.update({attr: read_text(queue / attr) for attr in QUEUE_ATTRS})
         slaves = dev / "slaves"
         if slaves.is_dir():
             entry["slaves"] = sorted(p.name for p in slaves.iterdir())
@@ -214,7 +214,7 @@ def cpufreq(sys_cpu: str | Path = "/sys/devices/system/cpu") -> dict:
     }
 
 
-def cpu_vulnerabilities(vuln_dir: str | Path = "/sys/devices/system/cpu/vulnerabilities") -> dict:
+def cpu_vulnerabilities(vuln_dir: str | Path = VULNERABILITIES) -> dict:
     root = Path(vuln_dir)
     if not root.is_dir():
         return _absent(f"{root} not present")

@@ -6,9 +6,11 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -164,6 +166,21 @@ def find_our_processes(
         if hit and pid_alive(int(entry)):
             found.append(int(entry))
     return sorted(found)
+
+
+def runs_with(pid: int | None, markers: list[str | None]) -> bool:
+    """Whether ``pid`` is alive and its command line mentions one of ``markers``."""
+    return pid_alive(pid) and any(m and m in "\0".join(cmdline(pid)) for m in markers)
+
+
+def stop_process(pid: int, signals: tuple[signal.Signals, ...]) -> str | None:
+    """Send each signal in turn, 5 s apart, until ``pid`` is gone; the one that ended it."""
+    for sig in signals:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        if wait_gone(pid, 5):
+            return sig.name
+    return None
 
 
 def wait_gone(pid: int, timeout: float) -> bool:

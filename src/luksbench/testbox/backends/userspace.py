@@ -26,12 +26,12 @@ from luksbench.testbox.backends.kernel import (
 )
 from luksbench.testbox.sysutil import (
     TestboxError,
-    cmdline,
     find_our_processes,
     log,
-    pid_alive,
     private_dir,
     run_tool,
+    runs_with,
+    stop_process,
     wait_gone,
     write_json_atomic,
 )
@@ -58,34 +58,18 @@ def qsd_argv(
     key_file: str | Path | None = None,
 ) -> list[str]:
     """qemu-storage-daemon exporting ``backing`` (raw, or through qemu's luks driver) via FUSE."""
-    argv = [
-        "qemu-storage-daemon",
-        "--chardev",
-        f"socket,id=qmp0,path={_qemu_escape(qmp_socket)},server=on,wait=off",
-        "--monitor",
-        "chardev=qmp0",
-        "--blockdev",
-        f"driver=file,node-name=file0,filename={_qemu_escape(backing)},cache.direct=on",
-    ]
+    qmp = f"socket,id=qmp0,path={_qemu_escape(qmp_socket)},server=on,wait=off"
+    argv = ["qemu-storage-daemon", "--chardev", qmp, "--monitor", "chardev=qmp0", "--blockdev"]
+    argv += [f"driver=file,node-name=file0,filename={_qemu_escape(backing)},cache.direct=on"]
     if kind == "luks":
         if key_file is None:
             raise ValueError("luks export needs a key file")
-        argv += [
-            "--object",
-            f"secret,id=sec0,file={_qemu_escape(key_file)},format=raw",
-            "--blockdev",
-            "driver=luks,node-name=dev0,file=file0,key-secret=sec0",
-        ]
+        argv += ["--object", f"secret,id=sec0,file={_qemu_escape(key_file)},format=raw"]
+        argv += ["--blockdev", "driver=luks,node-name=dev0,file=file0,key-secret=sec0"]
     else:
         argv += ["--blockdev", "driver=raw,node-name=dev0,file=file0"]
-    argv += [
-        "--export",
-        f"type=fuse,id=exp0,node-name=dev0,mountpoint={_qemu_escape(mountpoint)},writable=on",
-        "--pidfile",
-        str(pidfile),
-        "--daemonize",
-    ]
-    return argv
+    export = f"type=fuse,id=exp0,node-name=dev0,mountpoint={_qemu_escape(mountpoint)},writable=on"
+    return [*argv, "--export", export, "--pidfile", str(pidfile), "--daemonize"]
 
 
 def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
@@ -107,11 +91,6 @@ def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
                     raise TestboxError(f"QMP {cmd}: {reply['error']}")
                 if "return" in reply:
                     break
-
-
-def _runtime_parent() -> str | None:
-    """Short directory for QMP sockets and pid files (AF_UNIX paths are limited to 107 bytes)."""
-    return "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else None
 
 
 def _start_daemon(entry: dict, state: dict) -> None:
@@ -142,8 +121,9 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
     before each step. Returns the stacks' descriptions."""
     if any(e["kind"] == "luks" for e in state["stacks"].values()):
         state["key_dir"] = str(private_dir(state["scratch_dir"], ".luksbench-keys-"))
-    runtime_parent = _runtime_parent() or tempfile.gettempdir()
-    state["runtime_dir"] = str(private_dir(runtime_parent, "luksbench-"))
+    # A short directory for QMP sockets and pid files: AF_UNIX paths are limited to 107 bytes.
+    run_dir = "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else None
+    state["runtime_dir"] = str(private_dir(run_dir or tempfile.gettempdir(), "luksbench-"))
     write_json_atomic(state_path, state, mode=0o600)
     described: dict[str, dict] = {}
     for name in state["order"]:
@@ -219,29 +199,21 @@ def stop_daemon(entry: dict, actions: list[str]) -> None:
     daemon = entry.get("daemon") or {}
     markers = [entry.get("mountpoint"), entry.get("backing_file")]
     pids = set(find_our_processes(markers, names=("qemu-storage-daemon",)))
-    pid = daemon.get("pid")
-    if pid and pid_alive(pid) and any(m and m in "\0".join(cmdline(pid)) for m in markers):
-        pids.add(pid)
+    if runs_with(daemon.get("pid"), markers):
+        pids.add(daemon["pid"])
     for pid in sorted(pids):
+        who = f"{entry['stack']}: qemu-storage-daemon pid {pid}"
         sock = daemon.get("qmp_socket")
-        quit_ok = False
         if sock and os.path.exists(sock):
             try:
                 qmp_quit(sock)
-                quit_ok = wait_gone(pid, 10)
+                if wait_gone(pid, 10):
+                    actions.append(f"{who} quit via QMP")
+                    continue
             except (OSError, ValueError, TestboxError) as exc:
                 log(f"  {entry['stack']}: QMP quit failed ({exc}); falling back to SIGTERM")
-        if quit_ok:
-            actions.append(f"{entry['stack']}: qemu-storage-daemon pid {pid} quit via QMP")
-            continue
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-            if wait_gone(pid, wait):
-                actions.append(
-                    f"{entry['stack']}: qemu-storage-daemon pid {pid} stopped by {sig.name}"
-                )
-                break
+        if stopped_by := stop_process(pid, (signal.SIGTERM, signal.SIGKILL)):
+            actions.append(f"{who} stopped by {stopped_by}")
 
 
 def unmount(path: str, stack: str, actions: list[str]) -> None:
