@@ -261,13 +261,8 @@ def mdstat() -> str | None:
 
 def _block_layer(device: str, **description) -> dict:
     """A built layer on a block device, with what the stack's description records of it."""
-    size = device_size(device)
-    return {
-        "device": device,
-        "device_type": "block",
-        "size_bytes": size,
-        "description": description,
-    }
+    built = {"device": device, "device_type": "block", "size_bytes": device_size(device)}
+    return {**built, "description": description}
 
 
 def planned_dm_names(plan: dict, stacks: list[str]) -> list[str]:
@@ -346,19 +341,11 @@ class KernelBuilder:
         if kind == "fs":
             return self._fs(layer, stack, self._build(layer["over"], stack))
         if kind == "rbd":
-            return {
-                "device": None,
-                "device_type": "rbd",
-                "size_bytes": None,
-                "description": {
-                    "kind": "rbd",
-                    "pool": layer["pool"],
-                    "image": layer["image"],
-                    "client": layer.get("client", "admin"),
-                    "secure_mode": layer.get("secure_mode", ""),
-                    "note": "fio's rbd engine against the user's pool/image; secure_mode is a label",
-                },
-            }
+            desc = {"kind": "rbd", "pool": layer["pool"], "image": layer["image"]}
+            desc["client"] = layer.get("client", "admin")
+            desc["secure_mode"] = layer.get("secure_mode", "")
+            desc["note"] = "fio's rbd engine against the user's pool/image; secure_mode is a label"
+            return {"device": None, "device_type": "rbd", "size_bytes": None, "description": desc}
         raise TestboxError(f"stack {stack}: unknown kind {kind!r}")
 
     def _device(self, name: str) -> dict:
@@ -376,9 +363,8 @@ class KernelBuilder:
         return built
 
     def _loop_file(self, key: str, size: int) -> dict:
-        backing = safety.check_inside(
-            self.scratch / f"luksbench-{self.run}-{key}.img", self.scratch
-        )
+        name = f"luksbench-{self.run}-{key}.img"
+        backing = safety.check_inside(self.scratch / name, self.scratch)
         safety.check_free(backing=backing)
         self.record({"type": "backing_file", "path": str(backing)})
         log(f"  backing file {backing} ({size // MIB} MiB, fully allocated)")
@@ -395,15 +381,8 @@ class KernelBuilder:
                 "(filesystem without O_DIRECT?); the page cache sits under this stack"
             )
         log(f"  {backing.name} -> {loop} (direct I/O {'on' if dio else 'NOT on'})")
-        return _block_layer(
-            loop,
-            kind="loop",
-            backing_file=str(backing),
-            backing_size_bytes=size,
-            loop_device=loop,
-            loop_direct_io=dio,
-            notes=notes,
-        )
+        facts = {"backing_file": str(backing), "backing_size_bytes": size, "loop_device": loop}
+        return _block_layer(loop, kind="loop", **facts, loop_direct_io=dio, notes=notes)
 
     def _wipe_later(self, built: dict) -> None:
         """Layers we write onto a real disk are wiped again at teardown (wipefs -a), so the next
@@ -424,22 +403,17 @@ class KernelBuilder:
         cipher = layer.get("cipher", "aes-xts-plain64")
         self._wipe_later(below)
         log(f"  {stack}: luksFormat --type {luks_type} {cipher} on {below['device']}")
-        run_tool(
-            luks_format_argv(
-                {**layer, "sector_size": sector}, below["device"], key_file, luks_type
-            ),
-            f"stack {stack}: luksFormat",
-        )
+        cfg = {**layer, "sector_size": sector}
+        argv = luks_format_argv(cfg, below["device"], key_file, luks_type)
+        run_tool(argv, f"stack {stack}: luksFormat")
         if self._perf is None:
             self._perf = (cryptsetup_perf_flags(), crypt_target_version())
         applied, skipped = usable_perf_flags(list(layer.get("perf_flags") or []), *self._perf)
         for flag, why in skipped.items():
             notes.append(f"perf flag {flag} skipped: {why}")
         self.record({"type": "crypt", "name": name})
-        run_tool(
-            luks_open_argv(below["device"], name, key_file, applied),
-            f"stack {stack}: cryptsetup open",
-        )
+        argv = luks_open_argv(below["device"], name, key_file, applied)
+        run_tool(argv, f"stack {stack}: cryptsetup open")
         device = f"/dev/mapper/{name}"
         status = parse_cryptsetup_status(
             run_tool(["cryptsetup", "status", name], f"stack {stack}: cryptsetup status").stdout
@@ -451,13 +425,10 @@ class KernelBuilder:
                 notes.append(f"perf flags {missing} requested but not in the dm table")
         dump = luks_dump(below["device"], key_file, stack)
         log(f"  {stack}: {below['device']} -> {device} (dm-crypt {cipher}, flags {applied})")
-        info = {
-            "mapper": name,
-            "underlying": below["device"],
-            "offset_sectors": status.get("offset_sectors"),
-            "size_sectors": status.get("size_sectors"),
-        }
-        self.stack_luks.setdefault(stack, info)
+        payload = {k: status.get(k) for k in ("offset_sectors", "size_sectors")}
+        self.stack_luks.setdefault(
+            stack, {"mapper": name, "underlying": below["device"], **payload}
+        )
         return _block_layer(
             device,
             kind="luks",
@@ -552,21 +523,15 @@ class KernelBuilder:
         self.record({"type": "file", "path": str(target)})
         create_backing(target, size)
         log(f"  {stack}: {fstype} on {below['device']} mounted at {mnt}; target {target}")
-        return {
-            "device": str(target),
-            "device_type": "fsfile",
-            "mountpoint": str(mnt),
-            "size_bytes": size,
-            "description": {
-                "kind": "fs",
-                "fstype": fstype,
-                "mkfs": " ".join(mkfs_argv(fstype, below["device"])),
-                "mount_options": "noatime",
-                "file_size_bytes": size,
-                "fs_size_bytes": vfs.f_blocks * vfs.f_frsize,
-                "over": below["description"],
-            },
+        desc = {
+            "kind": "fs",
+            "fstype": fstype,
+            "mkfs": " ".join(mkfs_argv(fstype, below["device"])),
         }
+        desc.update(mount_options="noatime", file_size_bytes=size)
+        desc.update(fs_size_bytes=vfs.f_blocks * vfs.f_frsize, over=below["description"])
+        built = {"device": str(target), "device_type": "fsfile", "mountpoint": str(mnt)}
+        return {**built, "size_bytes": size, "description": desc}
 
 
 # --- teardown ------------------------------------------------------------------------------------
@@ -646,28 +611,19 @@ def _undo_mapping(kind: str, name: str, actions: list[str], errors: list[str]) -
 
 def leftovers(objects: list[dict]) -> dict[str, list[str]]:
     """What of the recorded objects still exists (empty lists: all gone)."""
+
+    def recorded(key: str, *types: str) -> list[str]:
+        return [o[key] for o in objects if o["type"] in types]
+
     mounts = set(safety.mountpoints())
+    mapped = [n for n in recorded("name", "crypt", "dm") if os.path.exists(f"/dev/mapper/{n}")]
+    arrays = recorded("device", "md")
     return {
-        "mounts": [o["path"] for o in objects if o["type"] == "mount" and o["path"] in mounts],
-        "mapper_devices": [
-            o["name"]
-            for o in objects
-            if o["type"] in ("crypt", "dm") and os.path.exists(f"/dev/mapper/{o['name']}")
-        ],
-        "md_devices": [
-            o["device"]
-            for o in objects
-            if o["type"] == "md"
-            and os.path.exists(f"/sys/block/{os.path.basename(o['device'])}/md")
-        ],
-        "loop_devices": safety.loop_devices_backed_by(
-            [o["backing"] for o in objects if o["type"] == "loop"]
-        ),
-        "files": [
-            o["path"]
-            for o in objects
-            if o["type"] in ("file", "backing_file") and os.path.lexists(o["path"])
-        ],
+        "mounts": [p for p in recorded("path", "mount") if p in mounts],
+        "mapper_devices": mapped,
+        "md_devices": [d for d in arrays if os.path.exists(f"/sys/block/{os.path.basename(d)}/md")],
+        "loop_devices": safety.loop_devices_backed_by(recorded("backing", "loop")),
+        "files": [p for p in recorded("path", "file", "backing_file") if os.path.lexists(p)],
     }
 
 
