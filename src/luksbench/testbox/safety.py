@@ -75,16 +75,8 @@ def _unescape_mountinfo(field: str) -> str:
 
 def mountpoints() -> list[str]:
     """Mount points of this mount namespace, from /proc/self/mountinfo."""
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return []
-    points = []
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) > 4:
-            points.append(_unescape_mountinfo(fields[4]))
-    return points
+    lines = (read_text("/proc/self/mountinfo") or "").splitlines()
+    return [_unescape_mountinfo(f[4]) for f in map(str.split, lines) if len(f) > 4]
 
 
 def is_mounted(path: str | Path) -> bool:
@@ -178,21 +170,11 @@ _EXCL_CLAIMERS = (
 )
 
 
-_FILE_KINDS = (
-    (stat.S_ISREG, "a regular file"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-)
-
-
 def is_stable_path(path: str) -> bool:
     """``path`` is one link directly inside a STABLE_PATH_PREFIXES directory (``..`` resolved)."""
     norm = os.path.normpath(path)
-    for prefix in STABLE_PATH_PREFIXES:
-        rest = norm.removeprefix(prefix)
-        if rest != norm and rest and "/" not in rest:
-            return True
-    return False
+    rests = [norm.removeprefix(p) for p in STABLE_PATH_PREFIXES if norm.startswith(p)]
+    return any(rest and "/" not in rest for rest in rests)
 
 
 def stable_links_to(resolved: str) -> list[str]:
@@ -251,11 +233,8 @@ def _family(sysdir: Path) -> list[Path]:
 
 
 def _rdev_of(sysdir: Path) -> int | None:
-    text = read_text(sysdir / "dev")
-    if not text or ":" not in text:
-        return None
-    major, minor = text.split(":", 1)
-    return os.makedev(int(major), int(minor))
+    major, sep, minor = (read_text(sysdir / "dev") or "").partition(":")
+    return os.makedev(int(major), int(minor)) if sep else None
 
 
 def _dev_node(sysdir: Path) -> str:
@@ -268,9 +247,7 @@ def _dev_node(sysdir: Path) -> str:
 
 def _lsblk_field(node: str, column: str) -> str | None:
     proc = run_quiet(["lsblk", "-dno", column, node])
-    if proc is None or proc.returncode != 0:
-        return None
-    return proc.stdout.strip() or None
+    return (proc.stdout.strip() or None) if proc is not None and proc.returncode == 0 else None
 
 
 def device_serial(resolved: str) -> str | None:
@@ -282,8 +259,7 @@ def device_serial(resolved: str) -> str | None:
     """
     disk = _whole_disk(_sysfs_dir(resolved))
     if (disk / "loop").is_dir():
-        backing = read_text(disk / "loop" / "backing_file")
-        return backing or None
+        return read_text(disk / "loop" / "backing_file") or None
     for candidate in (disk / "device" / "serial", disk / "serial"):
         if value := read_text(candidate):
             return value
@@ -360,11 +336,7 @@ def device_mounts(resolved: str) -> list[str]:
     rdevs = {r for r in map(_rdev_of, family) if r is not None}
     numbers = {_major_minor(r) for r in rdevs}
     found: list[str] = []
-    try:
-        mountinfo = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        mountinfo = ""
-    for line in mountinfo.splitlines():
+    for line in (read_text("/proc/self/mountinfo") or "").splitlines():
         left, _, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if len(fields) < 5:
@@ -373,11 +345,7 @@ def device_mounts(resolved: str) -> list[str]:
         # btrfs shows an anonymous 0:N in mountinfo: its source names the real device.
         if fields[2] in numbers or (source.startswith("/dev/") and _is_one_of(source, rdevs)):
             found.append(_unescape_mountinfo(fields[4]))
-    try:
-        swaps = Path("/proc/swaps").read_text().splitlines()[1:]
-    except OSError:
-        swaps = []
-    for line in swaps:
+    for line in (read_text("/proc/swaps") or "").splitlines()[1:]:
         if line.split() and _is_one_of(_unescape_mountinfo(line.split()[0]), rdevs):
             found.append("[swap]")
     return sorted(set(found))
@@ -415,10 +383,6 @@ def processes_using_device(resolved: str) -> list[int]:
     return sorted(pids)
 
 
-def _process_name(pid: int) -> str:
-    return read_text(Path(f"/proc/{pid}/comm")) or "?"
-
-
 def device_in_use(resolved: str) -> str | None:
     """Why the device is busy, or None. The kernel's exclusive claim (``open(O_EXCL)`` fails with
     EBUSY: mounted anywhere, swap, dm/md member, another O_EXCL opener), then processes that
@@ -433,9 +397,9 @@ def device_in_use(resolved: str) -> str | None:
             reasons.append(f"cannot be opened ({exc.strerror})")
     else:
         os.close(fd)
-    pids = processes_using_device(resolved)
-    if pids:
-        reasons.append("open by " + ", ".join(f"pid {p} ({_process_name(p)})" for p in pids))
+    if pids := processes_using_device(resolved):
+        names = [f"pid {p} ({read_text(f'/proc/{p}/comm') or '?'})" for p in pids]
+        reasons.append("open by " + ", ".join(names))
     return "; ".join(reasons) or None
 
 
@@ -529,7 +493,9 @@ def _block_device(where: str, path: str) -> tuple[str, str, Path, int]:
     shown = path if resolved == path else f"{path} (-> {resolved})"
     mode = os.stat(resolved).st_mode
     if not stat.S_ISBLK(mode):
-        kind = next((what for test, what in _FILE_KINDS if test(mode)), "a special file")
+        kinds = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a directory"}
+        kinds[stat.S_IFCHR] = "a character device"
+        kind = kinds.get(stat.S_IFMT(mode), "a special file")
         raise SafetyError(
             f"{where}: {shown} is {kind}, not a block device; name a disk, or use "
             f"size_mib instead of path for a scratch file on a loop device"
