@@ -186,11 +186,8 @@ def resolve_backend(
     elif kernel_ok:
         selected, reason = "kernel", f"auto: {kernel_why}"
     elif us["available"]:
-        fallback = "using qemu-storage-daemon + FUSE"
-        selected, reason = (
-            "userspace",
-            f"auto: kernel backend unavailable ({kernel_why}); {fallback}",
-        )
+        selected, how = "userspace", "using qemu-storage-daemon + FUSE"
+        reason = f"auto: kernel backend unavailable ({kernel_why}); {how}"
     else:
         selected, reason = None, f"auto: kernel backend unavailable ({kernel_why}); {us_why}"
     facts = {"dm_crypt": dm, "md": md, "loop_devices": loop, "userspace": us}
