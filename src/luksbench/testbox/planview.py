@@ -137,7 +137,6 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
     patterns = plan.get("patterns") or {}
     if patterns:
         main = sum(1 for w in cells if not w.pattern)
-        fio = plan["fio"]
         lines.append(
             f"  main matrix: {main} cells ({_matrix_text(plan['matrix'])}), fio: "
             f"{fio.get('ioengine', 'libaio')}, "
@@ -150,17 +149,14 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
             lines.append(f"    {pattern['description']}")
         lines.append(f"    fio: {pattern_fio_text(pattern)}")
     devices = plan.get("devices", {})
-    for name in stacks:
-        lines.append(f"  stack {name}: {layer_layout(plan['stacks'][name], devices)}")
+    lines += [f"  stack {name}: {layer_layout(plan['stacks'][name], devices)}" for name in stacks]
     for name, dev in devices.items():
         if "path" in dev:
             lines.append(f"  device {name}: {dev['path']} (real disk: WILL BE OVERWRITTEN)")
         else:
             lines.append(f"  device {name}: scratch file of {dev['size_mib']} MiB on a loop device")
     lines.append("  destructive actions, in order:")
-    for name in stacks:
-        for action in _actions(plan, name):
-            lines.append(f"    {name}: {action}")
+    lines += [f"    {name}: {action}" for name in stacks for action in _actions(plan, name)]
     pre = precondition_options(plan["precondition"])
     if pre["enabled"]:
         what = ["blkdiscard" if pre["discard"] else None, f"{pre['fill_passes']}x sequential fill"]
@@ -173,19 +169,16 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
     lines.append(
         "    stack-down: close, stop and remove all of it; wipefs our signatures off real disks"
     )
-    if check_devices:
-        real = {n: d for n, d in devices.items() if "path" in d}
-        for name, spec in real.items():
-            try:
-                desc = safety.check_device(name, spec)
-            except safety.SafetyError as exc:
-                lines.append(f"  REFUSED {exc}")
-            else:
-                lines.append(
-                    f"  checked devices.{name}: {desc['resolved']} serial {desc.get('serial')} "
-                    f"{desc['size_bytes'] / 2**30:.1f} GiB, "
-                    + ("blank" if not desc["signatures"] else "signatures confirmed by wipe_serial")
-                )
-    for w in cells:
-        lines.append(f"  cell {w.id}")
-    return lines
+    real = {n: d for n, d in devices.items() if "path" in d} if check_devices else {}
+    for name, spec in real.items():
+        try:
+            desc = safety.check_device(name, spec)
+        except safety.SafetyError as exc:
+            lines.append(f"  REFUSED {exc}")
+        else:
+            blank = "blank" if not desc["signatures"] else "signatures confirmed by wipe_serial"
+            lines.append(
+                f"  checked devices.{name}: {desc['resolved']} serial {desc.get('serial')} "
+                f"{desc['size_bytes'] / 2**30:.1f} GiB, {blank}"
+            )
+    return lines + [f"  cell {w.id}" for w in cells]

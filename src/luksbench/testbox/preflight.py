@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from luksbench.testbox.backends.choose import resolve_plan_backend, userspace_compatible
-from luksbench.testbox.plan import plan_layers, precondition_options, walk_layers
+from luksbench.testbox.plan import plan_layers, precondition_options
 
 # tool -> (Debian/Ubuntu package, Fedora package)
 PACKAGES = {
@@ -110,15 +110,11 @@ class NoSpace(RuntimeError):
 def scratch_space_needed(plan: dict) -> int:
     """Bytes of backing files the plan creates (fully allocated): one per stack that has its own
     (plain, loop, luks on nothing) and one per scratch-file device."""
-    mib = 0
-    for stack in plan["stacks"].values():
-        for _, layer in walk_layers(stack, ""):
-            if not isinstance(layer, dict):
-                continue
-            if layer["kind"] in ("plain", "loop") or (
-                layer["kind"] == "luks" and "over" not in layer
-            ):
-                mib += int(layer.get("size_mib") or plan["device_size_mib"])
+    mib = sum(
+        int(lay.get("size_mib") or plan["device_size_mib"])
+        for lay in plan_layers(plan)
+        if lay["kind"] in ("plain", "loop") or (lay["kind"] == "luks" and "over" not in lay)
+    )
     mib += sum(int(d["size_mib"]) for d in plan.get("devices", {}).values() if "size_mib" in d)
     return mib * 1024 * 1024
 
