@@ -111,17 +111,10 @@ def which(tool: str) -> str | None:
     )
 
 
-def _pid_state(pid: int) -> str | None:
-    """Process state letter (R, S, Z, ...) or None if there is no such process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()[0]
-
-
 def pid_alive(pid: int | None) -> bool:
-    return pid is not None and _pid_state(pid) not in (None, "Z", "X")
+    """The process exists and is not a zombie (its state in /proc/<pid>/stat is not Z or X)."""
+    stat = read_text(f"/proc/{pid}/stat") if pid is not None else None
+    return stat is not None and stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def descendants(pid: int) -> list[int]:
