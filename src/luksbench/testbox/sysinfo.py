@@ -1,9 +1,5 @@
-"""The storage and system facts a result depends on, captured once per host into env.json.
-
-Block devices (``lsblk -J -O``, each queue's I/O scheduler and limits), disk identity
-(``nvme id-ctrl``, ``smartctl -i``) when those tools are installed, CPU frequency governors,
-the kernel command line, CPU vulnerability mitigations, ``/proc/mdstat``, the device-mapper table
-with every crypt key stripped, and ``cryptsetup status`` of luksbench's own mappings.
+"""The storage and system facts a result depends on (block devices and their queues, disk
+identity, CPU frequency and mitigations, MD and device-mapper state), captured into env.json.
 
 A missing tool or file is recorded with the reason (``{"status": "absent", "reason": ...}``),
 never an error: this runs on whatever box it is given. Nothing here writes to a device, and
@@ -39,12 +35,8 @@ VULNERABILITIES = "/sys/devices/system/cpu/vulnerabilities"
 def _target_index(tokens: list[str]) -> int | None:
     """Index of ``<start>`` in a table line: 0, or 1 after dmsetup's ``<name>:`` prefix."""
     for i in (0, 1):
-        if (
-            len(tokens) >= i + 3
-            and _NUMBER.match(tokens[i])
-            and _NUMBER.match(tokens[i + 1])
-            and (i == 0 or tokens[0].endswith(":"))
-        ):
+        numbers = len(tokens) >= i + 3 and _NUMBER.match(tokens[i]) and _NUMBER.match(tokens[i + 1])
+        if numbers and (i == 0 or tokens[0].endswith(":")):
             return i
     return None
 
@@ -93,26 +85,18 @@ def _tool(argv: list[str], parse_json: bool = False, ok_codes: tuple[int, ...] =
     if path is None:
         return _absent(f"{argv[0]} not installed")
     try:
-        proc = subprocess.run(
-            [path, *argv[1:]],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=TOOL_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
+        quiet = {"capture_output": True, "text": True, "check": False, "stdin": subprocess.DEVNULL}
+        proc = subprocess.run([path, *argv[1:]], timeout=TOOL_TIMEOUT_S, **quiet)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"status": "failed", "argv": argv, "error": str(exc)}
     rec: dict = {"status": "ok", "argv": argv, "exit": proc.returncode}
     if proc.returncode not in ok_codes:
-        rec["status"] = "failed"
-        rec["stderr"] = proc.stderr.strip()
+        rec.update(status="failed", stderr=proc.stderr.strip())
     if parse_json:
         try:
             rec["data"] = json.loads(proc.stdout)
         except json.JSONDecodeError as exc:
-            rec["status"] = "failed"
-            rec["error"] = f"output is not JSON: {exc}"
+            rec.update(status="failed", error=f"output is not JSON: {exc}")
             rec["stdout"] = proc.stdout[:4000]
     else:
         rec["text"] = proc.stdout
