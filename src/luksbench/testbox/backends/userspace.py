@@ -128,13 +128,8 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
     described: dict[str, dict] = {}
     for name in state["order"]:
         entry = state["stacks"][name]
-        desc = {
-            "kind": entry["kind"],
-            "backend": state["backend"],
-            "backing_file": entry["backing_file"],
-            "backing_size_bytes": size,
-            "notes": [],
-        }
+        desc = {"kind": entry["kind"], "backend": state["backend"]}
+        desc.update(backing_file=entry["backing_file"], backing_size_bytes=size, notes=[])
         log(f"  {name}: backing file {entry['backing_file']} ({size // MIB} MiB, fully allocated)")
         create_backing(Path(entry["backing_file"]), size)
         if entry["kind"] == "luks":
@@ -142,13 +137,9 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
         else:
             desc.update(cipher=None, key_bits=None, hash=None, luks_type=None, sector_size=None)
         _export(entry, state, state_path)
-        desc.update(
-            layout="plain file (FUSE)" if entry["kind"] == "plain" else "luks1 (qemu, FUSE)",
-            device=entry["device"],
-            device_type=entry["device_type"],
-            device_size_bytes=entry["size_bytes"],
-        )
-        described[name] = desc
+        desc["layout"] = "plain file (FUSE)" if entry["kind"] == "plain" else "luks1 (qemu, FUSE)"
+        desc.update(device=entry["device"], device_type=entry["device_type"])
+        described[name] = {**desc, "device_size_bytes": entry["size_bytes"]}
     return described
 
 
@@ -168,28 +159,19 @@ def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: P
     entry["key_file"] = str(write_key(Path(state["key_dir"]), name))
     write_json_atomic(state_path, state, mode=0o600)
     log(f"  {name}: luksFormat --type luks1 {cfg.get('cipher', 'aes-xts-plain64')}")
-    backing = entry["backing_file"]
-    run_tool(
-        luks_format_argv(cfg, backing, entry["key_file"], "luks1"), f"stack {name}: luksFormat"
-    )
-    desc.update(
-        luks_facts(cfg, "luks1", 512), luks_dump=luks_dump(backing, entry["key_file"], name)
-    )
+    backing, key_file = entry["backing_file"], entry["key_file"]
+    run_tool(luks_format_argv(cfg, backing, key_file, "luks1"), f"stack {name}: luksFormat")
+    desc.update(luks_facts(cfg, "luks1", 512), luks_dump=luks_dump(backing, key_file, name))
 
 
 def _export(entry: dict, state: dict, state_path: Path) -> None:
     """Start the stack's daemon; its FUSE file becomes the stack's device."""
-    rt = Path(state["runtime_dir"])
-    name = entry["stack"]
-    entry["daemon"] = {
-        "pid": None,
-        "qmp_socket": str(rt / f"{name}.qmp"),
-        "pidfile": str(rt / f"{name}.pid"),
-    }
+    rt, name = Path(state["runtime_dir"]), entry["stack"]
+    paths = {"qmp_socket": str(rt / f"{name}.qmp"), "pidfile": str(rt / f"{name}.pid")}
+    entry["daemon"] = {"pid": None, **paths}
     write_json_atomic(state_path, state, mode=0o600)
     _start_daemon(entry, state)
-    entry["device"] = entry["mountpoint"]
-    entry["device_type"] = "file"
+    entry.update(device=entry["mountpoint"], device_type="file")
     write_json_atomic(state_path, state, mode=0o600)
     entry["size_bytes"] = device_size(entry["device"])
     write_json_atomic(state_path, state, mode=0o600)
