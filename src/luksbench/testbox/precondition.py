@@ -221,12 +221,9 @@ def precondition(
                     raise
                 supported, why = False, str(exc)
             else:
-                record["discard"] = {
-                    "status": "done",
-                    "argv": argv,
-                    "seconds": round(time.monotonic() - t0, 3),
-                }
-                log(f"  {device}: discarded in {record['discard']['seconds']:.1f} s")
+                took = round(time.monotonic() - t0, 3)
+                record["discard"] = {"status": "done", "argv": argv, "seconds": took}
+                log(f"  {device}: discarded in {took:.1f} s")
         if not supported:
             record["discard"] = {"status": f"discard unsupported: {why}"}
             log(f"  {device}: discard unsupported: {why}")
@@ -237,18 +234,12 @@ def precondition(
     argv = fill_argv(device, size_bytes, passes, bs, ioengine)
     log(f"  {device}: filling {passes} x {size_bytes / 2**20:.0f} MiB (sequential {bs} writes)")
     t0 = time.monotonic()
-    job = _fio_job(
-        run_tool(argv, f"precondition {device}: fill", timeout=7 * 24 * 3600),
-        f"precondition {device}: fill",
-    )
-    io = _io(job)
+    what = f"precondition {device}: fill"
+    io = _io(_fio_job(run_tool(argv, what, timeout=7 * 24 * 3600), what))
+    took = round(time.monotonic() - t0, 3)
     fill = {"argv": argv, "passes": passes, "block_size": bs, "io_bytes": io["io_bytes"]}
-    record["fill"] = {
-        **fill,
-        "bw_bytes": io["bw_bytes"],
-        "seconds": round(time.monotonic() - t0, 3),
-    }
-    log(f"  {device}: filled in {record['fill']['seconds']:.1f} s")
+    record["fill"] = {**fill, "bw_bytes": io["bw_bytes"], "seconds": took}
+    log(f"  {device}: filled in {took:.1f} s")
 
     if o["steady_state"]:
         record["steady_state"] = _steady_state_rounds(device, size_bytes, o, ioengine, log)
@@ -260,18 +251,12 @@ def _steady_state_rounds(
     device: str, size_bytes: int, o: dict, ioengine: str, log: Callable[[str], None]
 ) -> dict:
     rounds: list[dict] = []
-    check = snia_steady_state([], o["ss_window"], o["ss_range_pct"], o["ss_slope_pct"])
+    limits = (o["ss_window"], o["ss_range_pct"], o["ss_slope_pct"])
+    check = snia_steady_state([], *limits)
     t0 = time.monotonic()
-    argv = steady_state_round_argv(
-        device,
-        size_bytes,
-        o["ss_round_s"],
-        rw=o["ss_rw"],
-        bs=o["ss_bs"],
-        iodepth=o["ss_iodepth"],
-        ioengine=ioengine,
-        deviation_pct=o["ss_range_pct"] / 2,
-    )
+    opts = {"rw": o["ss_rw"], "bs": o["ss_bs"], "iodepth": o["ss_iodepth"], "ioengine": ioengine}
+    opts["deviation_pct"] = o["ss_range_pct"] / 2
+    argv = steady_state_round_argv(device, size_bytes, o["ss_round_s"], **opts)
     for n in range(1, o["ss_max_rounds"] + 1):
         what = f"precondition {device}: steady-state round {n}"
         t_round = time.monotonic()
@@ -281,25 +266,14 @@ def _steady_state_rounds(
         rounds[-1]["per_second_iops"] = (fio_ss.get("data") or {}).get("iops")
         keys = ("ss", "attained", "criterion", "max_deviation")
         rounds[-1]["fio_steadystate"] = {k: fio_ss.get(k) for k in keys}
-        check = snia_steady_state(
-            [r["iops"] for r in rounds], o["ss_window"], o["ss_range_pct"], o["ss_slope_pct"]
-        )
-        log(
-            f"  {device}: steady-state round {n}: {rounds[-1]['iops']:.0f} IOPS ({check['reason']})"
-        )
+        check = snia_steady_state([r["iops"] for r in rounds], *limits)
+        iops = rounds[-1]["iops"]
+        log(f"  {device}: steady-state round {n}: {iops:.0f} IOPS ({check['reason']})")
         if check["steady"]:
             break
-    verdict = (
-        f"steady after {len(rounds)} rounds (rounds {check['first_round']}-{len(rounds)})"
-        if check["steady"]
-        else f"not steady after {len(rounds)} rounds (max_rounds): {check['reason']}"
-    )
+    verdict = f"not steady after {len(rounds)} rounds (max_rounds): {check['reason']}"
+    if check["steady"]:
+        verdict = f"steady after {len(rounds)} rounds (rounds {check['first_round']}-{len(rounds)})"
     log(f"  {device}: {verdict}")
-    return {
-        "argv": argv,
-        "rounds": rounds,
-        "check": check,
-        "steady": check["steady"],
-        "verdict": verdict,
-        "seconds": round(time.monotonic() - t0, 3),
-    }
+    result = {"argv": argv, "rounds": rounds, "check": check, "steady": check["steady"]}
+    return {**result, "verdict": verdict, "seconds": round(time.monotonic() - t0, 3)}
