@@ -312,9 +312,7 @@ def _tear_down(state: dict, stacks: list[dict], actions: list[str], errors: list
 
 def _fuse_mountpoint(entry: dict) -> str | None:
     """The stack's FUSE export file (userspace backend), if it has one."""
-    if entry.get("mountpoint") and entry.get("device_type") in (None, "file"):
-        return entry["mountpoint"]
-    return None
+    return entry.get("mountpoint") if entry.get("device_type") in (None, "file") else None
 
 
 def _tear_down_entry(entry: dict, actions: list[str], errors: list[str]) -> None:
@@ -353,10 +351,8 @@ def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
     ours |= {e["mapper_name"] for e in stacks if e.get("mapper_name")}
     prefix = f"{safety.MAPPER_PREFIX}{state['run']}-"
     mappers = [n for n in safety.mapper_names_with_prefix(prefix) if n in ours]
-    files_left = [p for e in stacks for p in (e.get("backing_file"), e.get("key_file")) if p] + [
-        m for e in stacks if (m := _fuse_mountpoint(e))
-    ]
-    files_left = [p for p in files_left if os.path.lexists(p)] + left["files"]
+    mine = [(e.get("backing_file"), e.get("key_file"), _fuse_mountpoint(e)) for e in stacks]
+    files_left = [p for paths in mine for p in paths if p and os.path.lexists(p)] + left["files"]
     checks = {
         "no_mounts": not ours_mounts and not left["mounts"],
         "no_processes": not procs,
@@ -386,11 +382,8 @@ def _record_teardown(state_path: Path, record: dict, record_path) -> None:
         log(f"  {a}")
     if record["ok"]:
         state_path.unlink(missing_ok=True)
-        log(
-            "luksbench testbox stack-down: "
-            + ("already down; nothing to do" if not actions else "all stacks down")
-            + "; checks passed"
-        )
+        done = "all stacks down" if actions else "already down; nothing to do"
+        log(f"luksbench testbox stack-down: {done}; checks passed")
     else:
         failed = [k for k, v in record["checks"].items() if not v]
         log(
