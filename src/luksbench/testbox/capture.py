@@ -133,8 +133,7 @@ def benchmark_ciphers(out: Path, extra_args: list[str] | None = None) -> int:
     """Run ``cryptsetup benchmark``; its output goes verbatim (stderr interleaved) into ``out``.
 
     A non-zero exit (e.g. ciphers the kernel crypto API does not offer) is recorded on stderr
-    but is not a failure of this step. Returns the tool's exit code.
-    """
+    but is not a failure of this step. Returns the tool's exit code."""
     cryptsetup = which("cryptsetup")
     if cryptsetup is None:
         raise TestboxError("cryptsetup is not installed; cannot run `cryptsetup benchmark`")

@@ -4,9 +4,7 @@ Lists the matrix (every cell and stack, the number of fio runs and the time they
 destructive action in the order stack-up takes them: which scratch files and loop devices are
 created, and which allowlisted disks are written by luksFormat, mdadm, mkfs, discard, the
 preconditioning fill and fio. With ``check_devices``, each real disk is also checked now (stable
-path, mounts, holders, use, signatures), read-only.
-
-Standard library only.
+path, mounts, holders, use, signatures), read-only. Standard library only.
 """
 
 from __future__ import annotations

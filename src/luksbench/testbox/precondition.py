@@ -1,11 +1,8 @@
 """Preconditioning with a steady-state gate, after the SNIA Solid State Storage Performance Test
 Specification: discard the device, fill it sequentially (128 KiB writes, twice its capacity), then
-run steady-state rounds (4 KiB random writes by default) until the last ``window`` rounds are
-steady: their range is within ``range_pct`` % of their mean and the least-squares line through
-them moves by at most ``slope_pct`` % of the mean across the window. The command lines are pure
-functions; only :func:`precondition` runs anything. Options are checked by
-:func:`luksbench.testbox.plan.precondition_options`.
-
+run steady-state rounds (4 KiB random writes by default) until :func:`snia_steady_state` finds the
+last ``window`` rounds steady. The command lines are pure functions; only :func:`precondition`
+runs anything. Options are checked by :func:`luksbench.testbox.plan.precondition_options`.
 Standard library only.
 """
 

@@ -6,9 +6,7 @@ analysis can subtract).
 
 Energy: RAPL counters under ``/sys/class/powercap/intel-rapl:*`` (Intel, and AMD on kernels whose
 rapl driver covers it). Since Linux 5.10 ``energy_uj`` is readable by root only; when the counters
-are absent or unreadable every reading is ``None`` and nothing fails.
-
-Standard library only.
+are absent or unreadable every reading is ``None`` and nothing fails. Standard library only.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from luksbench.testbox.sysutil import read_text, run_quiet
+from luksbench.testbox.sysutil import QUIET, read_text, run_quiet
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 MAPPER_PREFIX = "luksbench-"
@@ -87,7 +87,7 @@ def loop_devices(*names: str) -> list[dict]:
     """``losetup -J -l`` entries of the named loop devices (of every one without names)."""
     argv = ["losetup", "-J", "-l", *names]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        proc = subprocess.run(argv, timeout=30, **QUIET)
         if proc.returncode == 0 and proc.stdout.strip():
             return json.loads(proc.stdout).get("loopdevices", [])
     except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
@@ -255,8 +255,7 @@ def device_serial(resolved: str) -> str | None:
 
     Loop devices have none; their backing file's path stands in for it. For other disks the sysfs
     serial (NVMe, virtio), then lsblk's SERIAL (what users see, from udev for SATA/SAS), then the
-    WWID; None when there is none.
-    """
+    WWID; None when there is none."""
     disk = _whole_disk(_sysfs_dir(resolved))
     if (disk / "loop").is_dir():
         return read_text(disk / "loop" / "backing_file") or None
@@ -425,8 +424,7 @@ def check_device(name: str, spec: dict) -> dict:
 
     ``spec`` is ``{"path": ..., "wipe_serial": "", "allow_unstable_path": False}``. The checks
     read only (``O_RDONLY``, ``wipefs --no-act``). They hold at the time of the check: callers
-    write to ``resolved`` and compare its ``major_minor`` right before they do.
-    """
+    write to ``resolved`` and compare its ``major_minor`` right before they do."""
     where = f"devices.{name}"
     path = spec.get("path")
     wipe_serial = spec.get("wipe_serial") or ""

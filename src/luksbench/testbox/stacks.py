@@ -5,9 +5,7 @@ chosen by :mod:`~luksbench.testbox.backends.choose`), precondition; tear down, v
 STATE (``--state``) is written before anything is created and after every step, so that
 ``stack_down`` can always undo a partial ``stack_up``. It holds paths, pids and names, never key
 material; the key is a random passphrase in a 0600 file in a 0700 directory under scratch_dir,
-passed to tools by file only, and removed by ``stack_down``.
-
-Standard library only.
+passed to tools by file only, and removed by ``stack_down``. Standard library only.
 """
 
 from __future__ import annotations
@@ -56,8 +54,7 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     """Check every device, bring every stack up, precondition, write STATE and DESCRIBE.
 
     On any failure (or Ctrl-C) everything built so far is torn down before the error propagates.
-    Returns the description.
-    """
+    Returns the description."""
     state_path, describe_path = Path(state_path), Path(describe_path)
     backend = _check_before_building(plan, state_path)
     scratch = safety.check_scratch_dir(plan["scratch_dir"])
@@ -244,8 +241,7 @@ def stack_down(state_path: str | Path, record_path: str | Path | None = None) ->
 
     Idempotent: a missing STATE, or one whose stacks are already (partly) gone, is fine. Returns
     the record (also written to ``record_path`` if given); ``record["ok"]`` is False when a check
-    failed, and then STATE is kept.
-    """
+    failed, and then STATE is kept."""
     state_path = Path(state_path)
     started = utc_now()
     if not state_path.exists():

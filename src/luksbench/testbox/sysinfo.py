@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from luksbench.testbox.probes import POWERCAP_ROOT, rapl_unavailable_reason, read_rapl
-from luksbench.testbox.sysutil import read_text, which
+from luksbench.testbox.sysutil import QUIET, read_text, which
 
 KEY_STRIPPED = "<key stripped>"
 TOOL_TIMEOUT_S = 30
@@ -85,8 +85,7 @@ def _tool(argv: list[str], parse_json: bool = False, ok_codes: tuple[int, ...] =
     if path is None:
         return _absent(f"{argv[0]} not installed")
     try:
-        quiet = {"capture_output": True, "text": True, "check": False, "stdin": subprocess.DEVNULL}
-        proc = subprocess.run([path, *argv[1:]], timeout=TOOL_TIMEOUT_S, **quiet)
+        proc = subprocess.run([path, *argv[1:]], timeout=TOOL_TIMEOUT_S, **QUIET)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"status": "failed", "argv": argv, "error": str(exc)}
     rec: dict = {"status": "ok", "argv": argv, "exit": proc.returncode}

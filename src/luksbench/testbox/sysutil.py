@@ -25,6 +25,11 @@ class TestboxError(RuntimeError):
     __test__ = False  # not a pytest test class
 
 
+# How the test box runs every tool: output captured as text, its exit status checked by the
+# caller, and no terminal to prompt on.
+QUIET = {"capture_output": True, "text": True, "check": False, "stdin": subprocess.DEVNULL}
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -75,9 +80,7 @@ def run_quiet(argv: list[str], timeout: float = 30) -> subprocess.CompletedProce
     if tool is None:
         return None
     try:
-        return subprocess.run(
-            [tool, *argv[1:]], capture_output=True, text=True, check=False, timeout=timeout
-        )
+        return subprocess.run([tool, *argv[1:]], timeout=timeout, **QUIET)
     except (OSError, subprocess.TimeoutExpired):
         return None
 
@@ -86,22 +89,14 @@ def run_tool(argv: list[str], what: str, timeout: float = 120) -> subprocess.Com
     """Run a tool; raise TestboxError with its stderr on failure. Never logs key material:
     keys only ever travel in files, so argv is safe to print."""
     try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
+        proc = subprocess.run(argv, timeout=timeout, **QUIET)
     except FileNotFoundError as exc:
         raise TestboxError(f"{what}: {argv[0]} not installed") from exc
     except subprocess.TimeoutExpired as exc:
         raise TestboxError(f"{what}: `{' '.join(argv)}` timed out after {timeout} s") from exc
     if proc.returncode != 0:
-        raise TestboxError(
-            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
-        )
+        said = (proc.stderr or proc.stdout).strip()
+        raise TestboxError(f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {said}")
     return proc
 
 

@@ -149,8 +149,7 @@ def resolve_backend(
 
     ``needs_dm``: the plan has a luks or linear layer (a plain-only plan needs loop devices only);
     ``md_levels``: RAID levels of its md layers; ``userspace_blockers``: the stacks the userspace
-    backend cannot build (:func:`userspace_compatible`).
-    """
+    backend cannot build (:func:`userspace_compatible`)."""
     dm = dm_crypt_status(try_modprobe=try_modprobe)
     md = md_status(try_modprobe=try_modprobe, levels=md_levels) if md_levels else None
     loop = os.path.exists("/dev/loop-control") and which("losetup") is not None

@@ -14,9 +14,7 @@ Layers (``kind``), top first in the config, built bottom-up here:
 
 Every object is appended to the state's undo log (``state["objects"]``) *before* it is created,
 so :func:`undo` can reverse a partial build after a failure or a signal. A device named in
-``devices`` is built once and shared by every stack that names it.
-
-Standard library only.
+``devices`` is built once and shared by every stack that names it. Standard library only.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ from luksbench.testbox import safety
 from luksbench.testbox.plan import NULL_CIPHERS, baseline_first, luks_layer, plan_layers
 from luksbench.testbox.sysinfo import strip_dm_table_keys
 from luksbench.testbox.sysutil import (
+    QUIET,
     TestboxError,
     log,
     private_dir,
@@ -541,7 +540,7 @@ def _retry(argv: list[str], tries: int = 10) -> subprocess.CompletedProcess:
     """Teardown commands are retried: udev or a closing process may hold the device briefly."""
     proc = None
     for attempt in range(tries):
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+        proc = subprocess.run(argv, timeout=120, **QUIET)
         if proc.returncode == 0:
             return proc
         time.sleep(0.2 * (attempt + 1))
