@@ -35,9 +35,7 @@ def tool_version(tool: str) -> str | None:
         # Even `dmsetup --version` mknods /dev/mapper/control; leave machines without DM alone.
         return f"{path} (version not probed: no /dev/mapper/control)"
     proc = run_quiet([path, "--version"])
-    if proc is None:
-        return None
-    text = (proc.stdout or proc.stderr).strip()
+    text = (proc.stdout or proc.stderr).strip() if proc is not None else ""
     return text.splitlines()[0] if text else None
 
 
@@ -48,13 +46,9 @@ def tool_versions() -> dict:
 
 
 def _cpuinfo() -> dict:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
     info: dict = {}
     wanted = ("model name", "flags", "Features", "vendor_id", "microcode")
-    for line in text.splitlines():
+    for line in (read_text("/proc/cpuinfo") or "").splitlines():
         key, sep, value = line.partition(":")
         key = key.strip()
         if sep and key in wanted and key not in info:
@@ -76,19 +70,13 @@ def _meminfo() -> dict:
 
 def _kernel_crypto(names: tuple[str, ...] = ("xts(aes)", "aes", "cbc(aes)")) -> list[dict]:
     """Kernel crypto drivers for the ciphers dm-crypt would use, with priorities."""
-    text = read_text("/proc/crypto")
-    if text is None:
-        return []
     found = []
-    for block in text.split("\n\n"):
-        entry = {}
-        for line in block.splitlines():
-            key, _, value = line.partition(":")
-            entry[key.strip()] = value.strip()
+    for block in (read_text("/proc/crypto") or "").split("\n\n"):
+        fields = [line.partition(":") for line in block.splitlines()]
+        entry = {key.strip(): value.strip() for key, _, value in fields}
         if entry.get("name") in names:
-            found.append(
-                {k: entry.get(k) for k in ("name", "driver", "module", "priority", "type")}
-            )
+            keys = ("name", "driver", "module", "priority", "type")
+            found.append({k: entry.get(k) for k in keys})
     return found
 
 

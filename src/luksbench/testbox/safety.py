@@ -432,16 +432,14 @@ def check_device(name: str, spec: dict) -> dict:
     resolved, shown, sysdir, size_bytes = _block_device(where, path)
     _check_unused(where, resolved, shown)
     serial, signatures = _check_wipe_confirmed(where, resolved, shown, wipe_serial)
-    rdev = _block_rdev(resolved)
-    disk = _whole_disk(sysdir)
     return {
         "name": name,
         "path": path,
         "resolved": resolved,
         "kernel_name": sysdir.name,
-        "major_minor": _major_minor(rdev),
+        "major_minor": _major_minor(_block_rdev(resolved)),
         "is_partition": _is_partition(sysdir),
-        "whole_disk": disk.name,
+        "whole_disk": _whole_disk(sysdir).name,
         "size_bytes": size_bytes,
         "serial": serial,
         "model": device_model(resolved),
@@ -466,12 +464,9 @@ def _check_spec(where: str, path, wipe_serial, allow_unstable) -> None:
     if not isinstance(allow_unstable, bool):
         raise SafetyError(f"{where}.allow_unstable_path must be true or false")
     if not allow_unstable and not is_stable_path(path):
-        links = stable_links_to(path) if os.path.exists(path) else []
-        hint = (
-            f"links to it here: {', '.join(links)}"
-            if links
-            else "see ls -l /dev/disk/by-id/ for the disk's names"
-        )
+        hint = "see ls -l /dev/disk/by-id/ for the disk's names"
+        if links := ", ".join(stable_links_to(path) if os.path.exists(path) else []):
+            hint = f"links to it here: {links}"
         raise SafetyError(
             f"{where}: path {path} is not a stable name: it can point at another disk after a "
             f"reboot or hot-plug. Use a link under {', '.join(STABLE_PATH_PREFIXES)} ({hint}), "

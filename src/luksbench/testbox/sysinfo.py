@@ -159,17 +159,13 @@ def identify_devices(devices: list[str]) -> dict:
         real = os.path.realpath(dev)
         entry: dict = {"resolved": real}
         if not os.path.exists(real):
-            entry["error"] = f"{dev} does not exist"
-            out[dev] = entry
+            out[dev] = {**entry, "error": f"{dev} does not exist"}
             continue
         if os.path.basename(real).startswith("nvme"):
             entry["nvme_id_ctrl"] = _tool(["nvme", "id-ctrl", "-o", "json", real], parse_json=True)
         # smartctl's exit status is a bit mask; bits 0-1 are command-line/open failures.
-        entry["smartctl"] = _tool(
-            ["smartctl", "-i", "-j", real],
-            parse_json=True,
-            ok_codes=tuple(c for c in range(256) if not c & 0b11),
-        )
+        ok = tuple(c for c in range(256) if not c & 0b11)
+        entry["smartctl"] = _tool(["smartctl", "-i", "-j", real], parse_json=True, ok_codes=ok)
         out[dev] = entry
     return out
 
@@ -239,7 +235,9 @@ def capture_system(
     if devices is None:
         devices = _disks_from_lsblk(lsblk)
     rapl = read_rapl(powercap_root)
-    mdstat = read_text("/proc/mdstat")
+    md = _absent("no /proc/mdstat (no MD RAID in this kernel)")
+    if (mdstat := read_text("/proc/mdstat")) is not None:
+        md = {"status": "ok", "text": mdstat}
     return {
         "tools": {t: which(t) for t in PROBE_TOOLS},
         "lsblk": lsblk,
@@ -249,11 +247,7 @@ def capture_system(
         "cpufreq": cpufreq(),
         "cmdline": read_text("/proc/cmdline"),
         "cpu_vulnerabilities": cpu_vulnerabilities(),
-        "mdstat": (
-            {"status": "ok", "text": mdstat}
-            if mdstat is not None
-            else _absent("no /proc/mdstat (no MD RAID in this kernel)")
-        ),
+        "mdstat": md,
         "dm_table": dm_table(),
         "cryptsetup_status": luksbench_mappings(),
         "rapl": (

@@ -176,9 +176,7 @@ def mkfs_argv(fstype: str, device: str) -> list[str]:
 def crypt_target_version() -> tuple[int, ...] | None:
     """dm-crypt target version from ``dmsetup targets`` (None when unknown)."""
     proc = run_quiet(["dmsetup", "targets"])
-    if proc is None or proc.returncode != 0:
-        return None
-    for line in proc.stdout.splitlines():
+    for line in proc.stdout.splitlines() if proc is not None and proc.returncode == 0 else []:
         parts = line.split()
         if parts[:1] == ["crypt"] and len(parts) > 1:
             with contextlib.suppress(ValueError):
@@ -202,10 +200,8 @@ def usable_perf_flags(
         if flag not in cryptsetup_flags:
             skipped[flag] = f"this cryptsetup has no --perf-{flag}"
         elif crypt_version is not None and crypt_version < need:
-            skipped[flag] = (
-                f"dm-crypt target v{'.'.join(map(str, crypt_version))} is older than "
-                f"v{'.'.join(map(str, need))}, which brought {flag}"
-            )
+            have, since = (".".join(map(str, v)) for v in (crypt_version, need))
+            skipped[flag] = f"dm-crypt target v{have} is older than v{since}, which brought {flag}"
         else:
             applied.append(flag)
     return applied, skipped
@@ -236,9 +232,8 @@ def parse_cryptsetup_status(text: str) -> dict:
 
 def dm_table(name: str) -> str | None:
     proc = run_quiet(["dmsetup", "table", name])
-    if proc is None or proc.returncode != 0:
-        return None
-    return strip_dm_table_keys(proc.stdout.strip())
+    ok = proc is not None and proc.returncode == 0
+    return strip_dm_table_keys(proc.stdout.strip()) if ok else None
 
 
 def free_md_device() -> str:
@@ -418,10 +413,8 @@ class KernelBuilder:
             run_tool(["cryptsetup", "status", name], f"stack {stack}: cryptsetup status").stdout
         )
         table = dm_table(name)
-        if table is not None:
-            missing = [f for f in applied if f not in table.split()]
-            if missing:
-                notes.append(f"perf flags {missing} requested but not in the dm table")
+        if missing := [f for f in applied if table is not None and f not in table.split()]:
+            notes.append(f"perf flags {missing} requested but not in the dm table")
         dump = luks_dump(below["device"], key_file, stack)
         log(f"  {stack}: {below['device']} -> {device} (dm-crypt {cipher}, flags {applied})")
         payload = {k: status.get(k) for k in ("offset_sectors", "size_sectors")}
