@@ -62,22 +62,19 @@ def _actions(plan: dict, name: str) -> list[str]:
             continue
         kind = layer["kind"]
         if kind in ("plain", "loop") or (kind == "luks" and "over" not in layer):
-            out.append(
-                f"create scratch file luksbench-{run}-{name}.img "
-                f"({layer.get('size_mib') or plan['device_size_mib']} MiB) and a loop device"
-            )
+            size = layer.get("size_mib") or plan["device_size_mib"]
+            img = f"luksbench-{run}-{name}.img"
+            out.append(f"create scratch file {img} ({size} MiB) and a loop device")
         if kind == "luks":
             below = target(layer["over"]) if "over" in layer else "its scratch file"
             out.append(f"luksFormat {below} (destroys its data), cryptsetup open")
         elif kind == "md":
             members = ", ".join(target(m) for m in layer["members"])
-            out.append(
-                f"mdadm --create RAID-{layer.get('level', 0)} over {members} (destroys their data)"
-            )
+            level = layer.get("level", 0)
+            out.append(f"mdadm --create RAID-{level} over {members} (destroys their data)")
         elif kind == "fs":
-            out.append(
-                f"mkfs.{layer.get('fstype', 'ext4')} {target(layer['over'])} (destroys its data), mount"
-            )
+            fstype, below = layer.get("fstype", "ext4"), target(layer["over"])
+            out.append(f"mkfs.{fstype} {below} (destroys its data), mount")
         elif kind == "linear":
             out.append(f"dmsetup create dm-linear over the luks payload of stack {layer['like']}")
         elif kind in ("raw", "external"):

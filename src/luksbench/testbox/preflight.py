@@ -86,17 +86,12 @@ def check_tools(plan: dict, path: str | None = None) -> dict:
     backend = resolution["selected"]
     # With no usable backend, list the tools of the one that was asked for (or userspace for auto:
     # the backend that needs no kernel support).
-    wanted = backend or (
-        plan["backend"]
-        if plan["backend"] != "auto"
-        else ("kernel" if userspace_compatible(plan) else "userspace")
-    )
-    missing = missing_tools(plan, wanted, path=path)
-    if missing:
+    auto = "kernel" if userspace_compatible(plan) else "userspace"
+    wanted = backend or (plan["backend"] if plan["backend"] != "auto" else auto)
+    if missing := missing_tools(plan, wanted, path=path):
         lines = [f"missing tools for run {plan['run']!r} (backend {wanted}):"]
         lines += [f"  {tool}: {why}" for tool, why in missing.items()]
-        lines.append("Install them with:")
-        lines.append(install_hint(missing))
+        lines += ["Install them with:", install_hint(missing)]
         raise MissingTools("\n".join(lines))
     if backend is None:
         raise MissingTools(f"no backend can build the stacks here: {resolution['reason']}")
