@@ -84,6 +84,10 @@ def capture_env(plan: dict) -> dict:
     cpu = _cpuinfo()
     flags = (cpu.get("flags") or cpu.get("Features") or "").split()
     uname = os.uname()
+    # Identify the configured disks; with none (scratch files only) every disk lsblk lists.
+    configured = (plan.get("devices") or {}).values()
+    disks = [d["path"] for d in configured if isinstance(d, dict) and d.get("path")]
+    scratch = [plan["scratch_dir"]] if plan.get("scratch_dir") else None
     return {
         "captured": utc_now(),
         "hostname": socket.gethostname(),
@@ -103,16 +107,7 @@ def capture_env(plan: dict) -> dict:
         "tools": tool_versions(),
         "backend": resolve_plan_backend(plan),
         "euid": os.geteuid(),
-        # Identify the configured disks; with none (scratch files only) every disk lsblk lists.
-        "system": capture_system(
-            devices=[
-                d["path"]
-                for d in (plan.get("devices") or {}).values()
-                if isinstance(d, dict) and d.get("path")
-            ]
-            or None,
-            paths=[plan["scratch_dir"]] if plan.get("scratch_dir") else None,
-        ),
+        "system": capture_system(devices=disks or None, paths=scratch),
         "plan": plan,
     }
 

@@ -157,9 +157,8 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
         what = ["blkdiscard" if pre["discard"] else None, f"{pre['fill_passes']}x sequential fill"]
         if pre["steady_state"]:
             what.append("steady-state rounds")
-        lines.append(
-            f"    every stack: precondition ({', '.join(w for w in what if w)}) of its top device"
-        )
+        steps = ", ".join(w for w in what if w)
+        lines.append(f"    every stack: precondition ({steps}) of its top device")
     lines.append("    every stack: fio writes in the write cells of the matrix")
     lines.append(
         "    stack-down: close, stop and remove all of it; wipefs our signatures off real disks"

@@ -167,11 +167,8 @@ def _fio_job(proc: subprocess.CompletedProcess, what: str) -> dict:
 
 def _io(job: dict) -> dict:
     dirs = [job.get(d, {}) for d in ("read", "write")]
-    return {
-        "iops": round(sum(d.get("iops", 0.0) for d in dirs), 3),
-        "bw_bytes": sum(d.get("bw_bytes", 0) for d in dirs),
-        "io_bytes": sum(d.get("io_bytes", 0) for d in dirs),
-    }
+    total = {k: sum(d.get(k, 0) for d in dirs) for k in ("iops", "bw_bytes", "io_bytes")}
+    return {**total, "iops": round(float(total["iops"]), 3)}
 
 
 def precondition(

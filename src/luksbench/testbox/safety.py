@@ -544,11 +544,9 @@ def _check_wipe_confirmed(
         )
     signatures = device_signatures(resolved)
     if signatures and not wipe_serial:
-        fix = (
-            f"set {where}.wipe_serial: {serial!r} (its serial) to let luksbench overwrite it"
-            if serial is not None
-            else "it has no serial to confirm by: clear it yourself (wipefs -a) after checking"
-        )
+        fix = "it has no serial to confirm by: clear it yourself (wipefs -a) after checking"
+        if serial is not None:
+            fix = f"set {where}.wipe_serial: {serial!r} (its serial) to let luksbench overwrite it"
         raise SafetyError(
             f"{where}: {shown} is not blank, it carries {_describe_signatures(signatures)}; "
             f"if its data may go, {fix}"

@@ -227,9 +227,8 @@ def _shred_keys(key_dir: str | None, actions: list[str]) -> None:
     for p in Path(key_dir).iterdir():
         with contextlib.suppress(OSError):
             if p.is_file() and not p.is_symlink():
-                n = p.stat().st_size
                 with open(p, "r+b") as f:
-                    f.write(b"\0" * n)
+                    f.write(b"\0" * p.stat().st_size)
                     f.flush()
                     os.fsync(f.fileno())
     shutil.rmtree(key_dir)

@@ -70,9 +70,8 @@ def strip_dm_table_keys(text: str) -> str:
     Other targets are kept as they are; a line that mentions crypt but does not parse as a table
     line is withheld entirely. Line structure is preserved; whitespace within a changed line is
     normalised to single spaces."""
-    return "\n".join(_strip_line(line) for line in text.splitlines()) + (
-        "\n" if text.endswith("\n") else ""
-    )
+    stripped = "\n".join(_strip_line(line) for line in text.splitlines())
+    return stripped + ("\n" if text.endswith("\n") else "")
 
 
 def _absent(reason: str) -> dict:
@@ -143,13 +142,8 @@ def disk_of_path(path: str | Path) -> dict:
 def _disks_from_lsblk(lsblk: dict) -> list[str]:
     """Whole physical-looking disks lsblk lists (not zram/ram, which say nothing about storage)."""
     devices = (lsblk.get("data") or {}).get("blockdevices") or []
-    return [
-        d["path"]
-        for d in devices
-        if d.get("type") == "disk"
-        and d.get("path")
-        and not str(d.get("name", "")).startswith(("zram", "ram"))
-    ]
+    disks = [d for d in devices if d.get("type") == "disk" and d.get("path")]
+    return [d["path"] for d in disks if not str(d.get("name", "")).startswith(("zram", "ram"))]
 
 
 def identify_devices(devices: list[str]) -> dict:
@@ -173,8 +167,7 @@ def identify_devices(devices: list[str]) -> dict:
 def cpufreq(sys_cpu: str | Path = "/sys/devices/system/cpu") -> dict:
     """Frequency governor and driver of each CPU, plus turbo/boost switches where the driver has them."""
     root = Path(sys_cpu)
-    governors = {}
-    drivers = set()
+    governors, drivers = {}, set()
     for cpu in sorted(root.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:])):
         gov = read_text(cpu / "cpufreq" / "scaling_governor")
         if gov is not None:

@@ -120,9 +120,8 @@ def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> di
 
 def plan_md_levels(plan: dict) -> tuple[int, ...]:
     """RAID levels the plan's md layers use (empty: no MD needed)."""
-    return tuple(
-        sorted({int(lay.get("level", 0)) for lay in plan_layers(plan) if lay["kind"] == "md"})
-    )
+    levels = {int(lay.get("level", 0)) for lay in plan_layers(plan) if lay["kind"] == "md"}
+    return tuple(sorted(levels))
 
 
 def userspace_compatible(plan: dict) -> list[str]:

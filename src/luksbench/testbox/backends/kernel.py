@@ -302,13 +302,8 @@ class KernelBuilder:
             raise safety.SafetyError(f"device-mapper name {name} is already in use")
         return name
 
-    def build_stack(self, name: str) -> dict:
-        """Build one stack; returns {device, device_type, size_bytes, description, ...}."""
-        return self._build(self.plan["stacks"][name], name)
-
-    # --- per kind ---
-
-    def _build(self, layer, stack: str) -> dict:
+    def build(self, layer, stack: str) -> dict:
+        """Build a layer tree of ``stack``: {device, device_type, size_bytes, description, ...}."""
         if isinstance(layer, str):
             return self._device(layer)
         kind = layer["kind"]
@@ -322,7 +317,7 @@ class KernelBuilder:
             return built
         if kind == "luks":
             below = (
-                self._build(layer["over"], stack)
+                self.build(layer["over"], stack)
                 if "over" in layer
                 else self._loop_file(stack, int(self.plan["device_size_mib"]) * MIB)
             )
@@ -330,10 +325,10 @@ class KernelBuilder:
         if kind == "linear":
             return self._linear(layer, stack)
         if kind == "md":
-            members = [self._build(m, stack) for m in layer["members"]]
+            members = [self.build(m, stack) for m in layer["members"]]
             return self._md(layer, stack, members)
         if kind == "fs":
-            return self._fs(layer, stack, self._build(layer["over"], stack))
+            return self._fs(layer, stack, self.build(layer["over"], stack))
         if kind == "rbd":
             desc = {"kind": "rbd", "pool": layer["pool"], "image": layer["image"]}
             desc["client"] = layer.get("client", "admin")
@@ -673,7 +668,7 @@ def build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict)
     for name in build_order(plan):
         mark = len(state["objects"])
         try:
-            built = builder.build_stack(name)
+            built = builder.build(plan["stacks"][name], name)
         except (TestboxError, safety.SafetyError) as exc:
             if not plan["stacks"][name].get("optional") or name == plan["baseline"]:
                 raise

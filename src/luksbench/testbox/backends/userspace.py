@@ -96,24 +96,18 @@ def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
 def _start_daemon(entry: dict, state: dict) -> None:
     mnt = Path(entry["mountpoint"])
     mnt.touch(mode=0o600)  # FUSE exports need an existing regular file as mountpoint
-    argv = qsd_argv(
-        kind=entry["kind"],
-        backing=entry["backing_file"],
-        mountpoint=mnt,
-        qmp_socket=entry["daemon"]["qmp_socket"],
-        pidfile=entry["daemon"]["pidfile"],
-        key_file=entry.get("key_file"),
-    )
+    daemon, who = entry["daemon"], f"stack {entry['stack']}"
+    files = {"backing": entry["backing_file"], "key_file": entry.get("key_file")}
+    sockets = {"qmp_socket": daemon["qmp_socket"], "pidfile": daemon["pidfile"]}
+    argv = qsd_argv(kind=entry["kind"], mountpoint=mnt, **files, **sockets)
     log(f"  {entry['stack']}: qemu-storage-daemon FUSE export -> {mnt}")
-    run_tool(argv, f"stack {entry['stack']}: start qemu-storage-daemon", timeout=60)
+    run_tool(argv, f"{who}: start qemu-storage-daemon", timeout=60)
     try:
-        entry["daemon"]["pid"] = int(Path(entry["daemon"]["pidfile"]).read_text().strip())
+        daemon["pid"] = int(Path(daemon["pidfile"]).read_text().strip())
     except (OSError, ValueError) as exc:
-        raise TestboxError(
-            f"stack {entry['stack']}: qemu-storage-daemon wrote no pid file: {exc}"
-        ) from exc
+        raise TestboxError(f"{who}: qemu-storage-daemon wrote no pid file: {exc}") from exc
     if not safety.is_mounted(mnt):
-        raise TestboxError(f"stack {entry['stack']}: FUSE export {mnt} is not mounted after start")
+        raise TestboxError(f"{who}: FUSE export {mnt} is not mounted after start")
 
 
 def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dict:
