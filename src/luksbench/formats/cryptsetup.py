@@ -101,13 +101,9 @@ def _argon2_row(path: Path, match: re.Match) -> dict:
     if match["na"]:
         row.update(available=False, note=NOT_AVAILABLE)
         return row
-    row.update(
-        key_bits=_int_or_none(match["key_bits"]),
-        time_cost=int(match["time_cost"]),
-        memory_kib=int(match["memory"]),
-        threads=int(match["threads"]),
-        requested_ms=_int_or_none(match["requested_ms"]),
-    )
+    row.update(key_bits=_int_or_none(match["key_bits"]), time_cost=int(match["time_cost"]))
+    row.update(memory_kib=int(match["memory"]), threads=int(match["threads"]))
+    row["requested_ms"] = _int_or_none(match["requested_ms"])
     return row
 
 
@@ -127,8 +123,7 @@ def parse_cryptsetup_text(text: str, path: Path | str = "<text>") -> list[dict]:
     """Rows keyed by :data:`CRYPTSETUP_COLUMNS` from ``cryptsetup benchmark`` output text.
 
     Rows come in file order. Unavailable results (``N/A``) have ``available`` False, empty
-    numbers and ``note`` "N/A". Raises :class:`CryptsetupParseError` when nothing is recognised.
-    """
+    numbers and ``note`` "N/A". Raises :class:`CryptsetupParseError` when nothing is recognised."""
     rows: list[dict] = []
     failure_lines: list[str] = []
     saw_cipher_header = False
@@ -163,11 +158,7 @@ def parse_cryptsetup_text(text: str, path: Path | str = "<text>") -> list[dict]:
 
 
 def parse_cryptsetup_file(path: Path) -> list[dict]:
-    """Rows keyed by :data:`CRYPTSETUP_COLUMNS` for one ``cryptsetup benchmark`` output file.
-
-    See :func:`parse_cryptsetup_text`. Raises :class:`CryptsetupParseError` naming the file when
-    it cannot be read or holds nothing recognisable.
-    """
+    """:func:`parse_cryptsetup_text` of one file; an unreadable file is a CryptsetupParseError."""
     try:
         text = read_raw_file(path).decode("utf-8", errors="replace")
     except OSError as exc:

@@ -44,10 +44,8 @@ def _flag(cpu: dict, name: str) -> bool | None:
 
 def env_facts(doc: dict) -> dict:
     """The key facts of one environment document (None where it does not record them)."""
-    cpu = doc.get("cpu") if isinstance(doc.get("cpu"), dict) else {}
-    kernel = doc.get("kernel") if isinstance(doc.get("kernel"), dict) else {}
-    backend = doc.get("backend") if isinstance(doc.get("backend"), dict) else {}
-    tools = doc.get("tools") if isinstance(doc.get("tools"), dict) else {}
+    parts = ("cpu", "kernel", "backend", "tools")
+    cpu, kernel, backend, tools = (v if isinstance(v := doc.get(k), dict) else {} for k in parts)
     count = cpu.get("count")
     return {
         "hostname": _text(doc.get("hostname")),

@@ -59,18 +59,17 @@ def read_cpu_sidecar(path: Path, loads: Callable[[bytes], object] = json.loads) 
     delta = data.get("delta_s") or {}
     if not isinstance(delta, dict):
         raise ValueError("CPU sidecar: delta_s must be an object")
+    delta = {k: _number(v, f"delta_s.{k}") for k, v in delta.items()}
     busy_s = _number(data.get("busy_s"), "busy_s")
     if math.isnan(busy_s) and delta:
-        busy_s = sum(
-            _number(v, f"delta_s.{k}") for k, v in delta.items() if k not in ("idle", "iowait")
-        )
+        busy_s = sum(v for k, v in delta.items() if k not in ("idle", "iowait"))
     values = {
         "busy_cpu_s": busy_s,
         "busy_cpu_pct": _number(data.get("busy_pct"), "busy_pct"),
         "sys_cpu_s": _number(delta.get("system"), "delta_s.system"),
         "cpu_interval_s": _number(data.get("interval_s"), "interval_s"),
     }
-    _check_plausible(values, {k: _number(v, f"delta_s.{k}") for k, v in delta.items()})
+    _check_plausible(values, delta)
     return values
 
 

@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import os
-import platform
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from luksbench.testbox.backends.choose import resolve_plan_backend
-from luksbench.testbox.sysinfo import capture_system
+from luksbench.testbox.sysinfo import VULNERABILITIES, capture_system, cpu_vulnerabilities
 from luksbench.testbox.sysutil import (
     TestboxError,
     log,
@@ -36,9 +35,7 @@ def tool_version(tool: str) -> str | None:
         # Even `dmsetup --version` mknods /dev/mapper/control; leave machines without DM alone.
         return f"{path} (version not probed: no /dev/mapper/control)"
     proc = run_quiet([path, "--version"])
-    if proc is None:
-        return None
-    text = (proc.stdout or proc.stderr).strip()
+    text = (proc.stdout or proc.stderr).strip() if proc is not None else ""
     return text.splitlines()[0] if text else None
 
 
@@ -49,19 +46,12 @@ def tool_versions() -> dict:
 
 
 def _cpuinfo() -> dict:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
     info: dict = {}
-    for line in text.splitlines():
+    wanted = ("model name", "flags", "Features", "vendor_id", "microcode")
+    for line in (read_text("/proc/cpuinfo") or "").splitlines():
         key, sep, value = line.partition(":")
         key = key.strip()
-        if (
-            sep
-            and key in ("model name", "flags", "Features", "vendor_id", "microcode")
-            and key not in info
-        ):
+        if sep and key in wanted and key not in info:
             info[key] = value.strip()
     return info
 
@@ -80,69 +70,44 @@ def _meminfo() -> dict:
 
 def _kernel_crypto(names: tuple[str, ...] = ("xts(aes)", "aes", "cbc(aes)")) -> list[dict]:
     """Kernel crypto drivers for the ciphers dm-crypt would use, with priorities."""
-    text = read_text("/proc/crypto")
-    if text is None:
-        return []
     found = []
-    for block in text.split("\n\n"):
-        entry = {}
-        for line in block.splitlines():
-            key, _, value = line.partition(":")
-            entry[key.strip()] = value.strip()
+    for block in (read_text("/proc/crypto") or "").split("\n\n"):
+        fields = [line.partition(":") for line in block.splitlines()]
+        entry = {key.strip(): value.strip() for key, _, value in fields}
         if entry.get("name") in names:
-            found.append(
-                {k: entry.get(k) for k in ("name", "driver", "module", "priority", "type")}
-            )
+            keys = ("name", "driver", "module", "priority", "type")
+            found.append({k: entry.get(k) for k in keys})
     return found
 
 
 def capture_env(plan: dict) -> dict:
     cpu = _cpuinfo()
     flags = (cpu.get("flags") or cpu.get("Features") or "").split()
-    uname = platform.uname()
-    vuln_dir = Path("/sys/devices/system/cpu/vulnerabilities")
-    mitigations = {}
-    if vuln_dir.is_dir():
-        for p in sorted(vuln_dir.iterdir()):
-            mitigations[p.name] = read_text(str(p))
+    uname = os.uname()
+    # Identify the configured disks; with none (scratch files only) every disk lsblk lists.
+    configured = (plan.get("devices") or {}).values()
+    disks = [d["path"] for d in configured if isinstance(d, dict) and d.get("path")]
+    scratch = [plan["scratch_dir"]] if plan.get("scratch_dir") else None
     return {
         "captured": utc_now(),
         "hostname": socket.gethostname(),
-        "kernel": {
-            "sysname": uname.system,
-            "release": uname.release,
-            "version": uname.version,
-            "machine": uname.machine,
-        },
+        "kernel": {k: getattr(uname, k) for k in ("sysname", "release", "version", "machine")},
         "cmdline": read_text("/proc/cmdline"),
         "cpu": {
             "model": cpu.get("model name"),
             "vendor": cpu.get("vendor_id"),
             "microcode": cpu.get("microcode"),
             "count": os.cpu_count(),
-            "aes": "aes" in flags,
-            "vaes": "vaes" in flags,
-            "avx2": "avx2" in flags,
-            "avx512f": "avx512f" in flags,
-            "vpclmulqdq": "vpclmulqdq" in flags,
+            **{flag: flag in flags for flag in ("aes", "vaes", "avx2", "avx512f", "vpclmulqdq")},
             "flags": flags,
         },
         "memory_bytes": _meminfo(),
-        "mitigations": mitigations,
+        "mitigations": cpu_vulnerabilities() if os.path.isdir(VULNERABILITIES) else {},
         "kernel_crypto": _kernel_crypto(),
         "tools": tool_versions(),
         "backend": resolve_plan_backend(plan),
         "euid": os.geteuid(),
-        # Identify the configured disks; with none (scratch files only) every disk lsblk lists.
-        "system": capture_system(
-            devices=[
-                d["path"]
-                for d in (plan.get("devices") or {}).values()
-                if isinstance(d, dict) and d.get("path")
-            ]
-            or None,
-            paths=[plan["scratch_dir"]] if plan.get("scratch_dir") else None,
-        ),
+        "system": capture_system(devices=disks or None, paths=scratch),
         "plan": plan,
     }
 
@@ -151,8 +116,7 @@ def benchmark_ciphers(out: Path, extra_args: list[str] | None = None) -> int:
     """Run ``cryptsetup benchmark``; its output goes verbatim (stderr interleaved) into ``out``.
 
     A non-zero exit (e.g. ciphers the kernel crypto API does not offer) is recorded on stderr
-    but is not a failure of this step. Returns the tool's exit code.
-    """
+    but is not a failure of this step. Returns the tool's exit code."""
     cryptsetup = which("cryptsetup")
     if cryptsetup is None:
         raise TestboxError("cryptsetup is not installed; cannot run `cryptsetup benchmark`")

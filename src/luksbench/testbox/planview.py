@@ -4,9 +4,7 @@ Lists the matrix (every cell and stack, the number of fio runs and the time they
 destructive action in the order stack-up takes them: which scratch files and loop devices are
 created, and which allowlisted disks are written by luksFormat, mdadm, mkfs, discard, the
 preconditioning fill and fio. With ``check_devices``, each real disk is also checked now (stable
-path, mounts, holders, use, signatures), read-only.
-
-Standard library only.
+path, mounts, holders, use, signatures), read-only. Standard library only.
 """
 
 from __future__ import annotations
@@ -64,22 +62,19 @@ def _actions(plan: dict, name: str) -> list[str]:
             continue
         kind = layer["kind"]
         if kind in ("plain", "loop") or (kind == "luks" and "over" not in layer):
-            out.append(
-                f"create scratch file luksbench-{run}-{name}.img "
-                f"({layer.get('size_mib') or plan['device_size_mib']} MiB) and a loop device"
-            )
+            size = layer.get("size_mib") or plan["device_size_mib"]
+            img = f"luksbench-{run}-{name}.img"
+            out.append(f"create scratch file {img} ({size} MiB) and a loop device")
         if kind == "luks":
             below = target(layer["over"]) if "over" in layer else "its scratch file"
             out.append(f"luksFormat {below} (destroys its data), cryptsetup open")
         elif kind == "md":
             members = ", ".join(target(m) for m in layer["members"])
-            out.append(
-                f"mdadm --create RAID-{layer.get('level', 0)} over {members} (destroys their data)"
-            )
+            level = layer.get("level", 0)
+            out.append(f"mdadm --create RAID-{level} over {members} (destroys their data)")
         elif kind == "fs":
-            out.append(
-                f"mkfs.{layer.get('fstype', 'ext4')} {target(layer['over'])} (destroys its data), mount"
-            )
+            fstype, below = layer.get("fstype", "ext4"), target(layer["over"])
+            out.append(f"mkfs.{fstype} {below} (destroys its data), mount")
         elif kind == "linear":
             out.append(f"dmsetup create dm-linear over the luks payload of stack {layer['like']}")
         elif kind in ("raw", "external"):
@@ -139,7 +134,6 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
     patterns = plan.get("patterns") or {}
     if patterns:
         main = sum(1 for w in cells if not w.pattern)
-        fio = plan["fio"]
         lines.append(
             f"  main matrix: {main} cells ({_matrix_text(plan['matrix'])}), fio: "
             f"{fio.get('ioengine', 'libaio')}, "
@@ -152,42 +146,35 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
             lines.append(f"    {pattern['description']}")
         lines.append(f"    fio: {pattern_fio_text(pattern)}")
     devices = plan.get("devices", {})
-    for name in stacks:
-        lines.append(f"  stack {name}: {layer_layout(plan['stacks'][name], devices)}")
+    lines += [f"  stack {name}: {layer_layout(plan['stacks'][name], devices)}" for name in stacks]
     for name, dev in devices.items():
         if "path" in dev:
             lines.append(f"  device {name}: {dev['path']} (real disk: WILL BE OVERWRITTEN)")
         else:
             lines.append(f"  device {name}: scratch file of {dev['size_mib']} MiB on a loop device")
     lines.append("  destructive actions, in order:")
-    for name in stacks:
-        for action in _actions(plan, name):
-            lines.append(f"    {name}: {action}")
+    lines += [f"    {name}: {action}" for name in stacks for action in _actions(plan, name)]
     pre = precondition_options(plan["precondition"])
     if pre["enabled"]:
         what = ["blkdiscard" if pre["discard"] else None, f"{pre['fill_passes']}x sequential fill"]
         if pre["steady_state"]:
             what.append("steady-state rounds")
-        lines.append(
-            f"    every stack: precondition ({', '.join(w for w in what if w)}) of its top device"
-        )
+        steps = ", ".join(w for w in what if w)
+        lines.append(f"    every stack: precondition ({steps}) of its top device")
     lines.append("    every stack: fio writes in the write cells of the matrix")
     lines.append(
         "    stack-down: close, stop and remove all of it; wipefs our signatures off real disks"
     )
-    if check_devices:
-        real = {n: d for n, d in devices.items() if "path" in d}
-        for name, spec in real.items():
-            try:
-                desc = safety.check_device(name, spec)
-            except safety.SafetyError as exc:
-                lines.append(f"  REFUSED {exc}")
-            else:
-                lines.append(
-                    f"  checked devices.{name}: {desc['resolved']} serial {desc.get('serial')} "
-                    f"{desc['size_bytes'] / 2**30:.1f} GiB, "
-                    + ("blank" if not desc["signatures"] else "signatures confirmed by wipe_serial")
-                )
-    for w in cells:
-        lines.append(f"  cell {w.id}")
-    return lines
+    real = {n: d for n, d in devices.items() if "path" in d} if check_devices else {}
+    for name, spec in real.items():
+        try:
+            desc = safety.check_device(name, spec)
+        except safety.SafetyError as exc:
+            lines.append(f"  REFUSED {exc}")
+        else:
+            blank = "blank" if not desc["signatures"] else "signatures confirmed by wipe_serial"
+            lines.append(
+                f"  checked devices.{name}: {desc['resolved']} serial {desc.get('serial')} "
+                f"{desc['size_bytes'] / 2**30:.1f} GiB, {blank}"
+            )
+    return lines + [f"  cell {w.id}" for w in cells]

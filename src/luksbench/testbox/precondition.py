@@ -1,11 +1,8 @@
 """Preconditioning with a steady-state gate, after the SNIA Solid State Storage Performance Test
 Specification: discard the device, fill it sequentially (128 KiB writes, twice its capacity), then
-run steady-state rounds (4 KiB random writes by default) until the last ``window`` rounds are
-steady: their range is within ``range_pct`` % of their mean and the least-squares line through
-them moves by at most ``slope_pct`` % of the mean across the window. The command lines are pure
-functions; only :func:`precondition` runs anything. Options are checked by
-:func:`luksbench.testbox.plan.precondition_options`.
-
+run steady-state rounds (4 KiB random writes by default) until :func:`snia_steady_state` finds the
+last ``window`` rounds steady. The command lines are pure functions; only :func:`precondition`
+runs anything. Options are checked by :func:`luksbench.testbox.plan.precondition_options`.
 Standard library only.
 """
 
@@ -30,6 +27,13 @@ def blkdiscard_argv(device: str | Path) -> list[str]:
     return ["blkdiscard", str(device)]
 
 
+def _fio_argv(name, device, rw, bs, iodepth, ioengine, size_bytes, *options: str) -> list[str]:
+    """One fio job of direct I/O over ``size_bytes`` of ``device``, JSON output."""
+    argv = ["fio", "--output-format=json", f"--name={name}", f"--filename={device}", f"--rw={rw}"]
+    argv += [f"--bs={bs}", f"--iodepth={iodepth}", f"--ioengine={ioengine}", "--direct=1"]
+    return [*argv, f"--size={size_bytes}", *options, "--numjobs=1", "--group_reporting"]
+
+
 def fill_argv(
     device: str | Path,
     size_bytes: int,
@@ -41,21 +45,7 @@ def fill_argv(
     name: str = "precondition-fill",
 ) -> list[str]:
     """Sequential direct writes over ``size_bytes``, ``passes`` times (SNIA: 2x capacity)."""
-    return [
-        "fio",
-        "--output-format=json",
-        f"--name={name}",
-        f"--filename={device}",
-        "--rw=write",
-        f"--bs={bs}",
-        f"--iodepth={iodepth}",
-        f"--ioengine={ioengine}",
-        "--direct=1",
-        f"--size={size_bytes}",
-        f"--loops={passes}",
-        "--numjobs=1",
-        "--group_reporting",
-    ]
+    return _fio_argv(name, device, "write", bs, iodepth, ioengine, size_bytes, f"--loops={passes}")
 
 
 def steady_state_round_argv(
@@ -78,26 +68,9 @@ def steady_state_round_argv(
     :func:`snia_steady_state`. Random offsets differ per round (``randrepeat=0``) and cover the
     device uniformly (``norandommap``), as SNIA's random writes do."""
     seconds = max(1, round(round_s))
-    return [
-        "fio",
-        "--output-format=json",
-        f"--name={name}",
-        f"--filename={device}",
-        f"--rw={rw}",
-        f"--bs={bs}",
-        f"--iodepth={iodepth}",
-        f"--ioengine={ioengine}",
-        "--direct=1",
-        f"--size={size_bytes}",
-        "--time_based",
-        f"--runtime={seconds}s",
-        "--randrepeat=0",
-        "--norandommap",
-        f"--steadystate=iops:{deviation_pct:g}%",
-        f"--steadystate_duration={seconds}s",
-        "--numjobs=1",
-        "--group_reporting",
-    ]
+    timing = ["--time_based", f"--runtime={seconds}s", "--randrepeat=0", "--norandommap"]
+    ss = [f"--steadystate=iops:{deviation_pct:g}%", f"--steadystate_duration={seconds}s"]
+    return _fio_argv(name, device, rw, bs, iodepth, ioengine, size_bytes, *timing, *ss)
 
 
 def snia_steady_state(
@@ -113,25 +86,11 @@ def snia_steady_state(
     if window < 2:
         raise ValueError(f"window must be at least 2, not {window}")
     values = [float(v) for v in values]
-    result: dict = {
-        "rounds": len(values),
-        "window": window,
-        "range_pct_limit": range_pct,
-        "slope_pct_limit": slope_pct,
-        "first_round": None,
-        "window_values": None,
-        "mean": None,
-        "range": None,
-        "range_limit": None,
-        "range_ok": False,
-        "slope": None,
-        "intercept": None,
-        "excursion": None,
-        "excursion_limit": None,
-        "slope_ok": False,
-        "steady": False,
-        "reason": None,
-    }
+    result: dict = {"rounds": len(values), "window": window}
+    result.update(range_pct_limit=range_pct, slope_pct_limit=slope_pct, first_round=None)
+    result.update(dict.fromkeys(("window_values", "mean", "range", "range_limit")), range_ok=False)
+    result.update(dict.fromkeys(("slope", "intercept", "excursion", "excursion_limit")))
+    result.update(slope_ok=False, steady=False, reason=None)
     if len(values) < window:
         result["reason"] = f"{len(values)} round(s), the window needs {window}"
         return result
@@ -208,11 +167,8 @@ def _fio_job(proc: subprocess.CompletedProcess, what: str) -> dict:
 
 def _io(job: dict) -> dict:
     dirs = [job.get(d, {}) for d in ("read", "write")]
-    return {
-        "iops": round(sum(d.get("iops", 0.0) for d in dirs), 3),
-        "bw_bytes": sum(d.get("bw_bytes", 0) for d in dirs),
-        "io_bytes": sum(d.get("io_bytes", 0) for d in dirs),
-    }
+    total = {k: sum(d.get(k, 0) for d in dirs) for k in ("iops", "bw_bytes", "io_bytes")}
+    return {**total, "iops": round(float(total["iops"]), 3)}
 
 
 def precondition(
@@ -241,16 +197,8 @@ def precondition(
     if not (stat.S_ISBLK(mode) or stat.S_ISREG(mode)):
         raise TestboxError(f"precondition: {device} is neither a block device nor a file")
     t_start = time.monotonic()
-    record: dict = {
-        "device": device,
-        "size_bytes": int(size_bytes),
-        "ioengine": ioengine,
-        "options": o,
-        "discard": None,
-        "fill": None,
-        "steady_state": None,
-        "seconds": None,
-    }
+    record: dict = {"device": device, "size_bytes": int(size_bytes), "ioengine": ioengine}
+    record.update(options=o, **dict.fromkeys(("discard", "fill", "steady_state", "seconds")))
     if not o["enabled"]:
         record["seconds"] = 0.0
         return record
@@ -267,12 +215,9 @@ def precondition(
                     raise
                 supported, why = False, str(exc)
             else:
-                record["discard"] = {
-                    "status": "done",
-                    "argv": argv,
-                    "seconds": round(time.monotonic() - t0, 3),
-                }
-                log(f"  {device}: discarded in {record['discard']['seconds']:.1f} s")
+                took = round(time.monotonic() - t0, 3)
+                record["discard"] = {"status": "done", "argv": argv, "seconds": took}
+                log(f"  {device}: discarded in {took:.1f} s")
         if not supported:
             record["discard"] = {"status": f"discard unsupported: {why}"}
             log(f"  {device}: discard unsupported: {why}")
@@ -283,20 +228,12 @@ def precondition(
     argv = fill_argv(device, size_bytes, passes, bs, ioengine)
     log(f"  {device}: filling {passes} x {size_bytes / 2**20:.0f} MiB (sequential {bs} writes)")
     t0 = time.monotonic()
-    job = _fio_job(
-        run_tool(argv, f"precondition {device}: fill", timeout=7 * 24 * 3600),
-        f"precondition {device}: fill",
-    )
-    io = _io(job)
-    record["fill"] = {
-        "argv": argv,
-        "passes": passes,
-        "block_size": bs,
-        "io_bytes": io["io_bytes"],
-        "bw_bytes": io["bw_bytes"],
-        "seconds": round(time.monotonic() - t0, 3),
-    }
-    log(f"  {device}: filled in {record['fill']['seconds']:.1f} s")
+    what = f"precondition {device}: fill"
+    io = _io(_fio_job(run_tool(argv, what, timeout=7 * 24 * 3600), what))
+    took = round(time.monotonic() - t0, 3)
+    fill = {"argv": argv, "passes": passes, "block_size": bs, "io_bytes": io["io_bytes"]}
+    record["fill"] = {**fill, "bw_bytes": io["bw_bytes"], "seconds": took}
+    log(f"  {device}: filled in {took:.1f} s")
 
     if o["steady_state"]:
         record["steady_state"] = _steady_state_rounds(device, size_bytes, o, ioengine, log)
@@ -308,53 +245,29 @@ def _steady_state_rounds(
     device: str, size_bytes: int, o: dict, ioengine: str, log: Callable[[str], None]
 ) -> dict:
     rounds: list[dict] = []
-    check = snia_steady_state([], o["ss_window"], o["ss_range_pct"], o["ss_slope_pct"])
+    limits = (o["ss_window"], o["ss_range_pct"], o["ss_slope_pct"])
+    check = snia_steady_state([], *limits)
     t0 = time.monotonic()
-    argv = steady_state_round_argv(
-        device,
-        size_bytes,
-        o["ss_round_s"],
-        rw=o["ss_rw"],
-        bs=o["ss_bs"],
-        iodepth=o["ss_iodepth"],
-        ioengine=ioengine,
-        deviation_pct=o["ss_range_pct"] / 2,
-    )
+    opts = {"rw": o["ss_rw"], "bs": o["ss_bs"], "iodepth": o["ss_iodepth"], "ioengine": ioengine}
+    opts["deviation_pct"] = o["ss_range_pct"] / 2
+    argv = steady_state_round_argv(device, size_bytes, o["ss_round_s"], **opts)
     for n in range(1, o["ss_max_rounds"] + 1):
         what = f"precondition {device}: steady-state round {n}"
         t_round = time.monotonic()
         job = _fio_job(run_tool(argv, what, timeout=o["ss_round_s"] + 600), what)
         fio_ss = job.get("steadystate") or {}
-        rounds.append(
-            {
-                "round": n,
-                **_io(job),
-                "seconds": round(time.monotonic() - t_round, 3),
-                "per_second_iops": (fio_ss.get("data") or {}).get("iops"),
-                "fio_steadystate": {
-                    k: fio_ss.get(k) for k in ("ss", "attained", "criterion", "max_deviation")
-                },
-            }
-        )
-        check = snia_steady_state(
-            [r["iops"] for r in rounds], o["ss_window"], o["ss_range_pct"], o["ss_slope_pct"]
-        )
-        log(
-            f"  {device}: steady-state round {n}: {rounds[-1]['iops']:.0f} IOPS ({check['reason']})"
-        )
+        rounds.append({"round": n, **_io(job), "seconds": round(time.monotonic() - t_round, 3)})
+        rounds[-1]["per_second_iops"] = (fio_ss.get("data") or {}).get("iops")
+        keys = ("ss", "attained", "criterion", "max_deviation")
+        rounds[-1]["fio_steadystate"] = {k: fio_ss.get(k) for k in keys}
+        check = snia_steady_state([r["iops"] for r in rounds], *limits)
+        iops = rounds[-1]["iops"]
+        log(f"  {device}: steady-state round {n}: {iops:.0f} IOPS ({check['reason']})")
         if check["steady"]:
             break
-    verdict = (
-        f"steady after {len(rounds)} rounds (rounds {check['first_round']}-{len(rounds)})"
-        if check["steady"]
-        else f"not steady after {len(rounds)} rounds (max_rounds): {check['reason']}"
-    )
+    verdict = f"not steady after {len(rounds)} rounds (max_rounds): {check['reason']}"
+    if check["steady"]:
+        verdict = f"steady after {len(rounds)} rounds (rounds {check['first_round']}-{len(rounds)})"
     log(f"  {device}: {verdict}")
-    return {
-        "argv": argv,
-        "rounds": rounds,
-        "check": check,
-        "steady": check["steady"],
-        "verdict": verdict,
-        "seconds": round(time.monotonic() - t0, 3),
-    }
+    result = {"argv": argv, "rounds": rounds, "check": check, "steady": check["steady"]}
+    return {**result, "verdict": verdict, "seconds": round(time.monotonic() - t0, 3)}

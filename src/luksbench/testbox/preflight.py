@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from luksbench.testbox.backends.choose import resolve_plan_backend, userspace_compatible
-from luksbench.testbox.plan import plan_layers, precondition_options, walk_layers
+from luksbench.testbox.plan import plan_layers, precondition_options
 
 # tool -> (Debian/Ubuntu package, Fedora package)
 PACKAGES = {
@@ -86,17 +86,12 @@ def check_tools(plan: dict, path: str | None = None) -> dict:
     backend = resolution["selected"]
     # With no usable backend, list the tools of the one that was asked for (or userspace for auto:
     # the backend that needs no kernel support).
-    wanted = backend or (
-        plan["backend"]
-        if plan["backend"] != "auto"
-        else ("kernel" if userspace_compatible(plan) else "userspace")
-    )
-    missing = missing_tools(plan, wanted, path=path)
-    if missing:
+    auto = "kernel" if userspace_compatible(plan) else "userspace"
+    wanted = backend or (plan["backend"] if plan["backend"] != "auto" else auto)
+    if missing := missing_tools(plan, wanted, path=path):
         lines = [f"missing tools for run {plan['run']!r} (backend {wanted}):"]
         lines += [f"  {tool}: {why}" for tool, why in missing.items()]
-        lines.append("Install them with:")
-        lines.append(install_hint(missing))
+        lines += ["Install them with:", install_hint(missing)]
         raise MissingTools("\n".join(lines))
     if backend is None:
         raise MissingTools(f"no backend can build the stacks here: {resolution['reason']}")
@@ -110,15 +105,11 @@ class NoSpace(RuntimeError):
 def scratch_space_needed(plan: dict) -> int:
     """Bytes of backing files the plan creates (fully allocated): one per stack that has its own
     (plain, loop, luks on nothing) and one per scratch-file device."""
-    mib = 0
-    for stack in plan["stacks"].values():
-        for _, layer in walk_layers(stack, ""):
-            if not isinstance(layer, dict):
-                continue
-            if layer["kind"] in ("plain", "loop") or (
-                layer["kind"] == "luks" and "over" not in layer
-            ):
-                mib += int(layer.get("size_mib") or plan["device_size_mib"])
+    mib = sum(
+        int(lay.get("size_mib") or plan["device_size_mib"])
+        for lay in plan_layers(plan)
+        if lay["kind"] in ("plain", "loop") or (lay["kind"] == "luks" and "over" not in lay)
+    )
     mib += sum(int(d["size_mib"]) for d in plan.get("devices", {}).values() if "size_mib" in d)
     return mib * 1024 * 1024
 

@@ -6,9 +6,7 @@ analysis can subtract).
 
 Energy: RAPL counters under ``/sys/class/powercap/intel-rapl:*`` (Intel, and AMD on kernels whose
 rapl driver covers it). Since Linux 5.10 ``energy_uj`` is readable by root only; when the counters
-are absent or unreadable every reading is ``None`` and nothing fails.
-
-Standard library only.
+are absent or unreadable every reading is ``None`` and nothing fails. Standard library only.
 """
 
 from __future__ import annotations
@@ -71,10 +69,6 @@ def idle_baseline(seconds: float = 2.0, rapl_root: str | Path = POWERCAP_ROOT) -
     }
 
 
-def _read_int(path: Path) -> int:
-    return int(path.read_text().strip())
-
-
 def read_rapl(root: str | Path = POWERCAP_ROOT) -> list[dict] | None:
     """One reading of every RAPL zone (``intel-rapl:N`` packages and ``intel-rapl:N:M`` subzones).
 
@@ -88,16 +82,12 @@ def read_rapl(root: str | Path = POWERCAP_ROOT) -> list[dict] | None:
     zones = []
     for d in zone_dirs:
         try:
-            zones.append(
-                {
-                    "zone": d.name,
-                    "name": (d / "name").read_text().strip(),
-                    "energy_uj": _read_int(d / "energy_uj"),
-                    "max_energy_range_uj": _read_int(d / "max_energy_range_uj"),
-                }
-            )
+            zone = {"zone": d.name, "name": (d / "name").read_text().strip()}
+            for counter in ("energy_uj", "max_energy_range_uj"):
+                zone[counter] = int((d / counter).read_text())
         except (OSError, ValueError):
             continue  # unreadable zone: leave it out rather than guess
+        zones.append(zone)
     return zones or None
 
 
@@ -140,27 +130,18 @@ def rapl_delta(
         if wrapped:
             delta_uj += z["max_energy_range_uj"]
         joules = delta_uj / 1e6
-        zones.append(
-            {
-                "zone": z["zone"],
-                "name": z["name"],
-                "joules": round(joules, 6),
-                "watts": round(joules / interval_s, 6) if interval_s > 0 else None,
-                "wrapped": wrapped,
-            }
-        )
+        watts = round(joules / interval_s, 6) if interval_s > 0 else None
+        zone = {"zone": z["zone"], "name": z["name"], "joules": round(joules, 6), "watts": watts}
+        zones.append({**zone, "wrapped": wrapped})
     if not zones:
         return None
     packages = [z for z in zones if z["name"].startswith("package") and z["zone"].count(":") == 1]
-    package_joules = sum(z["joules"] for z in packages) if packages else None
+    joules = sum(z["joules"] for z in packages) if packages else None
+    watts = round(joules / interval_s, 6) if joules is not None and interval_s > 0 else None
     return {
         "interval_s": round(interval_s, 6),
         "zones": zones,
-        "package_joules": round(package_joules, 6) if package_joules is not None else None,
-        "package_watts": (
-            round(package_joules / interval_s, 6)
-            if package_joules is not None and interval_s > 0
-            else None
-        ),
+        "package_joules": round(joules, 6) if joules is not None else None,
+        "package_watts": watts,
         "source": "/sys/class/powercap intel-rapl energy_uj",
     }

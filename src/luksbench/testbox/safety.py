@@ -22,7 +22,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from luksbench.testbox.sysutil import read_text, run_quiet
+from luksbench.testbox.sysutil import QUIET, read_text, run_quiet
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 MAPPER_PREFIX = "luksbench-"
@@ -75,43 +75,30 @@ def _unescape_mountinfo(field: str) -> str:
 
 def mountpoints() -> list[str]:
     """Mount points of this mount namespace, from /proc/self/mountinfo."""
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return []
-    points = []
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) > 4:
-            points.append(_unescape_mountinfo(fields[4]))
-    return points
+    lines = (read_text("/proc/self/mountinfo") or "").splitlines()
+    return [_unescape_mountinfo(f[4]) for f in map(str.split, lines) if len(f) > 4]
 
 
 def is_mounted(path: str | Path) -> bool:
     return os.path.abspath(path) in mountpoints()
 
 
+def loop_devices(*names: str) -> list[dict]:
+    """``losetup -J -l`` entries of the named loop devices (of every one without names)."""
+    argv = ["losetup", "-J", "-l", *names]
+    try:
+        proc = subprocess.run(argv, timeout=30, **QUIET)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return json.loads(proc.stdout).get("loopdevices", [])
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+        pass
+    return []
+
+
 def loop_devices_backed_by(files: list[str | Path]) -> list[str]:
-    """Loop devices whose backing file is one of ``files`` (per ``losetup -J -l``)."""
-    wanted = {os.path.abspath(f) for f in files}
-    try:
-        proc = subprocess.run(
-            ["losetup", "-J", "-l"], capture_output=True, text=True, check=False, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if proc.returncode != 0 or not proc.stdout.strip():
-        return []
-    try:
-        devices = json.loads(proc.stdout).get("loopdevices", [])
-    except json.JSONDecodeError:
-        return []
-    found = []
-    for dev in devices:
-        back = (dev.get("back-file") or "").removesuffix(" (deleted)")
-        if back in wanted:
-            found.append(dev["name"])
-    return sorted(found)
+    """Loop devices whose backing file is one of ``files``."""
+    wanted = {os.path.abspath(f) + deleted for f in files for deleted in ("", " (deleted)")}
+    return sorted(d["name"] for d in loop_devices() if d.get("back-file") in wanted)
 
 
 def mapper_names_with_prefix(prefix: str) -> list[str]:
@@ -183,21 +170,11 @@ _EXCL_CLAIMERS = (
 )
 
 
-_FILE_KINDS = (
-    (stat.S_ISREG, "a regular file"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-)
-
-
 def is_stable_path(path: str) -> bool:
     """``path`` is one link directly inside a STABLE_PATH_PREFIXES directory (``..`` resolved)."""
     norm = os.path.normpath(path)
-    for prefix in STABLE_PATH_PREFIXES:
-        rest = norm.removeprefix(prefix)
-        if rest != norm and rest and "/" not in rest:
-            return True
-    return False
+    rests = [norm.removeprefix(p) for p in STABLE_PATH_PREFIXES if norm.startswith(p)]
+    return any(rest and "/" not in rest for rest in rests)
 
 
 def stable_links_to(resolved: str) -> list[str]:
@@ -256,11 +233,8 @@ def _family(sysdir: Path) -> list[Path]:
 
 
 def _rdev_of(sysdir: Path) -> int | None:
-    text = read_text(sysdir / "dev")
-    if not text or ":" not in text:
-        return None
-    major, minor = text.split(":", 1)
-    return os.makedev(int(major), int(minor))
+    major, sep, minor = (read_text(sysdir / "dev") or "").partition(":")
+    return os.makedev(int(major), int(minor)) if sep else None
 
 
 def _dev_node(sysdir: Path) -> str:
@@ -273,9 +247,7 @@ def _dev_node(sysdir: Path) -> str:
 
 def _lsblk_field(node: str, column: str) -> str | None:
     proc = run_quiet(["lsblk", "-dno", column, node])
-    if proc is None or proc.returncode != 0:
-        return None
-    return proc.stdout.strip() or None
+    return (proc.stdout.strip() or None) if proc is not None and proc.returncode == 0 else None
 
 
 def device_serial(resolved: str) -> str | None:
@@ -283,12 +255,10 @@ def device_serial(resolved: str) -> str | None:
 
     Loop devices have none; their backing file's path stands in for it. For other disks the sysfs
     serial (NVMe, virtio), then lsblk's SERIAL (what users see, from udev for SATA/SAS), then the
-    WWID; None when there is none.
-    """
+    WWID; None when there is none."""
     disk = _whole_disk(_sysfs_dir(resolved))
     if (disk / "loop").is_dir():
-        backing = read_text(disk / "loop" / "backing_file")
-        return backing or None
+        return read_text(disk / "loop" / "backing_file") or None
     for candidate in (disk / "device" / "serial", disk / "serial"):
         if value := read_text(candidate):
             return value
@@ -365,11 +335,7 @@ def device_mounts(resolved: str) -> list[str]:
     rdevs = {r for r in map(_rdev_of, family) if r is not None}
     numbers = {_major_minor(r) for r in rdevs}
     found: list[str] = []
-    try:
-        mountinfo = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        mountinfo = ""
-    for line in mountinfo.splitlines():
+    for line in (read_text("/proc/self/mountinfo") or "").splitlines():
         left, _, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if len(fields) < 5:
@@ -378,11 +344,7 @@ def device_mounts(resolved: str) -> list[str]:
         # btrfs shows an anonymous 0:N in mountinfo: its source names the real device.
         if fields[2] in numbers or (source.startswith("/dev/") and _is_one_of(source, rdevs)):
             found.append(_unescape_mountinfo(fields[4]))
-    try:
-        swaps = Path("/proc/swaps").read_text().splitlines()[1:]
-    except OSError:
-        swaps = []
-    for line in swaps:
+    for line in (read_text("/proc/swaps") or "").splitlines()[1:]:
         if line.split() and _is_one_of(_unescape_mountinfo(line.split()[0]), rdevs):
             found.append("[swap]")
     return sorted(set(found))
@@ -420,10 +382,6 @@ def processes_using_device(resolved: str) -> list[int]:
     return sorted(pids)
 
 
-def _process_name(pid: int) -> str:
-    return read_text(Path(f"/proc/{pid}/comm")) or "?"
-
-
 def device_in_use(resolved: str) -> str | None:
     """Why the device is busy, or None. The kernel's exclusive claim (``open(O_EXCL)`` fails with
     EBUSY: mounted anywhere, swap, dm/md member, another O_EXCL opener), then processes that
@@ -438,9 +396,9 @@ def device_in_use(resolved: str) -> str | None:
             reasons.append(f"cannot be opened ({exc.strerror})")
     else:
         os.close(fd)
-    pids = processes_using_device(resolved)
-    if pids:
-        reasons.append("open by " + ", ".join(f"pid {p} ({_process_name(p)})" for p in pids))
+    if pids := processes_using_device(resolved):
+        names = [f"pid {p} ({read_text(f'/proc/{p}/comm') or '?'})" for p in pids]
+        reasons.append("open by " + ", ".join(names))
     return "; ".join(reasons) or None
 
 
@@ -466,8 +424,7 @@ def check_device(name: str, spec: dict) -> dict:
 
     ``spec`` is ``{"path": ..., "wipe_serial": "", "allow_unstable_path": False}``. The checks
     read only (``O_RDONLY``, ``wipefs --no-act``). They hold at the time of the check: callers
-    write to ``resolved`` and compare its ``major_minor`` right before they do.
-    """
+    write to ``resolved`` and compare its ``major_minor`` right before they do."""
     where = f"devices.{name}"
     path = spec.get("path")
     wipe_serial = spec.get("wipe_serial") or ""
@@ -475,16 +432,14 @@ def check_device(name: str, spec: dict) -> dict:
     resolved, shown, sysdir, size_bytes = _block_device(where, path)
     _check_unused(where, resolved, shown)
     serial, signatures = _check_wipe_confirmed(where, resolved, shown, wipe_serial)
-    rdev = _block_rdev(resolved)
-    disk = _whole_disk(sysdir)
     return {
         "name": name,
         "path": path,
         "resolved": resolved,
         "kernel_name": sysdir.name,
-        "major_minor": _major_minor(rdev),
+        "major_minor": _major_minor(_block_rdev(resolved)),
         "is_partition": _is_partition(sysdir),
-        "whole_disk": disk.name,
+        "whole_disk": _whole_disk(sysdir).name,
         "size_bytes": size_bytes,
         "serial": serial,
         "model": device_model(resolved),
@@ -509,12 +464,9 @@ def _check_spec(where: str, path, wipe_serial, allow_unstable) -> None:
     if not isinstance(allow_unstable, bool):
         raise SafetyError(f"{where}.allow_unstable_path must be true or false")
     if not allow_unstable and not is_stable_path(path):
-        links = stable_links_to(path) if os.path.exists(path) else []
-        hint = (
-            f"links to it here: {', '.join(links)}"
-            if links
-            else "see ls -l /dev/disk/by-id/ for the disk's names"
-        )
+        hint = "see ls -l /dev/disk/by-id/ for the disk's names"
+        if links := ", ".join(stable_links_to(path) if os.path.exists(path) else []):
+            hint = f"links to it here: {links}"
         raise SafetyError(
             f"{where}: path {path} is not a stable name: it can point at another disk after a "
             f"reboot or hot-plug. Use a link under {', '.join(STABLE_PATH_PREFIXES)} ({hint}), "
@@ -534,7 +486,9 @@ def _block_device(where: str, path: str) -> tuple[str, str, Path, int]:
     shown = path if resolved == path else f"{path} (-> {resolved})"
     mode = os.stat(resolved).st_mode
     if not stat.S_ISBLK(mode):
-        kind = next((what for test, what in _FILE_KINDS if test(mode)), "a special file")
+        kinds = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a directory"}
+        kinds[stat.S_IFCHR] = "a character device"
+        kind = kinds.get(stat.S_IFMT(mode), "a special file")
         raise SafetyError(
             f"{where}: {shown} is {kind}, not a block device; name a disk, or use "
             f"size_mib instead of path for a scratch file on a loop device"
@@ -590,11 +544,9 @@ def _check_wipe_confirmed(
         )
     signatures = device_signatures(resolved)
     if signatures and not wipe_serial:
-        fix = (
-            f"set {where}.wipe_serial: {serial!r} (its serial) to let luksbench overwrite it"
-            if serial is not None
-            else "it has no serial to confirm by: clear it yourself (wipefs -a) after checking"
-        )
+        fix = "it has no serial to confirm by: clear it yourself (wipefs -a) after checking"
+        if serial is not None:
+            fix = f"set {where}.wipe_serial: {serial!r} (its serial) to let luksbench overwrite it"
         raise SafetyError(
             f"{where}: {shown} is not blank, it carries {_describe_signatures(signatures)}; "
             f"if its data may go, {fix}"

@@ -5,9 +5,7 @@ chosen by :mod:`~luksbench.testbox.backends.choose`), precondition; tear down, v
 STATE (``--state``) is written before anything is created and after every step, so that
 ``stack_down`` can always undo a partial ``stack_up``. It holds paths, pids and names, never key
 material; the key is a random passphrase in a 0600 file in a 0700 directory under scratch_dir,
-passed to tools by file only, and removed by ``stack_down``.
-
-Standard library only.
+passed to tools by file only, and removed by ``stack_down``. Standard library only.
 """
 
 from __future__ import annotations
@@ -27,12 +25,11 @@ from luksbench.testbox.plan import baseline_first, device_uses, precondition_opt
 from luksbench.testbox.precondition import precondition
 from luksbench.testbox.sysutil import (
     TestboxError,
-    cmdline,
     find_our_processes,
     log,
-    pid_alive,
+    runs_with,
+    stop_process,
     utc_now,
-    wait_gone,
     write_json_atomic,
 )
 
@@ -47,30 +44,17 @@ def load_state(state_path: Path) -> dict:
         raise TestboxError(f"{state_path}: cannot read stack state: {exc}") from exc
 
 
-def _precondition(entry: dict, ioengine: str, options: dict) -> dict:
-    """Discard (where the device allows it), fill, optionally reach steady state (precondition.py)."""
-    log(f"  {entry['stack']}: preconditioning {entry['size_bytes'] / MIB:.0f} MiB")
-    record = precondition(entry["device"], entry["size_bytes"], options, ioengine, log=log)
-    log(f"  {entry['stack']}: preconditioned in {record['seconds']:.1f} s")
-    return record
-
-
 def _real_devices_used(plan: dict) -> dict[str, dict]:
     """The allowlisted real disks (``devices`` entries with a path) the stacks use."""
     used = device_uses(plan)
-    return {
-        name: spec
-        for name, spec in plan.get("devices", {}).items()
-        if "path" in spec and name in used
-    }
+    return {n: spec for n, spec in plan.get("devices", {}).items() if "path" in spec and n in used}
 
 
 def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     """Check every device, bring every stack up, precondition, write STATE and DESCRIBE.
 
     On any failure (or Ctrl-C) everything built so far is torn down before the error propagates.
-    Returns the description.
-    """
+    Returns the description."""
     state_path, describe_path = Path(state_path), Path(describe_path)
     backend = _check_before_building(plan, state_path)
     scratch = safety.check_scratch_dir(plan["scratch_dir"])
@@ -96,9 +80,8 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
         _undo_failed_stack_up(state_path, exc)
         raise
     write_json_atomic(describe_path, description)
-    log(
-        f"luksbench testbox stack-up: {len(state['order'])} stack(s) up; state {state_path}, description {describe_path}"
-    )
+    up = f"{len(state['order'])} stack(s) up"
+    log(f"luksbench testbox stack-up: {up}; state {state_path}, description {describe_path}")
     return description
 
 
@@ -133,14 +116,8 @@ def _new_entry(plan: dict, name: str, backend: str, scratch: Path, size: int) ->
     """A stack's STATE entry before it is built (userspace: its backing file and mountpoint)."""
     cfg = plan["stacks"][name]
     kind = cfg.get("kind", "plain")
-    entry = {
-        "stack": name,
-        "kind": kind,
-        "device": None,
-        "device_type": None,
-        "size_bytes": None,
-        "mountpoint": None,
-    }
+    built = dict.fromkeys(("device", "device_type", "size_bytes", "mountpoint"))  # not yet
+    entry = {"stack": name, "kind": kind, **built}
     if backend != "userspace":
         return entry
     if userspace_compatible({"stacks": {name: cfg}}):
@@ -151,13 +128,8 @@ def _new_entry(plan: dict, name: str, backend: str, scratch: Path, size: int) ->
     run = plan["run"]
     backing = safety.check_inside(scratch / f"luksbench-{run}-{name}.img", scratch)
     mountpoint = safety.check_inside(scratch / f"luksbench-{run}-{name}.fuse", scratch)
-    entry.update(
-        backing_file=str(backing),
-        backing_size_bytes=size,
-        daemon=None,
-        key_file=None,
-        mountpoint=str(mountpoint),
-    )
+    entry.update(backing_file=str(backing), backing_size_bytes=size, daemon=None, key_file=None)
+    entry["mountpoint"] = str(mountpoint)
     safety.check_free(mountpoint=mountpoint, backing=backing)
     return entry
 
@@ -213,10 +185,12 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
         entry = state["stacks"][name]
         if entry.get("unavailable"):
             continue
+        record = None
         if options["enabled"] and entry["device_type"] != "rbd":
-            described[name]["precondition"] = _precondition(entry, ioengine, options)
-        else:
-            described[name]["precondition"] = None
+            log(f"  {name}: preconditioning {entry['size_bytes'] / MIB:.0f} MiB")
+            record = precondition(entry["device"], entry["size_bytes"], options, ioengine, log=log)
+            log(f"  {name}: preconditioned in {record['seconds']:.1f} s")
+        described[name]["precondition"] = record
     state["complete"] = True
     write_json_atomic(state_path, state, mode=0o600)
     return {
@@ -238,12 +212,8 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
 def _kill_fio(devices: list[str], actions: list[str]) -> None:
     markers = [f"--filename={d}" for d in devices if d]
     for pid in find_our_processes(markers, names=("fio",), exact=True):
-        for sig, wait in ((signal.SIGINT, 5), (signal.SIGKILL, 5)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-            if wait_gone(pid, wait):
-                actions.append(f"stopped leftover fio pid {pid} ({sig.name})")
-                break
+        if stopped_by := stop_process(pid, (signal.SIGINT, signal.SIGKILL)):
+            actions.append(f"stopped leftover fio pid {pid} ({stopped_by})")
 
 
 def _remove_file(path: str | None, what: str, actions: list[str]) -> None:
@@ -258,9 +228,8 @@ def _shred_keys(key_dir: str | None, actions: list[str]) -> None:
     for p in Path(key_dir).iterdir():
         with contextlib.suppress(OSError):
             if p.is_file() and not p.is_symlink():
-                n = p.stat().st_size
                 with open(p, "r+b") as f:
-                    f.write(b"\0" * n)
+                    f.write(b"\0" * p.stat().st_size)
                     f.flush()
                     os.fsync(f.fileno())
     shutil.rmtree(key_dir)
@@ -276,14 +245,12 @@ def stack_down(
 
     Idempotent: a missing STATE, or one whose stacks are already (partly) gone, is fine. Returns
     the record (also written to ``record_path`` if given); ``record["ok"]`` is False when a check
-    failed, and then STATE is kept.
-    """
+    failed, and then STATE is kept."""
     state_path = Path(state_path)
     started = utc_now()
     if not state_path.exists():
-        log(
-            f"luksbench testbox stack-down: {state_path} does not exist; nothing to tear down (already down)"
-        )
+        gone = f"{state_path} does not exist; nothing to tear down (already down)"
+        log(f"luksbench testbox stack-down: {gone}")
         record = {"state": str(state_path), "started": started, "ended": utc_now()}
         record.update(already_down=True, state_found=False, actions=[], checks={}, ok=True)
         if record_path:
@@ -291,8 +258,7 @@ def stack_down(
         return record
     state = load_state(state_path)
     stacks = [state["stacks"][n] for n in reversed(state.get("order") or list(state["stacks"]))]
-    actions: list[str] = []
-    errors: list[str] = []
+    actions, errors = [], []
     _tear_down(state, stacks, actions, errors)
     checks, details = _verify_clean(state, stacks)
     ok = all(checks.values()) and not errors
@@ -346,9 +312,7 @@ def _tear_down(state: dict, stacks: list[dict], actions: list[str], errors: list
 
 def _fuse_mountpoint(entry: dict) -> str | None:
     """The stack's FUSE export file (userspace backend), if it has one."""
-    if entry.get("mountpoint") and entry.get("device_type") in (None, "file"):
-        return entry["mountpoint"]
-    return None
+    return entry.get("mountpoint") if entry.get("device_type") in (None, "file") else None
 
 
 def _tear_down_entry(entry: dict, actions: list[str], errors: list[str]) -> None:
@@ -358,13 +322,8 @@ def _tear_down_entry(entry: dict, actions: list[str], errors: list[str]) -> None
         userspace.unmount(entry["mountpoint"], name, actions)
         if not safety.is_mounted(entry["mountpoint"]):
             _remove_file(entry["mountpoint"], f"{name} FUSE mountpoint file", actions)
-    mapper = entry.get("mapper_name")
-    if (
-        mapper
-        and mapper.startswith(safety.MAPPER_PREFIX)
-        and os.path.exists(f"/dev/mapper/{mapper}")
-    ):
-        kernel.undo([{"type": "crypt", "name": mapper}], actions, errors)
+    if entry.get("mapper_name"):  # undo leaves a name without our prefix alone
+        kernel.undo([{"type": "crypt", "name": entry["mapper_name"]}], actions, errors)
     if entry.get("backing_file"):
         kernel.undo([{"type": "loop", "backing": entry["backing_file"]}], actions, errors)
 
@@ -373,13 +332,8 @@ def _our_processes(stacks: list[dict], objects: list[dict]) -> list[int]:
     """Daemons and fio processes still running on anything of ours."""
     markers = [e.get("mountpoint") for e in stacks] + [e.get("backing_file") for e in stacks]
     markers += [o.get("backing") for o in objects if o["type"] == "loop"]
-    return find_our_processes(markers) + [
-        e["daemon"]["pid"]
-        for e in stacks
-        if (e.get("daemon") or {}).get("pid")
-        and pid_alive(e["daemon"]["pid"])
-        and any(m and m in "\0".join(cmdline(e["daemon"]["pid"])) for m in markers)
-    ]
+    daemons = [(e.get("daemon") or {}).get("pid") for e in stacks]
+    return find_our_processes(markers) + [pid for pid in daemons if runs_with(pid, markers)]
 
 
 def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
@@ -397,10 +351,8 @@ def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
     ours |= {e["mapper_name"] for e in stacks if e.get("mapper_name")}
     prefix = f"{safety.MAPPER_PREFIX}{state['run']}-"
     mappers = [n for n in safety.mapper_names_with_prefix(prefix) if n in ours]
-    files_left = [p for e in stacks for p in (e.get("backing_file"), e.get("key_file")) if p] + [
-        m for e in stacks if (m := _fuse_mountpoint(e))
-    ]
-    files_left = [p for p in files_left if os.path.lexists(p)] + left["files"]
+    mine = [(e.get("backing_file"), e.get("key_file"), _fuse_mountpoint(e)) for e in stacks]
+    files_left = [p for paths in mine for p in paths if p and os.path.lexists(p)] + left["files"]
     checks = {
         "no_mounts": not ours_mounts and not left["mounts"],
         "no_processes": not procs,
@@ -430,11 +382,8 @@ def _record_teardown(state_path: Path, record: dict, record_path) -> None:
         log(f"  {a}")
     if record["ok"]:
         state_path.unlink(missing_ok=True)
-        log(
-            "luksbench testbox stack-down: "
-            + ("already down; nothing to do" if not actions else "all stacks down")
-            + "; checks passed"
-        )
+        done = "all stacks down" if actions else "already down; nothing to do"
+        log(f"luksbench testbox stack-down: {done}; checks passed")
     else:
         failed = [k for k, v in record["checks"].items() if not v]
         log(

@@ -1,9 +1,5 @@
-"""The storage and system facts a result depends on, captured once per host into env.json.
-
-Block devices (``lsblk -J -O``, each queue's I/O scheduler and limits), disk identity
-(``nvme id-ctrl``, ``smartctl -i``) when those tools are installed, CPU frequency governors,
-the kernel command line, CPU vulnerability mitigations, ``/proc/mdstat``, the device-mapper table
-with every crypt key stripped, and ``cryptsetup status`` of luksbench's own mappings.
+"""The storage and system facts a result depends on (block devices and their queues, disk
+identity, CPU frequency and mitigations, MD and device-mapper state), captured into env.json.
 
 A missing tool or file is recorded with the reason (``{"status": "absent", "reason": ...}``),
 never an error: this runs on whatever box it is given. Nothing here writes to a device, and
@@ -21,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from luksbench.testbox.probes import POWERCAP_ROOT, rapl_unavailable_reason, read_rapl
-from luksbench.testbox.sysutil import read_text, which
+from luksbench.testbox.sysutil import QUIET, read_text, which
 
 KEY_STRIPPED = "<key stripped>"
 TOOL_TIMEOUT_S = 30
@@ -33,17 +29,14 @@ QUEUE_ATTRS += ("rq_affinity", "add_random")
 # dm-integrity optional arguments that carry a key: "<name>:<algorithm>:<key>".
 _INTEGRITY_KEY_ARG = re.compile(r"^((?:internal_hash|journal_crypt|journal_mac):[^:]+):.+$")
 _NUMBER = re.compile(r"^\d+\Z")
+VULNERABILITIES = "/sys/devices/system/cpu/vulnerabilities"
 
 
 def _target_index(tokens: list[str]) -> int | None:
     """Index of ``<start>`` in a table line: 0, or 1 after dmsetup's ``<name>:`` prefix."""
     for i in (0, 1):
-        if (
-            len(tokens) >= i + 3
-            and _NUMBER.match(tokens[i])
-            and _NUMBER.match(tokens[i + 1])
-            and (i == 0 or tokens[0].endswith(":"))
-        ):
+        numbers = len(tokens) >= i + 3 and _NUMBER.match(tokens[i]) and _NUMBER.match(tokens[i + 1])
+        if numbers and (i == 0 or tokens[0].endswith(":")):
             return i
     return None
 
@@ -77,9 +70,8 @@ def strip_dm_table_keys(text: str) -> str:
     Other targets are kept as they are; a line that mentions crypt but does not parse as a table
     line is withheld entirely. Line structure is preserved; whitespace within a changed line is
     normalised to single spaces."""
-    return "\n".join(_strip_line(line) for line in text.splitlines()) + (
-        "\n" if text.endswith("\n") else ""
-    )
+    stripped = "\n".join(_strip_line(line) for line in text.splitlines())
+    return stripped + ("\n" if text.endswith("\n") else "")
 
 
 def _absent(reason: str) -> dict:
@@ -92,26 +84,17 @@ def _tool(argv: list[str], parse_json: bool = False, ok_codes: tuple[int, ...] =
     if path is None:
         return _absent(f"{argv[0]} not installed")
     try:
-        proc = subprocess.run(
-            [path, *argv[1:]],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=TOOL_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
+        proc = subprocess.run([path, *argv[1:]], timeout=TOOL_TIMEOUT_S, **QUIET)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"status": "failed", "argv": argv, "error": str(exc)}
     rec: dict = {"status": "ok", "argv": argv, "exit": proc.returncode}
     if proc.returncode not in ok_codes:
-        rec["status"] = "failed"
-        rec["stderr"] = proc.stderr.strip()
+        rec.update(status="failed", stderr=proc.stderr.strip())
     if parse_json:
         try:
             rec["data"] = json.loads(proc.stdout)
         except json.JSONDecodeError as exc:
-            rec["status"] = "failed"
-            rec["error"] = f"output is not JSON: {exc}"
+            rec.update(status="failed", error=f"output is not JSON: {exc}")
             rec["stdout"] = proc.stdout[:4000]
     else:
         rec["text"] = proc.stdout
@@ -133,8 +116,7 @@ def block_queues(sys_block: str | Path = "/sys/block") -> dict:
         queue = dev / "queue"
         sched = read_text(queue / "scheduler")
         entry: dict = {"scheduler": parse_scheduler(sched) if sched is not None else None}
-        for attr in QUEUE_ATTRS:
-            entry[attr] = read_text(queue / attr)
+        entry.update({attr: read_text(queue / attr) for attr in QUEUE_ATTRS})
         slaves = dev / "slaves"
         if slaves.is_dir():
             entry["slaves"] = sorted(p.name for p in slaves.iterdir())
@@ -160,13 +142,8 @@ def disk_of_path(path: str | Path) -> dict:
 def _disks_from_lsblk(lsblk: dict) -> list[str]:
     """Whole physical-looking disks lsblk lists (not zram/ram, which say nothing about storage)."""
     devices = (lsblk.get("data") or {}).get("blockdevices") or []
-    return [
-        d["path"]
-        for d in devices
-        if d.get("type") == "disk"
-        and d.get("path")
-        and not str(d.get("name", "")).startswith(("zram", "ram"))
-    ]
+    disks = [d for d in devices if d.get("type") == "disk" and d.get("path")]
+    return [d["path"] for d in disks if not str(d.get("name", "")).startswith(("zram", "ram"))]
 
 
 def identify_devices(devices: list[str]) -> dict:
@@ -176,17 +153,13 @@ def identify_devices(devices: list[str]) -> dict:
         real = os.path.realpath(dev)
         entry: dict = {"resolved": real}
         if not os.path.exists(real):
-            entry["error"] = f"{dev} does not exist"
-            out[dev] = entry
+            out[dev] = {**entry, "error": f"{dev} does not exist"}
             continue
         if os.path.basename(real).startswith("nvme"):
             entry["nvme_id_ctrl"] = _tool(["nvme", "id-ctrl", "-o", "json", real], parse_json=True)
         # smartctl's exit status is a bit mask; bits 0-1 are command-line/open failures.
-        entry["smartctl"] = _tool(
-            ["smartctl", "-i", "-j", real],
-            parse_json=True,
-            ok_codes=tuple(c for c in range(256) if not c & 0b11),
-        )
+        ok = tuple(c for c in range(256) if not c & 0b11)
+        entry["smartctl"] = _tool(["smartctl", "-i", "-j", real], parse_json=True, ok_codes=ok)
         out[dev] = entry
     return out
 
@@ -194,8 +167,7 @@ def identify_devices(devices: list[str]) -> dict:
 def cpufreq(sys_cpu: str | Path = "/sys/devices/system/cpu") -> dict:
     """Frequency governor and driver of each CPU, plus turbo/boost switches where the driver has them."""
     root = Path(sys_cpu)
-    governors = {}
-    drivers = set()
+    governors, drivers = {}, set()
     for cpu in sorted(root.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:])):
         gov = read_text(cpu / "cpufreq" / "scaling_governor")
         if gov is not None:
@@ -214,7 +186,7 @@ def cpufreq(sys_cpu: str | Path = "/sys/devices/system/cpu") -> dict:
     }
 
 
-def cpu_vulnerabilities(vuln_dir: str | Path = "/sys/devices/system/cpu/vulnerabilities") -> dict:
+def cpu_vulnerabilities(vuln_dir: str | Path = VULNERABILITIES) -> dict:
     root = Path(vuln_dir)
     if not root.is_dir():
         return _absent(f"{root} not present")
@@ -256,7 +228,9 @@ def capture_system(
     if devices is None:
         devices = _disks_from_lsblk(lsblk)
     rapl = read_rapl(powercap_root)
-    mdstat = read_text("/proc/mdstat")
+    md = _absent("no /proc/mdstat (no MD RAID in this kernel)")
+    if (mdstat := read_text("/proc/mdstat")) is not None:
+        md = {"status": "ok", "text": mdstat}
     return {
         "tools": {t: which(t) for t in PROBE_TOOLS},
         "lsblk": lsblk,
@@ -266,11 +240,7 @@ def capture_system(
         "cpufreq": cpufreq(),
         "cmdline": read_text("/proc/cmdline"),
         "cpu_vulnerabilities": cpu_vulnerabilities(),
-        "mdstat": (
-            {"status": "ok", "text": mdstat}
-            if mdstat is not None
-            else _absent("no /proc/mdstat (no MD RAID in this kernel)")
-        ),
+        "mdstat": md,
         "dm_table": dm_table(),
         "cryptsetup_status": luksbench_mappings(),
         "rapl": (

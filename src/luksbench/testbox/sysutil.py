@@ -6,9 +6,11 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,11 @@ class TestboxError(RuntimeError):
     """A test-box step failed; the message says which and why."""
 
     __test__ = False  # not a pytest test class
+
+
+# How the test box runs every tool: output captured as text, its exit status checked by the
+# caller, and no terminal to prompt on.
+QUIET = {"capture_output": True, "text": True, "check": False, "stdin": subprocess.DEVNULL}
 
 
 def log(msg: str) -> None:
@@ -73,9 +80,7 @@ def run_quiet(argv: list[str], timeout: float = 30) -> subprocess.CompletedProce
     if tool is None:
         return None
     try:
-        return subprocess.run(
-            [tool, *argv[1:]], capture_output=True, text=True, check=False, timeout=timeout
-        )
+        return subprocess.run([tool, *argv[1:]], timeout=timeout, **QUIET)
     except (OSError, subprocess.TimeoutExpired):
         return None
 
@@ -84,22 +89,14 @@ def run_tool(argv: list[str], what: str, timeout: float = 120) -> subprocess.Com
     """Run a tool; raise TestboxError with its stderr on failure. Never logs key material:
     keys only ever travel in files, so argv is safe to print."""
     try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
+        proc = subprocess.run(argv, timeout=timeout, **QUIET)
     except FileNotFoundError as exc:
         raise TestboxError(f"{what}: {argv[0]} not installed") from exc
     except subprocess.TimeoutExpired as exc:
         raise TestboxError(f"{what}: `{' '.join(argv)}` timed out after {timeout} s") from exc
     if proc.returncode != 0:
-        raise TestboxError(
-            f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
-        )
+        said = (proc.stderr or proc.stdout).strip()
+        raise TestboxError(f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {said}")
     return proc
 
 
@@ -109,17 +106,10 @@ def which(tool: str) -> str | None:
     )
 
 
-def _pid_state(pid: int) -> str | None:
-    """Process state letter (R, S, Z, ...) or None if there is no such process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()[0]
-
-
 def pid_alive(pid: int | None) -> bool:
-    return pid is not None and _pid_state(pid) not in (None, "Z", "X")
+    """The process exists and is not a zombie (its state in /proc/<pid>/stat is not Z or X)."""
+    stat = read_text(f"/proc/{pid}/stat") if pid is not None else None
+    return stat is not None and stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def descendants(pid: int) -> list[int]:
@@ -164,6 +154,21 @@ def find_our_processes(
         if hit and pid_alive(int(entry)):
             found.append(int(entry))
     return sorted(found)
+
+
+def runs_with(pid: int | None, markers: list[str | None]) -> bool:
+    """Whether ``pid`` is alive and its command line mentions one of ``markers``."""
+    return pid_alive(pid) and any(m and m in "\0".join(cmdline(pid)) for m in markers)
+
+
+def stop_process(pid: int, signals: tuple[signal.Signals, ...]) -> str | None:
+    """Send each signal in turn, 5 s apart, until ``pid`` is gone; the one that ended it."""
+    for sig in signals:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        if wait_gone(pid, 5):
+            return sig.name
+    return None
 
 
 def wait_gone(pid: int, timeout: float) -> bool:

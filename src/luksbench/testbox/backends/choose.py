@@ -23,56 +23,37 @@ def _proc_misc_has(name: str) -> bool:
 
 def dm_crypt_status(try_modprobe: bool = True) -> dict:
     """Is the kernel's device-mapper with the crypt target usable here?"""
-    status: dict = {
-        "root": os.geteuid() == 0,
-        "dev_mapper_control": os.path.exists("/dev/mapper/control"),
-        "proc_misc_device_mapper": _proc_misc_has("device-mapper"),
-        "dmsetup_version_ok": False,
-        "crypt_target": False,
-        "modprobe": None,
-    }
+    status: dict = {"root": os.geteuid() == 0}
     dmsetup = which("dmsetup")
 
-    def probe_dmsetup() -> None:
-        # Only when the control node exists: dmsetup would otherwise mknod it as a side effect.
-        if dmsetup and os.path.exists("/dev/mapper/control"):
-            proc = run_quiet([dmsetup, "version"])
-            status["dmsetup_version_ok"] = bool(proc and proc.returncode == 0)
-
-    probe_dmsetup()
-
     def dm_present() -> bool:
-        return status["dev_mapper_control"] and (
-            status["dmsetup_version_ok"] or status["proc_misc_device_mapper"]
-        )
+        # dmsetup runs only where the control node exists: it would otherwise mknod it.
+        status["dev_mapper_control"] = control = os.path.exists("/dev/mapper/control")
+        status["proc_misc_device_mapper"] = _proc_misc_has("device-mapper")
+        proc = run_quiet([dmsetup, "version"]) if dmsetup and control else None
+        status["dmsetup_version_ok"] = bool(proc and proc.returncode == 0)
+        return control and (status["dmsetup_version_ok"] or status["proc_misc_device_mapper"])
 
     def crypt_loaded() -> bool:
         if os.path.isdir("/sys/module/dm_crypt"):
             return True
-        if dmsetup and os.path.exists("/dev/mapper/control"):
-            proc = run_quiet([dmsetup, "targets"])
-            if proc and proc.returncode == 0:
-                return any(line.split()[:1] == ["crypt"] for line in proc.stdout.splitlines())
-        return False
+        proc = run_quiet([dmsetup, "targets"]) if dmsetup and status["dev_mapper_control"] else None
+        lines = proc.stdout.splitlines() if proc and proc.returncode == 0 else []
+        return any(line.split()[:1] == ["crypt"] for line in lines)
 
-    if not (dm_present() and crypt_loaded()) and try_modprobe and status["root"]:
+    present, status["modprobe"] = dm_present(), None
+    if not (present and crypt_loaded()) and try_modprobe and status["root"]:
         modprobe = which("modprobe")
         if modprobe is None:
             status["modprobe"] = "modprobe not installed"
         else:
             proc = run_quiet([modprobe, "dm_crypt"])
-            status["modprobe"] = (
-                "modprobe dm_crypt failed"
-                if proc is None
-                else f"modprobe dm_crypt exit {proc.returncode}"
-            )
-            status["dev_mapper_control"] = os.path.exists("/dev/mapper/control")
-            status["proc_misc_device_mapper"] = _proc_misc_has("device-mapper")
-            probe_dmsetup()
-    status["crypt_target"] = crypt_loaded() if dm_present() else False
-    status["available"] = bool(
-        status["root"] and dm_present() and status["crypt_target"] and which("cryptsetup")
-    )
+            exit_code = f"exit {proc.returncode}" if proc is not None else "failed"
+            status["modprobe"] = f"modprobe dm_crypt {exit_code}"
+            present = dm_present()
+    status["crypt_target"] = crypt_loaded() if present else False
+    ready = present and status["crypt_target"]
+    status["available"] = bool(status["root"] and ready and which("cryptsetup"))
     return status
 
 
@@ -100,15 +81,12 @@ def userspace_status() -> dict:
 
 def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> dict:
     """Is the kernel's MD (software RAID) usable here, with the personalities the plan needs?"""
-    personalities = {0: "raid0", 5: "raid5"}
-    modules = {0: "raid0", 5: "raid456"}
+    personalities, modules = {0: "raid0", 5: "raid5"}, {0: "raid0", 5: "raid456"}
 
     def active() -> set[str]:
-        text = read_text("/proc/mdstat") or ""
-        for line in text.splitlines():
-            if line.startswith("Personalities"):
-                return {p.strip("[]") for p in line.split(":", 1)[1].split()}
-        return set()
+        lines = (read_text("/proc/mdstat") or "").splitlines()
+        found = [line.split(":", 1)[1] for line in lines if line.startswith("Personalities")]
+        return {p.strip("[]") for p in (found[0].split() if found else [])}
 
     status: dict = {"root": os.geteuid() == 0, "mdadm": which("mdadm") is not None, "modprobe": []}
     wanted = {personalities[lvl] for lvl in levels if lvl in personalities}
@@ -121,16 +99,11 @@ def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> di
         for lvl in levels:
             if modprobe and personalities.get(lvl) not in active():
                 proc = run_quiet([modprobe, modules[lvl]])
-                status["modprobe"].append(
-                    f"modprobe {modules[lvl]}: "
-                    + ("failed to run" if proc is None else f"exit {proc.returncode}")
-                )
+                ran = "failed to run" if proc is None else f"exit {proc.returncode}"
+                status["modprobe"].append(f"modprobe {modules[lvl]}: {ran}")
     status["proc_mdstat"] = os.path.exists("/proc/mdstat")
     status["personalities"] = sorted(active())
     missing = sorted(wanted - set(status["personalities"]))
-    status["available"] = bool(
-        status["root"] and status["proc_mdstat"] and status["mdadm"] and not missing
-    )
     if not status["root"]:
         status["reason"] = "not running as root"
     elif not status["proc_mdstat"]:
@@ -141,14 +114,14 @@ def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> di
         status["reason"] = "mdadm not installed"
     else:
         status["reason"] = "MD available"
+    status["available"] = status["reason"] == "MD available"  # every check above passed
     return status
 
 
 def plan_md_levels(plan: dict) -> tuple[int, ...]:
     """RAID levels the plan's md layers use (empty: no MD needed)."""
-    return tuple(
-        sorted({int(lay.get("level", 0)) for lay in plan_layers(plan) if lay["kind"] == "md"})
-    )
+    levels = {int(lay.get("level", 0)) for lay in plan_layers(plan) if lay["kind"] == "md"}
+    return tuple(sorted(levels))
 
 
 def userspace_compatible(plan: dict) -> list[str]:
@@ -175,8 +148,7 @@ def resolve_backend(
 
     ``needs_dm``: the plan has a luks or linear layer (a plain-only plan needs loop devices only);
     ``md_levels``: RAID levels of its md layers; ``userspace_blockers``: the stacks the userspace
-    backend cannot build (:func:`userspace_compatible`).
-    """
+    backend cannot build (:func:`userspace_compatible`)."""
     dm = dm_crypt_status(try_modprobe=try_modprobe)
     md = md_status(try_modprobe=try_modprobe, levels=md_levels) if md_levels else None
     loop = os.path.exists("/dev/loop-control") and which("losetup") is not None
@@ -191,9 +163,8 @@ def resolve_backend(
     elif md is not None and not md["available"]:
         kernel_why = md["reason"]
     elif needs_dm:
-        kernel_why = "device-mapper with dm-crypt and loop devices available" + (
-            "; MD available" if md else ""
-        )
+        md_ok = "; MD available" if md else ""
+        kernel_why = f"device-mapper with dm-crypt and loop devices available{md_ok}"
     else:
         kernel_why = "loop devices available (no luks stack, so dm-crypt is not needed)"
     us_problems = [f"missing {tool}" for tool in us["missing_tools"]]
@@ -201,12 +172,9 @@ def resolve_backend(
     if us.get("blocked_by"):
         arms = "it builds only plain and luks-on-its-own-file arms"
         us_problems.append(f"{arms}, not {', '.join(us['blocked_by'])}")
-    us_why = (
-        "qemu-storage-daemon with FUSE export available"
-        if us["available"]
-        else "userspace backend unavailable: " + ", ".join(us_problems)
-    )
-    selected: str | None
+    us_why = "qemu-storage-daemon with FUSE export available"
+    if not us["available"]:
+        us_why = "userspace backend unavailable: " + ", ".join(us_problems)
     if requested == "kernel":
         selected = "kernel" if kernel_ok else None
         reason = f"plan requests kernel; {kernel_why}"
@@ -216,21 +184,12 @@ def resolve_backend(
     elif kernel_ok:
         selected, reason = "kernel", f"auto: {kernel_why}"
     elif us["available"]:
-        selected = "userspace"
-        reason = (
-            f"auto: kernel backend unavailable ({kernel_why}); using qemu-storage-daemon + FUSE"
-        )
+        selected, how = "userspace", "using qemu-storage-daemon + FUSE"
+        reason = f"auto: kernel backend unavailable ({kernel_why}); {how}"
     else:
         selected, reason = None, f"auto: kernel backend unavailable ({kernel_why}); {us_why}"
-    return {
-        "requested": requested,
-        "selected": selected,
-        "reason": reason,
-        "dm_crypt": dm,
-        "md": md,
-        "loop_devices": loop,
-        "userspace": us,
-    }
+    facts = {"dm_crypt": dm, "md": md, "loop_devices": loop, "userspace": us}
+    return {"requested": requested, "selected": selected, "reason": reason, **facts}
 
 
 def plan_needs_dm(plan: dict) -> bool:
@@ -239,10 +198,5 @@ def plan_needs_dm(plan: dict) -> bool:
 
 def resolve_plan_backend(plan: dict, try_modprobe: bool = True) -> dict:
     """:func:`resolve_backend` for what this plan's layers need."""
-    return resolve_backend(
-        plan["backend"],
-        try_modprobe=try_modprobe,
-        needs_dm=plan_needs_dm(plan),
-        md_levels=plan_md_levels(plan),
-        userspace_blockers=userspace_compatible(plan),
-    )
+    levels, blockers = plan_md_levels(plan), userspace_compatible(plan)
+    return resolve_backend(plan["backend"], try_modprobe, plan_needs_dm(plan), levels, blockers)

@@ -14,16 +14,13 @@ Layers (``kind``), top first in the config, built bottom-up here:
 
 Every object is appended to the state's undo log (``state["objects"]``) *before* it is created,
 so :func:`undo` can reverse a partial build after a failure or a signal. A device named in
-``devices`` is built once and shared by every stack that names it.
-
-Standard library only.
+``devices`` is built once and shared by every stack that names it. Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import secrets
@@ -34,15 +31,15 @@ import time
 from pathlib import Path
 
 from luksbench.testbox import safety
-from luksbench.testbox.plan import NULL_CIPHERS, baseline_first, luks_layer, walk_layers
+from luksbench.testbox.plan import NULL_CIPHERS, baseline_first, luks_layer, plan_layers
 from luksbench.testbox.sysinfo import strip_dm_table_keys
 from luksbench.testbox.sysutil import (
+    QUIET,
     TestboxError,
     log,
     private_dir,
     run_quiet,
     run_tool,
-    which,
     write_json_atomic,
 )
 
@@ -75,14 +72,7 @@ def device_size(path: str | Path) -> int:
 
 def loop_direct_io(loop: str) -> bool | None:
     """Whether the loop device really does direct I/O to its backing file (``losetup -J -l``)."""
-    try:
-        proc = subprocess.run(
-            ["losetup", "-J", "-l", loop], capture_output=True, text=True, check=False, timeout=30
-        )
-        dev = json.loads(proc.stdout)["loopdevices"][0]
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, KeyError, IndexError):
-        return None
-    dio = dev.get("dio")
+    dio = next(iter(safety.loop_devices(loop)), {}).get("dio")
     return dio if isinstance(dio, bool) else (str(dio) == "1" if dio is not None else None)
 
 
@@ -118,40 +108,6 @@ def is_null_cipher(cipher: str) -> bool:
     return str(cipher) in NULL_CIPHERS
 
 
-def luks_format_argv(
-    cfg: dict, target: str | Path, key_file: str | Path, luks_type: str
-) -> list[str]:
-    cipher = str(cfg.get("cipher", "aes-xts-plain64"))
-    argv = [
-        "cryptsetup",
-        "luksFormat",
-        "--batch-mode",
-        "--type",
-        luks_type,
-        "--cipher",
-        cipher,
-        "--key-size",
-        str(int(cfg.get("key_bits", 512))),
-        "--hash",
-        str(cfg.get("hash", "sha256")),
-    ]
-    if luks_type == "luks2":
-        argv += ["--sector-size", str(int(cfg.get("sector_size", 512)))]
-        if is_null_cipher(cipher):
-            # The null arm encrypts nothing; its key slot still needs a real cipher.
-            argv += ["--keyslot-cipher", "aes-xts-plain64", "--keyslot-key-size", "512"]
-    argv += [
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        str(int(cfg.get("pbkdf_iterations", 1000))),
-        "--key-file",
-        str(key_file),
-        str(target),
-    ]
-    return argv
-
-
 def luks_facts(cfg: dict, luks_type: str, sector: int) -> dict:
     """How a luks layer is formatted, as its description records it."""
     return {
@@ -166,6 +122,22 @@ def luks_facts(cfg: dict, luks_type: str, sector: int) -> dict:
     }
 
 
+def luks_format_argv(
+    cfg: dict, target: str | Path, key_file: str | Path, luks_type: str
+) -> list[str]:
+    facts = luks_facts(cfg, luks_type, int(cfg.get("sector_size", 512)))
+    cipher = str(facts["cipher"])
+    argv = ["cryptsetup", "luksFormat", "--batch-mode", "--type", luks_type, "--cipher", cipher]
+    argv += ["--key-size", str(facts["key_bits"]), "--hash", str(facts["hash"])]
+    if luks_type == "luks2":
+        argv += ["--sector-size", str(facts["sector_size"])]
+        if is_null_cipher(cipher):
+            # The null arm encrypts nothing; its key slot still needs a real cipher.
+            argv += ["--keyslot-cipher", "aes-xts-plain64", "--keyslot-key-size", "512"]
+    argv += ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", str(facts["pbkdf_iterations"])]
+    return [*argv, "--key-file", str(key_file), str(target)]
+
+
 def luks_dump(device: str | Path, key_file: str | Path, stack: str) -> str:
     """``cryptsetup luksDump``, refused if it holds the key (it prints none: belt and braces)."""
     dump = run_tool(["cryptsetup", "luksDump", str(device)], f"stack {stack}: luksDump").stdout
@@ -177,34 +149,16 @@ def luks_dump(device: str | Path, key_file: str | Path, stack: str) -> str:
 def luks_open_argv(
     device: str | Path, name: str, key_file: str | Path, perf_flags: list[str] | None = None
 ) -> list[str]:
-    return [
-        "cryptsetup",
-        "open",
-        "--type",
-        "luks",
-        *[f"--perf-{flag}" for flag in perf_flags or []],
-        "--key-file",
-        str(key_file),
-        str(device),
-        name,
-    ]
+    argv = ["cryptsetup", "open", "--type", "luks", *[f"--perf-{f}" for f in perf_flags or []]]
+    return [*argv, "--key-file", str(key_file), str(device), name]
 
 
 def mdadm_create_argv(device: str, level: int, chunk_kib: int, members: list[str]) -> list[str]:
     # --assume-clean: no initial resync competing with the measurements (parity is computed on
     # write anyway); --run: no interactive confirmation.
-    return [
-        "mdadm",
-        "--create",
-        device,
-        "--run",
-        "--assume-clean",
-        "--metadata=1.2",
-        f"--level={level}",
-        f"--raid-devices={len(members)}",
-        f"--chunk={chunk_kib}",
-        *members,
-    ]
+    argv = ["mdadm", "--create", device, "--run", "--assume-clean", "--metadata=1.2"]
+    argv += [f"--level={level}", f"--raid-devices={len(members)}", f"--chunk={chunk_kib}"]
+    return [*argv, *members]
 
 
 def mkfs_argv(fstype: str, device: str) -> list[str]:
@@ -216,25 +170,13 @@ def mkfs_argv(fstype: str, device: str) -> list[str]:
     raise TestboxError(f"unsupported fstype {fstype!r}")
 
 
-def linear_table(size_sectors: int, device: str, offset_sectors: int) -> str:
-    return f"0 {size_sectors} linear {device} {offset_sectors}"
-
-
-def dmsetup_create_argv(name: str, table: str) -> list[str]:
-    return ["dmsetup", "create", name, "--table", table]
-
-
 # --- what the kernel and cryptsetup support ------------------------------------------------------
 
 
 def crypt_target_version() -> tuple[int, ...] | None:
     """dm-crypt target version from ``dmsetup targets`` (None when unknown)."""
-    if not which("dmsetup"):
-        return None
     proc = run_quiet(["dmsetup", "targets"])
-    if proc is None or proc.returncode != 0:
-        return None
-    for line in proc.stdout.splitlines():
+    for line in proc.stdout.splitlines() if proc is not None and proc.returncode == 0 else []:
         parts = line.split()
         if parts[:1] == ["crypt"] and len(parts) > 1:
             with contextlib.suppress(ValueError):
@@ -258,10 +200,8 @@ def usable_perf_flags(
         if flag not in cryptsetup_flags:
             skipped[flag] = f"this cryptsetup has no --perf-{flag}"
         elif crypt_version is not None and crypt_version < need:
-            skipped[flag] = (
-                f"dm-crypt target v{'.'.join(map(str, crypt_version))} is older than "
-                f"v{'.'.join(map(str, need))}, which brought {flag}"
-            )
+            have, since = (".".join(map(str, v)) for v in (crypt_version, need))
+            skipped[flag] = f"dm-crypt target v{have} is older than v{since}, which brought {flag}"
         else:
             applied.append(flag)
     return applied, skipped
@@ -291,10 +231,9 @@ def parse_cryptsetup_status(text: str) -> dict:
 
 
 def dm_table(name: str) -> str | None:
-    proc = run_quiet(["dmsetup", "table", name]) if which("dmsetup") else None
-    if proc is None or proc.returncode != 0:
-        return None
-    return strip_dm_table_keys(proc.stdout.strip())
+    proc = run_quiet(["dmsetup", "table", name])
+    ok = proc is not None and proc.returncode == 0
+    return strip_dm_table_keys(proc.stdout.strip()) if ok else None
 
 
 def free_md_device() -> str:
@@ -314,17 +253,20 @@ def mdstat() -> str | None:
 # --- the builder ---------------------------------------------------------------------------------
 
 
+def _block_layer(device: str, **description) -> dict:
+    """A built layer on a block device, with what the stack's description records of it."""
+    built = {"device": device, "device_type": "block", "size_bytes": device_size(device)}
+    return {**built, "description": description}
+
+
 def planned_dm_names(plan: dict, stacks: list[str]) -> list[str]:
     """The device-mapper names :class:`KernelBuilder` will give the plan's luks and linear layers
     (in build order), so that a name already in use is refused before anything is created."""
     names = []
     for stack in stacks:
         base = safety.mapper_name(plan["run"], stack)
-        count = sum(
-            1
-            for _, layer in walk_layers(plan["stacks"][stack], stack)
-            if isinstance(layer, dict) and layer["kind"] in ("luks", "linear")
-        )
+        kinds = [lay["kind"] for lay in plan_layers({"stacks": {stack: plan["stacks"][stack]}})]
+        count = kinds.count("luks") + kinds.count("linear")
         names += [base if n == 1 else f"{base}-{n}" for n in range(1, count + 1)]
     return names
 
@@ -360,13 +302,8 @@ class KernelBuilder:
             raise safety.SafetyError(f"device-mapper name {name} is already in use")
         return name
 
-    def build_stack(self, name: str) -> dict:
-        """Build one stack; returns {device, device_type, size_bytes, description, ...}."""
-        return self._build(self.plan["stacks"][name], name)
-
-    # --- per kind ---
-
-    def _build(self, layer, stack: str) -> dict:
+    def build(self, layer, stack: str) -> dict:
+        """Build a layer tree of ``stack``: {device, device_type, size_bytes, description, ...}."""
         if isinstance(layer, str):
             return self._device(layer)
         kind = layer["kind"]
@@ -380,7 +317,7 @@ class KernelBuilder:
             return built
         if kind == "luks":
             below = (
-                self._build(layer["over"], stack)
+                self.build(layer["over"], stack)
                 if "over" in layer
                 else self._loop_file(stack, int(self.plan["device_size_mib"]) * MIB)
             )
@@ -388,24 +325,16 @@ class KernelBuilder:
         if kind == "linear":
             return self._linear(layer, stack)
         if kind == "md":
-            members = [self._build(m, stack) for m in layer["members"]]
+            members = [self.build(m, stack) for m in layer["members"]]
             return self._md(layer, stack, members)
         if kind == "fs":
-            return self._fs(layer, stack, self._build(layer["over"], stack))
+            return self._fs(layer, stack, self.build(layer["over"], stack))
         if kind == "rbd":
-            return {
-                "device": None,
-                "device_type": "rbd",
-                "size_bytes": None,
-                "description": {
-                    "kind": "rbd",
-                    "pool": layer["pool"],
-                    "image": layer["image"],
-                    "client": layer.get("client", "admin"),
-                    "secure_mode": layer.get("secure_mode", ""),
-                    "note": "fio's rbd engine against the user's pool/image; secure_mode is a label",
-                },
-            }
+            desc = {"kind": "rbd", "pool": layer["pool"], "image": layer["image"]}
+            desc["client"] = layer.get("client", "admin")
+            desc["secure_mode"] = layer.get("secure_mode", "")
+            desc["note"] = "fio's rbd engine against the user's pool/image; secure_mode is a label"
+            return {"device": None, "device_type": "rbd", "size_bytes": None, "description": desc}
         raise TestboxError(f"stack {stack}: unknown kind {kind!r}")
 
     def _device(self, name: str) -> dict:
@@ -417,21 +346,14 @@ class KernelBuilder:
             built["description"]["device_name"] = name
         else:
             check = self.device_checks[name]
-            path = check["resolved"]
-            built = {
-                "device": path,
-                "device_type": "block",
-                "size_bytes": device_size(path),
-                "real_device": True,
-                "description": {"kind": "raw", "device_name": name, **check},
-            }
+            built = _block_layer(check["resolved"], kind="raw", device_name=name, **check)
+            built["real_device"] = True
         self.shared[name] = built
         return built
 
     def _loop_file(self, key: str, size: int) -> dict:
-        backing = safety.check_inside(
-            self.scratch / f"luksbench-{self.run}-{key}.img", self.scratch
-        )
+        name = f"luksbench-{self.run}-{key}.img"
+        backing = safety.check_inside(self.scratch / name, self.scratch)
         safety.check_free(backing=backing)
         self.record({"type": "backing_file", "path": str(backing)})
         log(f"  backing file {backing} ({size // MIB} MiB, fully allocated)")
@@ -448,20 +370,8 @@ class KernelBuilder:
                 "(filesystem without O_DIRECT?); the page cache sits under this stack"
             )
         log(f"  {backing.name} -> {loop} (direct I/O {'on' if dio else 'NOT on'})")
-        return {
-            "device": loop,
-            "device_type": "block",
-            "size_bytes": device_size(loop),
-            "backing_file": str(backing),
-            "description": {
-                "kind": "loop",
-                "backing_file": str(backing),
-                "backing_size_bytes": size,
-                "loop_device": loop,
-                "loop_direct_io": dio,
-                "notes": notes,
-            },
-        }
+        facts = {"backing_file": str(backing), "backing_size_bytes": size, "loop_device": loop}
+        return _block_layer(loop, kind="loop", **facts, loop_direct_io=dio, notes=notes)
 
     def _wipe_later(self, built: dict) -> None:
         """Layers we write onto a real disk are wiped again at teardown (wipefs -a), so the next
@@ -482,60 +392,46 @@ class KernelBuilder:
         cipher = layer.get("cipher", "aes-xts-plain64")
         self._wipe_later(below)
         log(f"  {stack}: luksFormat --type {luks_type} {cipher} on {below['device']}")
-        run_tool(
-            luks_format_argv(
-                {**layer, "sector_size": sector}, below["device"], key_file, luks_type
-            ),
-            f"stack {stack}: luksFormat",
-        )
+        cfg = {**layer, "sector_size": sector}
+        argv = luks_format_argv(cfg, below["device"], key_file, luks_type)
+        run_tool(argv, f"stack {stack}: luksFormat")
         if self._perf is None:
             self._perf = (cryptsetup_perf_flags(), crypt_target_version())
         applied, skipped = usable_perf_flags(list(layer.get("perf_flags") or []), *self._perf)
         for flag, why in skipped.items():
             notes.append(f"perf flag {flag} skipped: {why}")
         self.record({"type": "crypt", "name": name})
-        run_tool(
-            luks_open_argv(below["device"], name, key_file, applied),
-            f"stack {stack}: cryptsetup open",
-        )
+        argv = luks_open_argv(below["device"], name, key_file, applied)
+        run_tool(argv, f"stack {stack}: cryptsetup open")
         device = f"/dev/mapper/{name}"
         status = parse_cryptsetup_status(
             run_tool(["cryptsetup", "status", name], f"stack {stack}: cryptsetup status").stdout
         )
         table = dm_table(name)
-        if table is not None:
-            missing = [f for f in applied if f not in table.split()]
-            if missing:
-                notes.append(f"perf flags {missing} requested but not in the dm table")
+        if missing := [f for f in applied if table is not None and f not in table.split()]:
+            notes.append(f"perf flags {missing} requested but not in the dm table")
         dump = luks_dump(below["device"], key_file, stack)
         log(f"  {stack}: {below['device']} -> {device} (dm-crypt {cipher}, flags {applied})")
-        info = {
-            "mapper": name,
-            "underlying": below["device"],
-            "offset_sectors": status.get("offset_sectors"),
-            "size_sectors": status.get("size_sectors"),
-        }
-        self.stack_luks.setdefault(stack, info)
-        return {
-            "device": device,
-            "device_type": "block",
-            "size_bytes": device_size(device),
-            "description": {
-                "kind": "luks",
-                **luks_facts(layer, luks_type, sector),
-                "null_cipher": is_null_cipher(cipher),
-                "perf_flags_requested": list(layer.get("perf_flags") or []),
-                "perf_flags_applied": applied,
-                "perf_flags_skipped": skipped,
-                "mapper": device,
-                "payload_offset_sectors": status.get("offset_sectors"),
-                "cryptsetup_status": status,
-                "dm_table": table,
-                "luks_dump": dump,
-                "notes": notes,
-                "over": below["description"],
-            },
-        }
+        payload = {k: status.get(k) for k in ("offset_sectors", "size_sectors")}
+        self.stack_luks.setdefault(
+            stack, {"mapper": name, "underlying": below["device"], **payload}
+        )
+        return _block_layer(
+            device,
+            kind="luks",
+            **luks_facts(layer, luks_type, sector),
+            null_cipher=is_null_cipher(cipher),
+            perf_flags_requested=list(layer.get("perf_flags") or []),
+            perf_flags_applied=applied,
+            perf_flags_skipped=skipped,
+            mapper=device,
+            payload_offset_sectors=status.get("offset_sectors"),
+            cryptsetup_status=status,
+            dm_table=table,
+            luks_dump=dump,
+            notes=notes,
+            over=below["description"],
+        )
 
     def _linear(self, layer: dict, stack: str) -> dict:
         luks = self.stack_luks.get(layer["like"])
@@ -546,29 +442,27 @@ class KernelBuilder:
                 f"stack {stack}: cryptsetup status of {luks['mapper']} lacks offset/size"
             )
         name = self._dm_name(stack)
-        table = linear_table(luks["size_sectors"], luks["underlying"], luks["offset_sectors"])
+        table = f"0 {luks['size_sectors']} linear {luks['underlying']} {luks['offset_sectors']}"
         self.record({"type": "dm", "name": name})
-        run_tool(dmsetup_create_argv(name, table), f"stack {stack}: dmsetup create (linear)")
+        run_tool(
+            ["dmsetup", "create", name, "--table", table], f"stack {stack}: dmsetup create (linear)"
+        )
         device = f"/dev/mapper/{name}"
         for _ in range(50):  # without udev the node may take a moment
             if os.path.exists(device):
                 break
             time.sleep(0.1)
         log(f"  {stack}: {device} = dm-linear over the payload of {luks['mapper']}")
-        return {
-            "device": device,
-            "device_type": "block",
-            "size_bytes": device_size(device),
-            "description": {
-                "kind": "linear",
-                "like": layer["like"],
-                "dm_table": dm_table(name) or table,
-                "underlying": luks["underlying"],
-                "offset_sectors": luks["offset_sectors"],
-                "size_sectors": luks["size_sectors"],
-                "note": "same LBAs of the same device as the luks payload of " + layer["like"],
-            },
-        }
+        return _block_layer(
+            device,
+            kind="linear",
+            like=layer["like"],
+            dm_table=dm_table(name) or table,
+            underlying=luks["underlying"],
+            offset_sectors=luks["offset_sectors"],
+            size_sectors=luks["size_sectors"],
+            note="same LBAs of the same device as the luks payload of " + layer["like"],
+        )
 
     def _md(self, layer: dict, stack: str, members: list[dict]) -> dict:
         device = free_md_device()
@@ -580,22 +474,18 @@ class KernelBuilder:
         log(f"  {stack}: mdadm --create {device} RAID-{level} chunk {chunk} KiB over {paths}")
         run_tool(mdadm_create_argv(device, level, chunk, paths), f"stack {stack}: mdadm --create")
         detail = run_quiet(["mdadm", "--detail", device])
-        return {
-            "device": device,
-            "device_type": "block",
-            "size_bytes": device_size(device),
-            "description": {
-                "kind": "md",
-                "level": level,
-                "chunk_kib": chunk,
-                "md_device": device,
-                "assume_clean": True,
-                "note": "--assume-clean: no initial resync runs during the measurements",
-                "mdstat": mdstat(),
-                "mdadm_detail": detail.stdout if detail is not None else None,
-                "members": [m["description"] for m in members],
-            },
-        }
+        return _block_layer(
+            device,
+            kind="md",
+            level=level,
+            chunk_kib=chunk,
+            md_device=device,
+            assume_clean=True,
+            note="--assume-clean: no initial resync runs during the measurements",
+            mdstat=mdstat(),
+            mdadm_detail=detail.stdout if detail is not None else None,
+            members=[m["description"] for m in members],
+        )
 
     def _fs(self, layer: dict, stack: str, below: dict) -> dict:
         fstype = layer.get("fstype", "ext4")
@@ -620,136 +510,107 @@ class KernelBuilder:
         self.record({"type": "file", "path": str(target)})
         create_backing(target, size)
         log(f"  {stack}: {fstype} on {below['device']} mounted at {mnt}; target {target}")
-        return {
-            "device": str(target),
-            "device_type": "fsfile",
-            "mountpoint": str(mnt),
-            "size_bytes": size,
-            "description": {
-                "kind": "fs",
-                "fstype": fstype,
-                "mkfs": " ".join(mkfs_argv(fstype, below["device"])),
-                "mount_options": "noatime",
-                "file_size_bytes": size,
-                "fs_size_bytes": vfs.f_blocks * vfs.f_frsize,
-                "over": below["description"],
-            },
+        desc = {
+            "kind": "fs",
+            "fstype": fstype,
+            "mkfs": " ".join(mkfs_argv(fstype, below["device"])),
         }
+        desc.update(mount_options="noatime", file_size_bytes=size)
+        desc.update(fs_size_bytes=vfs.f_blocks * vfs.f_frsize, over=below["description"])
+        built = {"device": str(target), "device_type": "fsfile", "mountpoint": str(mnt)}
+        return {**built, "size_bytes": size, "description": desc}
 
 
 # --- teardown ------------------------------------------------------------------------------------
 
 
 def _retry(argv: list[str], tries: int = 10) -> subprocess.CompletedProcess:
+    """Teardown commands are retried: udev or a closing process may hold the device briefly."""
     proc = None
     for attempt in range(tries):
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+        proc = subprocess.run(argv, timeout=120, **QUIET)
         if proc.returncode == 0:
             return proc
         time.sleep(0.2 * (attempt + 1))
     return proc
 
 
+def _undo_run(argv: list[str], actions: list[str], errors: list[str], tries=10, done=None) -> None:
+    proc = _retry(argv, tries)
+    if proc.returncode == 0:
+        actions.append(done or " ".join(argv))
+    else:
+        errors.append(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
+
+
 def undo(objects: list[dict], actions: list[str], errors: list[str]) -> None:
     """Remove every recorded object, newest first; objects already gone are fine."""
     for obj in reversed(objects):
-        kind = obj["type"]
+        kind, path = obj["type"], obj.get("path")
         try:
-            if kind == "mount":
-                if safety.is_mounted(obj["path"]):
-                    for argv in (["umount", obj["path"]], ["umount", "-l", obj["path"]]):
-                        if _retry(argv, 5).returncode == 0:
-                            actions.append(f"{argv[0]} {obj['path']}")
-                            break
-                    else:
-                        errors.append(f"umount {obj['path']} failed")
+            if kind == "mount" and safety.is_mounted(path):
+                umounts = (["umount", path], ["umount", "-l", path])  # lazy when busy
+                if any(_retry(argv, 5).returncode == 0 for argv in umounts):
+                    actions.append(f"umount {path}")
+                else:
+                    errors.append(f"umount {path} failed")
             elif kind in ("file", "backing_file"):
-                if os.path.lexists(obj["path"]) and not safety.is_mounted(obj["path"]):
-                    os.unlink(obj["path"])
-                    actions.append(f"removed {obj['path']}")
-            elif kind == "dir":
-                if os.path.isdir(obj["path"]) and not safety.is_mounted(obj["path"]):
-                    with contextlib.suppress(OSError):
-                        os.rmdir(obj["path"])
-                        actions.append(f"removed directory {obj['path']}")
+                if os.path.lexists(path) and not safety.is_mounted(path):
+                    os.unlink(path)
+                    actions.append(f"removed {path}")
+            elif kind == "dir" and os.path.isdir(path) and not safety.is_mounted(path):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+                    actions.append(f"removed directory {path}")
             elif kind in ("crypt", "dm"):
-                name = obj["name"]
-                if name.startswith(safety.MAPPER_PREFIX) and os.path.exists(f"/dev/mapper/{name}"):
-                    argv = (
-                        ["cryptsetup", "close", name]
-                        if kind == "crypt"
-                        else ["dmsetup", "remove", "--retry", name]
-                    )
-                    proc = _retry(argv)
-                    if proc.returncode == 0 or not os.path.exists(f"/dev/mapper/{name}"):
-                        actions.append(" ".join(argv[:2]) + f" {name}")
-                    else:
-                        errors.append(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
+                _undo_mapping(kind, obj["name"], actions, errors)
             elif kind == "md":
                 dev = obj["device"]
                 if os.path.exists(f"/sys/block/{os.path.basename(dev)}/md"):
-                    proc = _retry(["mdadm", "--stop", dev])
-                    if proc.returncode == 0:
-                        actions.append(f"mdadm --stop {dev}")
-                    else:
-                        errors.append(f"mdadm --stop {dev} failed: {proc.stderr.strip()}")
+                    _undo_run(["mdadm", "--stop", dev], actions, errors)
                 for member in obj.get("members") or []:
-                    if os.path.exists(member):
-                        proc = subprocess.run(
-                            ["mdadm", "--zero-superblock", member],
-                            capture_output=True,
-                            text=True,
-                            check=False,
-                        )
-                        if proc.returncode == 0:
-                            actions.append(f"mdadm --zero-superblock {member}")
-            elif kind == "wipe":
-                if os.path.exists(obj["device"]):
-                    proc = subprocess.run(
-                        ["wipefs", "--all", "--quiet", obj["device"]],
-                        capture_output=True,
-                        text=True,
-                        check=False,
-                    )
-                    if proc.returncode == 0:
-                        actions.append(f"wipefs --all {obj['device']} (our signatures)")
-                    else:
-                        errors.append(f"wipefs {obj['device']} failed: {proc.stderr.strip()}")
+                    zero = ["mdadm", "--zero-superblock", member]
+                    if os.path.exists(member) and _retry(zero, 1).returncode == 0:
+                        actions.append(" ".join(zero))
+            elif kind == "wipe" and os.path.exists(obj["device"]):
+                done = f"wipefs --all {obj['device']} (our signatures)"
+                _undo_run(["wipefs", "--all", "--quiet", obj["device"]], actions, errors, 1, done)
             elif kind == "loop":
                 for loop in safety.loop_devices_backed_by([obj["backing"]]):
-                    proc = _retry(["losetup", "-d", loop], 5)
-                    if proc.returncode == 0:
-                        actions.append(f"losetup -d {loop}")
-                    else:
-                        errors.append(f"losetup -d {loop} failed: {proc.stderr.strip()}")
+                    _undo_run(["losetup", "-d", loop], actions, errors, 5)
         except Exception as exc:  # keep going: tear down as much as possible
             errors.append(f"{kind} {obj}: {exc}")
 
 
+def _undo_mapping(kind: str, name: str, actions: list[str], errors: list[str]) -> None:
+    """Close a crypt mapping or remove a dm device of ours (never one without our prefix)."""
+    if not name.startswith(safety.MAPPER_PREFIX) or not os.path.exists(f"/dev/mapper/{name}"):
+        return
+    close = (
+        ["cryptsetup", "close", name] if kind == "crypt" else ["dmsetup", "remove", "--retry", name]
+    )
+    proc = _retry(close)
+    if proc.returncode == 0 or not os.path.exists(f"/dev/mapper/{name}"):
+        actions.append(f"{close[0]} {close[1]} {name}")
+    else:
+        errors.append(f"{' '.join(close)} failed: {proc.stderr.strip()}")
+
+
 def leftovers(objects: list[dict]) -> dict[str, list[str]]:
     """What of the recorded objects still exists (empty lists: all gone)."""
+
+    def recorded(key: str, *types: str) -> list[str]:
+        return [o[key] for o in objects if o["type"] in types]
+
     mounts = set(safety.mountpoints())
+    mapped = [n for n in recorded("name", "crypt", "dm") if os.path.exists(f"/dev/mapper/{n}")]
+    arrays = recorded("device", "md")
     return {
-        "mounts": [o["path"] for o in objects if o["type"] == "mount" and o["path"] in mounts],
-        "mapper_devices": [
-            o["name"]
-            for o in objects
-            if o["type"] in ("crypt", "dm") and os.path.exists(f"/dev/mapper/{o['name']}")
-        ],
-        "md_devices": [
-            o["device"]
-            for o in objects
-            if o["type"] == "md"
-            and os.path.exists(f"/sys/block/{os.path.basename(o['device'])}/md")
-        ],
-        "loop_devices": safety.loop_devices_backed_by(
-            [o["backing"] for o in objects if o["type"] == "loop"]
-        ),
-        "files": [
-            o["path"]
-            for o in objects
-            if o["type"] in ("file", "backing_file") and os.path.lexists(o["path"])
-        ],
+        "mounts": [p for p in recorded("path", "mount") if p in mounts],
+        "mapper_devices": mapped,
+        "md_devices": [d for d in arrays if os.path.exists(f"/sys/block/{os.path.basename(d)}/md")],
+        "loop_devices": safety.loop_devices_backed_by(recorded("backing", "loop")),
+        "files": [p for p in recorded("path", "file", "backing_file") if os.path.lexists(p)],
     }
 
 
@@ -758,12 +619,8 @@ def leftovers(objects: list[dict]) -> dict[str, list[str]]:
 
 def build_order(plan: dict) -> list[str]:
     """Stacks in the order they can be built: a linear arm after the stack it covers."""
-    order = baseline_first(plan)
-    late = [
-        n
-        for n in order
-        if isinstance(plan["stacks"][n], dict) and plan["stacks"][n]["kind"] == "linear"
-    ]
+    order, stacks = baseline_first(plan), plan["stacks"]
+    late = [n for n in order if isinstance(stacks[n], dict) and stacks[n]["kind"] == "linear"]
     return [n for n in order if n not in late] + late
 
 
@@ -791,21 +648,15 @@ def _first_of(desc: dict, kind: str) -> dict | None:
     """The first layer of ``kind`` in the described tree, depth first."""
     if desc.get("kind") == kind:
         return desc
-    for child in ([desc["over"]] if isinstance(desc.get("over"), dict) else []) + list(
-        desc.get("members") or []
-    ):
-        found = _first_of(child, kind)
-        if found:
+    over = [desc["over"]] if isinstance(desc.get("over"), dict) else []
+    for child in over + list(desc.get("members") or []):
+        if found := _first_of(child, kind):
             return found
     return None
 
 
 def build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict) -> dict:
-    if any(
-        isinstance(layer, dict) and layer["kind"] == "luks"
-        for stack in plan["stacks"].values()
-        for _, layer in walk_layers(stack, "")
-    ):
+    if any(layer["kind"] == "luks" for layer in plan_layers(plan)):
         state["key_dir"] = str(private_dir(Path(state["scratch_dir"]), ".luksbench-keys-"))
     write_json_atomic(state_path, state, mode=0o600)
 
@@ -815,53 +666,46 @@ def build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict)
     builder = KernelBuilder(plan, state, save, device_checks)
     described: dict[str, dict] = {}
     for name in build_order(plan):
-        entry = state["stacks"][name]
         mark = len(state["objects"])
         try:
-            built = builder.build_stack(name)
+            built = builder.build(plan["stacks"][name], name)
         except (TestboxError, safety.SafetyError) as exc:
             if not plan["stacks"][name].get("optional") or name == plan["baseline"]:
                 raise
             described[name] = _unavailable(name, plan, state, builder, mark, exc)
             save()
             continue
-        entry.update(
-            device=built["device"],
-            device_type=built["device_type"],
-            size_bytes=built["size_bytes"],
-            mountpoint=built.get("mountpoint"),
-        )
+        keys = ("device", "device_type", "size_bytes", "mountpoint")
+        state["stacks"][name].update({k: built.get(k) for k in keys})
         save()
-        tree = built["description"]
-        luks = _first_of(tree, "luks") or {}
-        loop = _first_of(tree, "loop") or {}
-        notes = [n for d in (tree, luks, loop) for n in d.get("notes", [])]
-        described[name] = {
-            "kind": plan["stacks"][name]["kind"],
-            "backend": state["backend"],
-            "layout": _layer_summary(tree),
-            "cipher": luks.get("cipher"),
-            "key_bits": luks.get("key_bits"),
-            "hash": luks.get("hash"),
-            "luks_type": luks.get("luks_type"),
-            "sector_size": luks.get("sector_size"),
-            "perf_flags": luks.get("perf_flags_applied"),
-            "backing_file": loop.get("backing_file"),
-            "loop_device": loop.get("loop_device"),
-            "loop_direct_io": loop.get("loop_direct_io"),
-            "device": built["device"],
-            "device_type": built["device_type"],
-            "device_size_bytes": built["size_bytes"],
-            "layers": tree,
-            "notes": sorted(set(notes), key=notes.index),
-        }
+        described[name] = _describe(plan["stacks"][name]["kind"], state["backend"], built)
     return {name: described[name] for name in state["order"]}
+
+
+def _describe(kind: str, backend: str, built: dict) -> dict:
+    """A built stack's description: its layer tree, and the facts of its luks and loop layers."""
+    tree = built["description"]
+    luks = _first_of(tree, "luks") or {}
+    loop = _first_of(tree, "loop") or {}
+    notes = [n for d in (tree, luks, loop) for n in d.get("notes", [])]
+    return {
+        "kind": kind,
+        "backend": backend,
+        "layout": _layer_summary(tree),
+        **{k: luks.get(k) for k in ("cipher", "key_bits", "hash", "luks_type", "sector_size")},
+        "perf_flags": luks.get("perf_flags_applied"),
+        **{k: loop.get(k) for k in ("backing_file", "loop_device", "loop_direct_io")},
+        "device": built["device"],
+        "device_type": built["device_type"],
+        "device_size_bytes": built["size_bytes"],
+        "layers": tree,
+        "notes": sorted(set(notes), key=notes.index),
+    }
 
 
 def _unavailable(name: str, plan: dict, state: dict, builder, mark: int, exc: Exception) -> dict:
     """An optional stack that cannot be built here: undo its objects, record why."""
-    actions: list[str] = []
-    errors: list[str] = []
+    actions, errors = [], []
     undo(state["objects"][mark:], actions, errors)
     if errors:
         raise TestboxError(f"stack {name}: could not be built ({exc}) nor undone: {errors}")

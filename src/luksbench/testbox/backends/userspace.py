@@ -26,12 +26,12 @@ from luksbench.testbox.backends.kernel import (
 )
 from luksbench.testbox.sysutil import (
     TestboxError,
-    cmdline,
     find_our_processes,
     log,
-    pid_alive,
     private_dir,
     run_tool,
+    runs_with,
+    stop_process,
     wait_gone,
     write_json_atomic,
 )
@@ -58,34 +58,18 @@ def qsd_argv(
     key_file: str | Path | None = None,
 ) -> list[str]:
     """qemu-storage-daemon exporting ``backing`` (raw, or through qemu's luks driver) via FUSE."""
-    argv = [
-        "qemu-storage-daemon",
-        "--chardev",
-        f"socket,id=qmp0,path={_qemu_escape(qmp_socket)},server=on,wait=off",
-        "--monitor",
-        "chardev=qmp0",
-        "--blockdev",
-        f"driver=file,node-name=file0,filename={_qemu_escape(backing)},cache.direct=on",
-    ]
+    qmp = f"socket,id=qmp0,path={_qemu_escape(qmp_socket)},server=on,wait=off"
+    argv = ["qemu-storage-daemon", "--chardev", qmp, "--monitor", "chardev=qmp0", "--blockdev"]
+    argv += [f"driver=file,node-name=file0,filename={_qemu_escape(backing)},cache.direct=on"]
     if kind == "luks":
         if key_file is None:
             raise ValueError("luks export needs a key file")
-        argv += [
-            "--object",
-            f"secret,id=sec0,file={_qemu_escape(key_file)},format=raw",
-            "--blockdev",
-            "driver=luks,node-name=dev0,file=file0,key-secret=sec0",
-        ]
+        argv += ["--object", f"secret,id=sec0,file={_qemu_escape(key_file)},format=raw"]
+        argv += ["--blockdev", "driver=luks,node-name=dev0,file=file0,key-secret=sec0"]
     else:
         argv += ["--blockdev", "driver=raw,node-name=dev0,file=file0"]
-    argv += [
-        "--export",
-        f"type=fuse,id=exp0,node-name=dev0,mountpoint={_qemu_escape(mountpoint)},writable=on",
-        "--pidfile",
-        str(pidfile),
-        "--daemonize",
-    ]
-    return argv
+    export = f"type=fuse,id=exp0,node-name=dev0,mountpoint={_qemu_escape(mountpoint)},writable=on"
+    return [*argv, "--export", export, "--pidfile", str(pidfile), "--daemonize"]
 
 
 def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
@@ -109,32 +93,21 @@ def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
                     break
 
 
-def _runtime_parent() -> str | None:
-    """Short directory for QMP sockets and pid files (AF_UNIX paths are limited to 107 bytes)."""
-    return "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else None
-
-
 def _start_daemon(entry: dict, state: dict) -> None:
     mnt = Path(entry["mountpoint"])
     mnt.touch(mode=0o600)  # FUSE exports need an existing regular file as mountpoint
-    argv = qsd_argv(
-        kind=entry["kind"],
-        backing=entry["backing_file"],
-        mountpoint=mnt,
-        qmp_socket=entry["daemon"]["qmp_socket"],
-        pidfile=entry["daemon"]["pidfile"],
-        key_file=entry.get("key_file"),
-    )
+    daemon, who = entry["daemon"], f"stack {entry['stack']}"
+    files = {"backing": entry["backing_file"], "key_file": entry.get("key_file")}
+    sockets = {"qmp_socket": daemon["qmp_socket"], "pidfile": daemon["pidfile"]}
+    argv = qsd_argv(kind=entry["kind"], mountpoint=mnt, **files, **sockets)
     log(f"  {entry['stack']}: qemu-storage-daemon FUSE export -> {mnt}")
-    run_tool(argv, f"stack {entry['stack']}: start qemu-storage-daemon", timeout=60)
+    run_tool(argv, f"{who}: start qemu-storage-daemon", timeout=60)
     try:
-        entry["daemon"]["pid"] = int(Path(entry["daemon"]["pidfile"]).read_text().strip())
+        daemon["pid"] = int(Path(daemon["pidfile"]).read_text().strip())
     except (OSError, ValueError) as exc:
-        raise TestboxError(
-            f"stack {entry['stack']}: qemu-storage-daemon wrote no pid file: {exc}"
-        ) from exc
+        raise TestboxError(f"{who}: qemu-storage-daemon wrote no pid file: {exc}") from exc
     if not safety.is_mounted(mnt):
-        raise TestboxError(f"stack {entry['stack']}: FUSE export {mnt} is not mounted after start")
+        raise TestboxError(f"{who}: FUSE export {mnt} is not mounted after start")
 
 
 def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dict:
@@ -142,19 +115,15 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
     before each step. Returns the stacks' descriptions."""
     if any(e["kind"] == "luks" for e in state["stacks"].values()):
         state["key_dir"] = str(private_dir(state["scratch_dir"], ".luksbench-keys-"))
-    runtime_parent = _runtime_parent() or tempfile.gettempdir()
-    state["runtime_dir"] = str(private_dir(runtime_parent, "luksbench-"))
+    # A short directory for QMP sockets and pid files: AF_UNIX paths are limited to 107 bytes.
+    run_dir = "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else None
+    state["runtime_dir"] = str(private_dir(run_dir or tempfile.gettempdir(), "luksbench-"))
     write_json_atomic(state_path, state, mode=0o600)
     described: dict[str, dict] = {}
     for name in state["order"]:
         entry = state["stacks"][name]
-        desc = {
-            "kind": entry["kind"],
-            "backend": state["backend"],
-            "backing_file": entry["backing_file"],
-            "backing_size_bytes": size,
-            "notes": [],
-        }
+        desc = {"kind": entry["kind"], "backend": state["backend"]}
+        desc.update(backing_file=entry["backing_file"], backing_size_bytes=size, notes=[])
         log(f"  {name}: backing file {entry['backing_file']} ({size // MIB} MiB, fully allocated)")
         create_backing(Path(entry["backing_file"]), size)
         if entry["kind"] == "luks":
@@ -162,13 +131,9 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
         else:
             desc.update(cipher=None, key_bits=None, hash=None, luks_type=None, sector_size=None)
         _export(entry, state, state_path)
-        desc.update(
-            layout="plain file (FUSE)" if entry["kind"] == "plain" else "luks1 (qemu, FUSE)",
-            device=entry["device"],
-            device_type=entry["device_type"],
-            device_size_bytes=entry["size_bytes"],
-        )
-        described[name] = desc
+        desc["layout"] = "plain file (FUSE)" if entry["kind"] == "plain" else "luks1 (qemu, FUSE)"
+        desc.update(device=entry["device"], device_type=entry["device_type"])
+        described[name] = {**desc, "device_size_bytes": entry["size_bytes"]}
     return described
 
 
@@ -188,28 +153,19 @@ def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: P
     entry["key_file"] = str(write_key(Path(state["key_dir"]), name))
     write_json_atomic(state_path, state, mode=0o600)
     log(f"  {name}: luksFormat --type luks1 {cfg.get('cipher', 'aes-xts-plain64')}")
-    backing = entry["backing_file"]
-    run_tool(
-        luks_format_argv(cfg, backing, entry["key_file"], "luks1"), f"stack {name}: luksFormat"
-    )
-    desc.update(
-        luks_facts(cfg, "luks1", 512), luks_dump=luks_dump(backing, entry["key_file"], name)
-    )
+    backing, key_file = entry["backing_file"], entry["key_file"]
+    run_tool(luks_format_argv(cfg, backing, key_file, "luks1"), f"stack {name}: luksFormat")
+    desc.update(luks_facts(cfg, "luks1", 512), luks_dump=luks_dump(backing, key_file, name))
 
 
 def _export(entry: dict, state: dict, state_path: Path) -> None:
     """Start the stack's daemon; its FUSE file becomes the stack's device."""
-    rt = Path(state["runtime_dir"])
-    name = entry["stack"]
-    entry["daemon"] = {
-        "pid": None,
-        "qmp_socket": str(rt / f"{name}.qmp"),
-        "pidfile": str(rt / f"{name}.pid"),
-    }
+    rt, name = Path(state["runtime_dir"]), entry["stack"]
+    paths = {"qmp_socket": str(rt / f"{name}.qmp"), "pidfile": str(rt / f"{name}.pid")}
+    entry["daemon"] = {"pid": None, **paths}
     write_json_atomic(state_path, state, mode=0o600)
     _start_daemon(entry, state)
-    entry["device"] = entry["mountpoint"]
-    entry["device_type"] = "file"
+    entry.update(device=entry["mountpoint"], device_type="file")
     write_json_atomic(state_path, state, mode=0o600)
     entry["size_bytes"] = device_size(entry["device"])
     write_json_atomic(state_path, state, mode=0o600)
@@ -219,29 +175,21 @@ def stop_daemon(entry: dict, actions: list[str]) -> None:
     daemon = entry.get("daemon") or {}
     markers = [entry.get("mountpoint"), entry.get("backing_file")]
     pids = set(find_our_processes(markers, names=("qemu-storage-daemon",)))
-    pid = daemon.get("pid")
-    if pid and pid_alive(pid) and any(m and m in "\0".join(cmdline(pid)) for m in markers):
-        pids.add(pid)
+    if runs_with(daemon.get("pid"), markers):
+        pids.add(daemon["pid"])
     for pid in sorted(pids):
+        who = f"{entry['stack']}: qemu-storage-daemon pid {pid}"
         sock = daemon.get("qmp_socket")
-        quit_ok = False
         if sock and os.path.exists(sock):
             try:
                 qmp_quit(sock)
-                quit_ok = wait_gone(pid, 10)
+                if wait_gone(pid, 10):
+                    actions.append(f"{who} quit via QMP")
+                    continue
             except (OSError, ValueError, TestboxError) as exc:
                 log(f"  {entry['stack']}: QMP quit failed ({exc}); falling back to SIGTERM")
-        if quit_ok:
-            actions.append(f"{entry['stack']}: qemu-storage-daemon pid {pid} quit via QMP")
-            continue
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-            if wait_gone(pid, wait):
-                actions.append(
-                    f"{entry['stack']}: qemu-storage-daemon pid {pid} stopped by {sig.name}"
-                )
-                break
+        if stopped_by := stop_process(pid, (signal.SIGTERM, signal.SIGKILL)):
+            actions.append(f"{who} stopped by {stopped_by}")
 
 
 def unmount(path: str, stack: str, actions: list[str]) -> None:
