@@ -82,6 +82,7 @@ BACKEND_TEXT = {
 }
 
 
+_UNKNOWN = "env.json does not say which encryption backend ran; treat the numbers with care."
 _HOST_TEXT = ("hostname", "cpu_model", "cpu_count", "kernel", "fio_version", "cryptsetup_version")
 _HOST_TEXT += ("qemu_version", "backend_reason")
 
@@ -93,13 +94,7 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
         if backend == "n/a" and not stacks.empty:
             per_stack = stacks[stacks["host"] == row["host"]]["backend"].dropna().unique()
             backend = per_stack[0] if len(per_stack) == 1 else backend
-        short, long = BACKEND_TEXT.get(
-            backend,
-            (
-                f"unknown backend ({backend})",
-                "env.json does not say which encryption backend ran; treat the numbers with care.",
-            ),
-        )
+        short, long = BACKEND_TEXT.get(backend, (f"unknown backend ({backend})", _UNKNOWN))
         hosts.append(
             {
                 "host": row["host"],
@@ -133,7 +128,6 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
         desc = parse_env_json(row["description_json"])
         settings = [f"{k} {desc[k]}" for k in _STACK_SETTINGS if desc.get(k) is not None]
         settings += [f"note: {note}" for note in desc.get("notes") or []]
-        details = "; ".join(settings)
         roles = [
             role
             for role, side in (("baseline", 0), ("variant", 1))
@@ -148,7 +142,7 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
                 "backend": fmt_text(row["backend"]),
                 "cipher": fmt_text(row["cipher"]),
                 "key_bits": fmt_text(row["key_bits"]),
-                "details": details or "n/a",
+                "details": "; ".join(settings) or "n/a",
             }
         )
     return rows
@@ -199,34 +193,26 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
     for metric in dict.fromkeys(loss["metric"]):
         sub = loss[loss["metric"] == metric]
         heading, unit, div, dec = METRIC_UNITS.get(metric, (metric, "", 1, 2))
-        kind = sub["effect"].iloc[0]
-        rows = []
-        for _, r in sub.iterrows():
-            rows.append(
-                {
-                    "cell": (f"{r['host']}: " if multi_host else "")
-                    + cell_name(r, several_jobs)
-                    + (f" — `{r['variant']}`" if multi_variant else ""),
-                    "n": int(r["n"]),
-                    "n_dropped": int(r["n_dropped"]),
-                    "baseline_mean": fmt_num(r["baseline_mean"] / div, dec),
-                    "variant_mean": fmt_num(r["variant_mean"] / div, dec),
-                    "effect": TOO_FEW if _too_few(r) else fmt_pct(r["effect_pct"]),
-                    "ci": fmt_ci(r["ci_low"], r["ci_high"]),
-                    "decision": r["decision"],
-                    "verdict": r["verdict"],
-                    "q": fmt_num(r["q_value"], 3),
-                }
-            )
-        sections.append(
+        rows = [
             {
-                "metric": metric,
-                "heading": heading,
-                "unit": unit,
-                "kind": kind,
-                "rows": rows,
-                "any_dropped": any(r["n_dropped"] for r in rows),
+                "cell": (f"{r['host']}: " if multi_host else "")
+                + cell_name(r, several_jobs)
+                + (f" — `{r['variant']}`" if multi_variant else ""),
+                "n": int(r["n"]),
+                "n_dropped": int(r["n_dropped"]),
+                "baseline_mean": fmt_num(r["baseline_mean"] / div, dec),
+                "variant_mean": fmt_num(r["variant_mean"] / div, dec),
+                "effect": TOO_FEW if _too_few(r) else fmt_pct(r["effect_pct"]),
+                "ci": fmt_ci(r["ci_low"], r["ci_high"]),
+                "decision": r["decision"],
+                "verdict": r["verdict"],
+                "q": fmt_num(r["q_value"], 3),
             }
+            for _, r in sub.iterrows()
+        ]
+        sections.append(
+            {"metric": metric, "heading": heading, "unit": unit, "kind": sub["effect"].iloc[0]}
+            | {"rows": rows, "any_dropped": any(r["n_dropped"] for r in rows)}
         )
     return sections
 
@@ -238,19 +224,17 @@ def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> l
     for k, (baseline, variant) in enumerate(pairs):
         rows = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
         out.append(
-            {
-                "label": label((baseline, variant)),
-                "baseline": baseline,
-                "variant": variant,
-                "headline": k == 0,
-                "scs_tables": scs_tables(rows),
-                "loss_sections": loss_sections(rows),
-                "n_significant": int((rows["verdict"] == "significant").sum()),
-                "decisions": decision_counts(rows),
-                "n_rows": len(rows),
-            }
+            {"label": label((baseline, variant)), "baseline": baseline, "variant": variant}
+            | {"headline": k == 0, "scs_tables": scs_tables(rows), **_tally(rows)}
+            | {"loss_sections": loss_sections(rows)}
         )
     return out
+
+
+def _tally(rows: pd.DataFrame) -> dict:
+    """How many of ``rows`` are significant, their decisions, how many there are."""
+    n_significant = int((rows["verdict"] == "significant").sum())
+    return {"n_significant": n_significant, "decisions": decision_counts(rows), "n_rows": len(rows)}
 
 
 def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
@@ -661,9 +645,7 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
         "tldr": " ".join(tldr_sentences(losses, hosts, matrix)),
         "recommendation": recommendation(losses, hosts),
         "host_summary": host_summary(losses, hosts, name),
-        "n_significant": int((losses["verdict"] == "significant").sum()),
-        "n_rows": len(losses),
-        "decisions": decision_counts(losses),
+        **_tally(losses),
         "regions": [
             {
                 "metrics": ", ".join(metric_heading(m) for m in sorted_metrics(set(g["metric"]))),
