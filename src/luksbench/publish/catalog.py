@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import traceback
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -301,7 +301,7 @@ def make_figures(
         finally:
             plt.close(fig)
 
-    drawn = dict(_draw_all(specs, draw, workers, figures_dir))
+    drawn = dict(_draw_all(specs, draw, workers))
     write_index(figures_dir, run, specs)
     return drawn
 
@@ -317,51 +317,40 @@ def _provenance(run: str, spec: FigureSpec, facts: dict) -> dict:
     }
 
 
-def _draw_all(
-    specs: list[FigureSpec], draw, workers: int | None, figures_dir: Path
-) -> list[tuple[str, list[Path]]]:
+def _draw_all(specs: list[FigureSpec], draw, workers: int | None) -> list[tuple[str, list[Path]]]:
     """Draw and save every figure, split over ``workers`` forked processes (default: the CPUs
     available; 1 = here). Saving (layout, PNG and SVG rendering) is most of the time and each
-    figure is independent, so two cores halve it. A worker that fails is named with its figures
-    and the error."""
+    figure is independent, so two cores halve it. A failure names the figure and the error."""
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     workers = max(1, min(int(workers), len(specs)))
     if workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
         return [(spec.name, draw(spec)) for spec in specs]
-    # fork: the workers share the tables without pickling and never re-run the caller's main
-    # module; each draws every workers-th figure
+    # fork: the workers inherit the tables instead of unpickling them, and never re-run the
+    # caller's main module
+    global _DRAWING
+    _DRAWING = (specs, draw)
     context = multiprocessing.get_context("fork")
-    errors = context.SimpleQueue()
-    procs = [
-        context.Process(target=_draw_share, args=(specs[k::workers], draw, errors))
-        for k in range(workers)
-    ]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join()
-    failures = []
-    while not errors.empty():
-        failures.append(errors.get())
-    failed = [p.exitcode for p in procs if p.exitcode != 0]
-    if failures or failed:
-        raise RuntimeError(
-            "drawing figures failed: "
-            + ("; ".join(failures) or f"worker exit codes {failed} (killed?)")
-        )
-    return [(spec.name, figure_paths(figures_dir / spec.name)) for spec in specs]
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            drawn = list(pool.map(_draw_nth, range(len(specs))))
+    except Exception as exc:  # a worker killed: BrokenProcessPool
+        raise RuntimeError(f"drawing figures failed: {exc}") from exc
+    finally:
+        _DRAWING = None
+    return [(spec.name, paths) for spec, paths in zip(specs, drawn, strict=True)]
 
 
-def _draw_share(specs, draw, errors) -> None:
-    """Worker: draw these figures; report the first failure (figure name and error)."""
-    for spec in specs:
-        try:
-            draw(spec)
-        except Exception as exc:  # report, do not hang the parent
-            errors.put(f"{spec.name}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-            raise SystemExit(1) from exc
-    raise SystemExit(0)
+_DRAWING = None  # (specs, draw) of the figures being drawn, for the forked workers
+
+
+def _draw_nth(k: int) -> list[Path]:
+    """Worker: draw figure ``k``; an error names the figure."""
+    specs, draw = _DRAWING
+    try:
+        return draw(specs[k])
+    except Exception as exc:
+        raise RuntimeError(f"{specs[k].name}: {type(exc).__name__}: {exc}") from exc
 
 
 def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:
