@@ -590,15 +590,6 @@ def _ceiling_cells(arms: pd.DataFrame, ceilings: list[dict], host: str | None) -
     return summ.assign(cell=summ.apply(cell_name, axis=1))
 
 
-def _ceiling_marks(ax, s: pd.DataFrame, ceiling: dict, x: dict, offset: float, width: float):
-    """The ceiling over each of one stack's bars: read ceiling, or write ceiling for writes."""
-    for _, r in s.iterrows():
-        key = "write_ceiling_mib_s" if r["direction"] == "write" else "read_ceiling_mib_s"
-        xc = x[r["cell"]] + offset
-        label = "crypto ceiling (cipher \u00d7 CPUs)"
-        ax.hlines(ceiling[key], xc - width / 2, xc + width / 2, colors="black", lw=2, label=label)
-
-
 def _ceiling_note(ax, ceilings: list[dict]) -> None:
     """Where a ceiling is missing, the reason on the figure instead of a line."""
     notes = [f"{c['stack']}: no ceiling, {c['reason']}" for c in ceilings if c["reason"]]
@@ -651,8 +642,13 @@ def ceiling_figure(
         mean, half = s["mean"] / 2**20, s["ci_half"] / 2**20
         interval_bars(ax, xs, mean, half, width, colors[stack], f"{stack} measured", capsize=2)
         ceiling = next(c for c in ceilings if c["stack"] == stack)
-        if ceiling["reason"] is None:
-            _ceiling_marks(ax, s, ceiling, x, offset, width)
+        if ceiling["reason"] is None:  # over each bar: the read ceiling, for writes the write one
+            tops = [
+                ceiling[f"{'write' if d == 'write' else 'read'}_ceiling_mib_s"]
+                for d in s["direction"]
+            ]
+            label = "crypto ceiling (cipher \u00d7 CPUs)"
+            ax.hlines(tops, xs - width / 2, xs + width / 2, colors="black", lw=2, label=label)
     log_y(ax)
     ax.set_xticks(range(len(cells)), cells, rotation=45, ha="right")
     ax.set_ylabel("bandwidth (MiB/s)")
