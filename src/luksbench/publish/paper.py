@@ -472,22 +472,15 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
     """Loss tables in the SCS post's shape: one per rw pattern (and direction), config pattern and
     metric; rows = host / stack / iodepth, columns = block sizes; cells = effect [CI] and a
     verdict mark. Cells of two config patterns never share a table."""
-
     losses = with_pattern(losses)
-
     multi_host = losses["host"].nunique() > 1
     several_jobs = multi_job(losses)
     tables = []
-    shapes = losses[["pattern", "rw", "direction"]].drop_duplicates()
+    shapes = losses.groupby(["pattern", "rw", "direction"], sort=False)
     rw_rank = {rw: i for i, rw in enumerate(sorted_rw(losses["rw"].dropna().unique()))}
-    for pattern, rw, direction in sorted(
-        shapes.itertuples(index=False, name=None), key=lambda s: (s[0], rw_rank[s[1]], s[2])
+    for (pattern, rw, direction), sub_rw in sorted(
+        shapes, key=lambda s: (s[0][0], rw_rank[s[0][1]], s[0][2])
     ):
-        sub_rw = losses[
-            (losses["pattern"] == pattern)
-            & (losses["rw"] == rw)
-            & (losses["direction"] == direction)
-        ]
         mixed = rw in ("rw", "readwrite", "randrw")
         for metric in sorted_metrics(set(sub_rw["metric"]) & set(SCS_TABLE_METRICS)):
             sub = sub_rw[sub_rw["metric"] == metric]
@@ -607,17 +600,17 @@ def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[
         if not found:
             continue
         figures = [
-            {
-                "caption": e["caption"],
-                "png": Path(
-                    os.path.relpath(Path(figures_dir) / e["files"][0], out_md.parent)
-                ).as_posix(),
-            }
+            {"caption": e["caption"], "png": _relative(Path(figures_dir) / e["files"][0], out_md)}
             for e in found
         ]
         intro = intro.replace("{cpu_basis}", cpu_basis(net))
         sections.append({"kind": kind, "heading": heading, "intro": intro, "figures": figures})
     return sections
+
+
+def _relative(path: Path, out_md: Path) -> str:
+    """``path`` as a link from the Markdown file ``out_md``."""
+    return Path(os.path.relpath(path, Path(out_md).parent)).as_posix()
 
 
 def _yaml_str(value) -> str:
@@ -670,15 +663,9 @@ def order_effects(order: pd.DataFrame, baseline: str, variant: str) -> list[str]
 def _published(run: Run, reference_dir: Path | None) -> dict:
     """This run beside the transcribed published results."""
     fio, refs = run.fio, read_references(reference_dir)
-    direct = sorted(int(d) for d in fio["direct"].dropna().unique()) if "direct" in fio else []
-    cell_direct = (
-        {
-            (str(h), str(w)): int(d)
-            for h, w, d in fio[["host", "workload", "direct"]].dropna().itertuples(index=False)
-        }
-        if "direct" in fio
-        else {}
-    )
+    by_cell = fio.reindex(columns=["host", "workload", "direct"]).dropna()  # none without direct
+    direct = sorted(int(d) for d in by_cell["direct"].unique())
+    cell_direct = {(str(h), str(w)): int(d) for h, w, d in by_cell.itertuples(index=False)}
     return {
         "scs": compare_scs(run.loss, refs.get("scs")),
         "ceph": compare_ceph(run.loss, refs.get("ceph")),
@@ -750,7 +737,7 @@ def paper_context(
         "order_effects": order_effects(
             data.table("order", ["baseline", "variant", "metric"]), *pairs[0]
         ),
-        "figures_rel": Path(os.path.relpath(Path(figures_dir), Path(out_md).parent)).as_posix(),
+        "figures_rel": _relative(Path(figures_dir), out_md),
         **_machine(data, figure_secs),
         **_published(data, reference_dir),
         **_provenance(data),
