@@ -12,38 +12,34 @@ import sys
 from pathlib import Path
 
 
-def _parse_files(files, parse, error_type, columns: list[str], label: str) -> int:
+def _fail(command: str, message) -> int:
+    print(f"luksbench {command}: {message}", file=sys.stderr)
+    return 1
+
+
+def _cmd_parse(args: argparse.Namespace) -> int:
     """Rows of every file to CSV on stdout; each bad file named on stderr, exit 1 if any."""
+    from luksbench.formats import cryptsetup, fio
+
+    parse, error_type, columns = {
+        "fio": (fio.parse_fio_file, fio.FioParseError, fio.FIO_COLUMNS),
+        "cryptsetup": (
+            cryptsetup.parse_cryptsetup_file,
+            cryptsetup.CryptsetupParseError,
+            cryptsetup.CRYPTSETUP_COLUMNS,
+        ),
+    }[args.kind]
     rows: list[dict] = []
-    failed = []
-    for path in files:
+    status = 0
+    for path in args.files:
         try:
             rows.extend(parse(Path(path)))
         except error_type as exc:
-            print(f"luksbench parse {label}: {exc}", file=sys.stderr)
-            failed.append(path)
+            status = _fail(f"parse {args.kind}", exc)
     writer = csv.DictWriter(sys.stdout, columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    return 1 if failed else 0
-
-
-def _cmd_parse_fio(args: argparse.Namespace) -> int:
-    from luksbench.formats.fio import FIO_COLUMNS, FioParseError, parse_fio_file
-
-    return _parse_files(args.files, parse_fio_file, FioParseError, FIO_COLUMNS, "fio")
-
-
-def _cmd_parse_cryptsetup(args: argparse.Namespace) -> int:
-    from luksbench.formats import cryptsetup
-
-    return _parse_files(
-        args.files,
-        cryptsetup.parse_cryptsetup_file,
-        cryptsetup.CryptsetupParseError,
-        cryptsetup.CRYPTSETUP_COLUMNS,
-        "cryptsetup",
-    )
+    return status
 
 
 def _cmd_loss(args: argparse.Namespace) -> int:
@@ -63,8 +59,7 @@ def _cmd_loss(args: argparse.Namespace) -> int:
             decision_regions=dict(args.region or []),
         )
     except (IngestError, FileNotFoundError, ValueError) as exc:
-        print(f"luksbench loss: {exc}", file=sys.stderr)
-        return 1
+        return _fail("loss", exc)
     table.to_csv(sys.stdout, index=False, columns=LOSS_COLUMNS)
     counts = table["decision"].str.split(":").str[0].value_counts()
     summary = ", ".join(f"{counts[v]} {v}" for v in counts.index)
@@ -94,8 +89,7 @@ def _cmd_targets(args: argparse.Namespace) -> int:
             confidence=args.confidence,
         )
     except (IngestError, FileNotFoundError, ValueError) as exc:
-        print(f"luksbench targets: {exc}", file=sys.stderr)
-        return 1
+        return _fail("targets", exc)
     total = sum(doc["pairs"].values())
     print(
         f"luksbench targets: {len(doc['pairs'])} cells, {total} pairs in all, "
@@ -120,12 +114,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from luksbench.publish.crossrun import write_compare
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        print(
-            f"luksbench compare: --out {args.out} is a file, not a folder: left as it is, "
-            "nothing written",
-            file=sys.stderr,
+        return _fail(
+            "compare", f"--out {args.out} is a file, not a folder: left as it is, nothing written"
         )
-        return 1
     try:
         a = crossrun.load_run(args.run_a, args.processed_root, args.raw_root)
         b = crossrun.load_run(args.run_b, args.processed_root, args.raw_root)
@@ -142,8 +133,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         differences = crossrun.env_differences(a, b, crossrun.host_pairs(a, b, args.host))
         out = write_compare(table, Path(args.out), a, b, differences)
     except (crossrun.CompareError, OSError, ValueError) as exc:
-        print(f"luksbench compare: {exc}", file=sys.stderr)
-        return 1
+        return _fail("compare", exc)
     sys.stdout.write(out["md"].read_text())
     counts = table["outcome"].value_counts()
     print(
@@ -172,11 +162,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             scratch = Path(args.workdir) / config["scratch_dir"] / config["run"] / host
             plan = plan_from_config(config, host, scratch)
     except (PlanError, OSError) as exc:
-        print(f"luksbench plan: {exc}", file=sys.stderr)
-        return 1
+        return _fail("plan", exc)
     except Exception as exc:  # schema validation errors name the key
-        print(f"luksbench plan: invalid config: {exc}", file=sys.stderr)
-        return 1
+        return _fail("plan", f"invalid config: {exc}")
     lines = describe_plan(plan, check_devices=args.check_devices)
     print("\n".join(lines))
     return 1 if any(line.startswith("  REFUSED ") for line in lines) else 0
@@ -245,12 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     parse = commands.add_parser("parse", help="parse tool output into tidy CSV on stdout")
     parse_kinds = parse.add_subparsers(dest="kind", required=True)
-    parse_fio = parse_kinds.add_parser("fio", help="fio JSON / json+ output (any version)")
-    parse_fio.add_argument("files", nargs="+", metavar="FILE")
-    parse_fio.set_defaults(func=_cmd_parse_fio)
-    parse_cs = parse_kinds.add_parser("cryptsetup", help="`cryptsetup benchmark` text output")
-    parse_cs.add_argument("files", nargs="+", metavar="FILE")
-    parse_cs.set_defaults(func=_cmd_parse_cryptsetup)
+    for kind, what in (
+        ("fio", "fio JSON / json+ output (any version)"),
+        ("cryptsetup", "`cryptsetup benchmark` text output"),
+    ):
+        parse_kind = parse_kinds.add_parser(kind, help=what)
+        parse_kind.add_argument("files", nargs="+", metavar="FILE")
+        parse_kind.set_defaults(func=_cmd_parse)
 
     _add_loss_commands(commands)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import traceback
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,10 +176,35 @@ def _name(kind: str, scope: str | None, *rest) -> str:
     return "-".join([kind, *([scope] if scope else []), *[r for r in rest if r]])
 
 
-def _spec(name: str, draw: Callable, tables: tuple[str, ...], **fields) -> FigureSpec:
-    """A figure of the family its name starts with, captioned by :func:`caption`."""
-    headline = fields.pop("headline", None)
-    return FigureSpec(name, name.partition("-")[0], draw, tables, caption(name, headline), **fields)
+#: family -> (drawing function, tables it draws, further tables its kwargs are read from)
+_DRAWN = {
+    "throughput": (figures.throughput_figure, ("arms", "reps"), ()),
+    "latency": (figures.latency_figure, ("latency", "arms"), ()),
+    "heatmap": (figures.loss_heatmap, ("loss",), ()),
+    "cpu": (figures.cpu_figure, ("arms",), ("fio",)),
+    "ceiling": (figures.ceiling_figure, ("arms",), ("cryptsetup", "stacks", "env")),
+    "hosts": (figures.hosts_figure, ("loss",), ()),
+    "ciphers": (figures.cipher_figure, ("cryptsetup",), ()),
+    "loss": (figures.loss_figure, ("loss",), ()),
+}
+
+
+def _spec(name: str, kwargs=None, params=None, retitle=("", ""), headline=None) -> FigureSpec:
+    """A figure of the family its name starts with, drawn as :data:`_DRAWN` says, captioned by
+    :func:`caption`."""
+    family = name.partition("-")[0]
+    draw, tables, sources = _DRAWN[family]
+    return FigureSpec(
+        name,
+        family,
+        draw,
+        tables,
+        caption(name, headline),
+        kwargs or {},
+        sources,
+        params or {},
+        retitle,
+    )
 
 
 def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> list[FigureSpec]:
@@ -195,73 +220,37 @@ def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> li
         for metric in ("bw_bytes", "iops"):
             kwargs = {"rw": rw, "metric": metric, "stacks": stacks, "host": host, "pattern": pat}
             params = {"host": host, **where, "metric": metric}
-            name = _name("throughput", scope, rw, pat, metric)
+            retitle = (f"{host}: " if scope else "", "")
             specs.append(
-                _spec(
-                    name,
-                    figures.throughput_figure,
-                    ("arms", "reps"),
-                    kwargs=kwargs,
-                    params=params,
-                    retitle=(f"{host}: " if scope else "", ""),
-                )
+                _spec(_name("throughput", scope, rw, pat, metric), kwargs, params, retitle)
             )
         if ((lat["rw"] == rw) & (lat["pattern"] == pat)).any():
             kwargs = {"rw": rw, "stacks": stacks, "pattern": pat, "host": scope}
-            name = _name("latency", scope, rw, pat)
-            specs.append(
-                _spec(
-                    name, figures.latency_figure, ("latency", "arms"), kwargs=kwargs, params=where
-                )
-            )
+            specs.append(_spec(_name("latency", scope, rw, pat), kwargs, where))
     return specs
 
 
 def _host_specs(run: Run, host: str, scope: str | None, stacks, ceilings) -> list[FigureSpec]:
     """Loss heatmaps (the host named in the title only when there are several), CPU cost for the
     CPU metrics its sidecars measured, the crypto ceiling of its LUKS stacks or why there is none."""
+    retitle = ("", "" if scope else f"{host}: ")
     specs = [
-        _spec(
-            _name("heatmap", scope, metric),
-            figures.loss_heatmap,
-            ("loss",),
-            kwargs={"metric": metric, "host": host},
-            params={"metric": metric},
-            retitle=("", "" if scope else f"{host}: "),
-        )
-        for metric in HEATMAP_METRICS
-        if metric in set(run.loss["metric"])
+        _spec(_name("heatmap", scope, m), {"metric": m, "host": host}, {"metric": m}, retitle)
+        for m in HEATMAP_METRICS
+        if m in set(run.loss["metric"])
     ]
     arms = run.tables["arms"][run.tables["arms"]["host"] == host]
+    net = cpu_net(run.fio[run.fio["host"] == host])
     for metric in CPU_METRICS:
         if pd.to_numeric(arms.loc[arms["metric"] == metric, "mean"], errors="coerce").notna().any():
-            net = cpu_net(run.fio[run.fio["host"] == host])
             kwargs = {"metric": metric, "stacks": stacks, "host": scope, "net": net}
-            name = _name("cpu", scope, metric)
-            specs.append(
-                _spec(
-                    name,
-                    figures.cpu_figure,
-                    ("arms",),
-                    kwargs=kwargs,
-                    sources=("fio",),
-                    params={"metric": metric, "net": net},
-                )
-            )
+            specs.append(_spec(_name("cpu", scope, metric), kwargs, {"metric": metric, "net": net}))
     mine = [c for c in ceilings if c["host"] == host]
     if mine and run.fio[run.fio["host"] == host]["stack"].isin([c["stack"] for c in mine]).any():
         keys = ("stack", "read_ceiling_mib_s", "write_ceiling_mib_s")
         recorded = [{k: c.get(k) for k in keys} | {"unavailable": c.get("reason")} for c in mine]
-        specs.append(
-            _spec(
-                _name("ceiling", scope),
-                figures.ceiling_figure,
-                ("arms",),
-                kwargs={"ceilings": mine, "host": scope},
-                sources=("cryptsetup", "stacks", "env"),
-                params={"ceilings": recorded},
-            )
-        )
+        kwargs = {"ceilings": mine, "host": scope}
+        specs.append(_spec(_name("ceiling", scope), kwargs, {"ceilings": recorded}))
     return specs
 
 
@@ -269,29 +258,18 @@ def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
     """Figures of the whole run: hosts side by side, cipher benchmark, one cost chart per
     comparison (the headline's is ``loss``)."""
     specs = [
-        _spec(
-            f"hosts-{metric}",
-            figures.hosts_figure,
-            ("loss",),
-            kwargs={"metric": metric},
-            params={"metric": metric, "hosts": run.hosts},
-        )
-        for metric in (HOSTS_METRICS if multi else ())
-        if metric in set(run.loss["metric"])
+        _spec(f"hosts-{m}", {"metric": m}, {"metric": m, "hosts": run.hosts})
+        for m in (HOSTS_METRICS if multi else ())
+        if m in set(run.loss["metric"])
     ]
     cs = run.cryptsetup
     if len(cs) and ((cs["kind"] == "cipher") & cs["available"].fillna(False).astype(bool)).any():
-        specs.append(_spec("ciphers", figures.cipher_figure, ("cryptsetup",)))
+        specs.append(_spec("ciphers"))
     for k, (baseline, variant) in enumerate(run.pairs):
+        name = "loss" if k == 0 else f"loss-{variant}-vs-{baseline}"
+        params = {"baseline": baseline, "variant": variant}
         specs.append(
-            _spec(
-                "loss" if k == 0 else f"loss-{variant}-vs-{baseline}",
-                figures.loss_figure,
-                ("loss",),
-                headline=run.pairs[0],
-                kwargs={"comparison": (baseline, variant)},
-                params={"baseline": baseline, "variant": variant},
-            )
+            _spec(name, {"comparison": (baseline, variant)}, params, headline=run.pairs[0])
         )
     return specs
 
@@ -323,7 +301,7 @@ def make_figures(
         finally:
             plt.close(fig)
 
-    drawn = dict(_draw_all(specs, draw, workers, figures_dir))
+    drawn = dict(_draw_all(specs, draw, workers))
     write_index(figures_dir, run, specs)
     return drawn
 
@@ -339,51 +317,40 @@ def _provenance(run: str, spec: FigureSpec, facts: dict) -> dict:
     }
 
 
-def _draw_all(
-    specs: list[FigureSpec], draw, workers: int | None, figures_dir: Path
-) -> list[tuple[str, list[Path]]]:
+def _draw_all(specs: list[FigureSpec], draw, workers: int | None) -> list[tuple[str, list[Path]]]:
     """Draw and save every figure, split over ``workers`` forked processes (default: the CPUs
     available; 1 = here). Saving (layout, PNG and SVG rendering) is most of the time and each
-    figure is independent, so two cores halve it. A worker that fails is named with its figures
-    and the error."""
+    figure is independent, so two cores halve it. A failure names the figure and the error."""
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     workers = max(1, min(int(workers), len(specs)))
     if workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
         return [(spec.name, draw(spec)) for spec in specs]
-    # fork: the workers share the tables without pickling and never re-run the caller's main
-    # module; each draws every workers-th figure
+    # fork: the workers inherit the tables instead of unpickling them, and never re-run the
+    # caller's main module
+    global _DRAWING
+    _DRAWING = (specs, draw)
     context = multiprocessing.get_context("fork")
-    errors = context.SimpleQueue()
-    procs = [
-        context.Process(target=_draw_share, args=(specs[k::workers], draw, errors))
-        for k in range(workers)
-    ]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join()
-    failures = []
-    while not errors.empty():
-        failures.append(errors.get())
-    failed = [p.exitcode for p in procs if p.exitcode != 0]
-    if failures or failed:
-        raise RuntimeError(
-            "drawing figures failed: "
-            + ("; ".join(failures) or f"worker exit codes {failed} (killed?)")
-        )
-    return [(spec.name, figure_paths(figures_dir / spec.name)) for spec in specs]
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            drawn = list(pool.map(_draw_nth, range(len(specs))))
+    except Exception as exc:  # a worker killed: BrokenProcessPool
+        raise RuntimeError(f"drawing figures failed: {exc}") from exc
+    finally:
+        _DRAWING = None
+    return [(spec.name, paths) for spec, paths in zip(specs, drawn, strict=True)]
 
 
-def _draw_share(specs, draw, errors) -> None:
-    """Worker: draw these figures; report the first failure (figure name and error)."""
-    for spec in specs:
-        try:
-            draw(spec)
-        except Exception as exc:  # report, do not hang the parent
-            errors.put(f"{spec.name}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-            raise SystemExit(1) from exc
-    raise SystemExit(0)
+_DRAWING = None  # (specs, draw) of the figures being drawn, for the forked workers
+
+
+def _draw_nth(k: int) -> list[Path]:
+    """Worker: draw figure ``k``; an error names the figure."""
+    specs, draw = _DRAWING
+    try:
+        return draw(specs[k])
+    except Exception as exc:
+        raise RuntimeError(f"{specs[k].name}: {type(exc).__name__}: {exc}") from exc
 
 
 def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:

@@ -39,6 +39,7 @@ from luksbench.publish.text import (
     fmt_pct,
     metric_heading,
     metric_label,
+    multi_job,
 )
 
 
@@ -164,8 +165,8 @@ def loss_figure(
         raise ValueError("empty loss table")
     loss = _one_comparison(loss, comparison)
     df = loss[loss["metric"].isin(metrics)].copy()
-    multi = df.groupby(["host", "workload"])["job_slot"].nunique().max() > 1
-    df["cell"] = df.apply(lambda r: cell_name(r, bool(multi)), axis=1)
+    several_jobs = multi_job(df)
+    df["cell"] = df.apply(lambda r: cell_name(r, several_jobs), axis=1)
     if df["host"].nunique() > 1:
         df["cell"] = df["host"] + ": " + df["cell"]
     cells = df.sort_values(
@@ -178,14 +179,9 @@ def loss_figure(
     )
     for ax, metric in zip(axes[0], metrics, strict=True):
         sub = df[df["metric"] == metric]
-        for verdict_name, g in sub.groupby("verdict"):
-            ys = g["cell"].map(y).to_numpy(float)
-            eff = g["effect_pct"].to_numpy(float)
-            lo = g["ci_low"].to_numpy(float)
-            hi = g["ci_high"].to_numpy(float)
-            err = np.vstack([np.nan_to_num(eff - lo), np.nan_to_num(hi - eff)])
-            color = VERDICT_COLORS.get(verdict_name, "black")
-            ax.errorbar(eff, ys, xerr=err, fmt="o", capsize=3, color=color, label=verdict_name)
+        for verdict, g in sub.groupby("verdict"):
+            color = VERDICT_COLORS.get(verdict, "black")
+            _effect_points(ax, g, g["cell"].map(y).to_numpy(float), 3, color=color, label=verdict)
         ax.axvline(0, color="black", linewidth=0.8)
         kind = "increase" if (sub["effect"] == "increase").any() else "loss"
         ax.set_xlabel(f"{kind} (%)")
@@ -197,6 +193,14 @@ def loss_figure(
     fig.suptitle(f"Cost of {var} vs {base} (paired, {conf:.0%} CI)")
     legend_below(fig, axes, "verdict", ncols=1, loc="outside right upper")
     return fig
+
+
+def _effect_points(ax, rows: pd.DataFrame, y, capsize: int, **style) -> np.ndarray:
+    """Each row's effect at ``y`` with its interval as an error bar; returns the effects."""
+    eff, lo, hi = (rows[c].to_numpy(float) for c in ("effect_pct", "ci_low", "ci_high"))
+    err = np.vstack([np.nan_to_num(eff - lo), np.nan_to_num(hi - eff)])
+    ax.errorbar(eff, y, xerr=err, fmt="o", capsize=capsize, **style)
+    return eff
 
 
 def _one_comparison(loss: pd.DataFrame, comparison: tuple[str, str] | None) -> pd.DataFrame:
@@ -214,11 +218,11 @@ def _one_comparison(loss: pd.DataFrame, comparison: tuple[str, str] | None) -> p
     return out
 
 
-def _row_label(row, multi_job: bool, multi_pattern: bool = False) -> str:
+def _row_label(row, several_jobs: bool, multi_pattern: bool = False) -> str:
     label = str(row["rw"])
     if row["rw"] in ("rw", "readwrite", "randrw", "trimwrite", "randtrimwrite"):
         label += f" {row['direction']}"
-    if multi_job:
+    if several_jobs:
         label += f" #{int(row['job_slot'])}"
     if multi_pattern:
         label += f" ({row['pattern'] or 'main'})"
@@ -238,9 +242,8 @@ def loss_heatmap(
         df = df[df["host"] == host]
     if df.empty:
         raise ValueError(f"no {metric} rows to draw")
-    multi_job = df.groupby(["host", "workload"])["job_slot"].nunique().max() > 1
-    multi_pattern = df["pattern"].nunique() > 1
-    df = df.assign(row=df.apply(lambda r: _row_label(r, multi_job, multi_pattern), axis=1))
+    several = (multi_job(df), df["pattern"].nunique() > 1)
+    df = df.assign(row=df.apply(lambda r: _row_label(r, *several), axis=1))
     comparisons = list(dict.fromkeys(zip(df["baseline"], df["variant"], strict=True)))
     depths = sorted(df["iodepth"].unique())
     bss = sorted(df["bs_bytes"].unique())
@@ -316,8 +319,8 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
     df = with_pattern(losses[losses["metric"] == metric].copy())
     if df.empty or df["host"].nunique() < 2:
         raise ValueError(f"need {metric} rows of at least two hosts")
-    multi_job = df.groupby(["host", "workload"])["job_slot"].nunique().max() > 1
-    df["cell"] = df.apply(lambda r: cell_name(r, bool(multi_job)), axis=1)
+    several_jobs = multi_job(df)
+    df["cell"] = df.apply(lambda r: cell_name(r, several_jobs), axis=1)
     order = {rw: i for i, rw in enumerate(RW_ORDER)}
     df["_o"] = df["rw"].map(lambda r: order.get(r, len(order)))
     cells = list(
@@ -341,15 +344,12 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
             h = sub[sub["host"] == host]
             y = h["cell"].map({c: i for i, c in enumerate(cells)}).to_numpy(float)
             y = y + (k - (len(hosts) - 1) / 2) * step
-            eff = h["effect_pct"].to_numpy(float)
-            lows, highs = h["ci_low"].to_numpy(float), h["ci_high"].to_numpy(float)
-            err = np.vstack([np.nan_to_num(eff - lows), np.nan_to_num(highs - eff)])
-            ax.errorbar(eff, y, xerr=err, fmt="o", capsize=2, color=colors[host], label=host)
+            eff = _effect_points(ax, h, y, 2, color=colors[host], label=host)
             sig = (h["verdict"] == "significant").to_numpy(bool)
             ax.scatter(eff[sig], y[sig], s=70, facecolors="none", edgecolors="black", zorder=3)
             # an interval far below -100 % (a noisy cell, the variant maybe faster) would squash
             # every other cell: cut the axis there and write the bound at the edge
-            for yy, lo in zip(y, lows, strict=True):
+            for yy, lo in zip(y, h["ci_low"].to_numpy(float), strict=True):
                 if np.isfinite(lo) and lo < -HOSTS_AXIS_MIN_PCT:
                     ax.annotate(
                         f"\u25c0 {lo:,.0f}",
@@ -590,15 +590,6 @@ def _ceiling_cells(arms: pd.DataFrame, ceilings: list[dict], host: str | None) -
     return summ.assign(cell=summ.apply(cell_name, axis=1))
 
 
-def _ceiling_marks(ax, s: pd.DataFrame, ceiling: dict, x: dict, offset: float, width: float):
-    """The ceiling over each of one stack's bars: read ceiling, or write ceiling for writes."""
-    for _, r in s.iterrows():
-        key = "write_ceiling_mib_s" if r["direction"] == "write" else "read_ceiling_mib_s"
-        xc = x[r["cell"]] + offset
-        label = "crypto ceiling (cipher \u00d7 CPUs)"
-        ax.hlines(ceiling[key], xc - width / 2, xc + width / 2, colors="black", lw=2, label=label)
-
-
 def _ceiling_note(ax, ceilings: list[dict]) -> None:
     """Where a ceiling is missing, the reason on the figure instead of a line."""
     notes = [f"{c['stack']}: no ceiling, {c['reason']}" for c in ceilings if c["reason"]]
@@ -651,8 +642,13 @@ def ceiling_figure(
         mean, half = s["mean"] / 2**20, s["ci_half"] / 2**20
         interval_bars(ax, xs, mean, half, width, colors[stack], f"{stack} measured", capsize=2)
         ceiling = next(c for c in ceilings if c["stack"] == stack)
-        if ceiling["reason"] is None:
-            _ceiling_marks(ax, s, ceiling, x, offset, width)
+        if ceiling["reason"] is None:  # over each bar: the read ceiling, for writes the write one
+            tops = [
+                ceiling[f"{'write' if d == 'write' else 'read'}_ceiling_mib_s"]
+                for d in s["direction"]
+            ]
+            label = "crypto ceiling (cipher \u00d7 CPUs)"
+            ax.hlines(tops, xs - width / 2, xs + width / 2, colors="black", lw=2, label=label)
     log_y(ax)
     ax.set_xticks(range(len(cells)), cells, rotation=45, ha="right")
     ax.set_ylabel("bandwidth (MiB/s)")

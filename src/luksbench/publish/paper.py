@@ -82,6 +82,7 @@ BACKEND_TEXT = {
 }
 
 
+_UNKNOWN = "env.json does not say which encryption backend ran; treat the numbers with care."
 _HOST_TEXT = ("hostname", "cpu_model", "cpu_count", "kernel", "fio_version", "cryptsetup_version")
 _HOST_TEXT += ("qemu_version", "backend_reason")
 
@@ -93,13 +94,7 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
         if backend == "n/a" and not stacks.empty:
             per_stack = stacks[stacks["host"] == row["host"]]["backend"].dropna().unique()
             backend = per_stack[0] if len(per_stack) == 1 else backend
-        short, long = BACKEND_TEXT.get(
-            backend,
-            (
-                f"unknown backend ({backend})",
-                "env.json does not say which encryption backend ran; treat the numbers with care.",
-            ),
-        )
+        short, long = BACKEND_TEXT.get(backend, (f"unknown backend ({backend})", _UNKNOWN))
         hosts.append(
             {
                 "host": row["host"],
@@ -133,7 +128,6 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
         desc = parse_env_json(row["description_json"])
         settings = [f"{k} {desc[k]}" for k in _STACK_SETTINGS if desc.get(k) is not None]
         settings += [f"note: {note}" for note in desc.get("notes") or []]
-        details = "; ".join(settings)
         roles = [
             role
             for role, side in (("baseline", 0), ("variant", 1))
@@ -148,7 +142,7 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
                 "backend": fmt_text(row["backend"]),
                 "cipher": fmt_text(row["cipher"]),
                 "key_bits": fmt_text(row["key_bits"]),
-                "details": details or "n/a",
+                "details": "; ".join(settings) or "n/a",
             }
         )
     return rows
@@ -199,34 +193,26 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
     for metric in dict.fromkeys(loss["metric"]):
         sub = loss[loss["metric"] == metric]
         heading, unit, div, dec = METRIC_UNITS.get(metric, (metric, "", 1, 2))
-        kind = sub["effect"].iloc[0]
-        rows = []
-        for _, r in sub.iterrows():
-            rows.append(
-                {
-                    "cell": (f"{r['host']}: " if multi_host else "")
-                    + cell_name(r, several_jobs)
-                    + (f" — `{r['variant']}`" if multi_variant else ""),
-                    "n": int(r["n"]),
-                    "n_dropped": int(r["n_dropped"]),
-                    "baseline_mean": fmt_num(r["baseline_mean"] / div, dec),
-                    "variant_mean": fmt_num(r["variant_mean"] / div, dec),
-                    "effect": TOO_FEW if _too_few(r) else fmt_pct(r["effect_pct"]),
-                    "ci": fmt_ci(r["ci_low"], r["ci_high"]),
-                    "decision": r["decision"],
-                    "verdict": r["verdict"],
-                    "q": fmt_num(r["q_value"], 3),
-                }
-            )
-        sections.append(
+        rows = [
             {
-                "metric": metric,
-                "heading": heading,
-                "unit": unit,
-                "kind": kind,
-                "rows": rows,
-                "any_dropped": any(r["n_dropped"] for r in rows),
+                "cell": (f"{r['host']}: " if multi_host else "")
+                + cell_name(r, several_jobs)
+                + (f" — `{r['variant']}`" if multi_variant else ""),
+                "n": int(r["n"]),
+                "n_dropped": int(r["n_dropped"]),
+                "baseline_mean": fmt_num(r["baseline_mean"] / div, dec),
+                "variant_mean": fmt_num(r["variant_mean"] / div, dec),
+                "effect": TOO_FEW if _too_few(r) else fmt_pct(r["effect_pct"]),
+                "ci": fmt_ci(r["ci_low"], r["ci_high"]),
+                "decision": r["decision"],
+                "verdict": r["verdict"],
+                "q": fmt_num(r["q_value"], 3),
             }
+            for _, r in sub.iterrows()
+        ]
+        sections.append(
+            {"metric": metric, "heading": heading, "unit": unit, "kind": sub["effect"].iloc[0]}
+            | {"rows": rows, "any_dropped": any(r["n_dropped"] for r in rows)}
         )
     return sections
 
@@ -238,19 +224,17 @@ def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> l
     for k, (baseline, variant) in enumerate(pairs):
         rows = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
         out.append(
-            {
-                "label": label((baseline, variant)),
-                "baseline": baseline,
-                "variant": variant,
-                "headline": k == 0,
-                "scs_tables": scs_tables(rows),
-                "loss_sections": loss_sections(rows),
-                "n_significant": int((rows["verdict"] == "significant").sum()),
-                "decisions": decision_counts(rows),
-                "n_rows": len(rows),
-            }
+            {"label": label((baseline, variant)), "baseline": baseline, "variant": variant}
+            | {"headline": k == 0, "scs_tables": scs_tables(rows), **_tally(rows)}
+            | {"loss_sections": loss_sections(rows)}
         )
     return out
+
+
+def _tally(rows: pd.DataFrame) -> dict:
+    """How many of ``rows`` are significant, their decisions, how many there are."""
+    n_significant = int((rows["verdict"] == "significant").sum())
+    return {"n_significant": n_significant, "decisions": decision_counts(rows), "n_rows": len(rows)}
 
 
 def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
@@ -488,22 +472,15 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
     """Loss tables in the SCS post's shape: one per rw pattern (and direction), config pattern and
     metric; rows = host / stack / iodepth, columns = block sizes; cells = effect [CI] and a
     verdict mark. Cells of two config patterns never share a table."""
-
     losses = with_pattern(losses)
-
     multi_host = losses["host"].nunique() > 1
     several_jobs = multi_job(losses)
     tables = []
-    shapes = losses[["pattern", "rw", "direction"]].drop_duplicates()
+    shapes = losses.groupby(["pattern", "rw", "direction"], sort=False)
     rw_rank = {rw: i for i, rw in enumerate(sorted_rw(losses["rw"].dropna().unique()))}
-    for pattern, rw, direction in sorted(
-        shapes.itertuples(index=False, name=None), key=lambda s: (s[0], rw_rank[s[1]], s[2])
+    for (pattern, rw, direction), sub_rw in sorted(
+        shapes, key=lambda s: (s[0][0], rw_rank[s[0][1]], s[0][2])
     ):
-        sub_rw = losses[
-            (losses["pattern"] == pattern)
-            & (losses["rw"] == rw)
-            & (losses["direction"] == direction)
-        ]
         mixed = rw in ("rw", "readwrite", "randrw")
         for metric in sorted_metrics(set(sub_rw["metric"]) & set(SCS_TABLE_METRICS)):
             sub = sub_rw[sub_rw["metric"] == metric]
@@ -623,17 +600,17 @@ def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[
         if not found:
             continue
         figures = [
-            {
-                "caption": e["caption"],
-                "png": Path(
-                    os.path.relpath(Path(figures_dir) / e["files"][0], out_md.parent)
-                ).as_posix(),
-            }
+            {"caption": e["caption"], "png": _relative(Path(figures_dir) / e["files"][0], out_md)}
             for e in found
         ]
         intro = intro.replace("{cpu_basis}", cpu_basis(net))
         sections.append({"kind": kind, "heading": heading, "intro": intro, "figures": figures})
     return sections
+
+
+def _relative(path: Path, out_md: Path) -> str:
+    """``path`` as a link from the Markdown file ``out_md``."""
+    return Path(os.path.relpath(path, Path(out_md).parent)).as_posix()
 
 
 def _yaml_str(value) -> str:
@@ -661,9 +638,7 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
         "tldr": " ".join(tldr_sentences(losses, hosts, matrix)),
         "recommendation": recommendation(losses, hosts),
         "host_summary": host_summary(losses, hosts, name),
-        "n_significant": int((losses["verdict"] == "significant").sum()),
-        "n_rows": len(losses),
-        "decisions": decision_counts(losses),
+        **_tally(losses),
         "intervals_cover": intervals_cover(losses),
         "regions": [
             {
@@ -715,15 +690,9 @@ def order_effects(order: pd.DataFrame, baseline: str, variant: str) -> list[str]
 def _published(run: Run, reference_dir: Path | None) -> dict:
     """This run beside the transcribed published results."""
     fio, refs = run.fio, read_references(reference_dir)
-    direct = sorted(int(d) for d in fio["direct"].dropna().unique()) if "direct" in fio else []
-    cell_direct = (
-        {
-            (str(h), str(w)): int(d)
-            for h, w, d in fio[["host", "workload", "direct"]].dropna().itertuples(index=False)
-        }
-        if "direct" in fio
-        else {}
-    )
+    by_cell = fio.reindex(columns=["host", "workload", "direct"]).dropna()  # none without direct
+    direct = sorted(int(d) for d in by_cell["direct"].unique())
+    cell_direct = {(str(h), str(w)): int(d) for h, w, d in by_cell.itertuples(index=False)}
     return {
         "scs": compare_scs(run.loss, refs.get("scs")),
         "ceph": compare_ceph(run.loss, refs.get("ceph")),
@@ -795,7 +764,7 @@ def paper_context(
         "order_effects": order_effects(
             data.table("order", ["baseline", "variant", "metric"]), *pairs[0]
         ),
-        "figures_rel": Path(os.path.relpath(Path(figures_dir), Path(out_md).parent)).as_posix(),
+        "figures_rel": _relative(Path(figures_dir), out_md),
         **_machine(data, figure_secs),
         **_published(data, reference_dir),
         **_provenance(data),

@@ -12,6 +12,7 @@ from luksbench.analysis.cells import with_pattern
 from luksbench.publish.text import (
     RW_ORDER,
     bs_human,
+    cell_words,
     effect_ci,
     fmt_pct,
     metric_heading,
@@ -42,15 +43,11 @@ def read_references(reference_dir: Path | None = None) -> dict[str, pd.DataFrame
     return out
 
 
+#: the SCS tables' metric names ("random read IOPS") -> (rw, metric)
 _SCS_METRIC = {
-    "read bandwidth": ("read", "bw_bytes"),
-    "write bandwidth": ("write", "bw_bytes"),
-    "random read bandwidth": ("randread", "bw_bytes"),
-    "random write bandwidth": ("randwrite", "bw_bytes"),
-    "read IOPS": ("read", "iops"),
-    "write IOPS": ("write", "iops"),
-    "random read IOPS": ("randread", "iops"),
-    "random write IOPS": ("randwrite", "iops"),
+    f"{rw.replace('rand', 'random ')} {name}": (rw, metric)
+    for rw in ("read", "write", "randread", "randwrite")
+    for name, metric in (("bandwidth", "bw_bytes"), ("IOPS", "iops"))
 }
 _SCS_BS = {"4 KiB": 4096, "64 KiB": 65536, "1 MiB": 2**20, "4 MiB": 4 * 2**20}
 _SCS_BS |= {"16 MiB": 16 * 2**20, "64 MiB": 64 * 2**20}
@@ -102,8 +99,7 @@ def compare_scs(losses: pd.DataFrame, scs: pd.DataFrame | None) -> dict:
         published = m.set_index("device")["loss_pct"]
         rows.append(
             {
-                "workload": (f"{r['host']}: " if multi_host else "")
-                + f"{rw_words(r['rw'])}, {bs_human(r['bs_bytes'])}, QD{int(r['iodepth'])}",
+                "workload": cell_words(r, multi_host),
                 "metric": metric_heading(str(r["metric"])),
                 "ours": f"{effect_ci(r)} ({r['verdict']}, {_who(r, losses)})",
                 "scs": [fmt_pct(published.get(d), 2) for d in devices],
@@ -129,9 +125,7 @@ def compare_ceph(losses: pd.DataFrame, ceph: pd.DataFrame | None) -> dict:
             matched.add(i)
             rows.append(
                 {
-                    "workload": (f"{r['host']}: " if multi_host else "")
-                    + f"{rw_words(r['rw'])}, {bs_human(r['bs_bytes'])}, QD{int(r['iodepth'])}"
-                    + (f", pattern `{pattern_name(r)}`" if pattern_name(r) else ""),
+                    "workload": cell_words(r, multi_host),
                     "ours": f"{effect_ci(r)} ({r['verdict']}, {_who(r, losses)})",
                     "test_set": str(ref["test_set"]),
                     "configuration": str(ref["configuration"]),

@@ -100,11 +100,8 @@ def render_html(md_path: Path, html_path: Path | None = None) -> Path:
 
     body = re.sub(r'(<img src=)"([^"]+)"', embed, body)
     byline = " · ".join(html_lib.escape(str(meta[k])) for k in ("author", "date") if meta.get(k))
-    body = (
-        re.sub(r"(</h1>)", rf'\1\n<p class="byline">{byline}</p>', body, count=1)
-        if byline
-        else body
-    )
+    if byline:
+        body = re.sub(r"(</h1>)", rf'\1\n<p class="byline">{byline}</p>', body, count=1)
     html_path.write_text(
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>\n"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>\n"

@@ -117,12 +117,11 @@ def unavailable_stacks(stacks: pd.DataFrame) -> list[dict]:
     if stacks is None or stacks.empty:
         return out
     for _, row in stacks.iterrows():
-        reason = row.get("reason") if "reason" in stacks.columns else None
-        available = row.get("available") if "available" in stacks.columns else None
+        reason = row.get("reason")  # None without the column
         if missing(reason):
             reason = parse_env_json(row.get("description_json")).get("unavailable")
         has_reason = isinstance(reason, str) and bool(reason.strip())
-        if (available is not None and not missing(available) and not bool(available)) or has_reason:
+        if has_reason or (not missing(row.get("available")) and not bool(row.get("available"))):
             out.append(
                 {
                     "host": str(row["host"]),
