@@ -230,7 +230,7 @@ def _cell_change(
         "a_mean": float(np.mean(list(a.values()))) if a else nan,
         "b_mean": float(np.mean(list(b.values()))) if b else nan,
     }
-    eq_conf = 1 - 2 * (1 - confidence)
+    eq_conf = stats.tost_confidence(confidence)
     if design == "paired":
         a, b = ({rep: v for (_, rep), v in side.items()} for side in (a, b))
         out |= {"n_a": len(a), "n_b": len(b)}
@@ -247,15 +247,7 @@ def _cell_change(
         eq = stats.welch_log_ratio_ci(la, lb, eq_conf) if eq_conf > 0 else None
         n, mean, se, df = min(ci.n_a, ci.n_b), ci.mean, ci.se, ci.df
         p = stats.welch_t_pvalue(la, lb)
-    change = lo = hi = eq_lo = eq_hi = nan
-    if not math.isnan(mean):
-        change, lo, hi = stats.effect_from_log_ratio(mean, ci.low, ci.high, better_high=False)
-        if math.isnan(ci.low):
-            lo = hi = nan
-    equivalent = False
-    if eq is not None and not math.isnan(eq.low):
-        _, eq_lo, eq_hi = stats.effect_from_log_ratio(eq.mean, eq.low, eq.high, False)
-        equivalent = bool(-margin_pct < eq_lo and eq_hi < margin_pct)
+    change, bounds = stats.effect_with_equivalence(ci, eq, False, margin_pct)
     return {
         **out,
         "n": int(n),
@@ -264,12 +256,8 @@ def _cell_change(
         "df": float(df) if n >= 2 else nan,
         "ratio": math.exp(mean) if not math.isnan(mean) else nan,
         "change_pct": change,
-        "ci_low": lo,
-        "ci_high": hi,
         "p_value": p,
-        "equiv_low": eq_lo,
-        "equiv_high": eq_hi,
-        "equivalent": equivalent,
+        **bounds,
     }
 
 

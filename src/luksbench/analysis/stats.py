@@ -173,18 +173,11 @@ REP_FLAGS = ("fio_error", "ss_not_attained")
 def _rep_flags(df: pd.DataFrame) -> pd.DataFrame:
     """fio_error: fio's error field is set; ss_not_attained: the job had a steady-state criterion
     (fio ``ss``) and fio reports it was not attained. Absent columns flag nothing."""
-    out = pd.DataFrame(index=df.index)
-    if "error" in df.columns:
-        err = pd.to_numeric(df["error"], errors="coerce")
-        out["fio_error"] = (err.notna() & (err != 0)).to_numpy(dtype=bool)
-    else:
-        out["fio_error"] = False
-    if "ss_attained" in df.columns:
-        ss = pd.to_numeric(df["ss_attained"], errors="coerce")
-        out["ss_not_attained"] = (ss.notna() & (ss == 0)).to_numpy(dtype=bool)
-    else:
-        out["ss_not_attained"] = False
-    return out
+    missing = pd.Series(np.nan, index=df.index)
+    error = pd.to_numeric(df.get("error", missing), errors="coerce")
+    ss = pd.to_numeric(df.get("ss_attained", missing), errors="coerce")
+    flags = {"fio_error": error.notna() & (error != 0), "ss_not_attained": ss.notna() & (ss == 0)}
+    return pd.DataFrame({f: v.to_numpy(dtype=bool) for f, v in flags.items()}, index=df.index)
 
 
 def rep_values(fio: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
@@ -493,13 +486,24 @@ def effect_bounds_from_ratio(low: float, high: float, better_high: bool) -> tupl
     return 100 * (low - 1), 100 * (high - 1)
 
 
-def verdict(ci: LogRatioCI) -> str:
-    """Marginal verdict of one interval (no multiplicity control, no equivalence): "significant"
-    if the interval on the log ratio excludes 0, "inconclusive" if it contains 0, "insufficient"
-    with fewer than two pairs. :func:`loss_table` uses :func:`table_verdicts` instead."""
-    if ci.n < 2 or math.isnan(ci.low) or math.isnan(ci.high):
-        return "insufficient"
-    return "significant" if ci.low > 0 or ci.high < 0 else "inconclusive"
+def tost_confidence(confidence: float) -> float:
+    """Confidence of the interval the equivalence check (TOST at alpha = 1 - confidence) uses."""
+    return 1 - 2 * (1 - confidence)
+
+
+def effect_with_equivalence(ci, eq, better_high: bool, margin_pct: float) -> tuple[float, dict]:
+    """(effect %, {ci_low, ci_high, equiv_low, equiv_high, equivalent}) of an interval ``ci`` on
+    a mean log ratio and ``eq``, its :func:`tost_confidence` interval (None: no check)."""
+    effect = lo = hi = eq_lo = eq_hi = math.nan
+    if not math.isnan(ci.mean):
+        effect, lo, hi = effect_from_log_ratio(ci.mean, ci.low, ci.high, better_high)
+        if math.isnan(ci.low):
+            lo = hi = math.nan
+    if eq is not None and not math.isnan(eq.low):
+        _, eq_lo, eq_hi = effect_from_log_ratio(eq.mean, eq.low, eq.high, better_high)
+    equivalent = bool(-margin_pct < eq_lo and eq_hi < margin_pct)
+    bounds = {"ci_low": lo, "ci_high": hi, "equiv_low": eq_lo, "equiv_high": eq_hi}
+    return effect, {**bounds, "equivalent": equivalent}
 
 
 def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
@@ -705,19 +709,9 @@ def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct)
     """A row's effect with its interval, test and equivalence check, and the Fieller and
     bootstrap cross-checks, from the values its interval rests on (pairs or session means)."""
     nan2 = (math.nan, math.nan)
-    effect_pct = lo = hi = math.nan
-    if ci.n:
-        effect_pct, lo, hi = effect_from_log_ratio(ci.mean, ci.low, ci.high, better_high)
-        if math.isnan(ci.low):
-            lo = hi = math.nan
-    eq_lo = eq_hi = math.nan
-    equivalent = False
-    eq_conf = 1 - 2 * (1 - confidence)  # TOST at alpha = 1 - confidence
-    if ci.n >= 2 and valid and eq_conf > 0:
-        eq = paired_log_ratio_ci(d, eq_conf, pilot)
-        if not math.isnan(eq.low):
-            _, eq_lo, eq_hi = effect_from_log_ratio(eq.mean, eq.low, eq.high, better_high)
-            equivalent = bool(-margin_pct < eq_lo and eq_hi < margin_pct)
+    eq_conf = tost_confidence(confidence)
+    eq = paired_log_ratio_ci(d, eq_conf, pilot) if ci.n >= 2 and valid and eq_conf > 0 else None
+    effect_pct, bounds = effect_with_equivalence(ci, eq, better_high, margin_pct)
     f_lo, f_hi = fieller_ratio_ci(bu, vu, confidence)
     fieller = effect_bounds_from_ratio(f_lo, f_hi, better_high) if math.isfinite(f_lo) else nan2
     b_lo, b_hi = bootstrap_log_ratio_ci(d, confidence)
@@ -731,12 +725,8 @@ def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct)
         "effect_pct": effect_pct,
         "loss_pct": effect_pct if better_high else math.nan,
         "increase_pct": math.nan if better_high else effect_pct,
-        "ci_low": lo,
-        "ci_high": hi,
         "p_value": paired_t_pvalue(d, pilot) if valid else math.nan,
-        "equiv_low": eq_lo,
-        "equiv_high": eq_hi,
-        "equivalent": equivalent,
+        **bounds,
         "fieller_low": fieller[0],
         "fieller_high": fieller[1],
         "boot_low": boot[0],
@@ -805,38 +795,25 @@ def loss_table(
     design = _design(fio)
     pilots = design.set_index(["host", "workload"])["pilot_pairs"].to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
+    settings = (confidence, equivalence_margin_pct, exclude_outliers)
     rows = []
     for key, pos in groups.items():
         cell = dict(zip([*CELL_KEYS, "metric"], key, strict=True))
-        better_high = METRICS[cell["metric"]]
-        stats_ = _cell_stats(
-            base_v[pos],
-            var_v[pos],
-            reps[pos],
-            sessions[pos],
-            flags[pos],
-            better_high,
-            confidence,
-            equivalence_margin_pct,
-            exclude_outliers,
-            float(pilots.get((cell["host"], cell["workload"]), math.nan)),
-            METRIC_FAMILIES[cell["metric"]] == "cpu",
-            int(planned.get(cell["host"], 1)),
-        )
-        rows.append(
-            {
-                **cell,
-                **{a: v[pos[0]] for a, v in attrs.items()},
-                "higher_is_better": better_high,
-                "baseline": baseline,
-                "variant": variant,
-                "confidence": confidence,
-                "equivalence_margin_pct": equivalence_margin_pct,
-                "outliers_excluded": exclude_outliers,
-                **stats_,
-            }
-        )
+        better_high, host = METRICS[cell["metric"]], cell["host"]
+        arrays = (a[pos] for a in (base_v, var_v, reps, sessions, flags))
+        pilot = float(pilots.get((host, cell["workload"]), math.nan))
+        cpu = METRIC_FAMILIES[cell["metric"]] == "cpu"
+        stats_ = _cell_stats(*arrays, better_high, *settings, pilot, cpu, int(planned.get(host, 1)))
+        rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **stats_})
     table = pd.DataFrame(rows, columns=[c for c in LOSS_COLUMNS if c not in DESIGN_COLUMNS])
+    table = table.assign(
+        higher_is_better=table["metric"].map(METRICS),
+        baseline=baseline,
+        variant=variant,
+        confidence=confidence,
+        equivalence_margin_pct=equivalence_margin_pct,
+        outliers_excluded=exclude_outliers,
+    )
     table = table.merge(design, on=["host", "workload"], how="left")
     table["noisy"] = table["noisy"].eq(True)
     table["q_value"] = math.nan
@@ -905,19 +882,8 @@ def loss_tables(
     """:func:`loss_table` of every (baseline, variant) pair in ``comparisons``, concatenated in
     that order (columns ``baseline``/``variant`` say which). The Benjamini-Hochberg adjustment
     and the verdicts stay per comparison and metric: each is its own family of tests."""
-    parts = [
-        loss_table(
-            fio,
-            baseline,
-            variant,
-            metrics,
-            confidence,
-            equivalence_margin_pct=equivalence_margin_pct,
-            exclude_outliers=exclude_outliers,
-            decision_regions=decision_regions,
-        )
-        for baseline, variant in comparisons
-    ]
+    options = (confidence, equivalence_margin_pct, exclude_outliers, decision_regions)
+    parts = [loss_table(fio, b, v, metrics, *options) for b, v in comparisons]
     if not parts:
         raise ValueError("no comparisons given")
     table = pd.concat(parts, ignore_index=True)[LOSS_COLUMNS]
