@@ -90,26 +90,17 @@ def load_run(
         tried.append(str(folder))
         if (folder / "fio.parquet").is_file():
             tables = ingest.read_processed(folder)
-            schedule = tables.get("schedule")
-            if schedule is None:  # processed before schedules were kept: read the raw run
-                raw = Path(raw_root) / folder.name
-                schedule = ingest.schedule_table(raw, strict=False) if raw.is_dir() else None
-            return RunData(
-                name=str(tables["fio"]["run"].iloc[0]) if len(tables["fio"]) else folder.name,
-                source=str(folder),
-                fio=tables["fio"],
-                env=tables.get("env", pd.DataFrame()),
-                schedule=schedule if schedule is not None else pd.DataFrame(),
-            )
-        if folder.is_dir() and ingest.host_dirs(folder):
+            name = str(tables["fio"]["run"].iloc[0]) if len(tables["fio"]) else folder.name
+            raw = Path(raw_root) / folder.name
+            if "schedule" not in tables and raw.is_dir():  # processed before schedules were kept
+                tables["schedule"] = ingest.schedule_table(raw, strict=False)
+        elif folder.is_dir() and ingest.host_dirs(folder):
             tables = ingest.ingest_run(folder, strict=False, workers=1)
-            return RunData(
-                name=ingest.run_name(folder),
-                source=str(folder),
-                fio=tables["fio"],
-                env=tables["env"],
-                schedule=tables["schedule"],
-            )
+            name = ingest.run_name(folder)
+        else:
+            continue
+        env, schedule = (tables.get(t, pd.DataFrame()) for t in ("env", "schedule"))
+        return RunData(name, str(folder), tables["fio"], env, schedule)
     raise CompareError(
         f"run {str(spec)!r} not found: no fio.parquet or raw host folders in {', '.join(tried)}"
     )
@@ -289,13 +280,8 @@ def compare_runs(
     metrics = list(metrics or COMPARE_METRICS)
     for m in metrics:
         stats.higher_is_better(m)
-    present = [
-        m
-        for m in metrics
-        if any(
-            m in r.fio and pd.to_numeric(r.fio[m], errors="coerce").notna().any() for r in (a, b)
-        )
-    ]
+    either = {*stats.measured(a.fio, metrics), *stats.measured(b.fio, metrics)}
+    present = [m for m in metrics if m in either]
     pairs = host_pairs(a, b, hosts)
     stacks_a, stacks_b = set(a.fio["stack"].dropna()), set(b.fio["stack"].dropna())
     common = sorted(stacks_a & stacks_b)
@@ -324,27 +310,20 @@ def compare_runs(
         }
         ga, gb = sa.groupby(cell).indices, sb.groupby(cell).indices
         for key in sorted(set(ga) | set(gb), key=str):
-            info = info_of[key]
             for metric in present:
                 va = _by_rep(sa, ga.get(key), metric)
                 vb = _by_rep(sb, gb.get(key), metric)
-                rows.append(
-                    {
-                        "run_a": a.name,
-                        "run_b": b.name,
-                        "host_a": ha,
-                        "host_b": hb,
-                        **dict(zip(cell, key, strict=True)),
-                        **{c: info[c] for c in stats.CELL_ATTRS},
-                        "metric": metric,
-                        "higher_is_better": stats.METRICS[metric],
-                        "design": design,
-                        "confidence": confidence,
-                        "equivalence_margin_pct": equivalence_margin_pct,
-                        **_cell_change(va, vb, design, confidence, equivalence_margin_pct),
-                    }
-                )
+                change = _cell_change(va, vb, design, confidence, equivalence_margin_pct)
+                rows.append({"host_a": ha, "host_b": hb, **dict(zip(cell, key, strict=True))})
+                rows[-1] |= {**info_of[key], "metric": metric, "design": design, **change}
     table = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c not in ("q_value",)])
+    table = table.assign(
+        run_a=a.name,
+        run_b=b.name,
+        higher_is_better=table["metric"].map(stats.METRICS),
+        confidence=confidence,
+        equivalence_margin_pct=equivalence_margin_pct,
+    )
     table["q_value"] = stats.benjamini_hochberg(table["p_value"].to_numpy(float))
     table["verdict"] = stats.table_verdicts(
         table["n"].to_numpy(), table["q_value"], table["equivalent"].to_numpy(bool), confidence
@@ -358,7 +337,8 @@ def compare_runs(
         .drop(columns="_m")
         .reset_index(drop=True)[COMPARE_COLUMNS]
     )
-    table = _dtypes(table)
+    bools = ("higher_is_better", "equivalent")
+    table = stats.with_dtypes(table, COMPARE_COLUMNS, COMPARE_TEXT, COMPARE_INTS, bools)
     table.attrs["designs"] = designs
     table.attrs["skipped_metrics"] = [m for m in metrics if m not in present]
     return table
@@ -379,11 +359,6 @@ def _by_rep(vals: pd.DataFrame, pos, metric: str) -> dict[tuple[str, int], float
     values = pd.to_numeric(sub[metric], errors="coerce").to_numpy(float)
     keys = zip(sub["session"].astype(str), sub["rep"].astype(int), strict=True)
     return dict(zip(keys, values, strict=True))
-
-
-def _dtypes(table: pd.DataFrame) -> pd.DataFrame:
-    bools = ("higher_is_better", "equivalent")
-    return stats.with_dtypes(table, COMPARE_COLUMNS, COMPARE_TEXT, COMPARE_INTS, bools)
 
 
 def env_differences(a: RunData, b: RunData, pairs: list[tuple[str, str]]) -> list[str]:

@@ -32,11 +32,6 @@ ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
 LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order")
 
 
-def _measured(fio: pd.DataFrame, metrics) -> list[str]:
-    """The metrics with at least one value in ``fio``."""
-    return [m for m in metrics if m in fio and pd.to_numeric(fio[m], errors="coerce").notna().any()]
-
-
 def write_loss(
     processed_dir: Path,
     baseline: str = "plain",
@@ -74,9 +69,9 @@ def write_loss(
     table["note"] = notes
     path = processed_dir / "loss.parquet"
     table.to_parquet(path, index=False)
-    cpu = table[table["metric"].isin(_measured(fio, CPU_METRICS))]
+    cpu = table[table["metric"].isin(stats.measured(fio, CPU_METRICS))]
     cpu.to_parquet(processed_dir / "cpu_loss.parquet", index=False)
-    arm_metrics = _measured(fio, ARM_METRICS)
+    arm_metrics = stats.measured(fio, ARM_METRICS)
     for name, part in (
         ("arms", stats.arm_summary(fio, arm_metrics, confidence)),
         ("reps", stats.rep_values(fio, arm_metrics)),

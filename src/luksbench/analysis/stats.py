@@ -163,6 +163,11 @@ def higher_is_better(metric: str) -> bool:
         raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}") from None
 
 
+def measured(fio: pd.DataFrame, metrics) -> list[str]:
+    """The ``metrics`` with at least one value in ``fio``."""
+    return [m for m in metrics if m in fio and pd.to_numeric(fio[m], errors="coerce").notna().any()]
+
+
 # ----------------------------------------------------------------------------------------- pairing
 
 
