@@ -89,29 +89,25 @@ def pilot_targets(
     for host in hosts:
         workloads = sorted({w for h, w in sds if h == host} | set(cells or ()))
         sd = np.array([sds.get((host, w), math.nan) for w in workloads], dtype=float)
-        pairs, required, capped = stein_vector(
-            sd, pilot_pairs, target_half_width_pct, max_pairs, confidence
-        )
+        design = (pilot_pairs, target_half_width_pct, max_pairs, confidence)
+        pairs, required, capped = map(np.atleast_1d, stats.stein_pairs(sd, *design))
         per_cell = {
             w: {
-                "pairs": int(pairs[i]),
-                "pilot_sd_log_ratio": None if math.isnan(sd[i]) else round(float(sd[i]), 6),
-                "required_pairs": None
-                if not math.isfinite(required[i])
-                else round(float(required[i]), 3),
-                "capped": bool(capped[i]),
+                "pairs": int(n),
+                "pilot_sd_log_ratio": None if math.isnan(s) else round(float(s), 6),
+                "required_pairs": round(float(r), 3) if math.isfinite(r) else None,
+                "capped": bool(c),
             }
-            for i, w in enumerate(workloads)
+            for w, s, n, r, c in zip(workloads, sd, pairs, required, capped, strict=True)
         }
         docs[host] = {
             "kind": TARGETS_KIND,
             "method": (
-                "Stein two-stage: N = min(max_pairs, max(n0, ceil((t_{1-alpha/2,n0-1} s / h)^2))), "
-                "s = pilot SD of ln(variant/baseline) (largest over directions, jobs and "
-                "comparisons), "
-                "h = ln(1 + target_half_width_pct/100); no further looks after the pilot. "
-                "Interval of these cells (Stein): mean of all N pairs +- t_{n0-1} s0 / sqrt(N), "
-                "s0 = the SD of the cell's n0 pilot pairs"
+                "Stein two-stage: N = min(max_pairs, max(n0, ceil((t_{1-alpha/2,n0-1} s / "
+                "h)^2))), s = pilot SD of ln(variant/baseline) (largest over directions, jobs and "
+                "comparisons), h = ln(1 + target_half_width_pct/100); no further looks after the "
+                "pilot. Interval of these cells (Stein): mean of all N pairs +- t_{n0-1} s0 / "
+                "sqrt(N), s0 = the SD of the cell's n0 pilot pairs"
             ),
             "host": host,
             "metric": metric,
@@ -129,14 +125,6 @@ def pilot_targets(
             "cells": per_cell,
         }
     return docs
-
-
-def stein_vector(sd, pilot_pairs, half_width_pct, max_pairs, confidence):
-    """:func:`luksbench.analysis.stats.stein_pairs` on an array, always returning arrays."""
-    pairs, required, capped = stats.stein_pairs(
-        np.atleast_1d(np.asarray(sd, float)), pilot_pairs, half_width_pct, max_pairs, confidence
-    )
-    return np.atleast_1d(pairs), np.atleast_1d(required), np.atleast_1d(capped)
 
 
 def write_targets(

@@ -42,19 +42,13 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def table_files(processed_root: Path, table: str) -> list[Path]:
-    """``<processed_root>/<run>/<table>.parquet`` of every run (sorted)."""
-    return sorted(Path(processed_root).glob(f"*/{table}.parquet"))
-
-
 def create_views(con: duckdb.DuckDBPyConnection, processed_root: Path) -> list[str]:
     """(Re)create one view per table that has at least one run's parquet file; returns their
     names. Paths are absolute, so a file-backed database works from any directory."""
     root = Path(processed_root).resolve()
     made = []
     for table in TABLES:
-        files = table_files(root, table)
-        if not files:
+        if not any(root.glob(f"*/{table}.parquet")):
             con.execute(f"DROP VIEW IF EXISTS {table}")
             continue
         glob = _quote(str(root / "*" / f"{table}.parquet"))
@@ -93,9 +87,13 @@ def connect(
     return con
 
 
-def query(sql: str = EXAMPLE_QUERY, processed_root: Path = Path("data/processed")):
-    """Run ``sql`` against the views; returns a pandas DataFrame."""
-    con = connect(processed_root)
+def query(
+    sql: str = EXAMPLE_QUERY,
+    processed_root: Path = Path("data/processed"),
+    database: str | Path = ":memory:",
+):
+    """Run ``sql`` against the views (of :func:`connect`); returns a pandas DataFrame."""
+    con = connect(processed_root, database)
     try:
         return con.execute(sql).df()
     finally:
@@ -112,11 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", action="store_true", help="CSV instead of a text table")
     args = parser.parse_args(argv)
     try:
-        con = connect(args.processed_root, args.database)
-        try:
-            df = con.execute(args.sql).df()
-        finally:
-            con.close()
+        df = query(args.sql, args.processed_root, args.database)
     except (FileNotFoundError, duckdb.Error) as exc:
         print(f"luksbench warehouse: {exc}", file=sys.stderr)
         return 1

@@ -81,17 +81,6 @@ def run_times(manifest: dict) -> dict[tuple[str, str, int], tuple[str | None, st
     }
 
 
-def written_results(manifest: dict) -> set[str]:
-    """Paths (inside the host folder) of the fio results a manifest records as written: its runs
-    but the failed ones, which leave no file."""
-    runs = manifest.get("runs")
-    return {
-        r["path"]
-        for r in (runs if isinstance(runs, list) else [])
-        if isinstance(r, dict) and isinstance(r.get("path"), str) and r.get("status") != "failed"
-    }
-
-
 def result_sessions(manifest: dict) -> dict[str, str]:
     """Path (inside the host folder) -> the session (stack-up) that measured it, for every result
     the manifest records as written ("" for a record from before sessions were recorded)."""
