@@ -20,29 +20,15 @@ missing side or a value <= 0 are excluded and counted in ``n_dropped``; for the 
 of the idle baseline, so near 0 in a lightly loaded cell) one value <= 0 leaves the whole cell
 without an interval (``insufficient``) instead.
 
-Beside the main interval, every row carries (all in the same loss/increase % units):
-
-* ``decision`` (what the paper leads with): the region of :func:`decision` the whole interval
-  lies in, margins per metric family (:data:`DEFAULT_DECISION_REGIONS`);
-* ``p_value`` (two-sided paired t-test of mean d = 0) and ``q_value`` (Benjamini-Hochberg over the
-  rows of one metric that have a p-value, :func:`scipy.stats.false_discovery_control`; IOPS and
-  CPU-per-I/O rows at a fixed block size repeat bandwidth's and CPU-per-GiB's test and say so in
-  ``derived_from``, :data:`DERIVED_FROM`);
-* ``equiv_low``/``equiv_high``: the (1 - 2 alpha) interval (90 % for 95 % confidence) of the
-  two-one-sided-tests equivalence check against +-``equivalence_margin_pct`` (default 2 points);
-  ``equivalent`` is True when it lies strictly inside the margin;
-* ``fieller_low``/``fieller_high``: paired Fieller interval on the ratio of arithmetic means
-  mean(variant) / mean(baseline), a cross-check that does not assume log-normality; NaN when the
-  set is unbounded (the baseline mean is not significantly different from 0), clipped at ratio 0;
-* ``boot_low``/``boot_high``: BCa bootstrap interval of mean d (resampling whole pairs), only when a
-  cell has at least :data:`BOOTSTRAP_MIN_PAIRS` pairs, NaN otherwise;
-* ``n_outliers``/``outlier_reps``: pairs flagged by :func:`flag_outliers` (modified z-score of d
-  > 3.5 within the cell, a fio error on either arm, or fio's steady-state criterion not attained);
-  they are kept unless ``loss_table(..., exclude_outliers=True)`` (then ``outliers_excluded``);
-* ``target_pairs``/``noisy``/``pilot_pairs``: the adaptive design's per-cell target, whether the
-  cell hit the cap and its pilot pairs n0 (from ``<host>/fio/targets.json`` through ingest;
-  NaN/False for fixed designs); ``interval`` ("t", "stein", or "none": an adaptive cell with
-  fewer than two usable pilot pairs of the metric) and ``pilot_sd_log_ratio`` (s0).
+Beside the main interval, every row carries (in the same % units; README, "How sure: the
+statistics", tables every column): the ``decision`` by magnitude (:func:`decision`, what the paper
+leads with); ``p_value`` and ``q_value`` (Benjamini-Hochberg per metric; an IOPS or CPU-per-I/O row
+at a fixed block size repeats bandwidth's or CPU-per-GiB's test and says so in ``derived_from``);
+the TOST equivalence check, a (1 - 2 alpha) interval against +-``equivalence_margin_pct``; two
+cross-checks, Fieller on the ratio of arithmetic means (no log-normality assumed) and a BCa
+bootstrap over pairs (:func:`fieller_ratio_ci`, :func:`bootstrap_log_ratio_ci`); the pairs
+:func:`flag_outliers` flags (kept unless ``exclude_outliers``); and the adaptive design's
+``target_pairs``/``noisy``/``pilot_pairs`` (:func:`_design`) with the ``interval`` it led to.
 
 Verdict (column ``verdict``, one of :data:`VERDICTS`), in this order:
 
@@ -229,20 +215,15 @@ def pair_values(fio: pd.DataFrame, baseline: str, variant: str, metrics: list[st
         if name not in stacks:
             raise ValueError(f"stack {name!r} not in the data (stacks: {sorted(stacks)})")
     vals = rep_values(fio[fio["stack"].isin([baseline, variant])], metrics)
-    long = vals.melt(
-        id_vars=["stack", "session", "rep", *CELL_KEYS, *CELL_ATTRS, *REP_FLAGS],
-        value_vars=metrics,
-        var_name="metric",
-        value_name="value",
-    )
+    id_vars = ["stack", "session", "rep", *CELL_KEYS, *CELL_ATTRS, *REP_FLAGS]
+    long = vals.melt(id_vars=id_vars, value_vars=metrics, var_name="metric", value_name="value")
     long["value"] = pd.to_numeric(long["value"], errors="coerce").astype("float64")
     base = long[long["stack"] == baseline].drop(columns="stack")
     var = long[long["stack"] == variant].drop(columns=["stack", *CELL_ATTRS])
     on = [*CELL_KEYS, "metric", "session", "rep"]  # a pair never crosses sessions
+    names = {"value_baseline": "baseline_value", "value_variant": "variant_value"}
     paired = base.merge(var, on=on, how="outer", suffixes=("_baseline", "_variant"))
-    paired = paired.rename(
-        columns={"value_baseline": "baseline_value", "value_variant": "variant_value"}
-    )
+    paired = paired.rename(columns=names)
     for f in REP_FLAGS:
         paired[f] = paired[f"{f}_baseline"].eq(True) | paired[f"{f}_variant"].eq(True)
         paired = paired.drop(columns=[f"{f}_baseline", f"{f}_variant"])
