@@ -82,11 +82,9 @@ def pilot_targets(
         for key, sd in _pilot_sds(fio, pair_baseline, variant, metric, pilot_pairs).items():
             old = sds.get(key, -math.inf)
             sds[key] = math.nan if (math.isnan(sd) or math.isnan(old)) else max(old, sd)
-    hosts = sorted(
-        {h for h, _ in sds} | (set(fio["host"].dropna().astype(str)) if len(fio) else set())
-    )
+    hosts = {h for h, _ in sds} | (set(fio["host"].dropna().astype(str)) if len(fio) else set())
     docs = {}
-    for host in hosts:
+    for host in sorted(hosts):
         workloads = sorted({w for h, w in sds if h == host} | set(cells or ()))
         sd = np.array([sds.get((host, w), math.nan) for w in workloads], dtype=float)
         design = (pilot_pairs, target_half_width_pct, max_pairs, confidence)

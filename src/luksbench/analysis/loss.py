@@ -23,10 +23,10 @@ import pandas as pd
 from luksbench.analysis import cpucost, stats, tails
 from luksbench.analysis.contrasts import resolve
 
-#: metrics whose per-arm means and intervals are tabled (the bars and points of the figures)
 #: CPU cost net of the idle baseline (:mod:`luksbench.analysis.cpucost`): per GiB, utilisation
 #: beside it, per I/O (at equal load in a fixed-rate pattern's cells)
 CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct", "busy_cpu_us_per_io")
+#: metrics whose per-arm means and intervals are tabled (the bars and points of the figures)
 ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
 #: the tables :func:`write_loss` writes (``<processed_dir>/<name>.parquet``)
 LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order")
@@ -43,12 +43,8 @@ def write_loss(
     decision_regions: dict | None = None,
 ) -> tuple[pd.DataFrame, Path]:
     """Read ``fio.parquet`` from ``processed_dir``, write the :data:`LOSS_TABLES` beside it;
-    returns the loss table and its path.
-
-    ``loss.parquet`` holds the rows of every comparison (outliers flagged and kept; see
-    :func:`stats.loss_table`), the headline first. ``comparisons``: config
-    ``analysis.comparisons``, resolved against the stacks with results by
-    :func:`luksbench.analysis.contrasts.resolve` (empty: every stack against ``baseline``)."""
+    returns the loss table and its path. ``comparisons``: config ``analysis.comparisons``, resolved
+    against the stacks with results (:func:`luksbench.analysis.contrasts.resolve`)."""
     processed_dir = Path(processed_dir)
     fio = pd.read_parquet(processed_dir / "fio.parquet")
     pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
@@ -67,20 +63,17 @@ def write_loss(
         f"{n}; {stats.NO_PILOT_NOTE}" if n else stats.NO_PILOT_NOTE for n in notes[no_pilot]
     ]
     table["note"] = notes
-    path = processed_dir / "loss.parquet"
-    table.to_parquet(path, index=False)
-    cpu = table[table["metric"].isin(stats.measured(fio, CPU_METRICS))]
-    cpu.to_parquet(processed_dir / "cpu_loss.parquet", index=False)
     arm_metrics = stats.measured(fio, ARM_METRICS)
-    for name, part in (
-        ("arms", stats.arm_summary(fio, arm_metrics, confidence)),
-        ("reps", stats.rep_values(fio, arm_metrics)),
-    ):
+    tables = {
+        "loss": table,
+        "cpu_loss": table[table["metric"].isin(stats.measured(fio, CPU_METRICS))],
+        "arms": stats.arm_summary(fio, arm_metrics, confidence),
+        "reps": stats.rep_values(fio, arm_metrics),
+        "order": order_effects(fio, processed_dir / "schedule.parquet", pairs, table, confidence),
+    }
+    for name, part in tables.items():
         part.to_parquet(processed_dir / f"{name}.parquet", index=False)
-    order_effects(fio, processed_dir / "schedule.parquet", pairs, table, confidence).to_parquet(
-        processed_dir / "order.parquet", index=False
-    )
-    return table, path
+    return table, processed_dir / "loss.parquet"
 
 
 def order_effects(fio: pd.DataFrame, schedule_path: Path, pairs, loss, confidence: float):

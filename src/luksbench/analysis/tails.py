@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from luksbench.analysis.cells import CELL_KEYS  # a cell's percentiles: for all its runs or none
+
 #: fio table column -> the percentile it holds
 PERCENTILES = {"clat_p50_ns": 50.0, "clat_p99_ns": 99.0, "clat_p999_ns": 99.9}
 #: completions that must lie beyond a percentile for it to be reported
@@ -27,8 +29,6 @@ MIN_BEYOND = 10
 TOO_FEW = "too few I/Os"
 #: one run's histogram: the latency table's rows summed over these keys
 RUN_KEYS = ["host", "stack", "workload", "rep", "job_slot", "direction"]
-#: a cell: its percentiles are reported for all its runs (every stack and rep) or for none
-CELL_KEYS = ["host", "workload", "job_slot", "direction"]
 
 
 def min_ios(percent: float) -> int:

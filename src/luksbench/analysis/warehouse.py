@@ -28,6 +28,9 @@ from luksbench.analysis.ingest import PROCESSED_TABLES
 #: the processed tables that get a view
 TABLES = (*PROCESSED_TABLES, "loss")
 
+#: the run folder's name, for tables that do not carry the run themselves
+RUN_FROM_FILENAME = r"regexp_extract(filename, '([^/\\]+)[/\\][^/\\]+$', 1) AS run, "
+
 EXAMPLE_QUERY = """\
 SELECT l.workload, l.run, l.host, e.kernel, l.variant, l.baseline,
        round(l.effect_pct, 1) AS loss_pct, round(l.ci_low, 1) AS ci_low,
@@ -54,12 +57,7 @@ def create_views(con: duckdb.DuckDBPyConnection, processed_root: Path) -> list[s
         glob = _quote(str(root / "*" / f"{table}.parquet"))
         source = f"read_parquet({glob}, union_by_name = true, filename = true)"
         columns = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        # the run folder's name, for tables that do not carry the run themselves
-        run = (
-            ""
-            if "run" in columns
-            else r"regexp_extract(filename, '([^/\\]+)[/\\][^/\\]+$', 1) AS run, "
-        )
+        run = "" if "run" in columns else RUN_FROM_FILENAME
         con.execute(
             f"CREATE OR REPLACE VIEW {table} AS SELECT {run}* EXCLUDE (filename) FROM {source}"
         )

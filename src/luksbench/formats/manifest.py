@@ -53,8 +53,7 @@ def session_records(host_dir: Path) -> list[tuple[Path, str]]:
     """(manifest file, session name) of every session of a host: the write-once copies in
     ``fio/sessions/`` when there are any, else ``fio/manifest.json`` (and the adaptive pilot's)."""
     fio = Path(host_dir) / "fio"
-    sessions_dir = fio / SESSIONS_DIR
-    sessions = sorted(sessions_dir.glob("*.json")) if sessions_dir.is_dir() else []
+    sessions = sorted((fio / SESSIONS_DIR).glob("*.json"))
     if sessions:
         return [(p, p.stem) for p in sessions]
     candidates = (fio / PILOT_MANIFEST_NAME, fio / MANIFEST_NAME)

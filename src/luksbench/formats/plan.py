@@ -135,13 +135,9 @@ def plan_changes(measured: dict, new: dict) -> list[str]:
         _diff(key, measured.get(key), new.get(key), changes)
     old_patterns, new_patterns = measured.get("patterns") or {}, new.get("patterns") or {}
     for name in sorted(set(old_patterns) & set(new_patterns)):
+        old, new_ = old_patterns[name], new_patterns[name]
         for key in _PATTERN_MEASUREMENT_KEYS:
-            _diff(
-                f"patterns.{name}.{key}",
-                old_patterns[name].get(key),
-                new_patterns[name].get(key),
-                changes,
-            )
+            _diff(f"patterns.{name}.{key}", old.get(key), new_.get(key), changes)
     return changes
 
 
