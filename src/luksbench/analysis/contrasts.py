@@ -177,8 +177,5 @@ def comparison_pairs(losses) -> list[Pair]:
     """The (baseline, variant) pairs of a loss table in the order of its rows (headline first)."""
     if losses is None or losses.empty:
         return []
-    return list(
-        dict.fromkeys(
-            zip(losses["baseline"].astype(str), losses["variant"].astype(str), strict=True)
-        )
-    )
+    pairs = zip(losses["baseline"].astype(str), losses["variant"].astype(str), strict=True)
+    return list(dict.fromkeys(pairs))

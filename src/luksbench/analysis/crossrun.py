@@ -329,14 +329,11 @@ def compare_runs(
         table["n"].to_numpy(), table["q_value"], table["equivalent"].to_numpy(bool), confidence
     )
     table["outcome"] = [_outcome(r) for _, r in table.iterrows()] if len(table) else []
-    order = {m: i for i, m in enumerate(present)}
-    table = (
-        table.assign(_m=table["metric"].map(order))
-        .sort_values(["host_a", "host_b", "stack", "rw", "bs_bytes", "iodepth", "job_slot"])
-        .sort_values("_m", kind="stable")
-        .drop(columns="_m")
-        .reset_index(drop=True)[COMPARE_COLUMNS]
+    table = table.assign(_m=table["metric"].map({m: i for i, m in enumerate(present)}))
+    table = table.sort_values(
+        ["host_a", "host_b", "stack", "rw", "bs_bytes", "iodepth", "job_slot"]
     )
+    table = table.sort_values("_m", kind="stable").reset_index(drop=True)[COMPARE_COLUMNS]
     bools = ("higher_is_better", "equivalent")
     table = stats.with_dtypes(table, COMPARE_COLUMNS, COMPARE_TEXT, COMPARE_INTS, bools)
     table.attrs["designs"] = designs

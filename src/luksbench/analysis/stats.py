@@ -401,16 +401,11 @@ def bootstrap_log_ratio_ci(
     if d.size < BOOTSTRAP_MIN_PAIRS:
         return math.nan, math.nan
     for method in ("BCa", "percentile"):
+        options = {"n_resamples": BOOTSTRAP_RESAMPLES, "method": method}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sps.DegenerateDataWarning)
-            res = sps.bootstrap(
-                (d,),
-                np.mean,
-                n_resamples=BOOTSTRAP_RESAMPLES,
-                confidence_level=confidence,
-                method=method,
-                rng=np.random.default_rng(seed),
-            )
+            rng = np.random.default_rng(seed)
+            res = sps.bootstrap((d,), np.mean, confidence_level=confidence, **options, rng=rng)
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(lo) and math.isfinite(hi):
             return lo, hi
@@ -810,15 +805,9 @@ def loss_table(
     table = _with_decisions(table, regions)
     table = table[LOSS_COLUMNS]
     if not table.empty:
-        order = {m: i for i, m in enumerate(metrics)}
-        table = (
-            table.assign(_m=table["metric"].map(order))
-            .sort_values(
-                ["host", "pattern", "rw", "bs_bytes", "iodepth", "job_slot", "direction", "_m"]
-            )
-            .drop(columns="_m")
-            .reset_index(drop=True)
-        )
+        keys = ["host", "pattern", "rw", "bs_bytes", "iodepth", "job_slot", "direction", "_m"]
+        table = table.assign(_m=table["metric"].map({m: i for i, m in enumerate(metrics)}))
+        table = table.sort_values(keys).drop(columns="_m").reset_index(drop=True)
     return with_dtypes(table, LOSS_COLUMNS, LOSS_TEXT, LOSS_INTS, LOSS_BOOLS)
 
 
@@ -828,12 +817,8 @@ def _with_decisions(table: pd.DataFrame, regions: dict) -> pd.DataFrame:
     margins = table["metric"].map(lambda m: regions[METRIC_FAMILIES[m]])
     table["decision_lower_pct"] = [lower for lower, _ in margins]
     table["decision_upper_pct"] = [upper for _, upper in margins]
-    table["decision"] = [
-        decision(*row)
-        for row in table[["ci_low", "ci_high", "decision_lower_pct", "decision_upper_pct"]]
-        .to_numpy(float)
-        .tolist()
-    ]
+    bounds = table[["ci_low", "ci_high", "decision_lower_pct", "decision_upper_pct"]]
+    table["decision"] = [decision(*row) for row in bounds.to_numpy(float).tolist()]
     # at a fixed block size IOPS is bandwidth / block size and CPU per I/O is CPU per GiB times
     # it: the same test, not a second one
     fixed_bs = pd.to_numeric(table["bs_bytes"], errors="coerce").gt(0)
