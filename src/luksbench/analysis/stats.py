@@ -154,9 +154,6 @@ def measured(fio: pd.DataFrame, metrics) -> list[str]:
     return [m for m in metrics if m in fio and pd.to_numeric(fio[m], errors="coerce").notna().any()]
 
 
-# ----------------------------------------------------------------------------------------- pairing
-
-
 #: per-rep quality flags carried from the fio table into the pairs (see :func:`flag_outliers`)
 REP_FLAGS = ("fio_error", "ss_not_attained")
 
@@ -238,9 +235,6 @@ def usable_pairs(baseline: np.ndarray, variant: np.ndarray) -> np.ndarray:
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
     with np.errstate(invalid="ignore"):
         return np.isfinite(b) & np.isfinite(v) & (b > 0) & (v > 0)
-
-
-# --------------------------------------------------------------------------------------- interval
 
 
 @dataclass(frozen=True)
@@ -412,9 +406,6 @@ def bootstrap_log_ratio_ci(
     return math.nan, math.nan
 
 
-# ---------------------------------------------------------------------------------------- outliers
-
-
 def modified_z(d: np.ndarray) -> np.ndarray:
     """Iglewicz-Hoaglin modified z-score ``0.6745 (d - median) / MAD``; with MAD = 0 the mean absolute
     deviation stands in (``(d - median) / (1.253314 mean|d - median|)``); all 0 when both are 0."""
@@ -552,9 +543,6 @@ def table_verdicts(
     return out
 
 
-# ------------------------------------------------------------------------------ adaptive design
-
-
 def half_width_log(half_width_pct: float) -> float:
     """Target half-width on the log scale for a target of ``half_width_pct`` percentage points:
     ``ln(1 + h/100)`` (0.01980 for 2 points). At zero effect a log interval mean +- h maps to
@@ -613,9 +601,6 @@ def session_components(d: np.ndarray, sessions: np.ndarray) -> tuple[np.ndarray,
     n0 = (n - (n_j**2).sum() / n) / (m - 1)
     within = ms_within if math.isfinite(ms_within) else 0.0
     return means, math.sqrt(ms_within), math.sqrt(max(0.0, (ms_between - within) / n0))
-
-
-# ------------------------------------------------------------------------------------------ table
 
 
 def _cell_stats(
@@ -875,20 +860,14 @@ def arm_summary(fio: pd.DataFrame, metrics, confidence: float = 0.95) -> pd.Data
     for metric in metrics:
         for key, g in vals.groupby(ARM_KEYS, sort=True, dropna=False):
             v = pd.to_numeric(g[metric], errors="coerce").dropna().to_numpy(float)
-            n = v.size
-            half = (
-                _t_quantile(confidence, n - 1) * float(v.std(ddof=1)) / math.sqrt(n)
-                if n >= 2
-                else math.nan
-            )
-            mean = float(v.mean()) if n else math.nan
-            rows.append({**dict(zip(ARM_KEYS, key, strict=True)), "metric": metric, "n": n})
-            rows[-1] |= {"mean": mean, "ci_half": half, "confidence": confidence}
-    columns = [*ARM_KEYS, "metric", "n", "mean", "ci_half", "confidence"]
-    return pd.DataFrame(rows, columns=columns)
+            n, mean, half = v.size, math.nan, math.nan
+            if n:
+                mean = float(v.mean())
+            if n >= 2:
+                half = _t_quantile(confidence, n - 1) * float(v.std(ddof=1)) / math.sqrt(n)
+            rows.append([*key, metric, n, mean, half, confidence])
+    return pd.DataFrame(rows, columns=[*ARM_KEYS, "metric", "n", "mean", "ci_half", "confidence"])
 
-
-# ------------------------------------------------------------------------------------ stack order
 
 #: order.parquet's columns: the order effect of a comparison and metric over its cells
 ORDER_COLUMNS = ["baseline", "variant", "metric", "n_cells", "n_in_order", "n_reversed"]
