@@ -205,22 +205,13 @@ def _span(sched: pd.DataFrame) -> str:
     return f"{lo:%Y-%m-%d %H:%M} to {hi:%Y-%m-%d %H:%M} UTC"
 
 
-def _cell_change(
-    va: dict[tuple[str, int], float],
-    vb: dict[tuple[str, int], float],
-    design: str,
-    confidence: float,
-    margin_pct: float,
-) -> dict:
+def _cell_change(va: dict, vb: dict, design: str, confidence: float, margin_pct: float) -> dict:
     """One row's statistics: values by (session, repetition) on each side -> change % with its
     interval; ``n_a``/``n_b`` count the replicates (repetitions when paired, else sessions)."""
     nan = math.nan
-    a = {k: v for k, v in va.items() if np.isfinite(v) and v > 0}
-    b = {k: v for k, v in vb.items() if np.isfinite(v) and v > 0}
-    out = {
-        "a_mean": float(np.mean(list(a.values()))) if a else nan,
-        "b_mean": float(np.mean(list(b.values()))) if b else nan,
-    }
+    a, b = ({k: v for k, v in side.items() if np.isfinite(v) and v > 0} for side in (va, vb))
+    a_mean, b_mean = (float(np.mean(list(side.values()))) if side else nan for side in (a, b))
+    out = {"a_mean": a_mean, "b_mean": b_mean}
     eq_conf = stats.tost_confidence(confidence)
     if design == "paired":
         a, b = ({rep: v for (_, rep), v in side.items()} for side in (a, b))

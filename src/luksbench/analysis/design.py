@@ -1,23 +1,18 @@
 """Adaptive repetitions, two-stage (Stein): spend device time where the noise is.
 
 Stage 1 (pilot): every cell runs ``pilot_pairs`` (n0) pairs. From the pilot pairs 1..n0 alone,
-:func:`pilot_targets` computes each cell's target with :func:`luksbench.analysis.stats.stein_pairs`::
-
-    N = min(max_pairs, max(n0, ceil((t_{1-alpha/2, n0-1} * s / h)^2)))
-
-with ``s`` the pilot SD of d = ln(variant / baseline) of the design metric (default ``bw_bytes``;
-for a cell with several directions or jobs, and for several comparisons, the largest SD) and
-``h = ln(1 + target_half_width_pct / 100)`` (:func:`luksbench.analysis.stats.half_width_log`). Stage 2 tops
+:func:`pilot_targets` computes each cell's target N with :func:`luksbench.analysis.stats.stein_pairs`
+from the pilot SD of d = ln(variant / baseline) of the design metric (default ``bw_bytes``; for a
+cell with several directions or jobs, and for several comparisons, the largest SD). Stage 2 tops
 every cell up to its N (``luksbench testbox run-fio --targets targets.json``); there is no further
 look at the data after the pilot. Cells whose requirement exceeds ``max_pairs`` stop at the cap and
-are labelled *noisy*: their interval is honest but wider than the target.
+are labelled *noisy*: their interval is honest but wider than the target. A pilot cell without n0
+usable pairs (a failed run) gets the cap and counts as noisy.
 
 The targets file (:mod:`luksbench.formats.targets`) records the decision, n0 and the pilot SDs; the
-loss table reports it per cell as ``target_pairs``/``noisy`` and gives these cells Stein's interval
-(mean of all N pairs +- t_{n0-1} s0 / sqrt(N): exact coverage whatever N the pilot chose).
-``luksbench targets`` and the workflow's ``plan_repetitions`` rule both call :func:`write_targets`.
-
-A pilot cell without ``n0`` usable pairs (a failed run) gets the cap and counts as noisy.
+loss table gives these cells Stein's interval (:func:`luksbench.analysis.stats.paired_log_ratio_ci`:
+exact coverage whatever N the pilot chose). ``luksbench targets`` and the workflow's
+``plan_repetitions`` rule both call :func:`write_targets`.
 """
 
 from __future__ import annotations

@@ -671,6 +671,9 @@ def _cell_stats(
     }
 
 
+CROSS_CHECK_COLUMNS = ("fieller_low", "fieller_high", "boot_low", "boot_high")
+
+
 def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct) -> dict:
     """A row's effect with its interval, test and equivalence check, and the Fieller and
     bootstrap cross-checks, from the values its interval rests on (pairs or session means)."""
@@ -693,10 +696,7 @@ def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct)
         "increase_pct": math.nan if better_high else effect_pct,
         "p_value": paired_t_pvalue(d, pilot) if valid else math.nan,
         **bounds,
-        "fieller_low": fieller[0],
-        "fieller_high": fieller[1],
-        "boot_low": boot[0],
-        "boot_high": boot[1],
+        **dict(zip(CROSS_CHECK_COLUMNS, (*fieller, *boot), strict=True)),
     }
 
 
