@@ -360,7 +360,7 @@ def env_differences(a: RunData, b: RunData, pairs: list[tuple[str, str]]) -> lis
             x, y = ea.get(fact), eb.get(fact)
             if _text(x) != _text(y):
                 out.append(f"{label}: {fact} {_text(x)} -> {_text(y)}")
-        fa, fb = _plan_fio(ea), _plan_fio(eb)
+        fa, fb = (env_plan(parse_env_json(e.get("env_json"))).get("fio") or {} for e in (ea, eb))
         for key in sorted(set(fa) | set(fb)):
             if fa.get(key) != fb.get(key):
                 out.append(f"{label}: fio.{key} {fa.get(key, 'n/a')} -> {fb.get(key, 'n/a')}")
@@ -372,10 +372,6 @@ def _env_row(env: pd.DataFrame, host: str) -> dict:
         return {}
     rows = env[env["host"] == host]
     return rows.iloc[0].to_dict() if len(rows) else {}
-
-
-def _plan_fio(env_row: dict) -> dict:
-    return env_plan(parse_env_json(env_row.get("env_json"))).get("fio") or {}
 
 
 def _text(x) -> str:

@@ -508,10 +508,9 @@ def check_regions(regions: dict | None) -> dict[str, tuple[float, float]]:
 
 
 def decision(low: float, high: float, lower: float, upper: float) -> str:
-    """The region the whole interval [low, high] (effect %, positive = the variant is worse) lies
-    in: ``negligible`` (within +-lower), ``moderate`` (lower .. upper), ``material`` (beyond
-    upper), ``moderate gain`` / ``material gain`` on the other side; else ``undecided:
-    straddles`` the boundaries inside it; ``insufficient`` without an interval."""
+    """The region (below) the whole interval [low, high] (effect %, positive = the variant is
+    worse) lies in; else ``undecided: straddles`` the boundaries inside it; ``insufficient``
+    without an interval."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return "insufficient"
     regions = (
@@ -826,20 +825,12 @@ def with_dtypes(table: pd.DataFrame, columns, text, ints, bools) -> pd.DataFrame
     return table
 
 
-def loss_tables(
-    fio: pd.DataFrame,
-    comparisons,
-    metrics: list[str] | tuple[str, ...] | None = None,
-    confidence: float = 0.95,
-    equivalence_margin_pct: float = DEFAULT_EQUIVALENCE_MARGIN_PCT,
-    exclude_outliers: bool = False,
-    decision_regions: dict | None = None,
-) -> pd.DataFrame:
-    """:func:`loss_table` of every (baseline, variant) pair in ``comparisons``, concatenated in
-    that order (columns ``baseline``/``variant`` say which). The Benjamini-Hochberg adjustment
-    and the verdicts stay per comparison and metric: each is its own family of tests."""
-    options = (confidence, equivalence_margin_pct, exclude_outliers, decision_regions)
-    parts = [loss_table(fio, b, v, metrics, *options) for b, v in comparisons]
+def loss_tables(fio: pd.DataFrame, comparisons, *args, **kwargs) -> pd.DataFrame:
+    """:func:`loss_table` (same arguments after the pair) of every (baseline, variant) pair in
+    ``comparisons``, concatenated in that order (columns ``baseline``/``variant`` say which). The
+    Benjamini-Hochberg adjustment and the verdicts stay per comparison and metric: each is its own
+    family of tests."""
+    parts = [loss_table(fio, b, v, *args, **kwargs) for b, v in comparisons]
     if not parts:
         raise ValueError("no comparisons given")
     table = pd.concat(parts, ignore_index=True)[LOSS_COLUMNS]
