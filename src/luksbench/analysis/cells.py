@@ -18,17 +18,11 @@ CELL_ATTRS = ["rw", "bs_bytes", "iodepth", "job", "pattern"]
 
 #: fio rw -> directions that carry its I/O (other directions of a job are not measurements)
 ACTIVE_DIRECTIONS = {
-    "read": {"read"},
-    "randread": {"read"},
-    "write": {"write"},
-    "randwrite": {"write"},
-    "rw": {"read", "write"},
-    "readwrite": {"read", "write"},
-    "randrw": {"read", "write"},
-    "trim": {"trim"},
-    "randtrim": {"trim"},
-    "trimwrite": {"trim", "write"},
-    "randtrimwrite": {"trim", "write"},
+    **dict.fromkeys(("read", "randread"), frozenset({"read"})),
+    **dict.fromkeys(("write", "randwrite"), frozenset({"write"})),
+    **dict.fromkeys(("rw", "readwrite", "randrw"), frozenset({"read", "write"})),
+    **dict.fromkeys(("trim", "randtrim"), frozenset({"trim"})),
+    **dict.fromkeys(("trimwrite", "randtrimwrite"), frozenset({"trim", "write"})),
 }
 
 

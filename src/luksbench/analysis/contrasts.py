@@ -142,11 +142,7 @@ def resolve(
     results; the others are left out and named through ``warn`` (default: stderr). Raises
     :class:`ComparisonError` when nothing is left to compare."""
     measured = set(measured)
-    if warn is None:
-
-        def warn(message: str) -> None:
-            print(f"luksbench: {message}", file=sys.stderr)
-
+    warn = warn or (lambda message: print(f"luksbench: {message}", file=sys.stderr))
     items = parse(comparisons)
     if not items:
         others = [s for s in sorted(measured) if s != baseline]

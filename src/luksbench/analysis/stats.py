@@ -72,20 +72,11 @@ from luksbench.analysis.cells import (
     with_pattern,
 )
 
+_HIGHER_IS_WORSE = ("lat_mean_ns", "clat_mean_ns", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
+_HIGHER_IS_WORSE += ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
+_HIGHER_IS_WORSE += ("busy_cpu_us_per_io",)
 #: metric -> higher is better?
-METRICS: dict[str, bool] = {
-    "bw_bytes": True,
-    "iops": True,
-    "lat_mean_ns": False,
-    "clat_mean_ns": False,
-    "clat_p50_ns": False,
-    "clat_p99_ns": False,
-    "clat_p999_ns": False,
-    "busy_cpu_s_per_gib": False,
-    "sys_cpu_s_per_gib": False,
-    "cpu_util_pct": False,
-    "busy_cpu_us_per_io": False,
-}
+METRICS = {"bw_bytes": True, "iops": True, **dict.fromkeys(_HIGHER_IS_WORSE, False)}
 DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns")
 DEFAULT_METRICS += ("clat_p999_ns", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
 DEFAULT_METRICS += ("busy_cpu_us_per_io",)
