@@ -25,9 +25,6 @@ Verdicts as in the loss table (:func:`luksbench.analysis.stats.table_verdicts`, 
 over the whole comparison). ``outcome`` reads them for the metric: ``better`` / ``worse``
 (significant, by the metric's direction), ``same`` (equivalent), ``unclear``, ``insufficient``, or
 ``only in A`` / ``only in B`` for cells one run lacks.
-
-Runs are named by a processed folder (``data/processed/<run>``, as the workflow writes it), a raw
-run folder (``data/raw/<run>``, ingested in memory) or a run name looked up in both.
 """
 
 from __future__ import annotations
@@ -83,7 +80,8 @@ def load_run(
     processed_root: Path = Path("data/processed"),
     raw_root: Path = Path("data/raw"),
 ) -> RunData:
-    """A run by processed folder, raw run folder or name (processed first, then raw)."""
+    """A run by processed folder (``data/processed/<run>``), raw run folder (``data/raw/<run>``,
+    ingested in memory) or run name (looked up in both, processed first)."""
     spec = Path(spec)
     tried = []
     for folder in (spec, Path(processed_root) / spec.name, Path(raw_root) / spec.name):
@@ -111,8 +109,7 @@ def host_pairs(a: RunData, b: RunData, specs: list[str] | None = None) -> list[t
 
     ``specs``: ``NAME`` (that host in both runs) or ``A_HOST=B_HOST``. Default: the hosts the runs
     share; when they share none and each has exactly one, those two."""
-    hosts_a = sorted(a.fio["host"].dropna().unique())
-    hosts_b = sorted(b.fio["host"].dropna().unique())
+    hosts_a, hosts_b = (sorted(run.fio["host"].dropna().unique()) for run in (a, b))
     if specs:
         pairs = []
         for spec in specs:
@@ -149,7 +146,7 @@ def _sessions(schedule: pd.DataFrame, host: str) -> pd.DataFrame:
 def pairing_design(
     a: RunData, b: RunData, host_a: str, host_b: str, unpaired: bool = False
 ) -> tuple[str, str]:
-    """("paired" | "welch", why). Paired only when every repetition k measured on both sides ran
+    """("paired" | "sessions", why). Paired only when every repetition k measured on both sides ran
     in the same round k of sessions that overlap in time (measured side by side)."""
     if unpaired:
         return "sessions", "unpaired by request (--unpaired)"

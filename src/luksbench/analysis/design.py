@@ -135,9 +135,8 @@ def write_targets(
 ) -> dict:
     """Compute the targets of one host from its pilot (``fio``: the run's fio table, strict ingest)
     and write them as JSON to ``out``; a readable summary goes to ``log``."""
-    fio = fio[fio["host"] == host]
     docs = pilot_targets(
-        fio,
+        fio[fio["host"] == host],
         baseline,
         variants,
         metric=adaptive.get("metric", "bw_bytes"),

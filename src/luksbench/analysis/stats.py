@@ -706,11 +706,8 @@ def _design(fio: pd.DataFrame) -> pd.DataFrame:
         noisy=fio.get("hit_cap", missing).eq(True),
         pilot_pairs=pd.to_numeric(fio.get("pilot_pairs", missing), errors="coerce"),
     )
-    return df.groupby(keys, as_index=False).agg(
-        target_pairs=("target_pairs", "max"),
-        noisy=("noisy", "any"),
-        pilot_pairs=("pilot_pairs", "max"),
-    )
+    aggregate = {"target_pairs": "max", "noisy": "any", "pilot_pairs": "max"}
+    return df.groupby(keys, as_index=False).agg(aggregate)
 
 
 def loss_table(
@@ -869,9 +866,7 @@ def pair_orders(schedule: pd.DataFrame, baseline: str, variant: str) -> pd.DataF
     if wide.empty or baseline not in wide or variant not in wide:
         return pd.DataFrame(columns=[*cols[:3], "baseline_first"])
     wide = wide.dropna()
-    return wide.assign(baseline_first=wide[baseline] < wide[variant])[
-        ["baseline_first"]
-    ].reset_index()
+    return (wide[baseline] < wide[variant]).rename("baseline_first").reset_index()
 
 
 def order_effect(
