@@ -175,17 +175,15 @@ def rep_values(fio: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     df = df.assign(_w=df["iops"].where(df["iops"] > 0, 1.0).fillna(1.0))
 
     def combine(g: pd.DataFrame) -> pd.Series:
-        out = {a: g[a].iloc[0] for a in CELL_ATTRS}
+        out, w = {a: g[a].iloc[0] for a in CELL_ATTRS}, g["_w"]
         for m in metrics:
             v = g[m]
             if METRICS[m]:
                 out[m] = v.sum(min_count=len(g))  # any missing entry -> missing
             elif m in ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct"):
-                out[m] = (
-                    v.iloc[0] if v.nunique(dropna=False) == 1 else np.average(v, weights=g["_w"])
-                )
+                out[m] = v.iloc[0] if v.nunique(dropna=False) == 1 else np.average(v, weights=w)
             else:
-                out[m] = np.average(v, weights=g["_w"]) if v.notna().all() else math.nan
+                out[m] = np.average(v, weights=w) if v.notna().all() else math.nan
         for f in REP_FLAGS:
             out[f] = bool(g[f].any())
         return pd.Series(out)
@@ -887,8 +885,7 @@ def order_effect(
     paired = pair_values(fio, baseline, variant, list(metrics)).merge(
         pair_orders(schedule, baseline, variant), on=["host", "workload", "rep"]
     )
-    ok = usable_pairs(paired["baseline_value"], paired["variant_value"])
-    paired = paired[ok]
+    paired = paired[usable_pairs(paired["baseline_value"], paired["variant_value"])]
     paired = paired.assign(d=np.log(paired["variant_value"] / paired["baseline_value"]))
     rows = []
     for metric in metrics:
