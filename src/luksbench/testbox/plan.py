@@ -464,9 +464,6 @@ def check_blocks_fit(plan: dict, source: str = "plan") -> None:
             )
 
 
-# Keys whose change makes new repetitions incomparable with the ones already measured in a run.
-# Not in here on purpose: repetitions, seed, matrix (extending a run) and adaptive (the design of
-# how many repetitions, not how each is measured).
 LUKS_DEFAULTS = {
     "cipher": "aes-xts-plain64",
     "key_bits": 512,
@@ -653,12 +650,9 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
 def write_plan(
     plan: dict, out: Path, measured_env: Path | None = None, log: Path | None = None
 ) -> None:
-    """Write the plan as JSON, after checking it against the plan a run was already measured with.
-
-    ``measured_env`` is the run's env.json (which embeds the plan it was captured with); when it
-    exists and the measurement keys differ, the run would mix incomparable data: refuse, naming
-    each changed key, and suggest a new run name.
-    """
+    """Write the plan as JSON. When the run was already measured (``measured_env``: its env.json,
+    which embeds the plan) with other measurement keys, the run would mix incomparable data:
+    refuse, naming each changed key, and suggest a new run name."""
     lines = []
     if measured_env is not None and Path(measured_env).exists():
         measured = env_plan(read_env(measured_env))

@@ -64,6 +64,22 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def raise_on_stop_signals(interrupt) -> dict:
+    """Make SIGINT and SIGTERM raise ``interrupt(signum)``; returns the old handlers. The first
+    stop signal unwinds; a repeat (the workflow forwards them) is ignored: it must not cut the
+    stopping or the teardown short."""
+
+    def on_signal(signum, _frame):
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise interrupt(signum)
+
+    return {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+
+
 def order_positions(plan: dict) -> dict[str, int]:
     """Each cell's place in a seeded permutation of the plan's cells (see :func:`stacks_in_order`)."""
     ids = sorted(w.id for w in workloads(plan))
@@ -403,7 +419,7 @@ def check_state_live(state: dict) -> None:
                 problems.append(f"{name}: qemu-storage-daemon pid {pid} is not running")
     if problems:
         raise TestboxError(
-            "stack state is stale; run stack-down and stack-up again (" + "; ".join(problems) + ")"
+            f"stack state is stale; run stack-down and stack-up again ({'; '.join(problems)})"
         )
 
 
@@ -431,8 +447,7 @@ def _existing(session: dict) -> dict[tuple[str, int], dict[str, str]]:
         for w in workloads(session["measured_plan"]):
             folder = fio_rep_path(host_dir.parent, session["host"], stack, w, 0).parent
             for path in folder.glob("rep*.json"):
-                m = REP_NAME.match(path.name)
-                if m:
+                if m := REP_NAME.match(path.name):
                     key = str(path.relative_to(host_dir))
                     by_stack = existing.setdefault((w.id, int(m["rep"])), {})
                     by_stack[stack] = session["measured_in"].get(key, "unrecorded")
@@ -508,15 +523,12 @@ def run_fio(
     describe_path: Path | None = None,
     targets_path: Path | None = None,
 ) -> int:
-    """Run the matrix; returns 0 when every rep exists at the end. Raises Interrupted on signals.
-
-    ``targets_path``: per-cell repetition targets (adaptive stage 2, :func:`load_targets`); cells
-    are topped up to their own target, none gets fewer than the plan's repetitions.
+    """Run the matrix, session by session; returns 0 when every rep exists at the end. Raises
+    Interrupted on signals. ``targets_path``: per-cell repetition targets (adaptive stage 2).
 
     The manifest is the index of the run as it stands (rewritten by every session); each session
     also leaves a write-once copy in ``fio/sessions/`` so no session's record is ever lost. Both
-    carry the stack descriptions (``describe_path``, written by stack-up: no key material).
-    """
+    carry the stack descriptions (``describe_path``, written by stack-up: no key material)."""
     state_path, manifest_path = Path(state_path), Path(manifest_path)
     describe_path = Path(describe_path or state_path.with_name("stacks.json"))
     while True:
@@ -587,10 +599,8 @@ def _open_session(
             f"luksbench testbox run-fio: warning: host dir {host!r} differs from plan host {plan['host']!r}"
         )
     targets = load_targets(Path(targets_path)) if targets_path is not None else None
-    if targets:
-        unknown = sorted(set(targets) - {w.id for w in workloads(plan)})
-        if unknown:
-            log(f"luksbench testbox run-fio: warning: targets for cells not in the plan: {unknown}")
+    if unknown := sorted(set(targets or {}) - {w.id for w in workloads(plan)}):
+        log(f"luksbench testbox run-fio: warning: targets for cells not in the plan: {unknown}")
     # Optional stacks that could not be built here (stack-up recorded why) are not measured.
     unavailable = {n: e["unavailable"] for n, e in state["stacks"].items() if e.get("unavailable")}
     for name, why in unavailable.items():
@@ -640,15 +650,7 @@ def _announce(plan: dict, session: dict, targets: dict | None) -> None:
 def _measure(plan: dict, session: dict, outcome: dict) -> None:
     """Every scheduled run into ``outcome``, under SIGINT/SIGTERM handlers that stop the
     running fio."""
-
-    def on_signal(signum, _frame):
-        # A stop signal may come twice (to the process group and forwarded by the workflow):
-        # the first one stops the run, a second must not interrupt the stopping.
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, signal.SIG_IGN)
-        raise Interrupted(signum)
-
-    old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old_handlers = raise_on_stop_signals(Interrupted)
     try:
         # fio servers pick their own clock; here one probe per session instead of one per fio start.
         if not fleet_clients(plan):
@@ -805,10 +807,8 @@ def _one_run(
     clocksource: str | None = None,
     rate_iops: int | None = None,
 ) -> tuple[bool, str]:
-    """One fio run into ``path`` (+ cpu sidecar). Returns (ok, progress message).
-
-    ``clocksource``: fio's own choice on this machine (:func:`fio_clocksource`), passed on;
-    ``rate_iops``: a fixed-rate cell's rate."""
+    """One fio run into ``path`` (+ cpu sidecar) on the session's clock (:func:`fio_clocksource`),
+    at a fixed-rate cell's ``rate_iops``. Returns (ok, progress message)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)  # left by a SIGKILLed earlier attempt
