@@ -158,9 +158,11 @@ def schedule(
     stacks = baseline_first(plan)
     positions = order_positions(plan)
     runs = []
+    # a later session's rounds continue the seeds after the pairs before it: its own cell order
+    offset = min((reps[0] for reps in pairs.values() if reps), default=1) - 1
     for k in range(1, max(map(len, pairs.values()), default=0) + 1):
         order = list(cells)
-        random.Random(int(plan["seed"]) + k).shuffle(order)
+        random.Random(int(plan["seed"]) + offset + k).shuffle(order)
         for w in (w for w in order if len(pairs[w.id]) >= k):
             rep = pairs[w.id][k - 1]
             for pos, stack in enumerate(stacks_in_order(stacks, rep, positions[w.id])):
@@ -538,6 +540,7 @@ def run_fio(
         )
         outcome: dict = {"started": utc_now(), "done": [], "failed": [], "interrupted": None}
         outcome.update(cpu_idle_baseline=None, clocksource=None, fixed_rates={})
+        session["more"] = True  # until shown otherwise: an error here leaves the run incomplete
         try:
             _measure(plan, session, outcome)
             session["more"] = not outcome["failed"] and _another_session(session, outcome)
@@ -749,7 +752,7 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "complete": interrupted is None
         and not outcome["failed"]
         and len(outcome["done"]) == len(session["runs"])
-        and not session.get("more", False),
+        and not session["more"],
         "interrupted": str(interrupted) if interrupted else None,
         "failed": outcome["failed"],
         "stack_descriptions": session["stack_descriptions"],
