@@ -70,20 +70,24 @@ def measure(work: Path) -> Path:
 
 
 def costs(host_dir: Path) -> tuple[float, float]:
-    """(session cost, pair cost) in seconds, medians over what the records timed."""
+    """(session cost, pair cost) in seconds, medians over what the records timed: a session's
+    cost is its wall time outside its fio runs (idle baseline, clock probe, checks) plus the gap
+    to the next session (teardown, stack-up, preconditioning)."""
     sessions = sorted(
         (json.loads(p.read_text()) for p, _ in session_records(host_dir)),
         key=lambda m: m["started"],
     )
-    gaps, runs = [], []
-    for before, after in itertools.pairwise(sessions):
-        gap = pd.Timestamp(after["started"]) - pd.Timestamp(before["ended"])
-        gaps.append(gap.total_seconds())
-    for m in sessions:
-        for r in m["runs"]:
-            if r.get("status") == "ok":
-                runs.append((pd.Timestamp(r["ended"]) - pd.Timestamp(r["started"])).total_seconds())
-    return float(np.median(gaps)), 2 * float(np.median(runs))
+
+    def seconds(a, b) -> float:
+        return (pd.Timestamp(b) - pd.Timestamp(a)).total_seconds()
+
+    fixed, runs = [], []
+    for this, after in itertools.pairwise(sessions):
+        measured = [seconds(r["started"], r["ended"]) for r in this["runs"] if r.get("ended")]
+        runs += measured
+        outside = seconds(this["started"], this["ended"]) - sum(measured)
+        fixed.append(outside + seconds(this["ended"], after["started"]))
+    return float(np.median(fixed)), 2 * float(np.median(runs))
 
 
 def allocation(s_w: float, s_b: float, c_s: float, c_p: float, half_width_pct: float):
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
         used = k * (c_s + n_run * c_p)
         print(
             f"{r['workload']:<22}{r['sd_within_session']:>9.4f}{r['sd_between_sessions']:>10.4f}"
-            f"{half:>8.1f}%{n:>11}{m:>9}{cost:>10.0f}{used:>11.0f}"
+            f"{half:>8.1f}%{n:>11}{m if m < math.inf else '>200':>9}{cost:>10.0f}{used:>11.0f}"
         )
     return 0
 

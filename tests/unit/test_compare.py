@@ -112,16 +112,18 @@ def test_hosts_measured_side_by_side_are_paired(runs):
     assert table.groupby("metric").size().to_dict() == {m: 32 for m in compare.COMPARE_METRICS}
 
 
-def mark_sessions(raw: Path, host: str, session_of_rep) -> Path:
+def mark_sessions(raw: Path, host: str, session_of_rep, *more_hosts: str) -> Path:
     """A copy of a raw run whose records say each result's session (``session_of_rep(k)``): the
     same measurements read as a two-session run."""
-    out = raw.parent / f"{raw.name}-sessions"
+    out = raw.parent / f"{raw.name}-sessions-{'-'.join((host, *more_hosts))}"
     shutil.copytree(raw, out)
     writable(out)
-    for path in [
-        out / host / "fio" / "manifest.json",
-        *(out / host / "fio" / "sessions").glob("*"),
-    ]:
+    records = [
+        path
+        for h in (host, *more_hosts)
+        for path in [out / h / "fio" / "manifest.json", *(out / h / "fio" / "sessions").glob("*")]
+    ]
+    for path in records:
         doc = json.loads(path.read_text())
         doc["sessions"] = 2
         for run in doc["runs"]:
@@ -170,6 +172,12 @@ def test_runs_from_different_sessions_are_not_paired(runs):
     tested = table["p_value"].notna()
     assert (table["q_value"] >= table["p_value"] - 1e-12)[tested].all()
     assert table["verdict"].isin(stats.VERDICTS).all()
+    # hosts measured side by side, but in two sessions each: repetitions of one session share
+    # its effect, so the sessions are the replicates, not the pairs
+    raw = mark_sessions(runs["fleet_raw"], "vm", session, "vm2")
+    both = compare.load_run(raw)
+    table = compare.compare_runs(both, both, hosts=["vm=vm2"])
+    assert set(table["design"]) == {"sessions"} and row(table, "bw_bytes")["n_a"] == 2
     # forcing the unpaired design on the side-by-side hosts: the same point estimate
     fleet = compare.load_run(runs["fleet"])
     forced = compare.compare_runs(fleet, fleet, hosts=["vm=vm2"], unpaired=True)

@@ -106,3 +106,27 @@ def test_compare_takes_sessions_as_replicates(tmp_path):
     # Welch over the repetitions of the same data: far above 5 %
     within = sps.ttest_ind(logs_b["luks"], logs_a["luks"], axis=1, equal_var=False).pvalue
     assert (within < 0.05).mean() > 0.3
+
+
+def test_a_session_with_its_own_level_is_not_an_outlier():
+    """Three sessions of 4 pairs, one session's log ratio 0.05 lower: that is session variation,
+    which the two-level interval covers; no pair is flagged or excluded for it."""
+    from simulate import fio_frame
+
+    from luksbench.analysis import stats
+
+    shift = np.repeat([0.0, 0.0, -0.05], 4)
+    wiggle = np.tile([0.001, -0.002, 0.002, -0.001], 3)
+    lb = np.full((1, 12), 18.0)
+    fio = fio_frame(lb, lb - 0.05 + shift + wiggle)
+    fio["session"] = np.tile(np.repeat(["a", "b", "c"], 4), 2)
+    fio["sessions_planned"] = 3
+    for exclude in (False, True):
+        row = stats.loss_table(fio, metrics=["bw_bytes"], exclude_outliers=exclude).iloc[0]
+        assert row["n_outliers"] == 0 and row["sessions"] == 3 and row["n"] == 12
+        assert row["interval"] == "sessions" and row["sd_between_sessions"] > 0.02
+    # one pair per session: within and between cannot be told apart
+    means, within, between = stats.session_components(
+        np.array([0, 0.1, 0.2]), np.array(list("abc"))
+    )
+    assert np.isnan(within) and np.isnan(between) and list(means) == [0, 0.1, 0.2]

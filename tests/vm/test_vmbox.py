@@ -182,6 +182,12 @@ def test_case_measured_and_torn_down(vm, name):
                 f"{f}: fio ran on {filename}, stack is {desc['device']}"
             )
 
+    # Sessions: each its own stack-up, recorded with every result it measured.
+    if expect.get("sessions"):
+        records = [json.loads(p.read_text()) for p in sorted((host_dir / "sessions").glob("*"))]
+        ids = {r["session"] for rec in records for r in rec["runs"]}
+        assert len(ids) == expect["sessions"] and records[-1]["complete"], records
+
     # Every LUKS layer the description records carries its header dump, with the sector size asked.
     for stack, desc in stacks["stacks"].items():
         dumps = [node for node in _nodes(desc) if "luks_dump" in node]

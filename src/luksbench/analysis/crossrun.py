@@ -176,8 +176,10 @@ def pairing_design(
 def _by_sessions(design: str, why: str, sa: pd.DataFrame, sb: pd.DataFrame) -> tuple[str, str]:
     """The unpaired design's replicates: sessions, when each side has two or more."""
     counts = [side["session"].nunique() if "session" in side else 1 for side in (sa, sb)]
-    if design == "paired" or min(counts) >= 2:
-        return design, why + (f"; sessions are the replicates ({counts[0]} and {counts[1]})")
+    if design == "paired" and max(counts) == 1:
+        return design, why
+    if min(counts) >= 2:  # paired repetitions of several sessions would share their effects
+        return "sessions", why + (f"; sessions are the replicates ({counts[0]} and {counts[1]})")
     return "one session", (
         f"{why}; {counts[0]} and {counts[1]} session(s): with one session on a side the "
         "session-to-session variation that separates two runs cannot be estimated, so no "

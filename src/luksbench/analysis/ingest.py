@@ -492,7 +492,8 @@ def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, 
                 continue
             written |= {f"{hdir.name}/{p}": s for p, s in result_sessions(manifest).items()}
             planned = manifest.get("sessions", 1)
-            sessions["planned"][hdir.name] = planned if isinstance(planned, int) else 1
+            planned = planned if isinstance(planned, int) else 1
+            sessions["planned"][hdir.name] = max(planned, sessions["planned"].get(hdir.name, 1))
         sessions["results"] |= written
         if written:
             recorded[hdir.name] = set(written)

@@ -585,10 +585,11 @@ def session_components(d: np.ndarray, sessions: np.ndarray) -> tuple[np.ndarray,
     ms_within = ((d - means[inv]) ** 2).sum() / (n - m) if n > m else math.nan
     if m < 2:
         return means, math.sqrt(ms_within), math.nan
+    if not math.isfinite(ms_within):  # one pair per session: the parts cannot be told apart
+        return means, math.nan, math.nan
     ms_between = (n_j * (means - d.mean()) ** 2).sum() / (m - 1)
     n0 = (n - (n_j**2).sum() / n) / (m - 1)
-    within = ms_within if math.isfinite(ms_within) else 0.0
-    return means, math.sqrt(ms_within), math.sqrt(max(0.0, (ms_between - within) / n0))
+    return means, math.sqrt(ms_within), math.sqrt(max(0.0, (ms_between - ms_within) / n0))
 
 
 def _cell_stats(
@@ -623,7 +624,12 @@ def _cell_stats(
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
         ok[:] = False
     d_all = np.log(v[ok] / b[ok])
-    flagged = flag_outliers(d_all, flags[ok, 0], flags[ok, 1])
+    # with sessions a pair is judged within its session: a session's own level is the
+    # variation the two-level interval is there to capture, not an outlier
+    means, _, _ = session_components(d_all, sessions[ok])
+    _, inv = np.unique(sessions[ok].astype(str), return_inverse=True)
+    within = d_all - means[inv] if sessions_planned >= 2 and means.size >= 2 else d_all
+    flagged = flag_outliers(within, flags[ok, 0], flags[ok, 1])
     use = ~flagged if exclude_outliers else np.ones_like(flagged)
     d, bu, vu, su = d_all[use], b[ok][use], v[ok][use], sessions[ok][use]
     means, sd_within, sd_between = session_components(d, su)

@@ -657,8 +657,9 @@ def intervals_cover(losses: pd.DataFrame) -> str:
     if (covers == "sessions").any():
         k = int(losses.loc[covers == "sessions", "sessions"].max())
         parts.append(
-            f"cover sessions: each of the run's {k} sessions had its own stack-up (a fresh LUKS "
-            "format and key, fresh arrays, preconditioning), and the interval of a cell is a "
+            f"cover sessions: each of the run's sessions (up to {k} per cell) had its own stack-up "
+            "(a fresh LUKS format and key, fresh arrays, preconditioning), and the interval of a "
+            "cell is a "
             "t-interval over its session means, so it includes the variation from one stack-up "
             "to the next (the loss table gives each cell's between- and within-session SD of d "
             "as variance components)"

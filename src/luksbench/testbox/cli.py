@@ -20,7 +20,7 @@ from pathlib import Path
 from luksbench.testbox import lock
 from luksbench.testbox.capture import benchmark_ciphers, capture_env
 from luksbench.testbox.plan import PlanError, load_plan
-from luksbench.testbox.runner import Interrupted, run_fio
+from luksbench.testbox.runner import Interrupted, raise_on_stop_signals, run_fio
 from luksbench.testbox.safety import SafetyError
 from luksbench.testbox.stacks import stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, log, write_json_atomic
@@ -54,16 +54,8 @@ def _cmd_benchmark_ciphers(args) -> int:
 
 
 def _cmd_stack_up(args) -> int:
-    def on_stop(signum, _frame):
-        # the first stop signal unwinds; a repeat (the workflow forwards them) must not cut the
-        # teardown short
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, signal.SIG_IGN)
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
     # SIGTERM, like Ctrl-C, unwinds through stack_up's teardown of what was built so far.
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, on_stop)
+    raise_on_stop_signals(lambda signum: KeyboardInterrupt(signal.Signals(signum).name))
     stack_up(_plan(args), Path(args.state), Path(args.describe))
     return 0
 

@@ -9,12 +9,10 @@ A second run meanwhile is refused with a message naming the holder.
 The holder is a run's stack state file in a session: the workflow process that runs the steps
 (``LUKSBENCH_SESSION``, which the workflow sets), or the step's own process when a step is run by
 hand. It holds the lock while that session lives or while its stacks are up (the state file
-exists), so a crashed run keeps the box locked until its stacks are torn down. Only the holding
-session gives it back (anyone may once that session has ended): the same run started again from
-another directory does not free the lock of the session that measures. Reading, taking
-and giving back the lock happen under ``flock`` on a guard file that is never removed, so two
-processes can never both win it, also not when they take over a stale one.
-Standard library only.
+exists), so a crashed run keeps the box locked until its stacks are torn down; only the holding
+session gives it back (:func:`release`). Reading, taking and giving back the lock happen under
+``flock`` on a guard file that is never removed, so two processes can never both win it, also not
+when they take over a stale one. Standard library only.
 """
 
 from __future__ import annotations

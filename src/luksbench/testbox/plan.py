@@ -92,10 +92,8 @@ def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
 
 def luks_layer(plan: dict, stack: str) -> dict | None:
     """The first luks layer of a stack (top first), or None."""
-    for _, layer in walk_layers(plan["stacks"][stack], stack):
-        if isinstance(layer, dict) and layer["kind"] == "luks":
-            return layer
-    return None
+    layers = (lay for _, lay in walk_layers(plan["stacks"][stack], stack) if isinstance(lay, dict))
+    return next((lay for lay in layers if lay["kind"] == "luks"), None)
 
 
 def _check_devices(plan: dict, source: str) -> None:
@@ -121,12 +119,10 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
         return
     kind = layer["kind"]
 
-    def need(key: str, allowed=None, default=None):
-        if key not in layer and default is not None:
-            return
-        if key not in layer:
+    def need(key: str, allowed=None, default=None):  # a default is always allowed
+        if key not in layer and default is None:
             raise PlanError(f"{source}: {where}.{key} is required for kind {kind}")
-        if allowed is not None and layer[key] not in allowed:
+        if allowed is not None and layer.get(key, default) not in allowed:
             raise PlanError(
                 f"{source}: {where}.{key}: {layer[key]!r} is not one of "
                 f"{', '.join(map(str, allowed))}"
@@ -139,7 +135,7 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
                 f"{source}: {where}.device: external stacks use a device prepared outside "
                 f"luksbench; devices.{layer['device']} must have a path"
             )
-    elif kind in ("fs",):
+    elif kind == "fs":
         need("over")
         need("fstype", ("ext4", "xfs"), FS_DEFAULTS["fstype"])
     elif kind == "md":
@@ -306,11 +302,10 @@ def check_patterns(plan: dict, source: str = "plan") -> None:
         for key in ("rw", "bs", "iodepth"):
             if not isinstance(matrix, dict) or not matrix.get(key):
                 raise PlanError(f"{where}.matrix.{key} must be a non-empty list")
-        for bs in matrix["bs"]:
-            try:
-                bs_to_bytes(bs)
-            except LayoutError as exc:
-                raise PlanError(f"{where}.matrix.bs: {exc}") from None
+        try:
+            sizes = [(bs, bs_to_bytes(bs)) for bs in matrix["bs"]]
+        except LayoutError as exc:
+            raise PlanError(f"{where}.matrix.bs: {exc}") from None
         io_bs = pattern["io_bs"]
         if io_bs:
             try:
@@ -321,11 +316,7 @@ def check_patterns(plan: dict, source: str = "plan") -> None:
                 ) from None
             if io_bytes <= 0:
                 raise PlanError(f"{where}.io_bs must be larger than 0, not {io_bs!r}")
-            uneven = [
-                bs
-                for bs in matrix["bs"]
-                if bs_to_bytes(bs) % io_bytes and bs_to_bytes(bs) > io_bytes
-            ]
+            uneven = [bs for bs, size in sizes if size % io_bytes and size > io_bytes]
             if uneven:
                 raise PlanError(
                     f"{where}.matrix.bs: {', '.join(map(str, uneven))} not a multiple of io_bs "
@@ -473,9 +464,6 @@ def check_blocks_fit(plan: dict, source: str = "plan") -> None:
             )
 
 
-# Keys whose change makes new repetitions incomparable with the ones already measured in a run.
-# Not in here on purpose: repetitions, seed, matrix (extending a run) and adaptive (the design of
-# how many repetitions, not how each is measured).
 LUKS_DEFAULTS = {
     "cipher": "aes-xts-plain64",
     "key_bits": 512,
@@ -530,14 +518,11 @@ def precondition_options(value) -> dict:
     for key in _BOOL_OPTS:
         if not isinstance(merged[key], bool):
             raise TestboxError(f"precondition.{key} must be true or false, not {merged[key]!r}")
-    for key, low in _INT_OPTS.items():
+    for key, low in (*_INT_OPTS.items(), *_NUMBER_OPTS.items()):
         v = merged[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise TestboxError(f"precondition.{key} must be an integer >= {low}, not {v!r}")
-    for key, low in _NUMBER_OPTS.items():
-        v = merged[key]
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < low:
-            raise TestboxError(f"precondition.{key} must be a number >= {low}, not {v!r}")
+        what, types = ("an integer", int) if key in _INT_OPTS else ("a number", int | float)
+        if isinstance(v, bool) or not isinstance(v, types) or v < low:
+            raise TestboxError(f"precondition.{key} must be {what} >= {low}, not {v!r}")
     for key in _STR_OPTS:
         if not isinstance(merged[key], str) or not merged[key]:
             raise TestboxError(f"precondition.{key} must be a non-empty string")
@@ -665,12 +650,9 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
 def write_plan(
     plan: dict, out: Path, measured_env: Path | None = None, log: Path | None = None
 ) -> None:
-    """Write the plan as JSON, after checking it against the plan a run was already measured with.
-
-    ``measured_env`` is the run's env.json (which embeds the plan it was captured with); when it
-    exists and the measurement keys differ, the run would mix incomparable data: refuse, naming
-    each changed key, and suggest a new run name.
-    """
+    """Write the plan as JSON. When the run was already measured (``measured_env``: its env.json,
+    which embeds the plan) with other measurement keys, the run would mix incomparable data:
+    refuse, naming each changed key, and suggest a new run name."""
     lines = []
     if measured_env is not None and Path(measured_env).exists():
         measured = env_plan(read_env(measured_env))

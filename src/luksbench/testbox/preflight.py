@@ -79,9 +79,7 @@ def install_hint(tools) -> str:
 
 def check_tools(plan: dict, path: str | None = None) -> dict:
     """Resolve the backend and make sure every tool it needs is there; returns the resolution.
-
-    Raises :class:`MissingTools` naming each missing tool, why it is needed and how to install it.
-    """
+    Raises :class:`MissingTools` naming each missing tool, why it is needed and how to install it."""
     resolution = resolve_plan_backend(plan)
     backend = resolution["selected"]
     # With no usable backend, list the tools of the one that was asked for (or userspace for auto:

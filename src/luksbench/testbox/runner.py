@@ -1,11 +1,8 @@
 """Run the fio matrix over the stacks that ``stack-up`` brought up.
 
-Schedule: repetition k of every cell is "round" k. Within a round the cells run in the order
-``random.Random(seed + k).shuffle``; within a cell all stacks run back to back, and their order is
-balanced within each cell (:func:`stacks_in_order`): every two rounds run the cell once baseline
-first and once reversed, and with an odd count the extra order alternates over the cells, so no
-order dominates a cell or the run. Repetition k of every stack forms pair k; ``position_in_cell``
-in the manifest records each run's place.
+Schedule (:func:`schedule`): rounds of shuffled cells; within a cell all stacks run back to back
+in an order balanced within the cell (:func:`stacks_in_order`). Repetition k of every stack forms
+pair k; ``position_in_cell`` in the manifest records each run's place.
 
 Raw results are immutable: each rep is written to a temp file in its directory, fsynced, renamed
 into place and made read-only (0444). An existing ``rep<k>.json`` is never overwritten, it is
@@ -53,7 +50,7 @@ from luksbench.formats.manifest import (
 from luksbench.formats.plan import plan_changes
 from luksbench.formats.sidecar import cpu_sidecar_document
 from luksbench.formats.targets import TargetsError, read_targets
-from luksbench.testbox import probes, safety
+from luksbench.testbox import probes, safety, sysutil
 from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
 from luksbench.testbox.stacks import load_state, stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now, write_json_atomic
@@ -65,6 +62,22 @@ class Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def raise_on_stop_signals(interrupt) -> dict:
+    """Make SIGINT and SIGTERM raise ``interrupt(signum)``; returns the old handlers. The first
+    stop signal unwinds; a repeat (the workflow forwards them) is ignored: it must not cut the
+    stopping or the teardown short."""
+
+    def on_signal(signum, _frame):
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise interrupt(signum)
+
+    return {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
 
 
 def order_positions(plan: dict) -> dict[str, int]:
@@ -97,8 +110,7 @@ def load_targets(path: Path) -> dict[str, int]:
 def cell_repetitions(plan: dict, targets: dict[str, int] | None = None) -> dict[str, int]:
     """Repetitions per cell: the plan's, or a cell's target when larger (adaptive stage 2)."""
     fixed = int(plan["repetitions"])
-    targets = targets or {}
-    return {w.id: max(fixed, int(targets.get(w.id, fixed))) for w in workloads(plan)}
+    return {w.id: max(fixed, int((targets or {}).get(w.id, fixed))) for w in workloads(plan)}
 
 
 def session_pairs(
@@ -146,9 +158,11 @@ def schedule(
     stacks = baseline_first(plan)
     positions = order_positions(plan)
     runs = []
+    # a later session's rounds continue the seeds after the pairs before it: its own cell order
+    offset = min((reps[0] for reps in pairs.values() if reps), default=1) - 1
     for k in range(1, max(map(len, pairs.values()), default=0) + 1):
         order = list(cells)
-        random.Random(int(plan["seed"]) + k).shuffle(order)
+        random.Random(int(plan["seed"]) + offset + k).shuffle(order)
         for w in (w for w in order if len(pairs[w.id]) >= k):
             rep = pairs[w.id][k - 1]
             for pos, stack in enumerate(stacks_in_order(stacks, rep, positions[w.id])):
@@ -257,13 +271,7 @@ def fio_clocksource(timeout: float = 30, tries: int = 3) -> str | None:
     picks = []
     for _ in range(tries):
         try:
-            proc = subprocess.run(
-                [*argv, "--size=1m"],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-            )
+            proc = subprocess.run([*argv, "--size=1m"], timeout=timeout, **sysutil.QUIET)
         except (OSError, subprocess.TimeoutExpired):
             return None
         found = re.findall(r"gettime: clocksource=(\d+)", proc.stdout + proc.stderr)
@@ -314,22 +322,30 @@ def client_argv(
     return ["fio", *client_side, *servers], "\n".join(job_lines) + "\n"
 
 
+def _session_form(plan: dict, argv: list[str], clocksource: str | None, job: Path) -> list[str]:
+    """A run's fio command line on the session's clock; in fleet mode its client form, whose job
+    file is written to ``job``."""
+    if clocksource:
+        argv = [*argv, f"--clocksource={clocksource}"]
+    if fleet_clients(plan):
+        argv, job_text = client_argv(argv, job, fleet_clients(plan))
+        job.write_text(job_text)
+    return argv
+
+
 def check_servers(clients: list[dict], timeout: float = 5.0) -> None:
     """Every fio server answers on its port, or TestboxError names the ones that do not."""
     down = []
     for c in clients:
+        address = (c["address"], c.get("port", 8765))
         try:
-            with socket.create_connection((c["address"], int(c.get("port", 8765))), timeout):
-                pass
+            socket.create_connection((address[0], int(address[1])), timeout).close()
         except OSError as exc:
-            down.append(
-                f"{c['name']} ({c['address']}:{c.get('port', 8765)}: {exc.strerror or exc})"
-            )
+            down.append(f"{c['name']} ({address[0]}:{address[1]}: {exc.strerror or exc})")
     if down:
         raise TestboxError(
-            "fio servers not reachable: "
-            + "; ".join(down)
-            + " (start `fio --server=ip:<address>,<port>` on each host)"
+            f"fio servers not reachable: {'; '.join(down)} "
+            "(start `fio --server=ip:<address>,<port>` on each host)"
         )
 
 
@@ -354,18 +370,20 @@ def _job_entries(doc: dict) -> list[dict]:
     return doc["jobs"]
 
 
+def _total(entry: dict, key: str) -> float:
+    """``key`` summed over an entry's read, write and trim statistics."""
+    return sum(entry.get(d, {}).get(key, 0.0) for d in ("read", "write", "trim"))
+
+
 def _summary(doc: dict) -> str:
     entries = _job_entries(doc)
     if len(entries) > 1:
         per_host = ", ".join(
-            f"{e.get('hostname')}:{e.get('port')} "
-            f"{sum(e.get(d, {}).get('bw_bytes', 0) for d in ('read', 'write', 'trim')) / 2**20:.1f}"
+            f"{e.get('hostname')}:{e.get('port')} {_total(e, 'bw_bytes') / 2**20:.1f}"
             for e in entries
         )
         return f"MiB/s per server: {per_host}"
-    job = entries[0]
-    bw = sum(job.get(d, {}).get("bw_bytes", 0) for d in ("read", "write", "trim"))
-    iops = sum(job.get(d, {}).get("iops", 0.0) for d in ("read", "write", "trim"))
+    bw, iops = _total(entries[0], "bw_bytes"), _total(entries[0], "iops")
     iops_s = f"{iops / 1000:.1f}k" if iops >= 1000 else f"{iops:.0f}"
     return f"{bw / 2**20:.1f} MiB/s, {iops_s} IOPS"
 
@@ -394,19 +412,16 @@ def check_state_live(state: dict) -> None:
         elif e.get("device_type") == "block":
             if not stat.S_ISBLK(os.stat(dev).st_mode):
                 problems.append(f"{name}: {dev} is not a block device")
-        elif e.get("device_type") == "fsfile":
-            if not safety.is_mounted(e["mountpoint"]):
-                problems.append(f"{name}: filesystem {e['mountpoint']} is not mounted")
         else:
+            fsfile, pid = e.get("device_type") == "fsfile", (e.get("daemon") or {}).get("pid")
             if not safety.is_mounted(e["mountpoint"]):
-                problems.append(f"{name}: FUSE export {e['mountpoint']} is not mounted")
-            if not pid_alive((e.get("daemon") or {}).get("pid")):
-                problems.append(
-                    f"{name}: qemu-storage-daemon pid {(e.get('daemon') or {}).get('pid')} is not running"
-                )
+                what = "filesystem" if fsfile else "FUSE export"
+                problems.append(f"{name}: {what} {e['mountpoint']} is not mounted")
+            if not fsfile and not pid_alive(pid):
+                problems.append(f"{name}: qemu-storage-daemon pid {pid} is not running")
     if problems:
         raise TestboxError(
-            "stack state is stale; run stack-down and stack-up again (" + "; ".join(problems) + ")"
+            f"stack state is stale; run stack-down and stack-up again ({'; '.join(problems)})"
         )
 
 
@@ -434,8 +449,7 @@ def _existing(session: dict) -> dict[tuple[str, int], dict[str, str]]:
         for w in workloads(session["measured_plan"]):
             folder = fio_rep_path(host_dir.parent, session["host"], stack, w, 0).parent
             for path in folder.glob("rep*.json"):
-                m = REP_NAME.match(path.name)
-                if m:
+                if m := REP_NAME.match(path.name):
                     key = str(path.relative_to(host_dir))
                     by_stack = existing.setdefault((w.id, int(m["rep"])), {})
                     by_stack[stack] = session["measured_in"].get(key, "unrecorded")
@@ -471,20 +485,15 @@ def _pilot_iops(plan: dict, session: dict, stack: str, w: Workload, clocksource)
         out = Path(tmp) / "pilot.json"
         entry = session["state"]["stacks"][stack]
         argv = fio_argv(plan, entry, stack, w, out, session["io_size"])
-        if clocksource:
-            argv.append(f"--clocksource={clocksource}")
-        if fleet_clients(plan):
-            argv, job_text = client_argv(argv, Path(tmp) / "pilot.job", fleet_clients(plan))
-            (Path(tmp) / "pilot.job").write_text(job_text)
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        argv = _session_form(plan, argv, clocksource, Path(tmp) / "pilot.job")
+        proc = subprocess.run(argv, **sysutil.QUIET)
         try:
             if proc.returncode != 0:
                 raise ValueError(f"fio exited {proc.returncode}: {proc.stderr.strip()}")
             doc = check_fio_result(out)
         except ValueError as exc:
             raise TestboxError(f"pilot of fixed-rate cell {w.id} on {stack} failed: {exc}") from exc
-    directions = ("read", "write", "trim")
-    return sum(e.get(d, {}).get("iops", 0.0) for e in _job_entries(doc) for d in directions)
+    return sum(_total(e, "iops") for e in _job_entries(doc))
 
 
 def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bool = False) -> bool:
@@ -516,26 +525,22 @@ def run_fio(
     describe_path: Path | None = None,
     targets_path: Path | None = None,
 ) -> int:
-    """Run the matrix; returns 0 when every rep exists at the end. Raises Interrupted on signals.
-
-    ``targets_path``: per-cell repetition targets (adaptive stage 2, :func:`load_targets`); cells
-    are topped up to their own target, none gets fewer than the plan's repetitions.
+    """Run the matrix, session by session; returns 0 when every rep exists at the end. Raises
+    Interrupted on signals. ``targets_path``: per-cell repetition targets (adaptive stage 2).
 
     The manifest is the index of the run as it stands (rewritten by every session); each session
     also leaves a write-once copy in ``fio/sessions/`` so no session's record is ever lost. Both
-    carry the stack descriptions (``describe_path``, written by stack-up: no key material).
-    """
-    describe_path = Path(describe_path or Path(state_path).with_name("stacks.json"))
+    carry the stack descriptions (``describe_path``, written by stack-up: no key material)."""
+    state_path, manifest_path = Path(state_path), Path(manifest_path)
+    describe_path = Path(describe_path or state_path.with_name("stacks.json"))
     while True:
-        session = _open_session(
-            plan, Path(state_path), Path(raw_host_dir), Path(manifest_path), targets_path
-        )
-        session["manifest_path"] = Path(manifest_path)
+        session = _open_session(plan, state_path, Path(raw_host_dir), manifest_path, targets_path)
         session["stack_descriptions"] = (
             json.loads(describe_path.read_text()) if describe_path.exists() else None
         )
         outcome: dict = {"started": utc_now(), "done": [], "failed": [], "interrupted": None}
         outcome.update(cpu_idle_baseline=None, clocksource=None, fixed_rates={})
+        session["more"] = True  # until shown otherwise: an error here leaves the run incomplete
         try:
             _measure(plan, session, outcome)
             session["more"] = not outcome["failed"] and _another_session(session, outcome)
@@ -549,7 +554,7 @@ def run_fio(
             return 1
         if not session["more"]:
             break
-        _restack(plan, Path(state_path), describe_path)
+        _restack(plan, state_path, describe_path)
     log(f"luksbench testbox run-fio: done; manifest {manifest_path}")
     return 0
 
@@ -597,10 +602,8 @@ def _open_session(
             f"luksbench testbox run-fio: warning: host dir {host!r} differs from plan host {plan['host']!r}"
         )
     targets = load_targets(Path(targets_path)) if targets_path is not None else None
-    if targets:
-        unknown = sorted(set(targets) - {w.id for w in workloads(plan)})
-        if unknown:
-            log(f"luksbench testbox run-fio: warning: targets for cells not in the plan: {unknown}")
+    if unknown := sorted(set(targets or {}) - {w.id for w in workloads(plan)}):
+        log(f"luksbench testbox run-fio: warning: targets for cells not in the plan: {unknown}")
     # Optional stacks that could not be built here (stack-up recorded why) are not measured.
     unavailable = {n: e["unavailable"] for n, e in state["stacks"].items() if e.get("unavailable")}
     for name, why in unavailable.items():
@@ -615,6 +618,7 @@ def _open_session(
         "state": state,
         "id": state.get("session") or state["created"],
         "raw_host_dir": raw_host_dir,
+        "manifest_path": manifest_path,
         "host": host,
         "io_size": int(state.get("io_size_bytes") or 0),
         "targets_path": targets_path,
@@ -649,15 +653,7 @@ def _announce(plan: dict, session: dict, targets: dict | None) -> None:
 def _measure(plan: dict, session: dict, outcome: dict) -> None:
     """Every scheduled run into ``outcome``, under SIGINT/SIGTERM handlers that stop the
     running fio."""
-
-    def on_signal(signum, _frame):
-        # A stop signal may come twice (to the process group and forwarded by the workflow):
-        # the first one stops the run, a second must not interrupt the stopping.
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, signal.SIG_IGN)
-        raise Interrupted(signum)
-
-    old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old_handlers = raise_on_stop_signals(Interrupted)
     try:
         # fio servers pick their own clock; here one probe per session instead of one per fio start.
         if not fleet_clients(plan):
@@ -700,12 +696,9 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     total = len(session["runs"])
     tag = f"[{r['index']:>{len(str(total))}}/{total}] {stack} {w.id} rep{r['rep']}"
     if path.exists():
-        rec["skipped_existing"] = True
-        rec["status"] = "skipped_existing"
+        started, ended = session["previous"].get((stack, w.id, r["rep"]), (None, None))
+        rec.update(started=started, ended=ended, skipped_existing=True, status="skipped_existing")
         rec["session"] = session["measured_in"].get(rec["path"], "unrecorded")
-        rec["started"], rec["ended"] = session["previous"].get(
-            (stack, w.id, r["rep"]), (None, None)
-        )
         outcome["done"].append(rec)
         log(f"{tag}: exists, skipped")
         return
@@ -714,16 +707,8 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     check_free_space(path.parent)
     rec["started"] = utc_now()
     rate = outcome["fixed_rates"].get(w.id, {}).get("rate_iops")
-    ok, msg = _one_run(
-        plan,
-        state["stacks"][stack],
-        stack,
-        w,
-        path,
-        session["io_size"],
-        outcome["clocksource"],
-        rate,
-    )
+    entry, clock = state["stacks"][stack], outcome["clocksource"]
+    ok, msg = _one_run(plan, entry, stack, w, path, session["io_size"], clock, rate)
     rec["ended"] = utc_now()
     rec["status"] = "ok" if ok else "failed"
     outcome["done"].append(rec)
@@ -736,11 +721,7 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
 
 def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
     """The session's record (:mod:`luksbench.formats.manifest`)."""
-    state, targets_path, interrupted = (
-        session["state"],
-        session["targets_path"],
-        outcome["interrupted"],
-    )
+    state, interrupted = session["state"], outcome["interrupted"]
     return {
         "run": plan["run"],
         "host": session["host"],
@@ -749,7 +730,7 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "sessions": int(session["measured_plan"].get("sessions", 1)),
         "session": session["id"],
         "cell_repetitions": session["reps"],
-        "targets": str(targets_path) if targets_path is not None else None,
+        "targets": str(session["targets_path"]) if session["targets_path"] is not None else None,
         "adaptive": plan.get("adaptive"),
         "backend": state["backend"],
         "backend_reason": state["backend_reason"],
@@ -771,7 +752,7 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "complete": interrupted is None
         and not outcome["failed"]
         and len(outcome["done"]) == len(session["runs"])
-        and not session.get("more", False),
+        and not session["more"],
         "interrupted": str(interrupted) if interrupted else None,
         "failed": outcome["failed"],
         "stack_descriptions": session["stack_descriptions"],
@@ -829,10 +810,8 @@ def _one_run(
     clocksource: str | None = None,
     rate_iops: int | None = None,
 ) -> tuple[bool, str]:
-    """One fio run into ``path`` (+ cpu sidecar). Returns (ok, progress message).
-
-    ``clocksource``: fio's own choice on this machine (:func:`fio_clocksource`), passed on;
-    ``rate_iops``: a fixed-rate cell's rate."""
+    """One fio run into ``path`` (+ cpu sidecar) on the session's clock (:func:`fio_clocksource`),
+    at a fixed-rate cell's ``rate_iops``. Returns (ok, progress message)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)  # left by a SIGKILLed earlier attempt
@@ -842,13 +821,8 @@ def _one_run(
     proc = None
     try:
         argv = fio_argv(plan, entry, stack, w, tmp, io_size, rate_iops)
-        if clocksource:
-            argv.append(f"--clocksource={clocksource}")
-        clients = fleet_clients(plan)
-        if clients:
-            job = tmp.with_suffix(".job.tmp")  # matched by the stale-file glob above
-            argv, job_text = client_argv(argv, job, clients)
-            job.write_text(job_text)
+        # The job file (fleet mode) is matched by the stale-file glob above.
+        argv = _session_form(plan, argv, clocksource, tmp.with_suffix(".job.tmp"))
         before, rapl_before, t0 = probes.read_proc_stat(), probes.read_rapl(), time.monotonic()
         # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
         proc = subprocess.Popen(
@@ -861,9 +835,8 @@ def _one_run(
         )
         _, err = proc.communicate()
         t1, after, rapl_after = time.monotonic(), probes.read_proc_stat(), probes.read_rapl()
-        if err.strip():
-            for line in err.strip().splitlines():
-                log(f"    fio: {line}")
+        for line in err.strip().splitlines():
+            log(f"    fio: {line}")
         if proc.returncode != 0:
             return (
                 False,
