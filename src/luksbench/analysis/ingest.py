@@ -384,11 +384,15 @@ def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, pd.DataF
 
 
 def _parse_files(
-    raw_dir: Path, keys: list[str], workers: int
+    raw_dir: Path, keys: list[str], workers: int, meanwhile=None
 ) -> tuple[list[pd.DataFrame], list[pd.DataFrame], dict[str, dict]]:
-    """Parse ``keys`` in chunks, with a process pool of ``workers`` when it pays off."""
+    """Parse ``keys`` in chunks, with a process pool of ``workers`` when it pays off; calls
+    ``meanwhile()`` here while the pool parses (else after parsing)."""
     size = max(CHUNK_FILES, -(-len(keys) // (8 * workers)))  # fewer frames, still balanced
-    chunks = [keys[i : i + size] for i in range(0, len(keys), size)]
+    pending = [meanwhile] if meanwhile else []  # run once, also when the pool breaks after it
+    # every n-th file: chunks of like cost whatever the mix of cells (the table is sorted later)
+    n = -(-len(keys) // size)
+    chunks = [keys[i::n] for i in range(n)]
     done = None
     if workers > 1 and len(keys) >= PARALLEL_MIN_FILES:
         import gc
@@ -407,6 +411,8 @@ def _parse_files(
                 parsed = pool.map(_ingest_chunk, [str(raw_dir)] * len(chunks), chunks)
                 import pyarrow.parquet  # noqa: F401 - the tables' writer, loaded while they parse
 
+                while pending:
+                    pending.pop()()
                 done = list(parsed)
         except BrokenProcessPool as exc:  # e.g. a worker killed for memory: parse here instead
             print(
@@ -414,6 +420,8 @@ def _parse_files(
             )
     if done is None:
         done = [_ingest_chunk(str(raw_dir), chunk) for chunk in chunks]
+    while pending:
+        pending.pop()()
     results: dict[str, dict] = {}
     for _, _, res in done:
         results.update(res)
@@ -550,9 +558,11 @@ def fio_and_latency_tables(
     strict: bool = True,
     cache_dir: Path | None = None,
     workers: int | None = None,
+    meanwhile=None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`fio_table` and the json+ latency histograms of its rows (:data:`LATENCY_COLUMNS`),
-    parsed in the same pass as the results they belong to."""
+    parsed in the same pass as the results they belong to. ``meanwhile()`` runs while the worker
+    processes parse."""
     raw_dir = Path(raw_dir)
     host_dirs(raw_dir)  # existence check
     workers = default_workers() if workers is None else max(1, int(workers))
@@ -582,7 +592,7 @@ def fio_and_latency_tables(
         cache.load(raw_dir, keys) if cache else (pd.DataFrame(), pd.DataFrame(), {})
     )
     todo = [k for k in keys if k not in results]
-    new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers)
+    new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers, meanwhile)
     frames = [f for f in (rows, *new_frames) if len(f)]
     if len(frames) > 1:  # one concat for both the cache and the table
         frames = [pd.concat(frames, ignore_index=True)]
@@ -635,7 +645,7 @@ def _assemble(
     frames = [f for f in frames if len(f)]
     if not frames:
         return _fio_dtypes(pd.DataFrame.from_records([], columns=columns))
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     # position of each row's file in the listing (-1: no longer there); hash lookups on plain
     # objects, not element-wise over Arrow strings
     pos = pd.Index(keys).get_indexer(df["_key"].to_numpy(dtype=object))
@@ -1083,15 +1093,15 @@ def ingest_run(
     (:func:`fio_table`).
     """
     raw_dir = Path(raw_dir)
-    parsed = fio_and_latency_tables(raw_dir, False, cache_dir=cache_dir, workers=workers)
-    tables = dict(zip(("fio", "latency"), parsed, strict=True))
-    for name, func in (
-        ("cryptsetup", cryptsetup_table),
-        ("env", env_table),
-        ("stacks", stacks_table),
-        ("schedule", schedule_table),
-    ):
-        tables[name] = func(raw_dir, strict=False)
+    funcs = {"cryptsetup": cryptsetup_table, "env": env_table, "stacks": stacks_table}
+    funcs["schedule"] = schedule_table
+    others = {}  # read while the fio results are parsed
+
+    def read_others():
+        others.update((name, func(raw_dir, strict=False)) for name, func in funcs.items())
+
+    parsed = fio_and_latency_tables(raw_dir, False, cache_dir, workers, read_others)
+    tables = dict(zip(("fio", "latency"), parsed, strict=True)) | others
     tables["fio"] = _with_cpu_cost(tables["fio"], tables["schedule"])
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
     notes = [n for table in tables.values() for n in table.attrs.get("notes", [])]
@@ -1145,9 +1155,8 @@ def write_processed(
     out = {}
     for name in PROCESSED_TABLES:
         path = processed_dir / f"{name}.parquet"
-        df = tables[name].copy()
-        df.attrs = {}
-        df.to_parquet(path, index=False)
+        tables[name].attrs = {}  # pandas would write them into the file
+        tables[name].to_parquet(path, index=False)
         out[name] = path
     return out
 
