@@ -30,6 +30,7 @@ read-only: nothing here writes into ``raw_dir``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -60,7 +61,6 @@ from luksbench.formats.layout import (
 )
 from luksbench.formats.manifest import (
     fleet_servers,
-    read_manifest,
     result_sessions,
     session_records,
     stack_descriptions,
@@ -495,7 +495,7 @@ def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, 
         written: dict[str, str] = {}
         for path, _ in session_records(hdir):
             try:
-                manifest = read_manifest(path)
+                manifest = _json_document(path)
             except ValueError:  # an unreadable manifest: the schedule table names it
                 continue
             written |= {f"{hdir.name}/{p}": s for p, s in result_sessions(manifest).items()}
@@ -567,7 +567,7 @@ def fio_and_latency_tables(
     host_dirs(raw_dir)  # existence check
     workers = default_workers() if workers is None else max(1, int(workers))
     problems: list[tuple[Path, str]] = []
-    notes: list[tuple[Path, str]] = []
+    notes: list[tuple[str, str]] = []
     targets: dict[str, dict] = {}
     fleets: dict[str, dict[str, str]] = {}
     for hdir in host_dirs(raw_dir):
@@ -605,7 +605,7 @@ def fio_and_latency_tables(
         res = results[key]
         if res["problems"] or res["notes"]:  # most files have neither
             problems += [(raw_dir / k, why) for k, why in res["problems"]]
-            notes += [(raw_dir / k, why) for k, why in res["notes"]]
+            notes += [(f"{raw_dir}/{k}", why) for k, why in res["notes"]]  # thousands: no Path
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = _assemble(frames, keys, targets, fleets, sessions)
@@ -686,7 +686,7 @@ def _assemble(
 def _fleet_servers(host_dir: Path) -> list[dict]:
     """The fio servers of a host's fleet run (``fleet.hosts`` of its manifest), or []."""
     try:
-        return fleet_servers(read_manifest(Path(host_dir) / "fio" / "manifest.json"))
+        return fleet_servers(_json_document(Path(host_dir) / "fio" / "manifest.json"))
     except ValueError:
         return []
 
@@ -880,9 +880,20 @@ def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 # -------------------------------------------------------------------------------------------- env
 
 
+def _json_document(path: Path) -> dict:
+    """:func:`read_json_object`, decoded once per version of the file (path, size, mtime, inode):
+    several tables read each manifest, and a large run's are megabytes. Do not change it."""
+    return _decoded_json(str(path), _stat_key(str(path)))
+
+
+@functools.lru_cache(maxsize=4)  # emptied after each ingest_run
+def _decoded_json(path: str, version: tuple[int, int, int]) -> dict:
+    return read_json_object(Path(path))
+
+
 def _read_json(path: Path, problems: list) -> dict | None:
     try:
-        return read_json_object(path)
+        return _json_document(path)
     except ValueError as exc:
         problems.append((path, str(exc)))
         return None
@@ -1101,6 +1112,7 @@ def ingest_run(
         others.update((name, func(raw_dir, strict=False)) for name, func in funcs.items())
 
     parsed = fio_and_latency_tables(raw_dir, False, cache_dir, workers, read_others)
+    _decoded_json.cache_clear()
     tables = dict(zip(("fio", "latency"), parsed, strict=True)) | others
     tables["fio"] = _with_cpu_cost(tables["fio"], tables["schedule"])
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
