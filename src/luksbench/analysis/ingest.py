@@ -438,10 +438,10 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
     reps: list[str] = []
     strays: list[str] = []
 
-    def subdirs(path: str) -> list[str]:
+    def subdirs(path: str) -> list[str]:  # sorted at every level: the keys in order of parts
         try:
             with os.scandir(path) as it:
-                return [e.name for e in it if e.is_dir()]
+                return sorted(e.name for e in it if e.is_dir())
         except (FileNotFoundError, NotADirectoryError):
             return []
 
@@ -452,15 +452,13 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
             for workload in subdirs(f"{fio}/{stack}"):
                 folder = f"{fio}/{stack}/{workload}"
                 with os.scandir(folder) as it:
-                    entries = [(e.name, e.is_file()) for e in it]
+                    entries = sorted((e.name, e.is_file()) for e in it)
                 for name, is_file in entries:
                     key = f"{host}/fio/{stack}/{workload}/{name}"
                     if REP_NAME.match(name):
                         reps.append(key)
                     elif is_file and name.endswith(".json") and not _SIDECAR_OR_REP.match(name):
                         strays.append(key)
-    reps.sort(key=lambda k: k.split("/"))
-    strays.sort(key=lambda k: k.split("/"))
     return reps, strays
 
 
@@ -668,7 +666,7 @@ def _assemble(
     # fio client/server output: every server's entry is its own host (the parser names it);
     # the CPU sidecar measured the client here, not the servers doing the I/O: no CPU values
     server = df["fio_hostname"].to_numpy(dtype=object)
-    remote = np.array([isinstance(x, str) and x != "" for x in server], dtype=bool)
+    remote = df["fio_hostname"].fillna("").ne("").to_numpy(dtype=bool)
     if remote.any():
         names = (fleets or {}).copy()
         host_dir = df["host_dir"].to_numpy(dtype=object)
@@ -782,9 +780,10 @@ class _IngestCache:
         """Write the cache for the files of ``stats`` (replacing it atomically, file by file)."""
         self.path.mkdir(parents=True, exist_ok=True)
         keys = list(stats)
-        table = pd.DataFrame(
-            [(k, *stats[k]) for k in keys], columns=["key", *self.STAT_COLUMNS]
-        ).astype({c: "int64" for c in self.STAT_COLUMNS})
+        numbers = (
+            np.array(list(stats.values()), dtype="int64").reshape(-1, len(self.STAT_COLUMNS)).T
+        )
+        table = pd.DataFrame({"key": keys, **dict(zip(self.STAT_COLUMNS, numbers, strict=True))})
         for column in ("problems", "notes"):
             table[column] = [json.dumps(r) if (r := results[k][column]) else "[]" for k in keys]
         rows, bins = (self._kept(parts, keys) for parts in (frames, bins))
@@ -810,7 +809,7 @@ class _IngestCache:
             return None
         df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
         keep = pd.Index(keys).get_indexer(df["_key"].to_numpy(dtype=object)) >= 0
-        return df[keep].reset_index(drop=True)
+        return df.copy(deep=False) if keep.all() else df[keep].reset_index(drop=True)
 
 
 def _fio_dtypes(df: pd.DataFrame) -> pd.DataFrame:
