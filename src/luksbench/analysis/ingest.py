@@ -83,36 +83,15 @@ FIO_DERIVED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs host_dir session sessions_planned"
 ).split()
 
-ENV_COLUMNS = [
-    "run",
-    "host",
-    "hostname",
-    "kernel",
-    "cpu_model",
-    "cpu_count",
-    "aes",
-    "vaes",
-    "backend",
-    "backend_reason",
-    "fio_version",
-    "cryptsetup_version",
-    "qemu_version",
-    "env_json",
-]
+ENV_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "run host hostname kernel cpu_model cpu_count aes vaes backend backend_reason fio_version "
+    "cryptsetup_version qemu_version env_json"
+).split()
 
-STACKS_COLUMNS = [
-    "run",
-    "host",
-    "stack",
-    "kind",
-    "backend",
-    "cipher",
-    "key_bits",
-    "description_json",
-    # an optional stack that could not be built: available false, with the reason (issue 3)
-    "available",
-    "reason",
-]
+#: an optional stack that could not be built has a row too: available false, with the reason
+STACKS_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "run host stack kind backend cipher key_bits description_json available reason"
+).split()
 
 #: completion-latency histograms from the json+ ``bins``, one row per bin of an active row
 LATENCY_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
@@ -356,8 +335,7 @@ def _typed_column(name, values, text_cols=_TEXT_COLUMNS, bool_cols=(), whole_num
         except OverflowError:
             pass
     if kinds <= {int, float}:
-        values = [math.nan if v is None else v for v in values] if None in values else values
-        return np.array(values, dtype="float64")
+        return np.array(values, dtype="float64")  # None: NaN
     return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype("float64")
 
 
@@ -473,14 +451,7 @@ def _stat_key(path: str) -> tuple[int, int, int]:
 
 def _file_stat(root: str, key: str) -> tuple[int, ...]:
     """(size, mtime in ns, inode) of a result and of its CPU sidecar; -1s for a missing file."""
-    out: list[int] = []
-    for path in (f"{root}/{key}", f"{root}/{key[: -len('.json')]}.cpu.json"):
-        try:
-            st = os.stat(path)
-            out += (st.st_size, st.st_mtime_ns, st.st_ino)
-        except FileNotFoundError:
-            out += (-1, -1, -1)
-    return tuple(out)
+    return (*_stat_key(f"{root}/{key}"), *_stat_key(f"{root}/{key[: -len('.json')]}.cpu.json"))
 
 
 def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, dict]:

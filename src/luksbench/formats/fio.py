@@ -91,10 +91,9 @@ def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object
         return None  # a faster decoder (orjson) may read an integer past 64 bits as a float
     text = raw.decode("ascii")
     first = _FIRST_DOCUMENT_START.match(text) or _LATER_DOCUMENT_START.search(text)
-    start = first.end() - 1 if first else 0
-    if first and text[start - 1 : start] in ("", "\n"):
+    if first and text[first.end() - 2 : first.end() - 1] in ("", "\n"):  # '{' begins its line
         try:  # the common file: one JSON object from a line's start (text lines before it) on
-            return [loads(text[start:])]
+            return [loads(text[first.end() - 1 :])]
         except ValueError:
             pass
     try:
