@@ -313,3 +313,18 @@ def test_manifest_times_are_utc_and_malformed_ones_missing():
         pd.Timestamp("2026-11-21T08:51:07Z"),
     ]
     assert times[3:].isna().all()
+
+
+def test_each_json_document_is_decoded_once_per_ingest(tmp_path, monkeypatch):
+    """The stacks, schedule, fleet and recorded-results steps all read the manifests (megabytes
+    in a large run): one decode of each file per ingest, nothing kept after it."""
+    from luksbench.formats import layout
+
+    sample = tmp_path / "sample"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "data" / "raw" / "sample", sample)
+    decoded, read = [], layout.read_raw_file  # what read_json_object reads with
+    monkeypatch.setattr(layout, "read_raw_file", lambda p: decoded.append(str(p)) or read(p))
+    ingest.ingest_run(sample, workers=1)
+    assert any(p.endswith("fio/manifest.json") for p in decoded)
+    assert sorted(decoded) == sorted(set(decoded))
+    assert ingest._decoded_json.cache_info().currsize == 0

@@ -30,6 +30,7 @@ read-only: nothing here writes into ``raw_dir``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -60,7 +61,6 @@ from luksbench.formats.layout import (
 )
 from luksbench.formats.manifest import (
     fleet_servers,
-    read_manifest,
     result_sessions,
     session_records,
     stack_descriptions,
@@ -83,36 +83,15 @@ FIO_DERIVED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs host_dir session sessions_planned"
 ).split()
 
-ENV_COLUMNS = [
-    "run",
-    "host",
-    "hostname",
-    "kernel",
-    "cpu_model",
-    "cpu_count",
-    "aes",
-    "vaes",
-    "backend",
-    "backend_reason",
-    "fio_version",
-    "cryptsetup_version",
-    "qemu_version",
-    "env_json",
-]
+ENV_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "run host hostname kernel cpu_model cpu_count aes vaes backend backend_reason fio_version "
+    "cryptsetup_version qemu_version env_json"
+).split()
 
-STACKS_COLUMNS = [
-    "run",
-    "host",
-    "stack",
-    "kind",
-    "backend",
-    "cipher",
-    "key_bits",
-    "description_json",
-    # an optional stack that could not be built: available false, with the reason (issue 3)
-    "available",
-    "reason",
-]
+#: an optional stack that could not be built has a row too: available false, with the reason
+STACKS_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
+    "run host stack kind backend cipher key_bits description_json available reason"
+).split()
 
 #: completion-latency histograms from the json+ ``bins``, one row per bin of an active row
 LATENCY_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
@@ -356,8 +335,7 @@ def _typed_column(name, values, text_cols=_TEXT_COLUMNS, bool_cols=(), whole_num
         except OverflowError:
             pass
     if kinds <= {int, float}:
-        values = [math.nan if v is None else v for v in values] if None in values else values
-        return np.array(values, dtype="float64")
+        return np.array(values, dtype="float64")  # None: NaN
     return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype("float64")
 
 
@@ -384,11 +362,15 @@ def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, pd.DataF
 
 
 def _parse_files(
-    raw_dir: Path, keys: list[str], workers: int
+    raw_dir: Path, keys: list[str], workers: int, meanwhile=None
 ) -> tuple[list[pd.DataFrame], list[pd.DataFrame], dict[str, dict]]:
-    """Parse ``keys`` in chunks, with a process pool of ``workers`` when it pays off."""
+    """Parse ``keys`` in chunks, with a process pool of ``workers`` when it pays off; calls
+    ``meanwhile()`` here while the pool parses (else after parsing)."""
     size = max(CHUNK_FILES, -(-len(keys) // (8 * workers)))  # fewer frames, still balanced
-    chunks = [keys[i : i + size] for i in range(0, len(keys), size)]
+    pending = [meanwhile] if meanwhile else []  # run once, also when the pool breaks after it
+    # every n-th file: chunks of like cost whatever the mix of cells (the table is sorted later)
+    n = -(-len(keys) // size)
+    chunks = [keys[i::n] for i in range(n)]
     done = None
     if workers > 1 and len(keys) >= PARALLEL_MIN_FILES:
         import gc
@@ -407,6 +389,8 @@ def _parse_files(
                 parsed = pool.map(_ingest_chunk, [str(raw_dir)] * len(chunks), chunks)
                 import pyarrow.parquet  # noqa: F401 - the tables' writer, loaded while they parse
 
+                while pending:
+                    pending.pop()()
                 done = list(parsed)
         except BrokenProcessPool as exc:  # e.g. a worker killed for memory: parse here instead
             print(
@@ -414,6 +398,8 @@ def _parse_files(
             )
     if done is None:
         done = [_ingest_chunk(str(raw_dir), chunk) for chunk in chunks]
+    while pending:
+        pending.pop()()
     results: dict[str, dict] = {}
     for _, _, res in done:
         results.update(res)
@@ -430,10 +416,10 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
     reps: list[str] = []
     strays: list[str] = []
 
-    def subdirs(path: str) -> list[str]:
+    def subdirs(path: str) -> list[str]:  # sorted at every level: the keys in order of parts
         try:
             with os.scandir(path) as it:
-                return [e.name for e in it if e.is_dir()]
+                return sorted(e.name for e in it if e.is_dir())
         except (FileNotFoundError, NotADirectoryError):
             return []
 
@@ -444,15 +430,13 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
             for workload in subdirs(f"{fio}/{stack}"):
                 folder = f"{fio}/{stack}/{workload}"
                 with os.scandir(folder) as it:
-                    entries = [(e.name, e.is_file()) for e in it]
+                    entries = sorted((e.name, e.is_file()) for e in it)
                 for name, is_file in entries:
                     key = f"{host}/fio/{stack}/{workload}/{name}"
                     if REP_NAME.match(name):
                         reps.append(key)
                     elif is_file and name.endswith(".json") and not _SIDECAR_OR_REP.match(name):
                         strays.append(key)
-    reps.sort(key=lambda k: k.split("/"))
-    strays.sort(key=lambda k: k.split("/"))
     return reps, strays
 
 
@@ -467,14 +451,7 @@ def _stat_key(path: str) -> tuple[int, int, int]:
 
 def _file_stat(root: str, key: str) -> tuple[int, ...]:
     """(size, mtime in ns, inode) of a result and of its CPU sidecar; -1s for a missing file."""
-    out: list[int] = []
-    for path in (f"{root}/{key}", f"{root}/{key[: -len('.json')]}.cpu.json"):
-        try:
-            st = os.stat(path)
-            out += (st.st_size, st.st_mtime_ns, st.st_ino)
-        except FileNotFoundError:
-            out += (-1, -1, -1)
-    return tuple(out)
+    return (*_stat_key(f"{root}/{key}"), *_stat_key(f"{root}/{key[: -len('.json')]}.cpu.json"))
 
 
 def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, dict]:
@@ -487,7 +464,7 @@ def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, 
         written: dict[str, str] = {}
         for path, _ in session_records(hdir):
             try:
-                manifest = read_manifest(path)
+                manifest = _json_document(path)
             except ValueError:  # an unreadable manifest: the schedule table names it
                 continue
             written |= {f"{hdir.name}/{p}": s for p, s in result_sessions(manifest).items()}
@@ -550,14 +527,16 @@ def fio_and_latency_tables(
     strict: bool = True,
     cache_dir: Path | None = None,
     workers: int | None = None,
+    meanwhile=None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`fio_table` and the json+ latency histograms of its rows (:data:`LATENCY_COLUMNS`),
-    parsed in the same pass as the results they belong to."""
+    parsed in the same pass as the results they belong to. ``meanwhile()`` runs while the worker
+    processes parse."""
     raw_dir = Path(raw_dir)
     host_dirs(raw_dir)  # existence check
     workers = default_workers() if workers is None else max(1, int(workers))
     problems: list[tuple[Path, str]] = []
-    notes: list[tuple[Path, str]] = []
+    notes: list[tuple[str, str]] = []
     targets: dict[str, dict] = {}
     fleets: dict[str, dict[str, str]] = {}
     for hdir in host_dirs(raw_dir):
@@ -582,7 +561,7 @@ def fio_and_latency_tables(
         cache.load(raw_dir, keys) if cache else (pd.DataFrame(), pd.DataFrame(), {})
     )
     todo = [k for k in keys if k not in results]
-    new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers)
+    new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers, meanwhile)
     frames = [f for f in (rows, *new_frames) if len(f)]
     if len(frames) > 1:  # one concat for both the cache and the table
         frames = [pd.concat(frames, ignore_index=True)]
@@ -595,7 +574,7 @@ def fio_and_latency_tables(
         res = results[key]
         if res["problems"] or res["notes"]:  # most files have neither
             problems += [(raw_dir / k, why) for k, why in res["problems"]]
-            notes += [(raw_dir / k, why) for k, why in res["notes"]]
+            notes += [(f"{raw_dir}/{k}", why) for k, why in res["notes"]]  # thousands: no Path
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = _assemble(frames, keys, targets, fleets, sessions)
@@ -635,7 +614,7 @@ def _assemble(
     frames = [f for f in frames if len(f)]
     if not frames:
         return _fio_dtypes(pd.DataFrame.from_records([], columns=columns))
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     # position of each row's file in the listing (-1: no longer there); hash lookups on plain
     # objects, not element-wise over Arrow strings
     pos = pd.Index(keys).get_indexer(df["_key"].to_numpy(dtype=object))
@@ -658,7 +637,7 @@ def _assemble(
     # fio client/server output: every server's entry is its own host (the parser names it);
     # the CPU sidecar measured the client here, not the servers doing the I/O: no CPU values
     server = df["fio_hostname"].to_numpy(dtype=object)
-    remote = np.array([isinstance(x, str) and x != "" for x in server], dtype=bool)
+    remote = df["fio_hostname"].fillna("").ne("").to_numpy(dtype=bool)
     if remote.any():
         names = (fleets or {}).copy()
         host_dir = df["host_dir"].to_numpy(dtype=object)
@@ -676,7 +655,7 @@ def _assemble(
 def _fleet_servers(host_dir: Path) -> list[dict]:
     """The fio servers of a host's fleet run (``fleet.hosts`` of its manifest), or []."""
     try:
-        return fleet_servers(read_manifest(Path(host_dir) / "fio" / "manifest.json"))
+        return fleet_servers(_json_document(Path(host_dir) / "fio" / "manifest.json"))
     except ValueError:
         return []
 
@@ -772,9 +751,10 @@ class _IngestCache:
         """Write the cache for the files of ``stats`` (replacing it atomically, file by file)."""
         self.path.mkdir(parents=True, exist_ok=True)
         keys = list(stats)
-        table = pd.DataFrame(
-            [(k, *stats[k]) for k in keys], columns=["key", *self.STAT_COLUMNS]
-        ).astype({c: "int64" for c in self.STAT_COLUMNS})
+        numbers = (
+            np.array(list(stats.values()), dtype="int64").reshape(-1, len(self.STAT_COLUMNS)).T
+        )
+        table = pd.DataFrame({"key": keys, **dict(zip(self.STAT_COLUMNS, numbers, strict=True))})
         for column in ("problems", "notes"):
             table[column] = [json.dumps(r) if (r := results[k][column]) else "[]" for k in keys]
         rows, bins = (self._kept(parts, keys) for parts in (frames, bins))
@@ -800,7 +780,7 @@ class _IngestCache:
             return None
         df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
         keep = pd.Index(keys).get_indexer(df["_key"].to_numpy(dtype=object)) >= 0
-        return df[keep].reset_index(drop=True)
+        return df.copy(deep=False) if keep.all() else df[keep].reset_index(drop=True)
 
 
 def _fio_dtypes(df: pd.DataFrame) -> pd.DataFrame:
@@ -870,9 +850,20 @@ def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 # -------------------------------------------------------------------------------------------- env
 
 
+def _json_document(path: Path) -> dict:
+    """:func:`read_json_object`, decoded once per version of the file (path, size, mtime, inode):
+    several tables read each manifest, and a large run's are megabytes. Do not change it."""
+    return _decoded_json(str(path), _stat_key(str(path)))
+
+
+@functools.lru_cache(maxsize=4)  # emptied after each ingest_run
+def _decoded_json(path: str, version: tuple[int, int, int]) -> dict:
+    return read_json_object(Path(path))
+
+
 def _read_json(path: Path, problems: list) -> dict | None:
     try:
-        return read_json_object(path)
+        return _json_document(path)
     except ValueError as exc:
         problems.append((path, str(exc)))
         return None
@@ -1083,15 +1074,16 @@ def ingest_run(
     (:func:`fio_table`).
     """
     raw_dir = Path(raw_dir)
-    parsed = fio_and_latency_tables(raw_dir, False, cache_dir=cache_dir, workers=workers)
-    tables = dict(zip(("fio", "latency"), parsed, strict=True))
-    for name, func in (
-        ("cryptsetup", cryptsetup_table),
-        ("env", env_table),
-        ("stacks", stacks_table),
-        ("schedule", schedule_table),
-    ):
-        tables[name] = func(raw_dir, strict=False)
+    funcs = {"cryptsetup": cryptsetup_table, "env": env_table, "stacks": stacks_table}
+    funcs["schedule"] = schedule_table
+    others = {}  # read while the fio results are parsed
+
+    def read_others():
+        others.update((name, func(raw_dir, strict=False)) for name, func in funcs.items())
+
+    parsed = fio_and_latency_tables(raw_dir, False, cache_dir, workers, read_others)
+    _decoded_json.cache_clear()
+    tables = dict(zip(("fio", "latency"), parsed, strict=True)) | others
     tables["fio"] = _with_cpu_cost(tables["fio"], tables["schedule"])
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
     notes = [n for table in tables.values() for n in table.attrs.get("notes", [])]
@@ -1145,9 +1137,8 @@ def write_processed(
     out = {}
     for name in PROCESSED_TABLES:
         path = processed_dir / f"{name}.parquet"
-        df = tables[name].copy()
-        df.attrs = {}
-        df.to_parquet(path, index=False)
+        tables[name].attrs = {}  # pandas would write them into the file
+        tables[name].to_parquet(path, index=False)
         out[name] = path
     return out
 

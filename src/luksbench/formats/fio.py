@@ -89,13 +89,13 @@ def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object
     decides, with its messages), the file is not ASCII or holds a run of 19 digits or more."""
     if not raw.isascii() or _LONG_DIGIT_RUN in raw.translate(_DIGITS_TO_ZERO):
         return None  # a faster decoder (orjson) may read an integer past 64 bits as a float
-    body = raw.lstrip(b" \t\r\n")  # JSON's white space
-    if body[:1] == b"{" and raw[len(raw) - len(body) - 1 : len(raw) - len(body)] in (b"", b"\n"):
-        try:  # the common file: one JSON object and nothing else
-            return [loads(raw)]
+    text = raw.decode("ascii")
+    first = _FIRST_DOCUMENT_START.match(text) or _LATER_DOCUMENT_START.search(text)
+    if first and text[first.end() - 2 : first.end() - 1] in ("", "\n"):  # '{' begins its line
+        try:  # the common file: one JSON object from a line's start (text lines before it) on
+            return [loads(text[first.end() - 1 :])]
         except ValueError:
             pass
-    text = raw.decode("ascii")
     try:
         return [_loads_value_before_text(loads, text[a:b]) for a, b in _document_pieces(text)]
     except ValueError:  # truncated, NaN: the standard path's cases
