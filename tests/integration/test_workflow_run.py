@@ -173,9 +173,16 @@ def test_a_failed_fio_run_tears_down_and_keeps_what_was_measured(workdir, tmp_pa
     result = snakemake(workdir, "all", "--config", "run=e2e-fail")
     assert result.returncode == 0, result.stderr[-4000:]
     after = rep_files(workdir, "e2e-fail")
-    assert len(after) == 2 * 2 * 3
     for path, before in kept.items():
         assert after[path] == before
+    # The failed run's partner, measured in the first stack-up, stays a half pair: the re-run is
+    # a new session and measures a whole new pair of that cell instead.
+    assert len(after) == 2 * 2 * 3 + 1
+    import pandas as pd
+
+    fio = pd.read_parquet(workdir / "data" / "processed" / "e2e-fail" / "fio.parquet")
+    pairs = fio.groupby(["workload", "session", "rep"])["stack"].nunique()
+    assert (pairs == 2).sum() == 2 * 3 and (pairs == 1).sum() == 1
     assert our_mounts(workdir) == []
 
 
