@@ -80,3 +80,20 @@ def test_order_within_a_pair_follows_its_number_and_stays_balanced():
             firsts.setdefault(r["workload"].id, []).append(r["stack"])
     assert all(sorted(v) == ["luks", "plain"] for v in firsts.values())
     assert {r["round"] for r in runs} == {1, 2} and {r["rep"] for r in runs} == {3, 4}
+
+
+def test_half_pairs_are_the_pairs_some_stack_lacks():
+    import pandas as pd
+
+    from luksbench.analysis.cells import half_pairs
+
+    fio = pd.DataFrame(
+        {
+            "host": "h",
+            "workload": "w",
+            "session": ["a", "a", "a", "b", "b"],
+            "rep": [1, 1, 2, 3, 3],
+            "stack": ["plain", "luks", "plain", "plain", "luks"],
+        }
+    )
+    assert list(half_pairs(fio)) == [("h", "w", "a", 2)]

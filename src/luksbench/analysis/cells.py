@@ -66,3 +66,11 @@ def active_rows(fio: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(invalid="ignore"):
         mask |= unknown & (np.nan_to_num(io) > 0)
     return fio[mask]
+
+
+def half_pairs(fio: pd.DataFrame) -> pd.Index:
+    """(host, workload, session, rep) of every pair measured on some of the run's stacks only:
+    a failed run's partner, or a pair whose session ended between its runs. Never completed in
+    another session, so never paired."""
+    stacks = fio.groupby(["host", "workload", "session", "rep"])["stack"].nunique()
+    return stacks.index[stacks < fio["stack"].nunique()]
