@@ -255,6 +255,8 @@ def test_the_sample_is_re_analysed_without_fio(tmp_path):
     [
         ("formats/fio.py", {"ingest_raw", "compute_loss", "plot_figures", "render_paper"}),
         ("analysis/ingest.py", {"ingest_raw", "compute_loss", "plot_figures", "render_paper"}),
+        # ingest imports it: a change must re-run ingest too
+        ("analysis/cells.py", {"ingest_raw", "compute_loss", "plot_figures", "render_paper"}),
         ("analysis/contrasts.py", {"compute_loss", "plot_figures", "render_paper"}),
         ("publish/templates/paper.md.j2", {"plot_figures", "render_paper"}),
         ("testbox/runner.py", set()),

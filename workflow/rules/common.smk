@@ -101,7 +101,11 @@ def package_files(*patterns):
 
 
 FORMATS_CODE = package_files("__init__.py", "formats/**/*.py")
-INGEST_CODE = FORMATS_CODE + package_files("analysis/__init__.py", "analysis/ingest.py")
+# ingest and what it imports (cells, stats, tails, cpucost)
+INGEST_CODE = FORMATS_CODE + package_files(
+    *("analysis/__init__.py", "analysis/ingest.py", "analysis/cells.py", "analysis/stats.py"),
+    *("analysis/tails.py", "analysis/cpucost.py"),
+)
 ANALYSIS_CODE = FORMATS_CODE + package_files("analysis/**/*.py")
 PUBLISH_CODE = ANALYSIS_CODE + package_files("publish/**/*")
 
