@@ -1,7 +1,7 @@
 """luksbench: what does disk encryption cost on my hardware, and how sure are we?
 
-    snakemake --cores 1 all                    # measure the configured run here, analyse, write the paper
-    snakemake --cores 1 paper/sample/index.md  # re-analyse the shipped sample (no fio)
+snakemake --cores 1 all                    # measure the configured run here, analyse, write the paper
+snakemake --cores 1 paper/sample/index.md  # re-analyse the shipped sample (no fio)
 """
 
 

@@ -31,3 +31,15 @@ def test_interval_bars_draw_a_mean_at_or_below_zero():
     fig, ax = plt.subplots()
     interval_bars(ax, [0, 1, 2], [-0.2, 0.0, 2.0], [0.5, 0.1, 0.5], 0.8, "C0", "net")
     plt.close(fig)
+
+
+def test_snakefmt_is_clean():
+    # line length and file pattern come from pyproject's [tool.snakefmt]
+    snakefmt = Path(sys.executable).parent / "snakefmt"
+    result = subprocess.run(
+        [str(snakefmt), "--check", "Snakefile", "workflow"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -33,6 +33,11 @@ rule ingest_raw:
     output:
         **processed(*PROCESSED_TABLES),
         notebook=f"{PROCESSED}/{{run}}/notebooks/01-ingest.ipynb",
+    log:
+        "logs/{run}/ingest_raw.log",
+    conda:
+        "../../envs/luksbench.yaml"
+    threads: 2
     params:
         papermill=PAPERMILL_OPTIONS,
         raw_dir=abs_raw_dir,
@@ -41,11 +46,6 @@ rule ingest_raw:
         # a raw file added, removed or edited changes it: Snakemake re-runs a rule whose params
         # changed (evaluated when the rule is about to run, after the raw files are written)
         raw_files=lambda wildcards: raw_digest(abs_raw_dir(wildcards)),
-    threads: 2
-    conda:
-        "../../envs/luksbench.yaml"
-    log:
-        "logs/{run}/ingest_raw.log",
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -p run {wildcards.run:q} -p raw_dir {params.raw_dir:q}"
@@ -57,12 +57,16 @@ rule compute_loss:
     """Loss per cell and metric with paired confidence intervals, for every comparison
     (analysis.comparisons: variant vs its baseline; the headline first)."""
     input:
-        notebook=f"{NOTEBOOKS}/02-loss.ipynb",
         **processed(*PROCESSED_TABLES),
+        notebook=f"{NOTEBOOKS}/02-loss.ipynb",
         code=ANALYSIS_CODE,
     output:
         **processed(*LOSS_TABLES),
         notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
+    log:
+        "logs/{run}/compute_loss.log",
+    conda:
+        "../../envs/luksbench.yaml"
     params:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
@@ -75,10 +79,6 @@ rule compute_loss:
         margin=config["analysis"]["equivalence_margin_pct"],
         regions=json.dumps(config["analysis"]["decision_regions"]),
         min_pairs=min_pairs,
-    conda:
-        "../../envs/luksbench.yaml"
-    log:
-        "logs/{run}/compute_loss.log",
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -p processed_dir {params.processed_dir:q}"
@@ -92,21 +92,21 @@ rule plot_figures:
     """Seaborn figures (PNG + SVG with provenance metadata) from the processed tables, drawn by
     one process per thread."""
     input:
-        notebook=f"{NOTEBOOKS}/03-figures.ipynb",
         **processed(*PROCESSED_TABLES, *LOSS_TABLES),
+        notebook=f"{NOTEBOOKS}/03-figures.ipynb",
         code=PUBLISH_CODE,
     output:
         figures=directory("figures/{run}"),
         notebook=f"{PROCESSED}/{{run}}/notebooks/03-figures.ipynb",
+    log:
+        "logs/{run}/plot_figures.log",
+    conda:
+        "../../envs/luksbench.yaml"
+    threads: 2
     params:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
         figures_dir=abs_figures_dir,
-    threads: 2
-    conda:
-        "../../envs/luksbench.yaml"
-    log:
-        "logs/{run}/plot_figures.log",
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
@@ -117,8 +117,8 @@ rule render_paper:
     """The paper / blog post (index.md with front matter + self-contained index.html), generated
     from the processed tables, the figures and the transcribed published results only."""
     input:
-        notebook=f"{NOTEBOOKS}/04-paper.ipynb",
         **processed(*PROCESSED_TABLES, *LOSS_TABLES),
+        notebook=f"{NOTEBOOKS}/04-paper.ipynb",
         figures="figures/{run}",
         references=sorted(str(p) for p in Path("data/reference").glob("*.csv")),
         code=PUBLISH_CODE,
@@ -126,6 +126,10 @@ rule render_paper:
         paper="paper/{run}/index.md",
         html="paper/{run}/index.html",
         notebook=f"{PROCESSED}/{{run}}/notebooks/04-paper.ipynb",
+    log:
+        "logs/{run}/render_paper.log",
+    conda:
+        "../../envs/luksbench.yaml"
     params:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
@@ -136,10 +140,6 @@ rule render_paper:
         # here, as `:q` leaves an empty value out
         title=shlex.quote(config["paper"]["title"]),
         author=shlex.quote(config["paper"]["author"]),
-    conda:
-        "../../envs/luksbench.yaml"
-    log:
-        "logs/{run}/render_paper.log",
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"

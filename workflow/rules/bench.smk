@@ -14,12 +14,12 @@ rule stack_up:
     output:
         state=temp(f"{HOST_SCRATCH}/state.json"),
         stacks=f"{HOST_SCRATCH}/stacks.json",
-    conda:
-        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/stack_up.log",
     wildcard_constraints:
         **MEASURED,
+    conda:
+        "../../envs/luksbench.yaml"
     shell:
         "luksbench testbox stack-up --plan {input.plan:q} --state {output.state:q}"
         " --describe {output.stacks:q} 2> {log:q}"
@@ -33,14 +33,14 @@ rule run_pilot:
         stacks=ancient(f"{HOST_SCRATCH}/stacks.json"),
     output:
         manifest=f"{HOST_RAW}/fio/pilot-manifest.json",
-    params:
-        host_dir=measured_host_dir,
-    conda:
-        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/run_pilot.log",
     wildcard_constraints:
         **measuring("fio/pilot-manifest.json"),
+    conda:
+        "../../envs/luksbench.yaml"
+    params:
+        host_dir=measured_host_dir,
     shell:
         "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"
         " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
@@ -54,6 +54,10 @@ rule plan_repetitions:
         pilot=f"{HOST_RAW}/fio/pilot-manifest.json",
     output:
         targets=f"{HOST_RAW}/fio/targets.json",
+    log:
+        "logs/{run}/{host}/plan_repetitions.log",
+    wildcard_constraints:
+        **MEASURED,
     params:
         raw_dir=abs_raw_dir,
         baseline=config["baseline"],
@@ -62,10 +66,6 @@ rule plan_repetitions:
         adaptive=ADAPTIVE,
         confidence=config["analysis"]["confidence"],
         cells=plan_cells,
-    log:
-        "logs/{run}/{host}/plan_repetitions.log",
-    wildcard_constraints:
-        **MEASURED,
     run:
         from luksbench.analysis.design import write_targets
         from luksbench.analysis.ingest import fio_table
@@ -88,15 +88,15 @@ rule run_fio:
         targets=adaptive_targets,
     output:
         manifest=f"{HOST_RAW}/fio/manifest.json",
-    params:
-        host_dir=measured_host_dir,
-        targets=targets_option,
-    conda:
-        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/run_fio.log",
     wildcard_constraints:
         **measuring("fio/manifest.json"),
+    conda:
+        "../../envs/luksbench.yaml"
+    params:
+        host_dir=measured_host_dir,
+        targets=targets_option,
     shell:
         # Progress goes to the terminal as well as the log: a default run takes minutes.
         "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"
@@ -112,11 +112,11 @@ rule stack_down:
         manifest=f"{HOST_RAW}/fio/manifest.json",
     output:
         record=f"{HOST_SCRATCH}/teardown.json",
-    conda:
-        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/stack_down.log",
     wildcard_constraints:
         **measuring("fio/manifest.json"),
+    conda:
+        "../../envs/luksbench.yaml"
     shell:
         "luksbench testbox stack-down --state {input.state:q} --record {output.record:q} 2> {log:q}"

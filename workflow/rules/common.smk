@@ -133,7 +133,9 @@ def env_captures(wildcards):
 
 
 def cipher_benchmarks(wildcards):
-    return [f"{host_dir(wildcards.run, h)}/cryptsetup-benchmark.txt" for h in run_hosts(wildcards.run)]
+    return [
+        f"{host_dir(wildcards.run, h)}/cryptsetup-benchmark.txt" for h in run_hosts(wildcards.run)
+    ]
 
 
 def teardown_records(wildcards):

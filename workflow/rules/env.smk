@@ -9,13 +9,13 @@ rule write_plan:
     """
     output:
         plan=f"{HOST_SCRATCH}/plan.json",
-    params:
-        plan=plan_for,
-        measured_env=measured_env_path,
     log:
         "logs/{run}/{host}/write_plan.log",
     wildcard_constraints:
         **MEASURED,
+    params:
+        plan=plan_for,
+        measured_env=measured_env_path,
     run:
         check_tools(params.plan)
         check_scratch_space(params.plan)
@@ -28,12 +28,12 @@ rule capture_env:
         plan=ancient(f"{HOST_SCRATCH}/plan.json"),
     output:
         env=protected(f"{HOST_RAW}/env.json"),
-    conda:
-        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/capture_env.log",
     wildcard_constraints:
         **measuring("env.json"),
+    conda:
+        "../../envs/luksbench.yaml"
     shell:
         "luksbench testbox capture-env --plan {input.plan:q} --out {output.env:q} 2> {log:q}"
 
@@ -45,12 +45,12 @@ rule benchmark_ciphers:
         env=ancient(f"{HOST_RAW}/env.json"),
     output:
         benchmark=protected(f"{HOST_RAW}/cryptsetup-benchmark.txt"),
-    conda:
-        "../../envs/luksbench.yaml"
     log:
         "logs/{run}/{host}/benchmark_ciphers.log",
     wildcard_constraints:
         **measuring("cryptsetup-benchmark.txt"),
+    conda:
+        "../../envs/luksbench.yaml"
     shell:
         "luksbench testbox benchmark-ciphers --plan {input.plan:q} --out {output.benchmark:q}"
         " 2> {log:q}"
