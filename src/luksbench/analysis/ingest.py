@@ -239,16 +239,19 @@ def default_workers() -> int:
 _SIDECAR_OR_REP = re.compile(r"^rep\d+(\.cpu)?\.json\Z")
 
 
-def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, list, list]:
+def _ingest_rep_file(
+    root: str, key: str, run: str, stats: list
+) -> tuple[list[tuple], list, list, list]:
     """(rows, histograms, problems, notes) of one ``rep<k>.json`` and its CPU sidecar.
 
     Rows are tuples in :data:`_CHUNK_COLUMNS` order; histograms (job_index, direction, ns, count)
-    tuples of its json+ bins; problems and notes (key of the file, why)."""
+    tuples of its json+ bins; problems and notes (key of the file, why). ``stats`` receives the
+    stat of each file as read: the result, then its sidecar (None: there is none)."""
     path = f"{root}/{key}"
     notes: list[tuple[str, str]] = []
     try:
         rep = rep_of_key(key)
-        doc = load_fio_document(path, lambda note: notes.append((key, note)), _FAST_LOADS)
+        doc = load_fio_document(path, lambda note: notes.append((key, note)), _FAST_LOADS, stats)
         rows = document_tuples(path, doc)
     except (FioParseError, LayoutError) as exc:
         return [], [], [(key, str(exc))], notes
@@ -259,11 +262,12 @@ def _ingest_rep_file(root: str, key: str, run: str) -> tuple[list[tuple], list, 
         return [], [], [(key, reason)], notes
     cpu_key = f"{key[: -len('.json')]}.cpu.json"
     try:
-        cpu = read_cpu_sidecar(f"{root}/{cpu_key}", _FAST_LOADS or json.loads)
+        cpu = read_cpu_sidecar(f"{root}/{cpu_key}", _FAST_LOADS or json.loads, stats)
     except ValueError as exc:  # a missing sidecar: no CPU values (one open, no stat first)
         if not isinstance(exc.__cause__, FileNotFoundError):
             return [], [], [(cpu_key, f"{exc}; its fio result is left out too")], notes
         cpu = _NO_CPU
+        stats.append(None)
     try:
         bins = [
             (i, d, ns, n) for (i, d), hist in document_histograms(doc).items() for ns, n in hist
@@ -353,8 +357,9 @@ def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, pd.DataF
     bins: list[tuple] = []
     results: dict[str, dict] = {}
     for key in keys:
-        stat = _file_stat(raw_dir, key)  # before reading: a later change is seen next time
-        file_rows, histograms, problems, notes = _ingest_rep_file(raw_dir, key, run)
+        read: list = []
+        file_rows, histograms, problems, notes = _ingest_rep_file(raw_dir, key, run, read)
+        stat = _file_stat(raw_dir, key, read)
         rows += file_rows
         bins += [(key, *b) for b in histograms]
         results[key] = {"problems": problems, "notes": notes, "stat": stat}
@@ -443,15 +448,25 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
 def _stat_key(path: str) -> tuple[int, int, int]:
     """(size, mtime in ns, inode) of a file, (-1, -1, -1) when it does not exist."""
     try:
-        st = os.stat(path)
+        return _version(os.stat(path))
     except FileNotFoundError:
-        return (-1, -1, -1)
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
+        return _version(None)
 
 
-def _file_stat(root: str, key: str) -> tuple[int, ...]:
-    """(size, mtime in ns, inode) of a result and of its CPU sidecar; -1s for a missing file."""
-    return (*_stat_key(f"{root}/{key}"), *_stat_key(f"{root}/{key[: -len('.json')]}.cpu.json"))
+def _version(st: os.stat_result | None) -> tuple[int, int, int]:
+    return (-1, -1, -1) if st is None else (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _file_stat(root: str, key: str, read: list = ()) -> tuple[int, ...]:
+    """(size, mtime in ns, inode) of a result and of its CPU sidecar; -1s for a missing file.
+    ``read``: the stats of the first of them as they were read (:func:`_ingest_rep_file`), the
+    others are looked up now."""
+    paths = (f"{root}/{key}", f"{root}/{key[: -len('.json')]}.cpu.json")
+    return tuple(
+        x
+        for i, path in enumerate(paths)
+        for x in (_version(read[i]) if i < len(read) else _stat_key(path))
+    )
 
 
 def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, dict]:

@@ -70,12 +70,19 @@ def _warn_on_stderr(message: str) -> None:
 # to non-blank junk such as a stray '>' left by a shell; indented '{' are nested objects.
 _FIRST_DOCUMENT_START = re.compile(r"[^\s{]*\{")
 _LATER_DOCUMENT_START = re.compile(r"\n[^\s{]*\{")  # '\n' first: a fast search
+# the same on ASCII bytes (a str pattern's \s also matches \x1c to \x1f)
+_FIRST_DOCUMENT_START_BYTES = re.compile(rb"[^\s\x1c-\x1f{]*\{")
+_LATER_DOCUMENT_START_BYTES = re.compile(rb"\n[^\s\x1c-\x1f{]*\{")
 
 
-def _document_pieces(text: str) -> list[tuple[int, int]]:
+def _document_pieces(text: str | bytes) -> list[tuple[int, int]]:
     """(start, next start) of every place a JSON document may start, in one pass over ``text``."""
-    first = _FIRST_DOCUMENT_START.match(text)
-    starts = [m.end() - 1 for m in (first, *_LATER_DOCUMENT_START.finditer(text)) if m]
+    if isinstance(text, bytes):
+        first = _FIRST_DOCUMENT_START_BYTES.match(text)
+        later = _LATER_DOCUMENT_START_BYTES.finditer(text)
+    else:
+        first, later = _FIRST_DOCUMENT_START.match(text), _LATER_DOCUMENT_START.finditer(text)
+    starts = [m.end() - 1 for m in (first, *later) if m]
     return list(zip(starts, [*starts[1:], len(text)], strict=False))  # no start: []
 
 
@@ -89,20 +96,19 @@ def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object
     decides, with its messages), the file is not ASCII or holds a run of 19 digits or more."""
     if not raw.isascii() or _LONG_DIGIT_RUN in raw.translate(_DIGITS_TO_ZERO):
         return None  # a faster decoder (orjson) may read an integer past 64 bits as a float
-    text = raw.decode("ascii")
-    first = _FIRST_DOCUMENT_START.match(text) or _LATER_DOCUMENT_START.search(text)
-    if first and text[first.end() - 2 : first.end() - 1] in ("", "\n"):  # '{' begins its line
+    first = _FIRST_DOCUMENT_START_BYTES.match(raw) or _LATER_DOCUMENT_START_BYTES.search(raw)
+    if first and raw[first.end() - 2 : first.end() - 1] in (b"", b"\n"):  # '{' begins its line
         try:  # the common file: one JSON object from a line's start (text lines before it) on
-            return [loads(text[first.end() - 1 :])]
+            return [loads(raw[first.end() - 1 :])]
         except ValueError:
             pass
     try:
-        return [_loads_value_before_text(loads, text[a:b]) for a, b in _document_pieces(text)]
+        return [_loads_value_before_text(loads, raw[a:b]) for a, b in _document_pieces(raw)]
     except ValueError:  # truncated, NaN: the standard path's cases
         return None
 
 
-def _loads_value_before_text(loads: Callable, text: str) -> object:
+def _loads_value_before_text(loads: Callable, text: bytes) -> object:
     """The JSON value ``text`` starts with, text after it allowed (``--output-format=json,normal``)."""
     try:
         return loads(text)
@@ -170,17 +176,20 @@ def _describe_failure(path: Path, text: str, raw: bytes, failure: tuple[int, str
 
 
 def load_fio_document(
-    path: Path, warn: Warn = _warn_on_stderr, loads: Callable[[bytes], object] | None = None
+    path: Path,
+    warn: Warn = _warn_on_stderr,
+    loads: Callable[[bytes], object] | None = None,
+    stats: list | None = None,
 ) -> dict:
     """The last complete fio JSON document in ``path`` (see the module docstring for what is accepted).
 
     Raises :class:`FioParseError` naming the file when there is none: empty file, text only,
     truncated or invalid JSON, or JSON that is not fio output. ``loads``: a faster JSON decoder
     (bytes -> value, raising ValueError) tried first on a file that is one JSON object; it must
-    give ``json``'s values for what it accepts.
+    give ``json``'s values for what it accepts. ``stats``: as for :func:`read_raw_file`.
     """
     try:
-        raw = read_raw_file(path)
+        raw = read_raw_file(path, stats)
     except OSError as exc:
         raise FioParseError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
     return fio_output_document(raw, path, warn, loads)

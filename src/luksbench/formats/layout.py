@@ -130,23 +130,28 @@ MAX_RAW_BYTES_VARIABLE = "LUKSBENCH_MAX_RAW_BYTES"
 MAX_RAW_BYTES = 64 * 2**20  # a real run's largest raw file (fio json+ output) is well under 1m
 
 
-def read_raw_file(path) -> bytes:
+def read_raw_file(path, stats: list | None = None) -> bytes:
     """A raw file's bytes; OSError naming it for anything but a regular file of at most
     ``$LUKSBENCH_MAX_RAW_BYTES`` (default :data:`MAX_RAW_BYTES`): a device, a FIFO or a huge file
-    never stalls or exhausts a reader."""
+    never stalls or exhausts a reader. ``stats``: the stat of the file read is appended to it."""
     limit = os.environ.get(MAX_RAW_BYTES_VARIABLE)
     try:
         limit = MAX_RAW_BYTES if limit is None else bs_to_bytes(limit)
     except LayoutError:
         raise LayoutError(f"${MAX_RAW_BYTES_VARIABLE}: not a size: {limit!r} (e.g. 64m)") from None
-    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:  # a FIFO: no waiting
-        info = os.fstat(file.fileno())
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: no waiting
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         if info.st_size > limit:
             why = f"{info.st_size} bytes, over the limit for a raw file (${MAX_RAW_BYTES_VARIABLE}"
             raise OSError(errno.EFBIG, f"{why}={limit})", str(path))
-        return file.read(info.st_size)
+        if stats is not None:
+            stats.append(info)
+        return os.read(fd, info.st_size)
+    finally:
+        os.close(fd)
 
 
 def read_json_object(path: Path) -> dict:

@@ -41,13 +41,15 @@ def _number(value, name: str) -> float:
     return float(value)
 
 
-def read_cpu_sidecar(path: Path, loads: Callable[[bytes], object] = json.loads) -> dict:
+def read_cpu_sidecar(
+    path: Path, loads: Callable[[bytes], object] = json.loads, stats: list | None = None
+) -> dict:
     """``rep<k>.cpu.json`` -> busy_cpu_s, busy_cpu_pct, sys_cpu_s, cpu_interval_s (NaN: not
     recorded); ValueError if malformed or implausible (negative times, busy over 100 %, an
     empty interval). ``loads``: a faster decoder with json's values; what it refuses (NaN) goes
-    to json."""
+    to json. ``stats``: as for :func:`read_raw_file`."""
     try:
-        raw = read_raw_file(path)
+        raw = read_raw_file(path, stats)
         try:
             data = loads(raw)
         except ValueError:
