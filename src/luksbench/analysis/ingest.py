@@ -31,6 +31,7 @@ read-only: nothing here writes into ``raw_dir``.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import math
 import os
@@ -378,7 +379,6 @@ def _parse_files(
     chunks = [keys[i::n] for i in range(n)]
     done = None
     if workers > 1 and len(keys) >= PARALLEL_MIN_FILES:
-        import gc
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
@@ -979,30 +979,20 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------------- schedule
 
-SCHEDULE_COLUMNS = [
-    "run",
-    "host",
-    "session",
-    "session_started",
-    "session_ended",
-    "seed",
-    "index",
-    "round",
-    "rep",
-    "stack",
-    "workload",
-    "position_in_cell",
-    "started",
-    "ended",
-    "status",
-    *cpucost.IDLE_COLUMNS,  # the session's idle CPU baseline, per second of wall time
-]
+#: the manifest's values of the session, then of each run, then the session's idle CPU baseline
+#: (per second of wall time)
+_SESSION_KEYS = ("started", "ended", "seed")
+_RUN_KEYS = (  # noqa: SIM905 - a list of names, one word each
+    "index round rep stack workload position_in_cell started ended status"
+).split()
+SCHEDULE_COLUMNS = ["run", "host", "session", "session_started", "session_ended", "seed"]
+SCHEDULE_COLUMNS += [*_RUN_KEYS, *cpucost.IDLE_COLUMNS]
 
 
-def _utc_times(values: pd.Series) -> pd.Series:
+def _utc_times(values: list) -> pd.DatetimeIndex:
     """ISO times of manifests as UTC timestamps, naive ones taken as UTC (NaT when missing or
     malformed); one vectorised parse, as a run's manifests record tens of thousands of runs."""
-    text = values.where(values.map(lambda v: isinstance(v, str) and bool(v)), None)
+    text = [v if isinstance(v, str) and v else None for v in values]
     times = pd.to_datetime(text, utc=True, format="ISO8601", errors="coerce")
     return times.astype("datetime64[ns, UTC]")
 
@@ -1025,36 +1015,22 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             if manifest is None:
                 continue
             runs = manifest.get("runs") or []
-            idle = cpucost.idle_rates(manifest.get("cpu_idle_baseline"))
             if not isinstance(runs, list):
                 problems.append((path, "manifest: 'runs' must be a list"))
                 continue
-            for entry in runs:
-                if not isinstance(entry, dict) or entry.get("skipped_existing"):
-                    continue
-                records.append(
-                    {
-                        "run": run,
-                        "host": hdir.name,
-                        "session": session,
-                        "session_started": manifest.get("started"),
-                        "session_ended": manifest.get("ended"),
-                        "seed": manifest.get("seed"),
-                        **{k: entry.get(k) for k in ("index", "round", "rep", "stack")},
-                        "workload": entry.get("workload"),
-                        "position_in_cell": entry.get("position_in_cell"),
-                        "started": entry.get("started"),
-                        "ended": entry.get("ended"),
-                        "status": entry.get("status"),
-                        **idle,
-                    }
-                )
+            idle = cpucost.idle_rates(manifest.get("cpu_idle_baseline")).values()
+            head = (run, hdir.name, session, *map(manifest.get, _SESSION_KEYS))
+            records += [
+                (*head, *map(entry.get, _RUN_KEYS), *idle)
+                for entry in runs
+                if isinstance(entry, dict) and not entry.get("skipped_existing")
+            ]
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = pd.DataFrame.from_records(records, columns=SCHEDULE_COLUMNS)
     for col in SCHEDULE_COLUMNS:
         if col in ("session_started", "session_ended", "started", "ended"):
-            df[col] = _utc_times(df[col])
+            df[col] = _utc_times(df[col].tolist())
         elif col in ("seed", "index", "round", "rep", "position_in_cell"):
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
         elif col in cpucost.IDLE_COLUMNS:
@@ -1138,7 +1114,13 @@ def write_processed(
             f"processed_dir {processed_dir} is inside raw_dir {raw_dir}: raw is read-only"
         )
     cache_dir = processed_dir / CACHE_DIRNAME if incremental else None
-    tables = ingest_run(raw_dir, strict=strict, cache_dir=cache_dir, workers=workers)
+    collecting = gc.isenabled()
+    gc.disable()  # ingest keeps many small objects alive: collections find no garbage, cost 5 %
+    try:
+        tables = ingest_run(raw_dir, strict=strict, cache_dir=cache_dir, workers=workers)
+    finally:
+        if collecting:
+            gc.enable()
     done = tables["fio"].attrs.get("ingest", {})
     if incremental and done:
         print(
