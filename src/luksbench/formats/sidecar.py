@@ -33,12 +33,12 @@ def cpu_sidecar_document(cpu: dict, rapl: dict | None = None) -> dict:
     return {**cpu, "window": FIO_WINDOW, "rapl": rapl}
 
 
-def _number(value, name: str) -> float:
+def _number(value, *name: str) -> float:
+    if type(value) in (int, float):  # JSON's numbers (not bool)
+        return float(value)
     if value is None:
         return math.nan
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"CPU sidecar: {name} is not a number: {value!r}")
-    return float(value)
+    raise ValueError(f"CPU sidecar: {'.'.join(name)} is not a number: {value!r}")
 
 
 def read_cpu_sidecar(
@@ -61,7 +61,7 @@ def read_cpu_sidecar(
     delta = data.get("delta_s") or {}
     if not isinstance(delta, dict):
         raise ValueError("CPU sidecar: delta_s must be an object")
-    delta = {k: _number(v, f"delta_s.{k}") for k, v in delta.items()}
+    delta = {k: _number(v, "delta_s", k) for k, v in delta.items()}
     busy_s = _number(data.get("busy_s"), "busy_s")
     if math.isnan(busy_s) and delta:
         busy_s = sum(v for k, v in delta.items() if k not in ("idle", "iowait"))
@@ -77,11 +77,14 @@ def read_cpu_sidecar(
 
 def _check_plausible(values: dict, delta: dict) -> None:
     """ValueError naming the first value no /proc/stat reading can give (NaN: not recorded)."""
+    busy, pct, interval = values["busy_cpu_s"], values["busy_cpu_pct"], values["cpu_interval_s"]
+    if min(delta.values(), default=0) >= 0 and busy >= 0 and 0 <= pct <= 100 and interval > 0:
+        return  # the common sidecar: every value recorded and plausible
     checks = [(f"delta_s.{k}", v, v >= 0, ">= 0") for k, v in delta.items()]
     checks += [
-        ("busy_s", values["busy_cpu_s"], values["busy_cpu_s"] >= 0, ">= 0"),
-        ("busy_pct", values["busy_cpu_pct"], 0 <= values["busy_cpu_pct"] <= 100, "in 0..100"),
-        ("interval_s", values["cpu_interval_s"], values["cpu_interval_s"] > 0, "> 0"),
+        ("busy_s", busy, busy >= 0, ">= 0"),
+        ("busy_pct", pct, 0 <= pct <= 100, "in 0..100"),
+        ("interval_s", interval, interval > 0, "> 0"),
     ]
     for name, value, ok, allowed in checks:
         if not ok and not math.isnan(value):
