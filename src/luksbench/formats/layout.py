@@ -149,7 +149,10 @@ def read_raw_file(path, stats: list | None = None) -> bytes:
             raise OSError(errno.EFBIG, f"{why}={limit})", str(path))
         if stats is not None:
             stats.append(info)
-        return os.read(fd, info.st_size)
+        data = os.read(fd, info.st_size)
+        while len(data) < info.st_size and (more := os.read(fd, info.st_size - len(data))):
+            data += more  # a read returns at most 2 GiB
+        return data
     finally:
         os.close(fd)
 
