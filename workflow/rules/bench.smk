@@ -21,8 +21,9 @@ rule stack_up:
     conda:
         "../../envs/luksbench.yaml"
     shell:
+        # Progress to the terminal as well: preconditioning real disks takes hours.
         "luksbench testbox stack-up --plan {input.plan:q} --state {output.state:q}"
-        " --describe {output.stacks:q} 2> {log:q}"
+        " --describe {output.stacks:q} 2>&1 | tee {log:q} >&2"
 
 
 rule run_pilot:

@@ -636,6 +636,11 @@ def _open_session(
     return session
 
 
+def run_seconds(plan: dict) -> float:
+    """How long one fio run measures (runtime and ramp), without its start-up."""
+    return float(plan["fio"].get("runtime_s", 3)) + float(plan["fio"].get("ramp_time_s", 0))
+
+
 def _announce(plan: dict, session: dict, targets: dict | None) -> None:
     reps = session["reps"]
     rep_text = (
@@ -646,7 +651,8 @@ def _announce(plan: dict, session: dict, targets: dict | None) -> None:
     log(
         f"luksbench testbox run-fio: {len(session['runs'])} fio runs ({len(workloads(plan))} cells x "
         f"{len(session['measured_plan']['stacks'])} stacks x {rep_text}), "
-        f"backend {session['state']['backend']}"
+        f"backend {session['state']['backend']}; at least "
+        f"{sysutil.duration(len(session['runs']) * run_seconds(plan))} of fio"
     )
 
 
@@ -663,6 +669,7 @@ def _measure(plan: dict, session: dict, outcome: dict) -> None:
         outcome["fixed_rates"] = fixed_rates(
             plan, session, session["previous_rates"], outcome["clocksource"]
         )
+        session["progress"] = sysutil.Progress(len(session["runs"]), run_seconds(plan))
         for r in session["runs"]:
             _scheduled_run(plan, session, r, outcome)
     except Interrupted as exc:
@@ -700,19 +707,19 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
         rec.update(started=started, ended=ended, skipped_existing=True, status="skipped_existing")
         rec["session"] = session["measured_in"].get(rec["path"], "unrecorded")
         outcome["done"].append(rec)
-        log(f"{tag}: exists, skipped")
+        log(f"{tag}: exists, skipped ({session['progress'].step(None)})")
         return
     state = session["state"]
     check_state_live(state)
     check_free_space(path.parent)
-    rec["started"] = utc_now()
+    rec["started"], t0 = utc_now(), time.monotonic()
     rate = outcome["fixed_rates"].get(w.id, {}).get("rate_iops")
     entry, clock = state["stacks"][stack], outcome["clocksource"]
     ok, msg = _one_run(plan, entry, stack, w, path, session["io_size"], clock, rate)
     rec["ended"] = utc_now()
     rec["status"] = "ok" if ok else "failed"
     outcome["done"].append(rec)
-    log(f"{tag}: {msg}")
+    log(f"{tag}: {msg}; {session['progress'].step(time.monotonic() - t0)}")
     if not ok:
         outcome["failed"].append(f"{stack} {w.id} rep{r['rep']}")
         # A full disk fails every later run too: stop now, keeping what was measured.
