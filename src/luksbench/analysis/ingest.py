@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from luksbench.analysis import cpucost, tails
+from luksbench.analysis import cpucost, dictionary, tails
 from luksbench.analysis.stats import active_rows, with_pattern
 from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import (
@@ -1108,8 +1108,8 @@ def write_processed(
     incremental: bool = True,
     workers: int | None = None,
 ) -> dict[str, Path]:
-    """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` for every table of
-    :func:`ingest_run` (:data:`PROCESSED_TABLES`, in that order).
+    """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` (and ``.csv``, with the
+    column dictionary) for every table of :func:`ingest_run` (:data:`PROCESSED_TABLES`, in order).
 
     Returns {table name: path}. Every excluded file and every note is also printed on stderr,
     naming the file and why. Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only).
@@ -1140,6 +1140,7 @@ def write_processed(
         tables[name].attrs = {}  # pandas would write them into the file
         tables[name].to_parquet(path, index=False)
         out[name] = path
+    dictionary.write_csv(processed_dir, {name: tables[name] for name in PROCESSED_TABLES})
     return out
 
 

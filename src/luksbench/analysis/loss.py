@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import cpucost, stats, tails
+from luksbench.analysis import cpucost, dictionary, stats, tails
 from luksbench.analysis.contrasts import resolve
 
 #: CPU cost net of the idle baseline (:mod:`luksbench.analysis.cpucost`): per GiB, utilisation
@@ -42,8 +42,8 @@ def write_loss(
     comparisons=None,
     decision_regions: dict | None = None,
 ) -> tuple[pd.DataFrame, Path]:
-    """Read ``fio.parquet`` from ``processed_dir``, write the :data:`LOSS_TABLES` beside it;
-    returns the loss table and its path. ``comparisons``: config ``analysis.comparisons``, resolved
+    """Read ``fio.parquet`` from ``processed_dir``, write the :data:`LOSS_TABLES` beside it (parquet
+    and CSV); returns the loss table and its path. ``comparisons``: config ``analysis.comparisons``, resolved
     against the stacks with results (:func:`luksbench.analysis.contrasts.resolve`)."""
     processed_dir = Path(processed_dir)
     fio = pd.read_parquet(processed_dir / "fio.parquet")
@@ -73,6 +73,7 @@ def write_loss(
     }
     for name, part in tables.items():
         part.to_parquet(processed_dir / f"{name}.parquet", index=False)
+    dictionary.write_csv(processed_dir, tables)
     return table, processed_dir / "loss.parquet"
 
 
