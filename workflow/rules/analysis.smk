@@ -140,9 +140,31 @@ rule render_paper:
         # here, as `:q` leaves an empty value out
         title=shlex.quote(config["paper"]["title"]),
         author=shlex.quote(config["paper"]["author"]),
+        # papermill -y: a YAML (here JSON) document of parameters
+        front_matter=json.dumps({"front_matter": config["paper"]["front_matter"]}),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
         " -p figures_dir {params.figures_dir:q} -p paper_dir {params.paper_dir:q}"
-        " -p reference_dir {params.reference_dir:q}"
+        " -p reference_dir {params.reference_dir:q} -y {params.front_matter:q}"
         " -r title {params.title} -r author {params.author} > {log:q} 2>&1"
+
+
+rule pdf:
+    """Optional, not in `all`: the configured run's paper as PDF (snakemake --cores 1 pdf)."""
+    input:
+        f"paper/{RUN}/index.pdf",
+
+
+rule render_pdf:
+    """The paper as PDF with pandoc (and weasyprint); a missing tool is named with how to get it."""
+    input:
+        paper="paper/{run}/index.md",
+    output:
+        pdf="paper/{run}/index.pdf",
+    log:
+        "logs/{run}/render_pdf.log",
+    run:
+        from luksbench.publish.render import render_pdf
+
+        Path(log[0]).write_text(f"wrote {render_pdf(input.paper, output.pdf)}\n")

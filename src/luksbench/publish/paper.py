@@ -613,20 +613,32 @@ def _relative(path: Path, out_md: Path) -> str:
     return Path(os.path.relpath(path, Path(out_md).parent)).as_posix()
 
 
-def _yaml_str(value) -> str:
-    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a valid YAML scalar
+def front_matter_yaml(fields: dict) -> str:
+    """YAML front matter: scalars as JSON (valid YAML), lists as block sequences as Jekyll sites
+    write them, ``date`` bare (a YAML date)."""
+    lines = []
+    for key, value in fields.items():
+        if isinstance(value, list):
+            lines += [f"{key}:", *(f"  - {json.dumps(v, ensure_ascii=False)}" for v in value)]
+        else:
+            lines.append(
+                f"{key}: {value if key == 'date' else json.dumps(value, ensure_ascii=False)}"
+            )
+    return "\n".join(lines) + "\n"
 
 
-def _front_matter(run: Run, name: str, variant: str, title: str, author: str) -> dict:
-    title = title or f"What does {variant} cost? luksbench run {name}"
-    return {
-        "run": name,
-        "title": title,
-        "title_yaml": _yaml_str(title),
-        "author_yaml": _yaml_str(author),
-        "author": author,
+def _front_matter(run: Run, name: str, variant: str, title: str, author: str, hosts, extra) -> dict:
+    """The post's front matter: generated fields, then config ``paper.front_matter`` over them."""
+    fields = {
+        "title": title or f"What does {variant} cost? luksbench run {name}",
         "date": run_date(run.env, run.fio),
+        "author": author,
+        "run": name,
+        "backend": ", ".join(dict.fromkeys(h["backend"] for h in hosts)),
+        "generator": f"luksbench {package_version()}",
+        **(extra or {}),
     }
+    return {"run": name, "title": fields["title"], "front_matter_yaml": front_matter_yaml(fields)}
 
 
 def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: dict) -> dict:
@@ -739,20 +751,22 @@ def paper_context(
     title: str = "",
     author: str = "luksbench",
     reference_dir: Path | None = None,
+    front_matter: dict | None = None,
 ) -> dict:
     """Everything the template needs, as formatted strings (no raw floats reach the template).
 
     Figure links are relative to ``out_md``'s folder. The headline is loss.parquet's first
     comparison, unless ``baseline``/``variant`` name one of the others; ``title`` empty = generated
     from run and variant; ``reference_dir`` holds the transcribed published results (default: the
-    repository's ``data/reference``)."""
+    repository's ``data/reference``); ``front_matter``: more front matter fields (config
+    ``paper.front_matter``: layout, image, tags, author as a list ...), replacing generated ones."""
     data = load_run(processed_dir)
     pairs = data.headline_first(baseline, variant)
     hosts = _hosts(data.env, data.stacks)
     matrix = _matrix(data.fio, data.env)
     figure_secs = figure_sections(figures_dir, Path(out_md), cpu_net(data.fio))
     return {
-        **_front_matter(data, run, pairs[0][1], title, author),
+        **_front_matter(data, run, pairs[0][1], title, author, hosts, front_matter),
         "baseline": pairs[0][0],
         "variant": pairs[0][1],
         **_story(data, run, pairs, hosts, matrix),
