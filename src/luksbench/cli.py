@@ -11,6 +11,8 @@ import csv
 import sys
 from pathlib import Path
 
+from luksbench import __version__
+
 
 def _fail(command: str, message) -> int:
     print(f"luksbench {command}: {message}", file=sys.stderr)
@@ -170,19 +172,24 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 1 if any(line.startswith("  REFUSED ") for line in lines) else 0
 
 
+BASELINE_HELP = "the reference stack (default: plain)"
+VARIANT_HELP = "the stack compared with it (default: luks)"
+CONFIDENCE_HELP = "confidence level of the intervals (default 0.95)"
+
+
 def _add_loss_commands(commands) -> None:
     """``luksbench loss`` and ``luksbench targets``: one run's statistics straight from raw."""
     loss = commands.add_parser("loss", help="loss table with confidence intervals for one run")
     loss.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
-    loss.add_argument("--baseline", default="plain")
-    loss.add_argument("--variant", default="luks")
+    loss.add_argument("--baseline", default="plain", help=BASELINE_HELP)
+    loss.add_argument("--variant", default="luks", help=VARIANT_HELP)
     loss.add_argument(
         "--metric",
         action="append",
         help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, busy_cpu_s_per_gib, "
         "sys_cpu_s_per_gib ... (repeatable; default: those seven)",
     )
-    loss.add_argument("--confidence", type=float, default=0.95)
+    loss.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
     loss.add_argument(
         "--equivalence-margin",
         type=float,
@@ -214,21 +221,36 @@ def _add_loss_commands(commands) -> None:
         "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "finds it and gives the cells it lists Stein's interval.",
     )
-    targets.add_argument("raw_dir", metavar="RAW_DIR")
-    targets.add_argument("--host", required=True)
-    targets.add_argument("--baseline", default="plain")
-    targets.add_argument("--variant", default="luks")
-    targets.add_argument("--pilot-pairs", type=int, default=4, metavar="N0")
-    targets.add_argument("--target-half-width", type=float, default=2.0, metavar="PCT")
-    targets.add_argument("--max-pairs", type=int, default=12, metavar="CAP")
+    targets.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
+    targets.add_argument("--host", required=True, help="the host whose pilot pairs count")
+    targets.add_argument("--baseline", default="plain", help=BASELINE_HELP)
+    targets.add_argument("--variant", default="luks", help=VARIANT_HELP)
+    targets.add_argument(
+        "--pilot-pairs", type=int, default=4, metavar="N0", help="pilot pairs per cell (default 4)"
+    )
+    targets.add_argument(
+        "--target-half-width",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="interval half-width to aim for, in %% (default 2)",
+    )
+    targets.add_argument(
+        "--max-pairs",
+        type=int,
+        default=12,
+        metavar="CAP",
+        help="most pairs a cell gets (default 12)",
+    )
     targets.add_argument("--metric", default="bw_bytes", help="the metric whose pilot noise counts")
-    targets.add_argument("--confidence", type=float, default=0.95)
-    targets.add_argument("--out", required=True, metavar="FILE")
+    targets.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
+    targets.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
     targets.set_defaults(func=_cmd_targets)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     parse = commands.add_parser("parse", help="parse tool output into tidy CSV on stdout")
@@ -238,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("cryptsetup", "`cryptsetup benchmark` text output"),
     ):
         parse_kind = parse_kinds.add_parser(kind, help=what)
-        parse_kind.add_argument("files", nargs="+", metavar="FILE")
+        parse_kind.add_argument("files", nargs="+", metavar="FILE", help="files to parse")
         parse_kind.set_defaults(func=_cmd_parse)
 
     _add_loss_commands(commands)
@@ -255,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "run_a", metavar="RUN_A", help="data/processed/<run>, data/raw/<run> or a name"
     )
-    comp.add_argument("run_b", metavar="RUN_B")
+    comp.add_argument("run_b", metavar="RUN_B", help="the run compared with RUN_A, as RUN_A")
     comp.add_argument(
         "--host",
         action="append",
@@ -269,16 +291,24 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="bw_bytes, iops, clat_p99_ns, busy_cpu_s_per_gib (default) or any loss-table metric",
     )
-    comp.add_argument("--confidence", type=float, default=0.95)
-    comp.add_argument("--equivalence-margin", type=float, default=2.0, metavar="PCT")
+    comp.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
+    comp.add_argument(
+        "--equivalence-margin",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="equivalence margin in percentage points (default 2)",
+    )
     comp.add_argument(
         "--unpaired",
         action="store_true",
         help="never pair repetitions (sessions are the replicates)",
     )
     comp.add_argument("--out", required=True, metavar="DIR", help="output folder (not a file)")
-    comp.add_argument("--processed-root", type=Path, default=Path("data/processed"))
-    comp.add_argument("--raw-root", type=Path, default=Path("data/raw"))
+    comp.add_argument(
+        "--processed-root", type=Path, default=Path("data/processed"), help="where runs' tables are"
+    )
+    comp.add_argument("--raw-root", type=Path, default=Path("data/raw"), help="where raw runs are")
     comp.set_defaults(func=_cmd_compare)
 
     plan = commands.add_parser(
@@ -306,9 +336,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The import names of each extra's packages (pyproject: [project.optional-dependencies]).
+EXTRAS = {
+    "analysis": "pandas numpy pyarrow orjson scipy matplotlib seaborn jinja2 markdown_it papermill "
+    "ipykernel duckdb",
+    "workflow": "snakemake yaml jsonschema",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        extra = next((e for e, names in EXTRAS.items() if top in names.split()), None)
+        if extra is None:
+            raise
+        return _fail(
+            args.command,
+            f"needs the {extra} packages, and {top} is not installed: "
+            f"pip install 'luksbench[{extra}]'",
+        )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import yaml
 from luksbench.testbox.plan import PlanError
 
 STUDIES_DIR = Path("config/studies")
+RESOURCES = Path(__file__).parent / "resources"
 REPLACED_WHOLE = ("devices", "stacks")
 
 
@@ -80,11 +81,18 @@ def load_config(workdir: Path, configfiles: list[Path] | None = None) -> dict:
     from snakemake.utils import validate
 
     workdir = Path(workdir)
-    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text()) or {}
+    config = yaml.safe_load(_found(workdir, "config/config.yaml").read_text()) or {}
     overrides: dict = {}
     for path in configfiles or []:
         overrides = _merge(overrides, yaml.safe_load(Path(path).read_text()) or {})
     config = _merge(config, overrides)
-    config = apply_study(config, overrides, workdir / STUDIES_DIR)
-    validate(config, str(workdir / "workflow" / "schemas" / "config.schema.yaml"))
+    config = apply_study(config, overrides, _found(workdir, STUDIES_DIR))
+    validate(config, str(_found(workdir, "workflow/schemas/config.schema.yaml")))
     return config
+
+
+def _found(workdir: Path, relative: str | Path) -> Path:
+    """``relative`` in the workflow directory, else the copy installed with the package (the
+    default config, the schema and the studies: ``luksbench plan`` works outside a checkout)."""
+    path = workdir / relative
+    return path if path.exists() else RESOURCES / Path(relative).name
