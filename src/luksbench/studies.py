@@ -10,6 +10,7 @@ merged: a study's scratch-file devices must not survive next to the user's disks
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import yaml
@@ -17,7 +18,9 @@ import yaml
 from luksbench.testbox.plan import PlanError
 
 STUDIES_DIR = Path("config/studies")
-RESOURCES = Path(__file__).parent / "resources"
+# where to find config/, workflow/ when not in the workflow directory: the source tree this module
+# is in (a checkout, an editable install), else what the package installed (pyproject: data-files)
+INSTALLED = (Path(__file__).resolve().parents[2], Path(sys.prefix) / "share" / "luksbench")
 REPLACED_WHOLE = ("devices", "stacks")
 
 
@@ -92,7 +95,8 @@ def load_config(workdir: Path, configfiles: list[Path] | None = None) -> dict:
 
 
 def _found(workdir: Path, relative: str | Path) -> Path:
-    """``relative`` in the workflow directory, else the copy installed with the package (the
-    default config, the schema and the studies: ``luksbench plan`` works outside a checkout)."""
-    path = workdir / relative
-    return path if path.exists() else RESOURCES / Path(relative).name
+    """``relative`` (the default config, the schema, the studies) in the workflow directory, else
+    where the package has it (:data:`INSTALLED`): ``luksbench plan`` works outside a checkout."""
+    tree, share = INSTALLED
+    found = [workdir / relative, tree / relative, share / Path(relative).name]
+    return next((path for path in found if path.exists()), found[0])

@@ -89,24 +89,37 @@ def test_a_missing_analysis_package_names_the_extra_to_install():
 
 
 def test_plan_with_an_absolute_configfile_outside_the_checkout(tmp_path):
-    # the package as a wheel would hold it: built from a copy of the project, whose config and
-    # workflow folders are then removed, run from a folder that has neither
+    """Installed as pip installs it (the package into site-packages, the data files under the
+    prefix) into a fresh environment, run from a folder without config/ or workflow/."""
     project = tmp_path / "project"
     for part in ("pyproject.toml", "README.md", "LICENSE", "src", "config", "workflow/schemas"):
-        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
         (project / part).parent.mkdir(parents=True, exist_ok=True)
-        copy(REPO / part, project / part, **({"symlinks": True} if copy is shutil.copytree else {}))
-    build = tmp_path / "site"
-    setup = [sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py"]
-    subprocess.run([*setup, "-d", str(build)], cwd=project, check=True, capture_output=True)
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, project / part)
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", env_dir], check=True)
+    python = env_dir / "bin" / "python"
+    site = Path(
+        subprocess.check_output(
+            [python, "-c", "import site; print(site.getsitepackages()[0])"], text=True
+        ).strip()
+    )
+    # the dependencies (snakemake, PyYAML) from the test's own environment, luksbench not
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "deps.pth").write_text("\n".join(deps) + "\n")
+    setup = [sys.executable, "-c", "from setuptools import setup; setup()", "-q"]
+    for step in (["build_py", "-d", site], ["install_data", "-d", env_dir]):
+        subprocess.run([*setup, *step], cwd=project, check=True, capture_output=True)
     shutil.rmtree(project)
     config = tmp_path / "mybox.yaml"
     config.write_text("run: elsewhere\nstudy: scs-2023\n")
     cwd = tmp_path / "anywhere"
     cwd.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(build)}
-    argv = [sys.executable, "-m", "luksbench.cli", "plan", "--configfile", str(config)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = [python, "-m", "luksbench.cli", "plan", "--configfile", str(config)]
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "elsewhere" in proc.stdout and "luks" in proc.stdout
-    assert not (build / "luksbench" / "resources" / "studies").is_symlink()
+    where = subprocess.check_output(
+        [python, "-c", "import luksbench; print(luksbench.__file__)"], cwd=cwd, env=env, text=True
+    )
+    assert where.startswith(str(site))
