@@ -48,14 +48,8 @@ def write_loss(
     processed_dir = Path(processed_dir)
     fio = pd.read_parquet(processed_dir / "fio.parquet")
     pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
-    table = stats.loss_tables(
-        fio,
-        pairs,
-        metrics,
-        confidence,
-        equivalence_margin_pct=equivalence_margin_pct,
-        decision_regions=decision_regions,
-    )
+    margin, regions = equivalence_margin_pct, decision_regions
+    table = stats.loss_tables(fio, pairs, metrics, confidence, margin, decision_regions=regions)
     notes = tails.too_few_notes(table, fio)
     notes = notes.where(notes != "", cpucost.within_noise_notes(table, fio))
     no_pilot = table["interval"].eq("none")
