@@ -14,6 +14,7 @@ Standard library and util-linux (wipefs, blkid, lsblk, losetup) only.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -277,15 +278,10 @@ def _signatures_of(node: str) -> list[dict]:
     if proc is not None and proc.returncode == 0:
         if not proc.stdout.strip():
             return []  # older wipefs prints nothing for a blank device
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # not JSON: an old wipefs, ask blkid
             found = json.loads(proc.stdout).get("signatures", [])
-        except json.JSONDecodeError:
-            found = None
-        if found is not None:
-            return [
-                {k: s[k] for k in ("type", "offset", "uuid", "label") if s.get(k) is not None}
-                for s in found
-            ]
+            keys = ("type", "offset", "uuid", "label")
+            return [{k: s[k] for k in keys if s.get(k) is not None} for s in found]
     # Fallback (no wipefs, or one without --json): blkid reports the first signature only.
     probe = run_quiet(["blkid", "-p", "-o", "export", node])
     if probe is not None and probe.returncode == 2:
