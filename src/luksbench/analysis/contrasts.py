@@ -74,9 +74,8 @@ def check(stacks: Iterable[str], baseline: str, variant: str, comparisons) -> li
     if not items:
         if variant not in stacks or variant == baseline:
             raise ComparisonError(
-                f"analysis.variant: {variant!r} is not a stack other than the baseline "
-                f"{baseline!r} (stacks: {known}); with analysis.comparisons empty it is the "
-                "headline comparison"
+                f"analysis.variant: {variant!r} is not a stack other than the baseline {baseline!r}"
+                f" (stacks: {known}); with analysis.comparisons empty it is the headline comparison"
             )
         others = sorted(s for s in stacks if s != baseline)  # as resolve() orders them
         return _headline_first([(baseline, s) for s in others], baseline, variant)
