@@ -34,12 +34,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from luksbench.analysis.cells import (
-    CELL_ATTRS,
-    CELL_KEYS,
-    active_rows,
-    with_pattern,
-)
+from luksbench.analysis.cells import CELL_ATTRS, CELL_KEYS, active_rows, with_pattern
 
 _HIGHER_IS_WORSE = ("lat_mean_ns", "clat_mean_ns", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
 _HIGHER_IS_WORSE += ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
@@ -368,9 +363,7 @@ def modified_z(d: np.ndarray) -> np.ndarray:
     if mad > 0:
         return 0.6745 * dev / mad
     meanad = float(np.mean(np.abs(dev)))
-    if meanad > 0:
-        return dev / (1.253314 * meanad)
-    return np.zeros_like(d)
+    return dev / (1.253314 * meanad) if meanad > 0 else np.zeros_like(d)
 
 
 def flag_outliers(
