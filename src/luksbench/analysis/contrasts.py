@@ -60,9 +60,7 @@ def parse(comparisons) -> list[dict]:
 
 def _headline_first(pairs: list[Pair], baseline: str, variant: str) -> list[Pair]:
     headline = (baseline, variant)
-    if headline in pairs:
-        return [headline, *[p for p in pairs if p != headline]]
-    return pairs
+    return [headline, *[p for p in pairs if p != headline]] if headline in pairs else pairs
 
 
 def check(stacks: Iterable[str], baseline: str, variant: str, comparisons) -> list[Pair]:
