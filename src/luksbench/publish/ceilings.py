@@ -65,8 +65,8 @@ def _ceiling(rec: dict, cryptsetup: pd.DataFrame) -> dict:
 def crypto_ceilings(
     cryptsetup: pd.DataFrame, stacks: pd.DataFrame, env: pd.DataFrame
 ) -> list[dict]:
-    """Per host and LUKS stack that was built: the cipher's benchmark throughput (per core) x
-    logical CPUs, decryption for reads and encryption for writes, or the ``reason`` there is none."""
+    """Per host and LUKS stack that was built: the cipher's benchmark throughput per core x
+    logical CPUs (decryption for reads, encryption for writes), or the ``reason`` there is none."""
     luks = stacks[stacks["kind"] == "luks"] if len(stacks) else stacks
     gone = {(u["host"], u["stack"]) for u in unavailable_stacks(stacks)}
     out = []
