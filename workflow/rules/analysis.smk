@@ -36,7 +36,7 @@ rule ingest_raw:
     log:
         "logs/{run}/ingest_raw.log",
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/analysis.yaml"
     threads: 2
     params:
         papermill=PAPERMILL_OPTIONS,
@@ -66,7 +66,7 @@ rule compute_loss:
     log:
         "logs/{run}/compute_loss.log",
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/analysis.yaml"
     params:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
@@ -101,7 +101,7 @@ rule plot_figures:
     log:
         "logs/{run}/plot_figures.log",
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/analysis.yaml"
     threads: 2
     params:
         papermill=PAPERMILL_OPTIONS,
@@ -129,7 +129,7 @@ rule render_paper:
     log:
         "logs/{run}/render_paper.log",
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/analysis.yaml"
     params:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,

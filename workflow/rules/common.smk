@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from snakemake.utils import min_version, validate
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from luksbench.analysis.contrasts import check_config as check_comparisons
 from luksbench.analysis.ingest import PROCESSED_TABLES
@@ -44,9 +45,18 @@ ADAPTIVE = config["adaptive"]
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
 # when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
-shell.prefix(
-    f'set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"; '
-)
+# With --software-deployment-method conda a rule runs in its own environment (envs/testbox.yaml,
+# envs/analysis.yaml): the package is the workflow's src/, and `luksbench` its CLI module.
+SOURCE_DIR = Path(str(workflow.current_basedir)).resolve().parents[1] / "src"
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    shell.prefix(
+        f"set -euo pipefail; export PYTHONPATH={shlex.quote(str(SOURCE_DIR))}"
+        '${{PYTHONPATH:+:$PYTHONPATH}}; luksbench() {{ python -m luksbench.cli "$@"; }}; '
+    )
+else:
+    shell.prefix(
+        f'set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"; '
+    )
 
 
 # --- names and paths
