@@ -96,7 +96,14 @@ rule plot_figures:
         notebook=f"{NOTEBOOKS}/03-figures.ipynb",
         code=PUBLISH_CODE,
     output:
-        figures=directory("figures/{run}"),
+        # in `snakemake --report`: every figure, its caption and family from the figure index
+        figures=report(
+            directory("figures/{run}"),
+            patterns=["{name}.png"],
+            caption="../../report/figure.rst",
+            category=lambda wildcards, params: params.figure_index.family(wildcards.name)[0],
+            labels={"figure": "{name}"},
+        ),
         notebook=f"{PROCESSED}/{{run}}/notebooks/03-figures.ipynb",
     log:
         "logs/{run}/plot_figures.log",
@@ -107,6 +114,7 @@ rule plot_figures:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
         figures_dir=abs_figures_dir,
+        figure_index=lambda wildcards: FigureIndex(abs_figures_dir(wildcards)),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
@@ -124,7 +132,7 @@ rule render_paper:
         code=PUBLISH_CODE,
     output:
         paper="paper/{run}/index.md",
-        html="paper/{run}/index.html",
+        html=report("paper/{run}/index.html", caption="../../report/paper.rst", category="Paper"),
         notebook=f"{PROCESSED}/{{run}}/notebooks/04-paper.ipynb",
     log:
         "logs/{run}/render_paper.log",

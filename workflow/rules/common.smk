@@ -192,6 +192,30 @@ def abs_figures_dir(wildcards):
     return abspath(f"figures/{wildcards.run}")
 
 
+class FigureIndex:
+    """A run's figure index (figures/<run>/index.json, written by notebook 03), read only when
+    `snakemake --report` asks for a figure's caption or family. A param of no plain type, so it
+    is no rerun trigger."""
+
+    def __init__(self, figures_dir):
+        self.figures_dir = figures_dir
+
+    def entry(self, name):
+        from luksbench.publish.catalog import read_index  # matplotlib: only for the report
+
+        return next(e for e in read_index(self.figures_dir) if e["name"] == name)
+
+    def caption(self, name):
+        return self.entry(name)["caption"]
+
+    def family(self, name):
+        """(heading, introduction) of the figure's family, as the paper has them."""
+        from luksbench.publish.catalog import FIGURE_FAMILIES
+
+        heading, intro = FIGURE_FAMILIES[self.entry(name)["family"]]
+        return heading, intro.replace(", {cpu_basis}", "")  # the CPU figures state their basis
+
+
 # Every test-box step this invocation runs belongs to its session: the test box stays locked
 # for the run from the environment capture to the end (testbox/lock.py).
 os.environ.setdefault(lock.SESSION_ENV, str(os.getpid()))
