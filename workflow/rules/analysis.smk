@@ -81,7 +81,7 @@ rule compute_loss:
         min_pairs=min_pairs,
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
-        " -p processed_dir {params.processed_dir:q}"
+        " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
         " -p baseline {params.baseline:q} -p variant {params.variant:q}"
         " -r comparisons {params.comparisons:q}"
         " -p confidence {params.confidence:q} -p equivalence_margin_pct {params.margin:q}"
