@@ -50,7 +50,7 @@ from luksbench.formats.manifest import (
 from luksbench.formats.plan import plan_changes
 from luksbench.formats.sidecar import cpu_sidecar_document
 from luksbench.formats.targets import TargetsError, read_targets
-from luksbench.testbox import probes, safety, sysutil
+from luksbench.testbox import jobs, probes, safety, sysutil
 from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
 from luksbench.testbox.stacks import load_state, stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now, write_json_atomic
@@ -245,9 +245,11 @@ def fio_argv(
         "--time_based",
         f"--runtime={f.get('runtime_s', 3)}s",
         f"--ramp_time={f.get('ramp_time_s', 0)}s",
-        "--numjobs=1",
-        "--group_reporting",
+        f"--numjobs={cell['numjobs']}",
     ]
+    # several jobs: one entry each (ingest sums throughput and merges their histograms)
+    argv += ["--group_reporting"] if cell["numjobs"] == 1 else []
+    argv += jobs.job_setup(cell, entry.get("device"))["args"]
     if io_size:
         argv.append(f"--size={io_size}")
     if rate_iops:
@@ -708,6 +710,11 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     rec["started"] = utc_now()
     rate = outcome["fixed_rates"].get(w.id, {}).get("rate_iops")
     entry, clock = state["stacks"][stack], outcome["clocksource"]
+    rec["fio_jobs"] = {
+        k: v
+        for k, v in jobs.job_setup(cell_options(plan, w), entry.get("device")).items()
+        if k != "args"
+    }
     ok, msg = _one_run(plan, entry, stack, w, path, session["io_size"], clock, rate)
     rec["ended"] = utc_now()
     rec["status"] = "ok" if ok else "failed"
