@@ -77,7 +77,7 @@ def job_setup(cell: dict, device: str | None, sys_root: Path = SYS) -> dict:
     """fio arguments for ``cell``'s job options on ``device`` (``args``), and the record of what
     they did: numjobs, numa_node, cpus_allowed (the CPUs the jobs may run on; "" = any),
     cpus_allowed_policy and ``skipped`` (option -> reason)."""
-    facts = queue_facts(device, sys_root) if device else {"numa_node": None, "io_poll": False}
+    facts = queue_facts(device, sys_root) if device else {"numa_node": None}
     cpus, skipped = cell["cpus_allowed"], {}
     if cell["numa_pin"] and not cpus:
         node = facts["numa_node"]
@@ -90,7 +90,7 @@ def job_setup(cell: dict, device: str | None, sys_root: Path = SYS) -> dict:
     for option in (o for o in IO_URING_ONLY if cell[o]):
         if cell["ioengine"] != "io_uring":
             skipped[option] = f"ioengine {cell['ioengine']} has no {option} (io_uring only)"
-        elif option == "hipri" and not facts["io_poll"]:
+        elif option == "hipri" and not facts.get("io_poll"):
             skipped[option] = f"{device}: no poll queues (queue/io_poll is not 1)"
         else:
             args.append(f"--{option}=1")
