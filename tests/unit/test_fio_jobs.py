@@ -12,7 +12,7 @@ from conftest import loop_plan
 
 from luksbench.analysis import saturation
 from luksbench.formats.layout import Workload
-from luksbench.publish.paper import limited_cells
+from luksbench.publish.paper import limited_cells, unchecked_cells
 from luksbench.studies import available_studies, load_config
 from luksbench.testbox import jobs
 from luksbench.testbox.plan import (
@@ -159,5 +159,10 @@ def test_flags_follow_the_busiest_job_and_the_machine_and_reach_the_loss_rows():
             "busy": "95",
         }
     ]
-    quiet = saturation.loss_flags(loss, flagged[flagged["file"] == "c"])
-    assert not quiet["fio_bound"].iloc[0] and not limited_cells(pd.concat([loss, quiet], axis=1))
+    calm = saturation.with_flags(fio.assign(usr_cpu=10.0, sys_cpu=5.0, busy_cpu_pct=40.0))
+    quiet = pd.concat([loss, saturation.loss_flags(loss, calm)], axis=1)
+    assert not quiet["fio_bound"].iloc[0] and not limited_cells(quiet)
+    assert unchecked_cells(quiet) == 0
+    # a baseline without fio's CPU or a sidecar is not "not limited": it is unchecked
+    blind = saturation.with_flags(fio.assign(usr_cpu=None, busy_cpu_pct=None))
+    assert unchecked_cells(pd.concat([loss, saturation.loss_flags(loss, blind)], axis=1)) == 1

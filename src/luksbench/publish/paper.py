@@ -257,6 +257,13 @@ def limited_cells(losses: pd.DataFrame) -> list[dict]:
     ]
 
 
+def unchecked_cells(losses: pd.DataFrame) -> int:
+    """Cells whose baseline recorded neither fio's CPU per job nor the machine's busy share."""
+    values = losses.reindex(columns=["baseline_job_cpu_pct", "baseline_busy_pct"])
+    keys = ["host", "baseline", "variant", "workload", "direction"]
+    return len(losses[values.isna().all(axis=1)].drop_duplicates(keys))
+
+
 def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
     """One section per comparison, in ``pairs`` order (the headline first): its label, stacks,
     SCS-shaped tables, detailed loss tables and how many of its rows are significant."""
@@ -681,7 +688,8 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
         **_tally(losses),
         "intervals_cover": intervals_cover(losses),
         "limited_cells": limited_cells(losses),
-        "limits": {"job": fmt_num(JOB_CPU_LIMIT_PCT, 0), "busy": fmt_num(BUSY_LIMIT_PCT, 0)},
+        "limits": {"job": fmt_num(JOB_CPU_LIMIT_PCT, 0), "busy": fmt_num(BUSY_LIMIT_PCT, 0)}
+        | {"unchecked": unchecked_cells(losses)},
         "regions": [
             {
                 "metrics": ", ".join(metric_heading(m) for m in sorted_metrics(set(g["metric"]))),
