@@ -379,13 +379,13 @@ def _total(entry: dict, key: str) -> float:
 
 def _summary(doc: dict) -> str:
     entries = _job_entries(doc)
-    if len(entries) > 1:
+    if len(entries) > 1 and doc.get("client_stats"):
         per_host = ", ".join(
             f"{e.get('hostname')}:{e.get('port')} {_total(e, 'bw_bytes') / 2**20:.1f}"
             for e in entries
         )
         return f"MiB/s per server: {per_host}"
-    bw, iops = _total(entries[0], "bw_bytes"), _total(entries[0], "iops")
+    bw, iops = (sum(_total(e, key) for e in entries) for key in ("bw_bytes", "iops"))
     iops_s = f"{iops / 1000:.1f}k" if iops >= 1000 else f"{iops:.0f}"
     return f"{bw / 2**20:.1f} MiB/s, {iops_s} IOPS"
 
