@@ -30,10 +30,10 @@ def pattern(**fio) -> dict:
 
 
 def measure(tmp_path: Path, scratch: Path, run: str) -> Path:
-    # Buffered reads of a device whose pages are cached: fio's own thread does the copying.
+    # Buffered reads of a device whose pages are cached (after the ramp): fio copies them itself.
     plan = loop_plan(run, scratch, repetitions=2, device_size_mib=32)
     plan["matrix"] = MATRIX
-    plan["fio"].update(ioengine="psync", direct=False, runtime_s=2, fixedbufs=True)
+    plan["fio"].update(ioengine="psync", direct=False, runtime_s=2, ramp_time_s=1, fixedbufs=True)
     plan["patterns"] = {
         "cores": pattern(numjobs=CORES),
         "uring": pattern(ioengine="io_uring", direct=True, fixedbufs=True, hipri=True),
