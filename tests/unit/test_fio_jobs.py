@@ -3,6 +3,7 @@ saturation flags and the paper's list of limited cells."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from conftest import loop_plan
 
 from luksbench.analysis import saturation
 from luksbench.formats.layout import Workload
-from luksbench.publish.paper import limited_cells, unchecked_cells
+from luksbench.publish.paper import job_devices, limited_cells, unchecked_cells
 from luksbench.studies import available_studies, load_config
 from luksbench.testbox import jobs
 from luksbench.testbox.plan import (
@@ -166,3 +167,24 @@ def test_flags_follow_the_busiest_job_and_the_machine_and_reach_the_loss_rows():
     # a baseline without fio's CPU or a sidecar is not "not limited": it is unchecked
     blind = saturation.with_flags(fio.assign(usr_cpu=None, busy_cpu_pct=None))
     assert unchecked_cells(pd.concat([loss, saturation.loss_flags(loss, blind)], axis=1)) == 1
+
+
+def test_the_environment_appendix_lists_each_device_with_its_queues_and_the_jobs_cpus(tmp_path):
+    target = tmp_path / "target"
+    target.write_bytes(b"")
+    fake_sys(tmp_path / "sys", target)
+    plan = loop_plan("r", tmp_path, devices={"d0": {"path": str(target)}})
+    plan["fio"]["numa_pin"] = True
+    facts = jobs.device_facts(plan, cell_options(plan, CELL), tmp_path / "sys")
+    env = pd.DataFrame({"host": ["h"], "env_json": [json.dumps({"job_devices": facts})]})
+    assert job_devices(env) == [
+        {
+            "host": "h",
+            "device": f"`{target}` (dm-0)",
+            "numa_node": "1",
+            "queues": "n/a",  # dm-0 has no hardware queues of its own
+            "scheduler": "n/a",
+            "poll": "no",
+            "cpus": "8-15",
+        }
+    ]
