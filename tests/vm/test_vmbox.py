@@ -182,6 +182,9 @@ def test_case_measured_and_torn_down(vm, name):
                 f"{f}: fio ran on {filename}, stack is {desc['device']}"
             )
 
+    if expect.get("fio_jobs"):
+        _check_fio_jobs(host_dir, expect["fio_jobs"])
+
     # Sessions: each its own stack-up, recorded with every result it measured.
     if expect.get("sessions"):
         records = [json.loads(p.read_text()) for p in sorted((host_dir / "sessions").glob("*"))]
@@ -200,6 +203,22 @@ def test_case_measured_and_torn_down(vm, name):
             else:
                 sector = node["sector_size"]
                 assert re.search(rf"sector:\s+{sector} \[bytes\]", node["luks_dump"]), node
+
+
+def _check_fio_jobs(host_dir: Path, want: dict) -> None:
+    """numjobs job entries per result, each pinned as asked; the io_uring options applied or
+    skipped with the reason recorded in the manifest."""
+    for run in json.loads(_read(host_dir / "manifest.json"))["runs"]:
+        cell, jobs = run["workload"], run["fio_jobs"]
+        entries = json.loads(_read(host_dir.parent / run["path"]))["jobs"]
+        assert jobs["numjobs"] == want["numjobs"] == len(entries), (run, len(entries))
+        assert jobs["cpus_allowed"] == want["cpus_allowed"][cell], run
+        options = [e["job options"] for e in entries]
+        assert all(o.get("cpus_allowed", "") == jobs["cpus_allowed"] for o in options), options
+        assert sorted(jobs["skipped"]) == want["skipped"].get(cell, []), run
+        assert all(reason for reason in jobs["skipped"].values()), run
+        for option in want["applied"].get(cell, []):
+            assert all(o.get(option) == "1" for o in options), (option, options)
 
 
 def _nodes(obj):

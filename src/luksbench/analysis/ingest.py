@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from luksbench.analysis import cpucost, dictionary, tails
+from luksbench.analysis import cpucost, dictionary, saturation, tails
 from luksbench.analysis.stats import active_rows, with_pattern
 from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import (
@@ -529,6 +529,7 @@ def _with_cpu_cost(fio: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
     pandas deep-copies attrs on every operation, seconds on a large run."""
     attrs, fio.attrs = fio.attrs, {}
     out = cpucost.with_cpu_cost(fio, schedule)
+    out = saturation.with_flags(out) if len(out) else out
     out.attrs = attrs
     return out
 

@@ -5,7 +5,8 @@
 ``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`),
                       with ``note``: "too few I/Os ..." where a latency percentile is withheld
                       (:func:`tails.too_few_notes`), "net CPU <= 0 ..." where a CPU cell
-                      has no interval (:func:`cpucost.within_noise_notes`);
+                      has no interval (:func:`cpucost.within_noise_notes`), and the baseline's
+                      ``fio_bound`` / ``cpu_saturated`` flags (:mod:`saturation`);
 ``cpu_loss.parquet``  its rows of CPU cost (:data:`CPU_METRICS`) that were measured;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
                       (throughput and CPU: the bars of the figures);
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import cpucost, dictionary, stats, tails
+from luksbench.analysis import cpucost, dictionary, saturation, stats, tails
 from luksbench.analysis.contrasts import resolve
 from luksbench.analysis.ingest import PROCESSED_TABLES, raw_run_dir, write_processed
 
@@ -58,6 +59,7 @@ def write_loss(
         f"{n}; {stats.NO_PILOT_NOTE}" if n else stats.NO_PILOT_NOTE for n in notes[no_pilot]
     ]
     table["note"] = notes
+    table[saturation.LOSS_FLAG_COLUMNS] = saturation.loss_flags(table, fio)
     arm_metrics = stats.measured(fio, ARM_METRICS)
     tables = {
         "loss": table,

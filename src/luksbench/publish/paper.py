@@ -22,6 +22,7 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs, label
+from luksbench.analysis.saturation import BUSY_LIMIT_PCT, JOB_CPU_LIMIT_PCT
 from luksbench.analysis.tails import TOO_FEW
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
@@ -109,6 +110,18 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
             }
         )
     return hosts
+
+
+def job_devices(env: pd.DataFrame) -> list[dict]:
+    """Per host and device of env.json's ``job_devices``: NUMA node, queues, scheduler, poll
+    queues and the CPUs the fio jobs ran on."""
+    return [
+        {"host": row["host"], "device": f"`{d.get('device')}` ({fmt_text(d.get('block_device'))})"}
+        | {k: fmt_text(d.get(k)) for k in ("numa_node", "queues", "scheduler")}
+        | {"poll": "yes" if d.get("io_poll") else "no", "cpus": d.get("job_cpus") or "any"}
+        for _, row in env.iterrows()
+        for d in parse_env_json(row["env_json"]).get("job_devices") or []
+    ]
 
 
 # Stack settings a reader needs to judge the comparison (the rest, e.g. paths and the LUKS header
@@ -204,7 +217,7 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
                 "variant_mean": fmt_num(r["variant_mean"] / div, dec),
                 "effect": TOO_FEW if _too_few(r) else fmt_pct(r["effect_pct"]),
                 "ci": fmt_ci(r["ci_low"], r["ci_high"]),
-                "decision": r["decision"],
+                "decision": r["decision"] + _limited_mark(r),
                 "verdict": r["verdict"],
                 "q": fmt_num(r["q_value"], 3),
             }
@@ -215,6 +228,40 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
             | {"rows": rows, "any_dropped": any(r["n_dropped"] for r in rows)}
         )
     return sections
+
+
+_LIMITS = {"fio_bound": "fio-bound", "cpu_saturated": "CPU saturated"}
+
+
+def _limited_mark(row) -> str:
+    """' (fio-bound)' / ' (CPU saturated)' after a decision whose baseline was limited."""
+    marks = [text for flag, text in _LIMITS.items() if bool(row.get(flag) or False)]
+    return f" ({', '.join(marks)})" if marks else ""
+
+
+def limited_cells(losses: pd.DataFrame) -> list[dict]:
+    """Cells whose baseline was fio-bound or ran on a saturated CPU (loss.parquet's flags)."""
+    flags = [f for f in _LIMITS if f in losses]
+    rows = losses[losses[flags].any(axis=1)] if flags else losses.iloc[:0]
+    keys = ["host", "baseline", "variant", "workload", "direction"]
+    return [
+        {
+            "host": r["host"],
+            "comparison": f"`{r['variant']}` vs `{r['baseline']}`",
+            "cell": f"{r['workload']} {r['direction']}".strip(),
+            "limit": _limited_mark(r).strip(" ()"),
+            "job_cpu": fmt_num(r["baseline_job_cpu_pct"], 0),
+            "busy": fmt_num(r["baseline_busy_pct"], 0),
+        }
+        for _, r in rows.drop_duplicates(keys).iterrows()
+    ]
+
+
+def unchecked_cells(losses: pd.DataFrame) -> int:
+    """Cells whose baseline recorded neither fio's CPU per job nor the machine's busy share."""
+    values = losses.reindex(columns=["baseline_job_cpu_pct", "baseline_busy_pct"])
+    keys = ["host", "baseline", "variant", "workload", "direction"]
+    return len(losses[values.isna().all(axis=1)].drop_duplicates(keys))
 
 
 def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
@@ -652,6 +699,9 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
         "host_summary": host_summary(losses, hosts, name),
         **_tally(losses),
         "intervals_cover": intervals_cover(losses),
+        "limited_cells": limited_cells(losses),
+        "limits": {"job": fmt_num(JOB_CPU_LIMIT_PCT, 0), "busy": fmt_num(BUSY_LIMIT_PCT, 0)}
+        | {"unchecked": unchecked_cells(losses)},
         "regions": [
             {
                 "metrics": ", ".join(metric_heading(m) for m in sorted_metrics(set(g["metric"]))),
@@ -772,6 +822,7 @@ def paper_context(
         **_story(data, run, pairs, hosts, matrix),
         "patterns": pattern_facts(data.fio, data.env),
         "hosts": hosts,
+        "job_devices": job_devices(data.env),
         "stacks": _stacks(data.stacks, pairs),
         "matrix": matrix,
         "figure_sections": figure_secs,

@@ -50,7 +50,7 @@ from luksbench.formats.manifest import (
 from luksbench.formats.plan import plan_changes
 from luksbench.formats.sidecar import cpu_sidecar_document
 from luksbench.formats.targets import TargetsError, read_targets
-from luksbench.testbox import probes, safety, sysutil
+from luksbench.testbox import jobs, probes, safety, sysutil
 from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
 from luksbench.testbox.stacks import load_state, stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now, write_json_atomic
@@ -245,9 +245,11 @@ def fio_argv(
         "--time_based",
         f"--runtime={f.get('runtime_s', 3)}s",
         f"--ramp_time={f.get('ramp_time_s', 0)}s",
-        "--numjobs=1",
-        "--group_reporting",
+        f"--numjobs={cell['numjobs']}",
     ]
+    # several jobs: one entry each (ingest sums throughput and merges their histograms)
+    argv += ["--group_reporting"] if cell["numjobs"] == 1 else []
+    argv += jobs.job_setup(cell, entry.get("device"))["args"]
     if io_size:
         argv.append(f"--size={io_size}")
     if rate_iops:
@@ -377,13 +379,13 @@ def _total(entry: dict, key: str) -> float:
 
 def _summary(doc: dict) -> str:
     entries = _job_entries(doc)
-    if len(entries) > 1:
+    if len(entries) > 1 and doc.get("client_stats"):
         per_host = ", ".join(
             f"{e.get('hostname')}:{e.get('port')} {_total(e, 'bw_bytes') / 2**20:.1f}"
             for e in entries
         )
         return f"MiB/s per server: {per_host}"
-    bw, iops = _total(entries[0], "bw_bytes"), _total(entries[0], "iops")
+    bw, iops = (sum(_total(e, key) for e in entries) for key in ("bw_bytes", "iops"))
     iops_s = f"{iops / 1000:.1f}k" if iops >= 1000 else f"{iops:.0f}"
     return f"{bw / 2**20:.1f} MiB/s, {iops_s} IOPS"
 
@@ -715,6 +717,11 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     rec["started"], t0 = utc_now(), time.monotonic()
     rate = outcome["fixed_rates"].get(w.id, {}).get("rate_iops")
     entry, clock = state["stacks"][stack], outcome["clocksource"]
+    rec["fio_jobs"] = {
+        k: v
+        for k, v in jobs.job_setup(cell_options(plan, w), entry.get("device")).items()
+        if k != "args"
+    }
     ok, msg = _one_run(plan, entry, stack, w, path, session["io_size"], clock, rate)
     rec["ended"] = utc_now()
     rec["status"] = "ok" if ok else "failed"
