@@ -91,7 +91,7 @@ rule run_fio:
     log:
         "logs/{run}/{host}/run_fio.log",
     wildcard_constraints:
-        **measuring("fio/manifest.json"),
+        **measuring("fio/manifest.json", not SEQUENTIAL),
     conda:
         "../../envs/luksbench.yaml"
     params:
@@ -103,6 +103,54 @@ rule run_fio:
         " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
         " --manifest {output.manifest:q}"
         " {params.targets:q} 2>&1 | tee {log:q} >&2"
+
+
+rule run_rounds:
+    """Sequential design: `luksbench next` decides every cell and writes targets.json, run-fio
+    --targets measures the next pair of each undecided cell; again until every cell stopped.
+    Interrupted, the same command resumes: each round is derived from the raw results alone."""
+    input:
+        plan=f"{HOST_SCRATCH}/plan.json",
+        state=ancient(f"{HOST_SCRATCH}/state.json"),
+        stacks=ancient(f"{HOST_SCRATCH}/stacks.json"),
+    output:
+        manifest=f"{HOST_RAW}/fio/manifest.json",
+    log:
+        "logs/{run}/{host}/run_rounds.log",
+    wildcard_constraints:
+        **measuring("fio/manifest.json", SEQUENTIAL),
+    params:
+        raw_dir=abs_raw_dir,
+        worst=worst_case,
+        comparisons=COMPARISONS,
+        adaptive=ADAPTIVE,
+        confidence=config["analysis"]["confidence"],
+        regions=config["analysis"]["decision_regions"],
+        cells=plan_cells,
+    message:
+        "sequential rounds of {wildcards.run} on {wildcards.host}: {params.worst}"
+    run:
+        from luksbench.analysis.sequential import run_rounds
+
+        run_fio = ["testbox", "run-fio", "--plan", input.plan, "--state", input.state]
+        run_fio += [
+            "--describe",
+            input.stacks,
+            "--raw-host-dir",
+            f"{params.raw_dir}/{wildcards.host}",
+        ]
+        run_fio += ["--manifest", output.manifest]
+        run_rounds(
+            Path(params.raw_dir),
+            wildcards.host,
+            run_fio,
+            Path(log[0]),
+            comparisons=params.comparisons,
+            adaptive=params.adaptive,
+            confidence=params.confidence,
+            decision_regions=params.regions,
+            cells=params.cells,
+        )
 
 
 rule stack_down:

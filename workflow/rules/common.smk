@@ -41,6 +41,8 @@ check_regions(config["analysis"]["decision_regions"])
 # Adaptive repetitions (two-stage): run_pilot -> plan_repetitions (targets.json) -> run_fio.
 # Disabled, run_fio alone measures the fixed design and the two extra rules are not in the DAG.
 ADAPTIVE = config["adaptive"]
+# Sequential: run_rounds alone (luksbench next, then run-fio --targets, until every cell stopped).
+SEQUENTIAL = ADAPTIVE["enabled"] and ADAPTIVE["mode"] == "sequential"
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
 # when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
@@ -73,7 +75,7 @@ wildcard_constraints:
 MEASURED = {"run": re.escape(RUN), "host": re.escape(HOST)}
 
 
-def measuring(raw_file):
+def measuring(raw_file, active=True):
     """The wildcard constraints of the rule writing ``raw_file`` (in data/raw/<run>/<host>/) of the
     run measured here: none that match once the file is final (an env.json or cipher benchmark
     that exists, a manifest of this plan's whole design), so no invocation, not even --forceall,
@@ -84,7 +86,7 @@ def measuring(raw_file):
         final = measurement_final(MEASURED_PLAN, path, path.parents[1] / "env.json", pilot)
     else:
         final = path.exists()
-    return {"run": "(?!)", "host": "(?!)"} if final else MEASURED
+    return {"run": "(?!)", "host": "(?!)"} if final or not active else MEASURED
 
 
 def processed(*tables):
@@ -228,18 +230,29 @@ def min_pairs(wildcards):
     here, else the usual 3."""
     if wildcards.run != RUN:
         return 3
+    if SEQUENTIAL:
+        return ADAPTIVE["min_pairs"]
     return ADAPTIVE["pilot_pairs"] if ADAPTIVE["enabled"] else config["repetitions"]
 
 
 def adaptive_targets(wildcards):
     """run_fio's targets input: the pilot's per-cell targets when adaptive, else nothing."""
-    if ADAPTIVE["enabled"]:
+    if ADAPTIVE["enabled"] and not SEQUENTIAL:
         return [f"{host_dir(wildcards.run, wildcards.host)}/fio/targets.json"]
     return []
 
 
 def targets_option(wildcards):
     return [arg for path in adaptive_targets(wildcards) for arg in ("--targets", path)]
+
+
+def worst_case(wildcards):
+    """The sequential design's budget and worst-case device time (every cell to max_pairs)."""
+    plan = plan_for(wildcards)
+    run_s = plan["fio"]["runtime_s"] + plan["fio"].get("ramp_time_s", 0)
+    worst = len(workloads(plan)) * ADAPTIVE["max_pairs"] * len(plan["stacks"]) * run_s / 3600
+    budget = f"{ADAPTIVE['budget_h']:g} h" if ADAPTIVE["budget_h"] else "none"
+    return f"budget {budget}, worst case {worst:.2f} device-hours"
 
 
 def plan_cells(wildcards):

@@ -16,6 +16,8 @@ the sequential interval.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -72,7 +74,7 @@ def next_round(
     host: str,
     out: Path,
     *,
-    comparisons: list[tuple[str, str]],
+    comparisons: list,
     min_pairs: int = 3,
     max_pairs: int = 12,
     budget_s: float = 0.0,
@@ -93,14 +95,17 @@ def next_round(
         else pd.DataFrame(columns=["workload"])
     )
     looks = _cell_looks(loss) if len(loss) else pd.DataFrame(columns=["n"])
-    pair_s = device_seconds(fio) if len(fio) else pd.DataFrame(columns=["workload", "seconds"])
+    columns = ["workload", "rep", "seconds"]
+    pair_s = device_seconds(fio) if len(fio) else pd.DataFrame(columns=columns)
     spent = float(pair_s["seconds"].sum())
     cost = pair_s.groupby("workload")["seconds"].mean()
+    measured = pair_s.groupby("workload")["rep"].max()
     remaining = budget_s - spent if budget_s > 0 else math.inf
     per_cell, queue = {}, []
     for w in sorted(set(cells or ()) | set(looks.index)):
         c = looks.loc[w] if w in looks.index else None
-        n = int(c["n"]) if c is not None else 0
+        # pairs on disk: a pair without a usable value of the metric still counts as measured
+        n = max(int(c["n"]) if c is not None else 0, int(measured.get(w, 0)))
         cell = {"n": n, "pairs": max(n, min_pairs)}
         if c is not None and n >= 2:
             cell.update(decision=c["decision"], ci_low=round(float(c["low"]), 4))
@@ -121,6 +126,7 @@ def next_round(
             per_cell[w].update(pairs=per_cell[w]["n"] + 1, why="continue: undecided")
         else:
             per_cell[w]["why"] = "stop: budget spent"
+    comparisons = [tuple(p) for p in comparisons]
     doc = _document(host, metric, comparisons, confidence, level, min_pairs, max_pairs, per_cell)
     doc.update(budget_s=budget_s, spent_s=round(spent, 1))
     doc["looks"] = _history(Path(out), per_cell)
@@ -180,3 +186,34 @@ def progress(doc: dict, started: float) -> str:
         f"sequential: elapsed {time.monotonic() - started:.0f} s, device time spent {spent:.0f} s "
         f"({remaining}), {decided}/{len(doc['cells'])} cells decided, ETA <= {todo:.0f} s"
     )
+
+
+def run_rounds(
+    raw_dir: Path, host: str, run_fio: list[str], log: Path, *, adaptive: dict, **design
+) -> dict:
+    """The workflow's rounds: :func:`next_round` into ``<raw_dir>/<host>/fio/targets.json``, then
+    ``luksbench <run_fio> --targets`` it, until every cell stopped (progress to stderr and
+    ``log``). Every round starts from the raw results alone, so an interrupted run resumes."""
+    from luksbench.analysis.ingest import fio_table
+
+    fio_dir = Path(raw_dir) / host / "fio"
+    targets, manifest = fio_dir / "targets.json", Path(run_fio[run_fio.index("--manifest") + 1])
+    started = time.monotonic()
+    settings = {k: adaptive[k] for k in ("min_pairs", "max_pairs", "metric")}
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    last = None
+    with open(log, "a") as out:
+        while True:
+            fio = fio_table(Path(raw_dir)) if any(fio_dir.glob("*/*/rep*.json")) else pd.DataFrame()
+            doc = next_round(
+                fio, host, targets, budget_s=adaptive["budget_h"] * 3600, **settings, **design
+            )
+            print(progress(doc, started), file=out, flush=True)
+            print(progress(doc, started), file=sys.stderr, flush=True)
+            if doc["done"] and manifest.exists():
+                return doc
+            if doc["looks"][-1]["cells"] == (last or {}).get("cells"):
+                raise RuntimeError(f"a round measured nothing new; see {log}")
+            last = doc["looks"][-1]
+            argv = [sys.executable, "-m", "luksbench.cli", *run_fio, "--targets", str(targets)]
+            subprocess.run(argv, check=True, stdout=out, stderr=subprocess.STDOUT)
