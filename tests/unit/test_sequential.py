@@ -74,3 +74,48 @@ def test_stopping_rule_keeps_coverage_and_decisions(sd):
     assert (decided & ~hit).mean() <= 0.05
     _, low, high, decided = first_decided_look(d[on], 0.95)
     assert ((low > truth[on]) | (truth[on] > high)).mean() > 0.08  # optional stopping at 95 %
+
+
+def test_sequential_plan_first_round_budget_and_worst_case(tmp_path):
+    from test_plan import CONFIG
+
+    from luksbench.testbox.plan import PlanError, plan_from_config, workloads
+    from luksbench.testbox.planview import describe_plan
+
+    seq = {"enabled": True, "mode": "sequential", "min_pairs": 3, "max_pairs": 10, "budget_h": 2}
+    plan = plan_from_config({**CONFIG, "adaptive": seq}, "box1", tmp_path)
+    assert plan["repetitions"] == 3 and plan["adaptive"] == seq
+    run_s = plan["fio"]["runtime_s"] + plan["fio"].get("ramp_time_s", 0)
+    worst = len(plan["stacks"]) * 10 * run_s * len(workloads(plan))
+    line = [x for x in describe_plan(plan) if x.startswith("  sequential")]
+    assert line == [
+        f"  sequential: rounds until every cell is decided; budget 2 h, worst case "
+        f"{worst / 3600:.2f} h (10 pairs of every cell)"
+    ]
+    with pytest.raises(PlanError, match="adaptive.max_pairs .2. must be >= adaptive.min_pairs"):
+        plan_from_config({**CONFIG, "adaptive": {**seq, "max_pairs": 2}}, "box1", tmp_path)
+    with pytest.raises(PlanError, match="one session"):
+        plan_from_config({**CONFIG, "sessions": 2, "adaptive": seq}, "box1", tmp_path)
+
+
+def test_measurement_is_final_only_when_the_last_look_stopped_every_cell(tmp_path):
+    """Every round's manifest is complete; the raw data is final only once targets.json is done
+    (else an interrupted sequential run would never resume)."""
+    from test_plan import CONFIG
+
+    from luksbench.testbox.plan import plan_from_config, workloads
+    from luksbench.testbox.runner import measurement_final
+
+    seq = {"enabled": True, "mode": "sequential", "min_pairs": 2, "max_pairs": 4, "budget_h": 0}
+    plan = plan_from_config({**CONFIG, "adaptive": seq}, "box1", tmp_path)
+    fio = tmp_path / "fio"
+    fio.mkdir()
+    (tmp_path / "env.json").write_text(json.dumps({"plan": plan}))
+    cells = [w.id for w in workloads(plan)]
+    manifest = {"complete": True, "cells": cells, "repetitions": 2, "adaptive": plan["adaptive"]}
+    (fio / "manifest.json").write_text(json.dumps({**manifest, "stacks": list(plan["stacks"])}))
+    final = lambda: measurement_final(plan, fio / "manifest.json", tmp_path / "env.json")  # noqa: E731
+    (fio / "targets.json").write_text(json.dumps({"done": False}))
+    assert not final()
+    (fio / "targets.json").write_text(json.dumps({"done": True}))
+    assert final()
