@@ -122,35 +122,19 @@ rule run_rounds:
     params:
         raw_dir=abs_raw_dir,
         worst=worst_case,
-        comparisons=COMPARISONS,
-        adaptive=ADAPTIVE,
-        confidence=config["analysis"]["confidence"],
-        regions=config["analysis"]["decision_regions"],
         cells=plan_cells,
-    message:
-        "sequential rounds of {wildcards.run} on {wildcards.host}: {params.worst}"
+        design={
+            "comparisons": COMPARISONS,
+            "adaptive": ADAPTIVE,
+            "confidence": config["analysis"]["confidence"],
+            "decision_regions": config["analysis"]["decision_regions"],
+        },
     run:
         from luksbench.analysis.sequential import run_rounds
 
-        run_fio = ["testbox", "run-fio", "--plan", input.plan, "--state", input.state]
-        run_fio += [
-            "--describe",
-            input.stacks,
-            "--raw-host-dir",
-            f"{params.raw_dir}/{wildcards.host}",
-        ]
-        run_fio += ["--manifest", output.manifest]
-        run_rounds(
-            Path(params.raw_dir),
-            wildcards.host,
-            run_fio,
-            Path(log[0]),
-            comparisons=params.comparisons,
-            adaptive=params.adaptive,
-            confidence=params.confidence,
-            decision_regions=params.regions,
-            cells=params.cells,
-        )
+        stacks = ("--plan", input.plan, "--state", input.state, "--describe", input.stacks)
+        where = (params.raw_dir, wildcards.host, output.manifest, log[0])
+        run_rounds(*where, stacks, cells=params.cells, **params.design)
 
 
 rule stack_down:

@@ -189,22 +189,26 @@ def progress(doc: dict, started: float) -> str:
 
 
 def run_rounds(
-    raw_dir: Path, host: str, run_fio: list[str], log: Path, *, adaptive: dict, **design
+    raw_dir, host: str, manifest, log, stacks: tuple, *, adaptive: dict, **design
 ) -> dict:
     """The workflow's rounds: :func:`next_round` into ``<raw_dir>/<host>/fio/targets.json``, then
-    ``luksbench <run_fio> --targets`` it, until every cell stopped (progress to stderr and
-    ``log``). Every round starts from the raw results alone, so an interrupted run resumes."""
+    ``luksbench testbox run-fio <stacks> --targets`` it (``stacks``: its plan, state and describe
+    options), until every cell stopped; progress to stderr and ``log``. Every round starts from
+    the raw results alone, so an interrupted run resumes."""
     from luksbench.analysis.ingest import fio_table
 
-    fio_dir = Path(raw_dir) / host / "fio"
-    targets, manifest = fio_dir / "targets.json", Path(run_fio[run_fio.index("--manifest") + 1])
+    raw_dir, manifest = Path(raw_dir), Path(manifest)
+    fio_dir = raw_dir / host / "fio"
+    targets = fio_dir / "targets.json"
+    run_fio = ["testbox", "run-fio", *map(str, stacks), "--raw-host-dir", str(raw_dir / host)]
+    run_fio += ["--manifest", str(manifest)]
     started = time.monotonic()
     settings = {k: adaptive[k] for k in ("min_pairs", "max_pairs", "metric")}
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     last = None
     with open(log, "a") as out:
         while True:
-            fio = fio_table(Path(raw_dir)) if any(fio_dir.glob("*/*/rep*.json")) else pd.DataFrame()
+            fio = fio_table(raw_dir) if any(fio_dir.glob("*/*/rep*.json")) else pd.DataFrame()
             doc = next_round(
                 fio, host, targets, budget_s=adaptive["budget_h"] * 3600, **settings, **design
             )
