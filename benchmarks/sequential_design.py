@@ -165,8 +165,10 @@ def main(argv=None) -> int:
         half_txt = f"{np.median(half):.1f} pts" if half else "none"
         cov_txt = f"{100 * np.mean(cov):.0f} %" if cov else "n/a"
         print(f"{name:<32}{cost:>14.0f}{sum(ok):>5}/{len(ok):<3}{half_txt:>12}{cov_txt:>9}")
-    per_cell = {w: n for w, (n, _) in seq.items()}
-    print(f"\nsequential pairs per cell: {per_cell}")
+    print(f"\n{'cell':<20}{'long loss':>10}{'sd(d)':>7}{'seq pairs':>10}  sequential decision")
+    for w, (n, (lo, hi)) in seq.items():
+        verdict = stats.decision(lo, hi, 5.0, 20.0)
+        print(f"{w:<20}{truth[w]:>9.1f}%{d[w].std(ddof=1):>7.3f}{n:>10}  {verdict}")
     seq_cost = np.mean([seconds[w][:n].sum() for w, (n, _) in seq.items()])
     share = np.mean([decided(*ci) for _, ci in seq.values()])
     met = share >= 0.9 and seq_cost <= 120

@@ -112,6 +112,8 @@ def next_round(
             cell.update(ci_high=round(float(c["high"]), 4))
         if n < min_pairs:
             cell["why"] = f"continue: {n} of min_pairs {min_pairs} pairs"
+        elif c is None:
+            cell["why"] = f"stop: no usable pairs of {metric}"
         elif not c["undecided"]:
             cell["why"] = f"stop: decided ({c['decision']})"
         elif n >= max_pairs:
