@@ -92,7 +92,7 @@ def test_sequential_plan_first_round_budget_and_worst_case(tmp_path):
         f"  sequential: rounds until every cell is decided; budget 2 h, worst case "
         f"{worst / 3600:.2f} h (10 pairs of every cell)"
     ]
-    with pytest.raises(PlanError, match="adaptive.max_pairs .2. must be >= adaptive.min_pairs"):
+    with pytest.raises(PlanError, match=r"adaptive.max_pairs .2. must be >= adaptive.min_pairs"):
         plan_from_config({**CONFIG, "adaptive": {**seq, "max_pairs": 2}}, "box1", tmp_path)
     with pytest.raises(PlanError, match="one session"):
         plan_from_config({**CONFIG, "sessions": 2, "adaptive": seq}, "box1", tmp_path)

@@ -121,7 +121,6 @@ rule run_rounds:
         **measuring("fio/manifest.json", SEQUENTIAL),
     params:
         raw_dir=abs_raw_dir,
-        worst=worst_case,
         cells=plan_cells,
         design={
             "comparisons": COMPARISONS,

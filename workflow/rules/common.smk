@@ -246,15 +246,6 @@ def targets_option(wildcards):
     return [arg for path in adaptive_targets(wildcards) for arg in ("--targets", path)]
 
 
-def worst_case(wildcards):
-    """The sequential design's budget and worst-case device time (every cell to max_pairs)."""
-    plan = plan_for(wildcards)
-    run_s = plan["fio"]["runtime_s"] + plan["fio"].get("ramp_time_s", 0)
-    worst = len(workloads(plan)) * ADAPTIVE["max_pairs"] * len(plan["stacks"]) * run_s / 3600
-    budget = f"{ADAPTIVE['budget_h']:g} h" if ADAPTIVE["budget_h"] else "none"
-    return f"budget {budget}, worst case {worst:.2f} device-hours"
-
-
 def plan_cells(wildcards):
     """Workload ids of the configured matrix (cells missing from the pilot get the cap)."""
     return [w.id for w in workloads(plan_for(wildcards))]
