@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,3 +120,26 @@ def test_measurement_is_final_only_when_the_last_look_stopped_every_cell(tmp_pat
     assert not final()
     (fio / "targets.json").write_text(json.dumps({"done": True}))
     assert final()
+
+
+def test_the_paper_lists_each_sequential_cell_with_its_device_time():
+    from simulate import fio_frame
+
+    from luksbench.analysis import stats
+    from luksbench.publish.paper import sequential_design
+    from luksbench.publish.run import Run
+
+    rng = np.random.default_rng(9)
+    lb, lv = simulate_logs(rng, 3, 6, np.full(3, 0.01), np.log([0.5, 0.97, 0.9]), 0)
+    fio = fio_frame(lb, lv, n_pairs=[3, 3, 6]).assign(
+        runtime_ms=6000.0, target_pairs=6.0, look_confidence=0.9875
+    )
+    loss = stats.loss_table(fio, metrics=["bw_bytes"])
+    assert (loss["interval"] == "sequential").all()
+    section = sequential_design(Run(Path("."), {"fio": fio, "loss": loss}), [("plain", "luks")])
+    assert section["level_pct"] == "98.75" and section["n_cells"] == 3
+    assert [c["pairs"] for c in section["cells"]] == [3, 3, 6]
+    assert [c["seconds"] for c in section["cells"]] == ["36", "36", "72"]
+    assert section["cells"][0]["decision"] == "material" and section["seconds"] == "144"
+    fixed = stats.loss_table(fio.drop(columns="look_confidence"), metrics=["bw_bytes"])
+    assert sequential_design(Run(Path("."), {"fio": fio, "loss": fixed}), [("p", "luks")]) is None
