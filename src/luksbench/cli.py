@@ -248,6 +248,56 @@ def _add_loss_commands(commands) -> None:
     targets.set_defaults(func=_cmd_targets)
 
 
+def _cmd_next(args: argparse.Namespace) -> int:
+    from luksbench.analysis.ingest import IngestError, fio_table
+    from luksbench.analysis.sequential import next_round
+
+    try:
+        doc = next_round(
+            fio_table(Path(args.raw_dir)),
+            args.host,
+            Path(args.out),
+            comparisons=[(args.baseline, args.variant)],
+            min_pairs=args.min_pairs,
+            max_pairs=args.max_pairs,
+            budget_s=args.budget_h * 3600,
+            metric=args.metric,
+            confidence=args.confidence,
+            decision_regions=dict(args.region or []),
+        )
+    except (IngestError, ValueError, OSError) as exc:
+        return _fail("next", exc)
+    for w, cell in doc["cells"].items():
+        print(f"{w}: {cell['n']} pairs, {cell.get('decision', 'no interval')}; {cell['why']}")
+    state = "done" if doc["done"] else "another round"
+    print(f"luksbench next: {state}; wrote {args.out}")
+    return 0
+
+
+def _add_next_command(commands) -> None:
+    nxt = commands.add_parser(
+        "next",
+        help="sequential design: decide every cell, write the next round's targets file",
+        description="Decide every cell of one host from its pairs so far (intervals valid at any "
+        "look: Bonferroni over the looks min_pairs..max_pairs) and write the next round's "
+        "targets (workload id -> pairs wanted so far; a decided cell keeps its count). The "
+        "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
+        "reads it.",
+    )
+    nxt.add_argument("raw_dir", metavar="RAW_DIR")
+    nxt.add_argument("--host", required=True)
+    nxt.add_argument("--baseline", default="plain")
+    nxt.add_argument("--variant", default="luks")
+    nxt.add_argument("--min-pairs", type=int, default=3, metavar="N")
+    nxt.add_argument("--max-pairs", type=int, default=12, metavar="CAP")
+    nxt.add_argument("--budget-h", type=float, default=0.0, help="device hours (0: no budget)")
+    nxt.add_argument("--metric", default="bw_bytes", help="the metric whose decisions count")
+    nxt.add_argument("--confidence", type=float, default=0.95)
+    nxt.add_argument("--region", action="append", type=_region, metavar="FAMILY=LOWER,UPPER")
+    nxt.add_argument("--out", required=True, metavar="FILE")
+    nxt.set_defaults(func=_cmd_next)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -264,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
         parse_kind.set_defaults(func=_cmd_parse)
 
     _add_loss_commands(commands)
+    _add_next_command(commands)
 
     comp = commands.add_parser(
         "compare",

@@ -42,6 +42,8 @@ check_regions(config["analysis"]["decision_regions"])
 # Adaptive repetitions (two-stage): run_pilot -> plan_repetitions (targets.json) -> run_fio.
 # Disabled, run_fio alone measures the fixed design and the two extra rules are not in the DAG.
 ADAPTIVE = config["adaptive"]
+# Sequential: run_rounds alone (luksbench next, then run-fio --targets, until every cell stopped).
+SEQUENTIAL = ADAPTIVE["enabled"] and ADAPTIVE["mode"] == "sequential"
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
 # when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
@@ -83,7 +85,7 @@ wildcard_constraints:
 MEASURED = {"run": re.escape(RUN), "host": re.escape(HOST)}
 
 
-def measuring(raw_file):
+def measuring(raw_file, active=True):
     """The wildcard constraints of the rule writing ``raw_file`` (in data/raw/<run>/<host>/) of the
     run measured here: none that match once the file is final (an env.json or cipher benchmark
     that exists, a manifest of this plan's whole design), so no invocation, not even --forceall,
@@ -94,7 +96,7 @@ def measuring(raw_file):
         final = measurement_final(MEASURED_PLAN, path, path.parents[1] / "env.json", pilot)
     else:
         final = path.exists()
-    return {"run": "(?!)", "host": "(?!)"} if final else MEASURED
+    return {"run": "(?!)", "host": "(?!)"} if final or not active else MEASURED
 
 
 def processed(*tables):
@@ -262,12 +264,14 @@ def min_pairs(wildcards):
     here, else the usual 3."""
     if wildcards.run != RUN:
         return 3
+    if SEQUENTIAL:
+        return ADAPTIVE["min_pairs"]
     return ADAPTIVE["pilot_pairs"] if ADAPTIVE["enabled"] else config["repetitions"]
 
 
 def adaptive_targets(wildcards):
     """run_fio's targets input: the pilot's per-cell targets when adaptive, else nothing."""
-    if ADAPTIVE["enabled"]:
+    if ADAPTIVE["enabled"] and not SEQUENTIAL:
         return [f"{host_dir(wildcards.run, wildcards.host)}/fio/targets.json"]
     return []
 

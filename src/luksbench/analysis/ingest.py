@@ -75,12 +75,14 @@ FIO_LAYOUT_COLUMNS = ["run", "host", "stack", "workload", "pattern", "rep", "job
 #: columns derived from the CPU sidecar and io_bytes, appended after the parser's columns:
 #: io_bs_bytes is the bytes per I/O as fio ran it (the job's bs option; bs_bytes is the cell's,
 #: for a pattern with io_bs a block of several I/Os); target_pairs and hit_cap come from the
-#: adaptive design (<host>/fio/targets.json; missing for a fixed design), as does pilot_pairs;
+#: adaptive design (<host>/fio/targets.json; missing for a fixed design), as do pilot_pairs and
+#: look_confidence (the level of a sequential design's intervals);
 #: host_dir is the raw layout's <host> folder, which differs from ``host`` only for fio
 #: client/server (fleet) results, where ``host`` is the fio server that measured
 FIO_DERIVED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "io_bs_bytes io_gib busy_cpu_s busy_cpu_pct sys_cpu_s cpu_interval_s busy_cpu_s_per_gib "
-    "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs host_dir session sessions_planned"
+    "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs look_confidence host_dir session "
+    "sessions_planned"
 ).split()
 
 ENV_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
@@ -314,7 +316,7 @@ def _file_rows(key: str, run: str, rep: RepPath, rows: list[tuple], cpu: dict) -
 
 #: columns of the per-file part of the table: all but those added per host when assembling
 _DESIGN_COLUMNS = ("target_pairs", "hit_cap", "pilot_pairs", "host_dir", "session")
-_DESIGN_COLUMNS += ("sessions_planned",)
+_DESIGN_COLUMNS += ("sessions_planned", "look_confidence")
 #: CPU columns from the sidecar: /proc/stat of the machine running the fio *client*
 _CPU_COLUMNS = (*_NO_CPU, "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 #: the rows a worker returns: the table's columns but the design's, with ``_key``/``_row`` to order
@@ -637,8 +639,8 @@ def _assemble(
     )
     cells = {(host, w): design for host, ts in targets.items() for w, design in ts.items()}
     hosts_cells = zip(df["host"].tolist(), df["workload"].tolist(), strict=True)
-    design = [cells.get(cell, (None,) * 3) for cell in hosts_cells] if cells else []
-    for i, col in enumerate(("target_pairs", "hit_cap", "pilot_pairs")):  # None: fixed design
+    design = [cells.get(cell, (None,) * 4) for cell in hosts_cells] if cells else []
+    for i, col in enumerate(("target_pairs", "hit_cap", "pilot_pairs", "look_confidence")):
         values = [d[i] for d in design] if design else [None] * len(df)
         df[col] = pd.Series(values, dtype="object", index=df.index)
     df["host_dir"] = df["host"]

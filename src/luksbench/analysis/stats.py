@@ -556,6 +556,7 @@ def _cell_stats(
     pilot_pairs: float = math.nan,
     all_or_none: bool = False,
     sessions_planned: int = 1,
+    look_confidence: float = math.nan,
 ) -> dict:
     """Everything of one row of the loss table except the cross-table q-value and verdict.
 
@@ -570,7 +571,8 @@ def _cell_stats(
     interval and test on the SD of the usable pairs among reps 1..n0 (their count - 1 degrees of
     freedom); with fewer than two of them no interval (``interval`` "none"): a t-interval after a
     pilot-chosen N under-covers. NaN (a fixed design, or a pilot without an SD, which ran the cap
-    whatever the data): the t-interval."""
+    whatever the data): the t-interval. ``look_confidence`` (a sequential design's cells, one
+    session): the t-interval at that level (``interval`` "sequential")."""
     ok = usable_pairs(b, v)
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
         ok[:] = False
@@ -594,11 +596,13 @@ def _cell_stats(
         d_pilot = d_all[reps[ok] <= pilot_pairs]
         valid = d_pilot.size >= 2
         pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
-    ci = paired_log_ratio_ci(d, confidence, pilot)
+    sequential = not two_level and look_confidence > 0
+    ci = paired_log_ratio_ci(d, look_confidence if sequential else confidence, pilot)
     if not valid:
         ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
     one = "one session" if means.size <= 1 else "sessions"
     kind = "sessions" if two_level else "none" if not valid else "stein" if pilot else "t"
+    kind = "sequential" if sequential else kind
     return {
         "n": int(use.sum()),
         "n_dropped": int((~ok).sum()),
@@ -658,8 +662,10 @@ def _design(fio: pd.DataFrame) -> pd.DataFrame:
         target_pairs=pd.to_numeric(fio["target_pairs"], errors="coerce"),
         noisy=fio.get("hit_cap", missing).eq(True),
         pilot_pairs=pd.to_numeric(fio.get("pilot_pairs", missing), errors="coerce"),
+        look_confidence=pd.to_numeric(fio.get("look_confidence", missing), errors="coerce"),
     )
     aggregate = {"target_pairs": "max", "noisy": "any", "pilot_pairs": "max"}
+    aggregate["look_confidence"] = "max"
     return df.groupby(keys, as_index=False).agg(aggregate)
 
 
@@ -700,6 +706,7 @@ def loss_table(
     attrs = {a: paired[a].to_numpy(object) for a in CELL_ATTRS}
     design = _design(fio)
     pilots = design.set_index(["host", "workload"])["pilot_pairs"].to_dict()
+    levels = design.set_index(["host", "workload"]).get("look_confidence", pd.Series()).to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
     settings = (confidence, equivalence_margin_pct, exclude_outliers)
     rows = []
@@ -709,7 +716,9 @@ def loss_table(
         arrays = (a[pos] for a in (base_v, var_v, reps, sessions, flags))
         pilot = float(pilots.get((host, cell["workload"]), math.nan))
         cpu = METRIC_FAMILIES[cell["metric"]] == "cpu"
-        stats_ = _cell_stats(*arrays, better_high, *settings, pilot, cpu, int(planned.get(host, 1)))
+        level = float(levels.get((host, cell["workload"]), math.nan))
+        sessions_ = int(planned.get(host, 1))
+        stats_ = _cell_stats(*arrays, better_high, *settings, pilot, cpu, sessions_, level)
         rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **stats_})
     table = pd.DataFrame(rows, columns=[c for c in LOSS_COLUMNS if c not in DESIGN_COLUMNS])
     table = table.assign(

@@ -739,6 +739,40 @@ def intervals_cover(losses: pd.DataFrame) -> str:
     return "; where marked otherwise they ".join(parts) if parts else "are not computed"
 
 
+def sequential_design(run: Run, pairs: list[Pair]) -> dict | None:
+    """The sequential design's cells (headline comparison, the first metric with sequential
+    intervals): pairs, device seconds (fio's runtimes), decision and interval; None otherwise."""
+    loss = run.loss
+    rows = loss[loss["interval"].eq("sequential") & loss["variant"].eq(pairs[0][1])]
+    if rows.empty:
+        return None
+    rows = rows[rows["metric"].eq(rows["metric"].iloc[0])]
+    fio = run.fio
+    per_run = fio.groupby(["workload", "stack", "rep"])["runtime_ms"].max() / 1000
+    seconds = per_run.groupby("workload").sum()
+    decided = ~rows["decision"].str.startswith("undecided").groupby(rows["workload"]).any()
+    pair_s = seconds.sum() / max(1, rows.groupby("workload")["n"].min().sum())
+    return {
+        "level_pct": fmt_num(100 * pd.to_numeric(fio["look_confidence"]).max(), 2),
+        "metric": metric_heading(rows["metric"].iloc[0]),
+        "cells": [
+            {
+                "cell": r["workload"],
+                "pairs": int(r["n"]),
+                "seconds": fmt_num(seconds.get(r["workload"], 0), 0),
+                "ci": fmt_ci(r["ci_low"], r["ci_high"]),
+                "decision": r["decision"],
+            }
+            for _, r in rows.iterrows()
+        ],
+        "n_cells": int(decided.size),
+        "n_decided": int(decided.sum()),
+        "seconds": fmt_num(seconds.sum(), 0),
+        "per_cell": fmt_num(seconds.sum() / max(1, decided.size), 0),
+        "fixed_3": fmt_num(3 * pair_s, 0),
+    }
+
+
 def order_effects(order: pd.DataFrame, baseline: str, variant: str) -> list[str]:
     """The headline comparison's order effect per metric (order.parquet), in words."""
     rows = order[(order["baseline"] == baseline) & (order["variant"] == variant)]
@@ -830,6 +864,7 @@ def paper_context(
         "order_effects": order_effects(
             data.table("order", ["baseline", "variant", "metric"]), *pairs[0]
         ),
+        "sequential": sequential_design(data, pairs),
         "figures_rel": _relative(Path(figures_dir), out_md),
         **_machine(data, figure_secs),
         **_published(data, reference_dir),

@@ -674,8 +674,10 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         plan["fleet"] = {"mode": "clients", "hosts": [dict(h) for h in fleet.get("hosts") or []]}
     adaptive = config.get("adaptive") or {}
     if adaptive.get("enabled"):
-        # Stage 1 measures the pilot; stage 2 (run-fio --targets) tops each cell up to its target.
-        plan["repetitions"] = adaptive["pilot_pairs"]
+        # Stage 1 measures the pilot (sequential: the first round); then run-fio --targets tops
+        # each cell up to its target.
+        sequential = adaptive.get("mode") == "sequential"
+        plan["repetitions"] = adaptive["min_pairs" if sequential else "pilot_pairs"]
         plan["adaptive"] = dict(adaptive)
     check_plan(plan, source="config")
     return plan

@@ -150,6 +150,15 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
     main_cell = next((w for w in cells if not w.pattern), None)
     if main_cell:
         lines.append(f"  fio jobs: {jobs_text(cell_options(plan, main_cell))}")
+    adaptive = plan.get("adaptive") or {}
+    if adaptive.get("mode") == "sequential":
+        worst = seconds / reps * int(adaptive.get("max_pairs", 12))
+        budget = float(adaptive.get("budget_h", 0))
+        lines.append(
+            f"  sequential: rounds until every cell is decided; budget "
+            f"{f'{budget:g} h' if budget else 'none'}, worst case {worst / 3600:.2f} h "
+            f"({adaptive.get('max_pairs', 12)} pairs of every cell)"
+        )
     patterns = plan.get("patterns") or {}
     if patterns:
         main = sum(1 for w in cells if not w.pattern)

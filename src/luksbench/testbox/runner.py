@@ -505,6 +505,9 @@ def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bo
     try:
         manifest, measured = read_manifest(manifest_path), read_manifest(env_path)["plan"]
         changed = plan_changes(measured, plan)
+        # a sequential run is final once its last look stopped every cell
+        if (plan.get("adaptive") or {}).get("mode") == "sequential" and not pilot:
+            changed = changed or not read_manifest(manifest_path.parent / "targets.json")["done"]
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
     stacks = {*manifest.get("stacks", []), *(manifest.get("unavailable_stacks") or {})}
