@@ -80,14 +80,14 @@ def dm_targets(table: str) -> dict[str, list[str]]:
 
 
 def crypt_arm(line: str) -> dict:
-    """A ``dmsetup table`` crypt line -> {cipher, key_bits, options}: the key as the guest's
-    dmsetup prints it (``:<bytes>:logon:...`` from the kernel keyring, hex, or ``-`` for none)."""
+    """A ``dmsetup table`` crypt line -> {cipher, key_bits, options}. The key size is read from
+    the kernel keyring reference (``:<bytes>:logon:...``, LUKS2); None for any other key field
+    (the null cipher's has no key; dmsetup prints a hex key as ``0`` without --showkeys)."""
     fields = line.split(": ", 1)[1].split()
-    cipher, key = fields[3], fields[4]
-    keyring = re.match(r":(\d+):logon:", key)
-    key_bits = 8 * int(keyring.group(1)) if keyring else (None if key == "-" else 4 * len(key))
+    keyring = re.match(r":(\d+):logon:", fields[4])
     options = fields[9 : 9 + int(fields[8])] if len(fields) > 8 else []
-    return {"cipher": cipher, "key_bits": key_bits, "options": sorted(options)}
+    key_bits = 8 * int(keyring.group(1)) if keyring else None
+    return {"cipher": fields[3], "key_bits": key_bits, "options": sorted(options)}
 
 
 def md_arrays(mdstat: str) -> dict[str, str]:
