@@ -23,12 +23,15 @@ from luksbench.testbox.plan import (
     walk_layers,
     workloads,
 )
+from luksbench.testbox.planview import layer_layout
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES_DIR = REPO / "config" / "studies"
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 BIN = Path(sys.executable).parent
 
+TUNING_ARMS = ("luks-submit", "luks-samecpu", "luks-noreadwq", "luks-nowritewq", "luks-nowq")
+TUNING_ARMS += ("luks-highprio", "luks-4k", "luks-key256", "adiantum", "null-cipher")
 # What each study needs, from issue 3: the arms with the devices each one names, the baseline and
 # primary variant, the number of matrix cells and the study's seconds per fio run.
 EXPECTED = {
@@ -92,15 +95,7 @@ EXPECTED = {
         "stacks": {
             "plain": {"d0"},
             "luks": {"d0"},
-            **{
-                arm: {f"d{i}"}
-                for i, arm in enumerate(
-                    ["luks-submit", "luks-samecpu", "luks-noreadwq", "luks-nowritewq"]
-                    + ["luks-nowq", "luks-highprio", "luks-4k", "luks-key256", "adiantum"]
-                    + ["null-cipher"],
-                    start=1,
-                )
-            },
+            **{arm: {f"d{i}"} for i, arm in enumerate(TUNING_ARMS, start=1)},
         },
         "baseline": "plain",
         "variant": "luks",
@@ -402,6 +397,9 @@ def test_tune_dmcrypt_changes_one_setting_per_arm_against_the_luks2_default(tmp_
         "luks-highprio": ["high_priority"],
     }
     assert stacks["plain"] == {"kind": "raw", "device": "d0"}
+    # the dry run tells the key sizes apart
+    layout = layer_layout(stacks["luks-key256"], plan["devices"])
+    assert layout.startswith("luks aes-xts-plain64 256-bit key luks2")
     assert {n for n, s in stacks.items() if s.get("optional")} == {"adiantum", "null-cipher"}
     # CPU per I/O at equal load: the 4k cells again, every arm at one rate
     assert plan["patterns"]["equalload"]["rate_pct"] == 80

@@ -103,7 +103,9 @@ def tuning_table(loss, stacks, env, reference: str, ceiling: str, comparisons) -
     table["score"] = table.groupby(["host", "setting"])["score"].transform("sum")
     ranked = table["not_applied"].eq("")
     score = table["score"].where(ranked)
-    table["rank"] = score.groupby(table["host"]).rank(method="dense", ascending=False).astype("Int64")
+    table["rank"] = (
+        score.groupby(table["host"]).rank(method="dense", ascending=False).astype("Int64")
+    )
     table = table.assign(reference=reference, ceiling=ceiling)
     table["metric_label"] = table["metric"].map(TUNING_METRICS)
     order = table["metric"].map({m: i for i, m in enumerate(TUNING_METRICS)})
