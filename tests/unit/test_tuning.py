@@ -174,3 +174,57 @@ def test_the_vm_case_builds_the_studys_arms_as_the_study_configures_them():
         flags = set(arm.get("perf_flags", [])) - {"high_priority"}  # kernel 6.1 in the guest
         assert flags <= set(want["options"])
         assert want["cipher"] == arm.get("cipher", "aes-xts-plain64")
+
+
+def test_how_to_apply_names_the_commands_of_what_the_setting_changes():
+    from luksbench.publish.recommend import how_to_apply
+
+    default = {"cipher": "aes-xts-plain64", "key_bits": 512, "sector_size": 512, "perf_flags": []}
+    nowq = how_to_apply(
+        {**default, "perf_flags": ["no_read_workqueue", "no_write_workqueue"]}, default
+    )
+    assert nowq == [
+        "`cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue --persistent "
+        "<name>` (kept in the LUKS2 header)",
+        "or the crypttab options `no-read-workqueue,no-write-workqueue`",
+    ]
+    high = how_to_apply({**default, "perf_flags": ["high_priority"]}, default)
+    assert len(high) == 1 and "--perf-high_priority --persistent" in high[0]
+    assert "--sector-size 4096" in how_to_apply({**default, "sector_size": 4096}, default)[0]
+    assert "--key-size 256" in how_to_apply({**default, "key_bits": 256}, default)[0]
+    assert how_to_apply(default, default) == []
+
+
+def test_the_recommendation_lists_ranked_settings_and_states_the_skipped_ones():
+    from luksbench.publish.recommend import recommendations
+
+    loss, stacks, env, comparisons = synthetic_run()
+    table = tuning_table(loss, stacks, env, "luks", "plain", comparisons)
+    plan = {
+        "stacks": {
+            "luks": {},
+            "fast": {"sector_size": 4096},
+            "flagged": {"perf_flags": ["high_priority"]},
+        }
+    }
+    env = pd.DataFrame([{"host": HOST, "env_json": json.dumps({"plan": plan})}])
+    hosts = [
+        {
+            "host": HOST,
+            "kernel": "6.1.0",
+            "cryptsetup_version": "cryptsetup 2.6.1",
+            "backend_short": "kernel",
+        }
+    ]
+    rec = recommendations(table, env, hosts)
+    assert [(s["rank"], s["setting"]) for s in rec["ranked"]] == [(1, "fast"), (2, "slow")]
+    fast = rec["ranked"][0]
+    assert "--sector-size 4096" in fast["apply"][0]
+    assert {r["effect"] for r in fast["rows"]} >= {"-27.5 % [-30.0, -25.0]"}
+    assert {r["ceiling_decision"] for r in fast["rows"]} == {"material"}
+    skipped = {s["setting"]: s for s in rec["not_measured"]}
+    assert set(skipped) == {"flagged", "adiantum"}
+    assert "no --perf-high_priority" in skipped["flagged"]["reason"]
+    assert "--perf-high_priority" in skipped["flagged"]["apply"][0]
+    assert rec["versions"] == hosts
+    assert recommendations(table.iloc[0:0], env, hosts) == {"present": False}
