@@ -64,7 +64,7 @@ def fixed_rate_patterns(env: pd.DataFrame) -> dict[str, set[str]]:
 
 def _rows(loss: pd.DataFrame, fixed: dict[str, set[str]]) -> pd.DataFrame:
     """The loss rows the ranking reads: each metric in the cells where it answers the question."""
-    rows = loss[loss["metric"].isin(TUNING_METRICS) & (loss["derived_from"].fillna("") == "")]
+    rows = loss[loss["metric"].isin(TUNING_METRICS)]
     at_rate = [p in fixed.get(h, set()) for h, p in zip(rows["host"], rows["pattern"], strict=True)]
     per_io = rows["metric"].eq("busy_cpu_us_per_io").to_numpy()
     return rows[per_io == pd.Series(at_rate, dtype=bool).to_numpy()]
