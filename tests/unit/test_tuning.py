@@ -229,3 +229,17 @@ def test_the_recommendation_lists_ranked_settings_and_states_the_skipped_ones():
     assert "--perf-high_priority" in skipped["flagged"]["apply"][0]
     assert rec["versions"] == hosts
     assert recommendations(table.iloc[0:0], env, hosts) == {"present": False}
+
+
+def test_the_userspace_backend_refuses_the_dm_crypt_only_ciphers_naming_them():
+    from luksbench.testbox.backends.choose import userspace_compatible
+
+    study = yaml.safe_load(STUDY.read_text())
+    stacks = {n: {k: v for k, v in s.items() if k != "over"} for n, s in study["stacks"].items()}
+    stacks["plain"] = {"kind": "plain"}
+    why = userspace_compatible({"stacks": stacks})
+    assert why == [
+        "stack adiantum (cipher xchacha12,aes-adiantum-plain64: dm-crypt only, qemu's luks "
+        "driver lacks it)",
+        "stack null-cipher (cipher cipher_null-ecb: dm-crypt only, qemu's luks driver lacks it)",
+    ]
