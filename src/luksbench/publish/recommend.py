@@ -81,6 +81,7 @@ def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) 
         "reference": first["reference"],
         "ceiling": first["ceiling"],
         "multi_host": tuning["host"].nunique() > 1,
+        "no_equal_load": not tuning["metric"].eq("busy_cpu_us_per_io").any(),
         "ranked": ranked,
         "not_measured": not_measured,
         "versions": [
