@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +69,7 @@ def test_the_study_on_the_userspace_backend_recommends_from_measured_data(tmp_pa
     manifest = next((work / "data" / "raw" / RUN).glob("*/fio/manifest.json"))
     notes = {
         name: desc["notes"]
-        for name, desc in json.loads(manifest.read_text())["stack_descriptions"].items()
+        for name, desc in json.loads(manifest.read_text())["stack_descriptions"]["stacks"].items()
     }
     assert any("perf flags" in n and "skipped" in n for n in notes["luks-nowq"])
     assert any("plan asked 4096" in n for n in notes["luks-4k"])
@@ -92,6 +93,8 @@ def test_the_study_on_the_userspace_backend_recommends_from_measured_data(tmp_pa
     assert "### 1. `luks-key256`" in section
     assert f"{row['ci_low']:,.1f}, {row['ci_high']:,.1f}]" in section  # the measured interval
     assert "--key-size 256" in section
+    assert "(score 0).\nHow to apply" not in section  # a paragraph of its own before the table
+    assert re.search(r"\.\n\n\| metric \| cell \|", section)
     assert "**`luks-nowq` was not measured**" in section and "--perf-no_read_workqueue" in section
     assert "**`luks-4k` was not measured**" in section and "plan asked 4096" in section
     assert "cryptsetup 2." in section and "kernel " in section  # the versions measured
