@@ -93,7 +93,6 @@ def test_the_study_on_the_userspace_backend_recommends_from_measured_data(tmp_pa
     assert "### 1. `luks-key256`" in section
     assert f"{row['ci_low']:,.1f}, {row['ci_high']:,.1f}]" in section  # the measured interval
     assert "--key-size 256" in section
-    assert "(score 0).\nHow to apply" not in section  # a paragraph of its own before the table
     assert re.search(r"\.\n\n\| metric \| cell \|", section)
     assert "**`luks-nowq` was not measured**" in section and "--perf-no_read_workqueue" in section
     assert "**`luks-4k` was not measured**" in section and "plan asked 4096" in section
