@@ -64,14 +64,8 @@ def apply_study(config: dict, overrides: dict, studies_dir: Path) -> dict:
     name = overrides.get("study") or config.get("study")
     if not name:
         return config
-    merged = load_study(name, studies_dir)
-    for key, value in overrides.items():
-        if key in REPLACED_WHOLE or not isinstance(value, dict):
-            merged[key] = copy.deepcopy(value)
-        else:
-            merged[key] = _merge(merged.get(key) or {}, value)
-    merged["study"] = name
-    return merged
+    whole = {k: copy.deepcopy(v) for k, v in overrides.items() if k in REPLACED_WHOLE}
+    return {**_merge(load_study(name, studies_dir), overrides), **whole, "study": name}
 
 
 def load_config(workdir: Path, configfiles: list[Path] | None = None) -> dict:

@@ -19,7 +19,7 @@ rule stack_up:
     wildcard_constraints:
         **MEASURED,
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     shell:
         "luksbench testbox stack-up --plan {input.plan:q} --state {output.state:q}"
         " --describe {output.stacks:q} 2> {log:q}"
@@ -38,7 +38,7 @@ rule run_pilot:
     wildcard_constraints:
         **measuring("fio/pilot-manifest.json"),
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     params:
         host_dir=measured_host_dir,
     shell:
@@ -93,7 +93,7 @@ rule run_fio:
     wildcard_constraints:
         **measuring("fio/manifest.json"),
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     params:
         host_dir=measured_host_dir,
         targets=targets_option,
@@ -117,6 +117,6 @@ rule stack_down:
     wildcard_constraints:
         **measuring("fio/manifest.json"),
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     shell:
         "luksbench testbox stack-down --state {input.state:q} --record {output.record:q} 2> {log:q}"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from snakemake.utils import min_version, validate
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from luksbench.analysis.contrasts import check_config as check_comparisons
 from luksbench.analysis.ingest import PROCESSED_TABLES
@@ -44,9 +45,18 @@ ADAPTIVE = config["adaptive"]
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
 # when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
-shell.prefix(
-    f'set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"; '
-)
+# With --software-deployment-method conda a rule runs in its own environment (envs/testbox.yaml,
+# envs/analysis.yaml): the package is the workflow's src/, and `luksbench` its CLI module.
+SOURCE_DIR = Path(str(workflow.current_basedir)).resolve().parents[1] / "src"
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    shell.prefix(
+        f"set -euo pipefail; export PYTHONPATH={shlex.quote(str(SOURCE_DIR))}"
+        '${{PYTHONPATH:+:$PYTHONPATH}}; luksbench() {{ python -m luksbench.cli "$@"; }}; '
+    )
+else:
+    shell.prefix(
+        f'set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"; '
+    )
 
 
 # --- names and paths
@@ -180,6 +190,30 @@ def abs_processed_dir(wildcards):
 
 def abs_figures_dir(wildcards):
     return abspath(f"figures/{wildcards.run}")
+
+
+class FigureIndex:
+    """A run's figure index (figures/<run>/index.json, written by notebook 03), read only when
+    `snakemake --report` asks for a figure's caption or family. A param of no plain type, so it
+    is no rerun trigger."""
+
+    def __init__(self, figures_dir):
+        self.figures_dir = figures_dir
+
+    def entry(self, name):
+        from luksbench.publish.catalog import read_index  # matplotlib: only for the report
+
+        return next(e for e in read_index(self.figures_dir) if e["name"] == name)
+
+    def caption(self, name):
+        return self.entry(name)["caption"]
+
+    def family(self, name):
+        """(heading, introduction) of the figure's family, as the paper has them."""
+        from luksbench.publish.catalog import FIGURE_FAMILIES
+
+        heading, intro = FIGURE_FAMILIES[self.entry(name)["family"]]
+        return heading, intro.replace(", {cpu_basis}", "")  # the CPU figures state their basis
 
 
 # Every test-box step this invocation runs belongs to its session: the test box stays locked

@@ -118,6 +118,17 @@ def run_name(raw_dir: Path) -> str:
     return Path(raw_dir).resolve().name
 
 
+def raw_run_dir(run: str, raw_dir: Path) -> Path:
+    """``raw_dir`` as the raw folder of run ``run``; refused, naming the run, when it is missing or
+    is another run's."""
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        raise FileNotFoundError(f"run {run!r} does not exist: no raw data in {raw_dir}")
+    if run_name(raw_dir) != run:
+        raise ValueError(f"{raw_dir} is the raw data of run {run_name(raw_dir)!r}, not {run!r}")
+    return raw_dir
+
+
 def raw_digest(raw_dir: Path) -> str:
     """Digest of every file in a run folder (path, size, mtime, inode): it changes when a raw file
     is added, removed, replaced or edited (the workflow re-runs ingest when it does)."""

@@ -23,6 +23,7 @@ import pandas as pd
 
 from luksbench.analysis import cpucost, stats, tails, tuning
 from luksbench.analysis.contrasts import resolve
+from luksbench.analysis.ingest import PROCESSED_TABLES, raw_run_dir, write_processed
 
 #: CPU cost net of the idle baseline (:mod:`luksbench.analysis.cpucost`): per GiB, utilisation
 #: beside it, per I/O (at equal load in a fixed-rate pattern's cells)
@@ -49,14 +50,8 @@ def write_loss(
     processed_dir = Path(processed_dir)
     fio = pd.read_parquet(processed_dir / "fio.parquet")
     pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
-    table = stats.loss_tables(
-        fio,
-        pairs,
-        metrics,
-        confidence,
-        equivalence_margin_pct=equivalence_margin_pct,
-        decision_regions=decision_regions,
-    )
+    margin, regions = equivalence_margin_pct, decision_regions
+    table = stats.loss_tables(fio, pairs, metrics, confidence, margin, decision_regions=regions)
     notes = tails.too_few_notes(table, fio)
     notes = notes.where(notes != "", cpucost.within_noise_notes(table, fio))
     no_pilot = table["interval"].eq("none")
@@ -84,6 +79,21 @@ def _tables(processed_dir: Path, *names: str) -> list[pd.DataFrame]:
     """Processed tables by name; an empty one where the file is missing."""
     paths = [processed_dir / f"{name}.parquet" for name in names]
     return [pd.read_parquet(p) if p.exists() else pd.DataFrame() for p in paths]
+
+
+def run_tables(run: str, raw_dir: Path, processed_dir: Path, loss: bool = True) -> Path:
+    """``processed_dir`` holding run ``run``'s tables: where missing (a notebook opened on its own
+    in a fresh clone) ingested from ``raw_dir`` and, with ``loss``, the loss tables computed with
+    the default settings. A run that does not exist, or another run's tables, are refused."""
+    processed_dir = Path(processed_dir)
+    if not all((processed_dir / f"{t}.parquet").exists() for t in PROCESSED_TABLES):
+        write_processed(raw_run_dir(run, raw_dir), processed_dir)
+    found = set(pd.read_parquet(processed_dir / "fio.parquet", columns=["run"])["run"])
+    if found != {run}:
+        raise ValueError(f"{processed_dir} holds the tables of run {sorted(found)}, not {run!r}")
+    if loss and not all((processed_dir / f"{t}.parquet").exists() for t in LOSS_TABLES):
+        write_loss(processed_dir)
+    return processed_dir
 
 
 def order_effects(fio: pd.DataFrame, schedule_path: Path, pairs, loss, confidence: float):

@@ -32,9 +32,7 @@ read_env = read_json_object
 
 def _text(value) -> str | None:
     """First line of a recorded string; None when not recorded."""
-    if value is None or value == "":
-        return None
-    return str(value).strip().splitlines()[0]
+    return None if value is None or value == "" else str(value).strip().splitlines()[0]
 
 
 def _flag(cpu: dict, name: str) -> bool | None:

@@ -10,10 +10,6 @@ design columns). The document::
      "cells": {"<workload id>": {"pilot_sd_log_ratio": ..., "required_pairs": ...,
                                  "pairs": ..., "capped": ...}, ...}, ...}
 
-The loss table gives these cells Stein's interval, ``t_{n0-1} s0 / sqrt(N)`` around the mean of
-all N pairs, with s0 the SD of the pilot pairs 1..n0 (of every metric; ``pilot_sd_log_ratio``
-here is the design metric's, the largest over the cell's jobs and comparisons).
-
 Standard library only: the test box imports this.
 """
 

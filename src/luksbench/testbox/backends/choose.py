@@ -90,11 +90,8 @@ def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> di
 
     status: dict = {"root": os.geteuid() == 0, "mdadm": which("mdadm") is not None, "modprobe": []}
     wanted = {personalities[lvl] for lvl in levels if lvl in personalities}
-    if (
-        (not os.path.exists("/proc/mdstat") or wanted - active())
-        and try_modprobe
-        and status["root"]
-    ):
+    lacking = not os.path.exists("/proc/mdstat") or wanted - active()
+    if lacking and try_modprobe and status["root"]:
         modprobe = which("modprobe")
         for lvl in levels:
             if modprobe and personalities.get(lvl) not in active():
