@@ -12,7 +12,8 @@
                       (throughput and CPU: the bars of the figures);
 ``reps.parquet``      every repetition's value per arm and cell (job entries combined): the dots;
 ``order.parquet``     the effect of the stack order within pairs, per comparison and metric
-                      (:func:`stats.order_effect`, from the schedule table).
+                      (:func:`stats.order_effect`, from the schedule table);
+``tuning.parquet``    the tuning arms ranked against the headline variant (:mod:`.tuning`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import cpucost, dictionary, saturation, stats, tails
+from luksbench.analysis import cpucost, dictionary, saturation, stats, tails, tuning
 from luksbench.analysis.contrasts import resolve
 from luksbench.analysis.ingest import PROCESSED_TABLES, raw_run_dir, write_processed
 
@@ -31,7 +32,7 @@ CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct", "busy_
 #: metrics whose per-arm means and intervals are tabled (the bars and points of the figures)
 ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
 #: the tables :func:`write_loss` writes (``<processed_dir>/<name>.parquet``)
-LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order")
+LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order", "tuning")
 
 
 def write_loss(
@@ -67,11 +68,20 @@ def write_loss(
         "arms": stats.arm_summary(fio, arm_metrics, confidence),
         "reps": stats.rep_values(fio, arm_metrics),
         "order": order_effects(fio, processed_dir / "schedule.parquet", pairs, table, confidence),
+        "tuning": tuning.tuning_table(
+            table, *_tables(processed_dir, "stacks", "env"), variant, baseline, comparisons
+        ),
     }
     for name, part in tables.items():
         part.to_parquet(processed_dir / f"{name}.parquet", index=False)
     dictionary.write_csv(processed_dir, tables)
     return table, processed_dir / "loss.parquet"
+
+
+def _tables(processed_dir: Path, *names: str) -> list[pd.DataFrame]:
+    """Processed tables by name; an empty one where the file is missing."""
+    paths = [processed_dir / f"{name}.parquet" for name in names]
+    return [pd.read_parquet(p) if p.exists() else pd.DataFrame() for p in paths]
 
 
 def run_tables(run: str, raw_dir: Path, processed_dir: Path, loss: bool = True) -> Path:

@@ -28,6 +28,7 @@ from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
 from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
+from luksbench.publish.recommend import recommendations
 from luksbench.publish.references import (
     compare_ceph,
     compare_raid5,
@@ -867,6 +868,7 @@ def paper_context(
         "sequential": sequential_design(data, pairs),
         "figures_rel": _relative(Path(figures_dir), out_md),
         **_machine(data, figure_secs),
+        "tuning": recommendations(data.table("tuning"), data.env, hosts),
         **_published(data, reference_dir),
         **_provenance(data),
     }

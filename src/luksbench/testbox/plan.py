@@ -510,6 +510,7 @@ FS_DEFAULTS = {"fstype": "ext4", "file_size_mib": 0}
 _LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
 KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
 PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
+PERF_FLAGS += ("high_priority",)
 NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
 # One set of defaults for the schema's documentation, the plan and the test box.
 PRECONDITION_DEFAULTS = {

@@ -26,7 +26,9 @@ def layer_layout(layer, devices: dict) -> str:
     if kind in ("plain", "loop"):
         return f"{kind} (own scratch file)"
     if kind == "luks":
-        head = f"luks {layer.get('cipher')} {layer.get('luks_type')}"
+        head = (
+            f"luks {layer.get('cipher')} {layer.get('key_bits')}-bit key {layer.get('luks_type')}"
+        )
         if int(layer.get("sector_size", 512)) != 512:
             head += f" sector {layer['sector_size']}"
         if layer.get("perf_flags"):
