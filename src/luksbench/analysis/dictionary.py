@@ -22,6 +22,7 @@ TABLES = {
     "arms": "mean over repetitions with its interval, per stack, cell and metric",
     "reps": "every repetition's value per stack and cell (the dots of the figures)",
     "order": "the effect of the stack order within pairs, per comparison and metric",
+    "tuning": "dm-crypt settings ranked against the reference arm (and the unencrypted ceiling)",
 }
 
 # column[, column ...] | unit | meaning
@@ -104,7 +105,19 @@ fieller_low, fieller_high, boot_low, boot_high | % | Fieller and BCa bootstrap i
 outlier_reps, outliers_excluded | | flagged pairs and whether they were left out
 decision | | negligible, moderate, material (gain), undecided or insufficient
 decision_lower_pct, decision_upper_pct | % | the decision's margins
-interval | | t, stein or none
+interval | | t, stein, sequential or none
+look_confidence | | sequential design: level of each look's interval (targets.json)
+job_cpu_pct, baseline_job_cpu_pct | % of a core | fio job's usr + sys CPU (the baseline's largest)
+baseline_busy_pct | % | the baseline's largest system-wide busy CPU
+fio_bound | | a job used > 90 % of a core: fio, not the device, may be the limit
+cpu_saturated | | the whole machine was >= 90 % busy during the run
+setting, reference, ceiling | | tuning arm; the reference arm; the unencrypted ceiling
+rank, score | | rank of the setting; its score (material gain +2 ... material cost -2)
+n_gains, n_costs, n_undecided | | rows of the setting decided as gains, costs, undecided
+not_applied | | why the box did not apply the setting (empty: applied)
+metric_label | | what the paper calls the metric
+ceiling_effect_pct, ceiling_ci_low, ceiling_ci_high | % | effect and interval against the ceiling
+ceiling_decision | | decision by magnitude against the ceiling
 pilot_sd_log_ratio | | SD of d in the adaptive pilot
 derived_from | | the metric whose test an IOPS row repeats
 covers | | what the interval covers (sessions or repetitions)
