@@ -47,6 +47,7 @@ def _cmd_parse(args: argparse.Namespace) -> int:
 def _cmd_loss(args: argparse.Namespace) -> int:
     from luksbench.analysis.ingest import IngestError
     from luksbench.analysis.rawloss import loss_table_from_raw
+    from luksbench.analysis.saturation import LOSS_FLAG_COLUMNS
     from luksbench.analysis.stats import LOSS_COLUMNS
 
     try:
@@ -62,7 +63,7 @@ def _cmd_loss(args: argparse.Namespace) -> int:
         )
     except (IngestError, FileNotFoundError, ValueError) as exc:
         return _fail("loss", exc)
-    table.to_csv(sys.stdout, index=False, columns=LOSS_COLUMNS)
+    table.to_csv(sys.stdout, index=False, columns=[*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS])
     counts = table["decision"].str.split(":").str[0].value_counts()
     summary = ", ".join(f"{counts[v]} {v}" for v in counts.index)
     noisy = int(table["noisy"].sum())

@@ -188,3 +188,25 @@ def test_the_environment_appendix_lists_each_device_with_its_queues_and_the_jobs
             "cpus": "8-15",
         }
     ]
+
+
+def test_luksbench_loss_prints_the_baselines_flags_as_the_loss_table_has_them(tmp_path, capsys):
+    import io
+
+    from luksbench import cli
+    from luksbench.analysis import ingest, loss
+
+    sample = REPO / "data" / "raw" / "sample"
+    assert cli.main(["loss", str(sample), "--metric", "bw_bytes"]) == 0
+    printed = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    ingest.write_processed(sample, tmp_path)
+    loss.write_loss(tmp_path)
+    table = pd.read_parquet(tmp_path / "loss.parquet")
+    table = table[(table["metric"] == "bw_bytes") & (table["variant"] == "luks")]
+    assert set(saturation.LOSS_FLAG_COLUMNS) <= set(printed.columns)
+    keys = ["host", "workload", "direction"]
+    flags = ["fio_bound", "cpu_saturated"]
+    merged = printed[keys + flags].merge(table[keys + flags], on=keys, suffixes=("", "_table"))
+    assert len(merged) == len(printed) > 0
+    for flag in flags:
+        assert (merged[flag] == merged[f"{flag}_table"]).all(), flag
