@@ -285,17 +285,27 @@ def _add_next_command(commands) -> None:
         "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "reads it.",
     )
-    nxt.add_argument("raw_dir", metavar="RAW_DIR")
-    nxt.add_argument("--host", required=True)
-    nxt.add_argument("--baseline", default="plain")
-    nxt.add_argument("--variant", default="luks")
-    nxt.add_argument("--min-pairs", type=int, default=3, metavar="N")
-    nxt.add_argument("--max-pairs", type=int, default=12, metavar="CAP")
+    nxt.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
+    nxt.add_argument("--host", required=True, help="the host folder whose cells are decided")
+    nxt.add_argument("--baseline", default="plain", help=BASELINE_HELP)
+    nxt.add_argument("--variant", default="luks", help=VARIANT_HELP)
+    nxt.add_argument(
+        "--min-pairs", type=int, default=3, metavar="N", help="pairs before the first look"
+    )
+    nxt.add_argument(
+        "--max-pairs", type=int, default=12, metavar="CAP", help="pairs at most per cell"
+    )
     nxt.add_argument("--budget-h", type=float, default=0.0, help="device hours (0: no budget)")
     nxt.add_argument("--metric", default="bw_bytes", help="the metric whose decisions count")
-    nxt.add_argument("--confidence", type=float, default=0.95)
-    nxt.add_argument("--region", action="append", type=_region, metavar="FAMILY=LOWER,UPPER")
-    nxt.add_argument("--out", required=True, metavar="FILE")
+    nxt.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
+    nxt.add_argument(
+        "--region",
+        action="append",
+        type=_region,
+        metavar="FAMILY=LOWER,UPPER",
+        help="decision margins in %% of a metric family, as for `luksbench loss`",
+    )
+    nxt.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
     nxt.set_defaults(func=_cmd_next)
 
 
