@@ -8,6 +8,10 @@ snakemake --cores 1 paper/sample/index.md  # re-analyse the shipped sample (no f
 configfile: "config/config.yaml"
 
 
+# `snakemake --report report.html`: the study explained, every figure and the paper
+report: "report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/env.smk"
 include: "workflow/rules/bench.smk"

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 "01-ingest.ipynb",
                 {**common, "raw_dir": str(raw), "processed_dir": str(processed), "workers": "2"},
             ),
-            ("02-loss.ipynb", {"processed_dir": str(processed)}),
+            ("02-loss.ipynb", {**common, "processed_dir": str(processed)}),
             (
                 "03-figures.ipynb",
                 {

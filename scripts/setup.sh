@@ -16,6 +16,8 @@ declare -A debian_package=(
   [fusermount3]=fuse3
   [mkfs.xfs]=xfsprogs  # fs layers (xfs); ext4's e2fsprogs is in every Debian base system
   [chromium]=chromium  # the test suite opens the generated HTML paper in headless chromium
+  [pandoc]=pandoc  # the optional PDF of the paper (snakemake --cores 1 pdf) and its test
+  [weasyprint]=weasyprint  # pandoc's PDF engine here (HTML + CSS; no LaTeX needed)
   # tests/vm/test_vmbox.py builds a Debian guest and boots it to run dm-crypt and MD for real
   [mmdebstrap]=mmdebstrap
   [qemu-system-x86_64]=qemu-system-x86

@@ -50,7 +50,7 @@ def fixtures_dir() -> Path:
 # What a workflow run needs besides raw data (the tests run copies, never the repo's own data).
 # (profiles/default: the workflow's own defaults, e.g. resuming an interrupted run)
 WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "notebooks", "src", "data/reference")
-WORKFLOW_FILES += ("profiles/default",)
+WORKFLOW_FILES += ("profiles/default", "report")
 
 
 def copy_workflow(dest: Path, extra: tuple[str, ...] = ()) -> Path:

@@ -11,6 +11,8 @@ import csv
 import sys
 from pathlib import Path
 
+from luksbench import __version__
+
 
 def _fail(command: str, message) -> int:
     print(f"luksbench {command}: {message}", file=sys.stderr)
@@ -45,6 +47,7 @@ def _cmd_parse(args: argparse.Namespace) -> int:
 def _cmd_loss(args: argparse.Namespace) -> int:
     from luksbench.analysis.ingest import IngestError
     from luksbench.analysis.rawloss import loss_table_from_raw
+    from luksbench.analysis.saturation import LOSS_FLAG_COLUMNS
     from luksbench.analysis.stats import LOSS_COLUMNS
 
     try:
@@ -60,7 +63,7 @@ def _cmd_loss(args: argparse.Namespace) -> int:
         )
     except (IngestError, FileNotFoundError, ValueError) as exc:
         return _fail("loss", exc)
-    table.to_csv(sys.stdout, index=False, columns=LOSS_COLUMNS)
+    table.to_csv(sys.stdout, index=False, columns=[*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS])
     counts = table["decision"].str.split(":").str[0].value_counts()
     summary = ", ".join(f"{counts[v]} {v}" for v in counts.index)
     noisy = int(table["noisy"].sum())
@@ -170,19 +173,24 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 1 if any(line.startswith("  REFUSED ") for line in lines) else 0
 
 
+BASELINE_HELP = "the reference stack (default: plain)"
+VARIANT_HELP = "the stack compared with it (default: luks)"
+CONFIDENCE_HELP = "confidence level of the intervals (default 0.95)"
+
+
 def _add_loss_commands(commands) -> None:
     """``luksbench loss`` and ``luksbench targets``: one run's statistics straight from raw."""
     loss = commands.add_parser("loss", help="loss table with confidence intervals for one run")
     loss.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
-    loss.add_argument("--baseline", default="plain")
-    loss.add_argument("--variant", default="luks")
+    loss.add_argument("--baseline", default="plain", help=BASELINE_HELP)
+    loss.add_argument("--variant", default="luks", help=VARIANT_HELP)
     loss.add_argument(
         "--metric",
         action="append",
         help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, busy_cpu_s_per_gib, "
         "sys_cpu_s_per_gib ... (repeatable; default: those seven)",
     )
-    loss.add_argument("--confidence", type=float, default=0.95)
+    loss.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
     loss.add_argument(
         "--equivalence-margin",
         type=float,
@@ -214,21 +222,96 @@ def _add_loss_commands(commands) -> None:
         "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "finds it and gives the cells it lists Stein's interval.",
     )
-    targets.add_argument("raw_dir", metavar="RAW_DIR")
-    targets.add_argument("--host", required=True)
-    targets.add_argument("--baseline", default="plain")
-    targets.add_argument("--variant", default="luks")
-    targets.add_argument("--pilot-pairs", type=int, default=4, metavar="N0")
-    targets.add_argument("--target-half-width", type=float, default=2.0, metavar="PCT")
-    targets.add_argument("--max-pairs", type=int, default=12, metavar="CAP")
+    targets.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
+    targets.add_argument("--host", required=True, help="the host whose pilot pairs count")
+    targets.add_argument("--baseline", default="plain", help=BASELINE_HELP)
+    targets.add_argument("--variant", default="luks", help=VARIANT_HELP)
+    targets.add_argument(
+        "--pilot-pairs", type=int, default=4, metavar="N0", help="pilot pairs per cell (default 4)"
+    )
+    targets.add_argument(
+        "--target-half-width",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="interval half-width to aim for, in %% (default 2)",
+    )
+    targets.add_argument(
+        "--max-pairs",
+        type=int,
+        default=12,
+        metavar="CAP",
+        help="most pairs a cell gets (default 12)",
+    )
     targets.add_argument("--metric", default="bw_bytes", help="the metric whose pilot noise counts")
-    targets.add_argument("--confidence", type=float, default=0.95)
-    targets.add_argument("--out", required=True, metavar="FILE")
+    targets.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
+    targets.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
     targets.set_defaults(func=_cmd_targets)
+
+
+def _cmd_next(args: argparse.Namespace) -> int:
+    from luksbench.analysis.ingest import IngestError, fio_table
+    from luksbench.analysis.sequential import next_round
+
+    try:
+        doc = next_round(
+            fio_table(Path(args.raw_dir)),
+            args.host,
+            Path(args.out),
+            comparisons=[(args.baseline, args.variant)],
+            min_pairs=args.min_pairs,
+            max_pairs=args.max_pairs,
+            budget_s=args.budget_h * 3600,
+            metric=args.metric,
+            confidence=args.confidence,
+            decision_regions=dict(args.region or []),
+        )
+    except (IngestError, ValueError, OSError) as exc:
+        return _fail("next", exc)
+    for w, cell in doc["cells"].items():
+        print(f"{w}: {cell['n']} pairs, {cell.get('decision', 'no interval')}; {cell['why']}")
+    state = "done" if doc["done"] else "another round"
+    print(f"luksbench next: {state}; wrote {args.out}")
+    return 0
+
+
+def _add_next_command(commands) -> None:
+    nxt = commands.add_parser(
+        "next",
+        help="sequential design: decide every cell, write the next round's targets file",
+        description="Decide every cell of one host from its pairs so far (intervals valid at any "
+        "look: Bonferroni over the looks min_pairs..max_pairs) and write the next round's "
+        "targets (workload id -> pairs wanted so far; a decided cell keeps its count). The "
+        "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
+        "reads it.",
+    )
+    nxt.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
+    nxt.add_argument("--host", required=True, help="the host folder whose cells are decided")
+    nxt.add_argument("--baseline", default="plain", help=BASELINE_HELP)
+    nxt.add_argument("--variant", default="luks", help=VARIANT_HELP)
+    nxt.add_argument(
+        "--min-pairs", type=int, default=3, metavar="N", help="pairs before the first look"
+    )
+    nxt.add_argument(
+        "--max-pairs", type=int, default=12, metavar="CAP", help="pairs at most per cell"
+    )
+    nxt.add_argument("--budget-h", type=float, default=0.0, help="device hours (0: no budget)")
+    nxt.add_argument("--metric", default="bw_bytes", help="the metric whose decisions count")
+    nxt.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
+    nxt.add_argument(
+        "--region",
+        action="append",
+        type=_region,
+        metavar="FAMILY=LOWER,UPPER",
+        help="decision margins in %% of a metric family, as for `luksbench loss`",
+    )
+    nxt.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
+    nxt.set_defaults(func=_cmd_next)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     parse = commands.add_parser("parse", help="parse tool output into tidy CSV on stdout")
@@ -238,10 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("cryptsetup", "`cryptsetup benchmark` text output"),
     ):
         parse_kind = parse_kinds.add_parser(kind, help=what)
-        parse_kind.add_argument("files", nargs="+", metavar="FILE")
+        parse_kind.add_argument("files", nargs="+", metavar="FILE", help="files to parse")
         parse_kind.set_defaults(func=_cmd_parse)
 
     _add_loss_commands(commands)
+    _add_next_command(commands)
 
     comp = commands.add_parser(
         "compare",
@@ -255,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "run_a", metavar="RUN_A", help="data/processed/<run>, data/raw/<run> or a name"
     )
-    comp.add_argument("run_b", metavar="RUN_B")
+    comp.add_argument("run_b", metavar="RUN_B", help="the run compared with RUN_A, as RUN_A")
     comp.add_argument(
         "--host",
         action="append",
@@ -269,16 +353,24 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="bw_bytes, iops, clat_p99_ns, busy_cpu_s_per_gib (default) or any loss-table metric",
     )
-    comp.add_argument("--confidence", type=float, default=0.95)
-    comp.add_argument("--equivalence-margin", type=float, default=2.0, metavar="PCT")
+    comp.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
+    comp.add_argument(
+        "--equivalence-margin",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="equivalence margin in percentage points (default 2)",
+    )
     comp.add_argument(
         "--unpaired",
         action="store_true",
         help="never pair repetitions (sessions are the replicates)",
     )
     comp.add_argument("--out", required=True, metavar="DIR", help="output folder (not a file)")
-    comp.add_argument("--processed-root", type=Path, default=Path("data/processed"))
-    comp.add_argument("--raw-root", type=Path, default=Path("data/raw"))
+    comp.add_argument(
+        "--processed-root", type=Path, default=Path("data/processed"), help="where runs' tables are"
+    )
+    comp.add_argument("--raw-root", type=Path, default=Path("data/raw"), help="where raw runs are")
     comp.set_defaults(func=_cmd_compare)
 
     plan = commands.add_parser(
@@ -306,9 +398,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The import names of each extra's packages (pyproject: [project.optional-dependencies]).
+EXTRAS = {
+    "analysis": "pandas numpy pyarrow orjson scipy matplotlib seaborn jinja2 markdown_it papermill "
+    "ipykernel duckdb",
+    "workflow": "snakemake yaml jsonschema",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        extra = next((e for e, names in EXTRAS.items() if top in names.split()), None)
+        if extra is None:
+            raise
+        return _fail(
+            args.command,
+            f"needs the {extra} packages, and {top} is not installed: "
+            f"pip install 'luksbench[{extra}]'",
+        )
 
 
 if __name__ == "__main__":

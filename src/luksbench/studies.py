@@ -10,6 +10,7 @@ merged: a study's scratch-file devices must not survive next to the user's disks
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import yaml
@@ -17,6 +18,9 @@ import yaml
 from luksbench.testbox.plan import PlanError
 
 STUDIES_DIR = Path("config/studies")
+# where to find config/, workflow/ when not in the workflow directory: the source tree this module
+# is in (a checkout, an editable install), else what the package installed (pyproject: data-files)
+INSTALLED = (Path(__file__).resolve().parents[2], Path(sys.prefix) / "share" / "luksbench")
 REPLACED_WHOLE = ("devices", "stacks")
 
 
@@ -64,14 +68,8 @@ def apply_study(config: dict, overrides: dict, studies_dir: Path) -> dict:
     name = overrides.get("study") or config.get("study")
     if not name:
         return config
-    merged = load_study(name, studies_dir)
-    for key, value in overrides.items():
-        if key in REPLACED_WHOLE or not isinstance(value, dict):
-            merged[key] = copy.deepcopy(value)
-        else:
-            merged[key] = _merge(merged.get(key) or {}, value)
-    merged["study"] = name
-    return merged
+    whole = {k: copy.deepcopy(v) for k, v in overrides.items() if k in REPLACED_WHOLE}
+    return {**_merge(load_study(name, studies_dir), overrides), **whole, "study": name}
 
 
 def load_config(workdir: Path, configfiles: list[Path] | None = None) -> dict:
@@ -80,11 +78,19 @@ def load_config(workdir: Path, configfiles: list[Path] | None = None) -> dict:
     from snakemake.utils import validate
 
     workdir = Path(workdir)
-    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text()) or {}
+    config = yaml.safe_load(_found(workdir, "config/config.yaml").read_text()) or {}
     overrides: dict = {}
     for path in configfiles or []:
         overrides = _merge(overrides, yaml.safe_load(Path(path).read_text()) or {})
     config = _merge(config, overrides)
-    config = apply_study(config, overrides, workdir / STUDIES_DIR)
-    validate(config, str(workdir / "workflow" / "schemas" / "config.schema.yaml"))
+    config = apply_study(config, overrides, _found(workdir, STUDIES_DIR))
+    validate(config, str(_found(workdir, "workflow/schemas/config.schema.yaml")))
     return config
+
+
+def _found(workdir: Path, relative: str | Path) -> Path:
+    """``relative`` (the default config, the schema, the studies) in the workflow directory, else
+    where the package has it (:data:`INSTALLED`): ``luksbench plan`` works outside a checkout."""
+    tree, share = INSTALLED
+    found = [workdir / relative, tree / relative, share / Path(relative).name]
+    return next((path for path in found if path.exists()), found[0])

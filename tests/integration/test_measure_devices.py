@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
 import pytest
 from test_measure import MIB
 
+import luksbench.testbox.precondition as precondition_module
 from luksbench.testbox.precondition import (
     fill_argv,
     precondition,
@@ -46,7 +48,8 @@ def loop_device(tmp_path):
 
 
 @pytest.mark.device
-def test_precondition_loop_device(loop_device):
+def test_precondition_loop_device(loop_device, monkeypatch):
+    monkeypatch.setattr(precondition_module, "FILL_HEARTBEAT_S", 0.01)
     lines: list[str] = []
     opts = {"ss_round_s": 1, "ss_max_rounds": 6, "steady_state": True}
     rec = precondition(loop_device, 64 * MIB, opts, "libaio", lines.append)
@@ -68,6 +71,9 @@ def test_precondition_loop_device(loop_device):
     assert ("steady after" if ss["steady"] else "not steady after") in ss["verdict"]
     assert rec["seconds"] >= ss["seconds"] >= sum(r["seconds"] for r in ss["rounds"]) * 0.99
     assert any("steady-state round 1" in line for line in lines)
+    # the fill says it is running; each round the time left if the gate never passes
+    assert any(re.fullmatch(rf"  {loop_device}: filling: elapsed \d+s", line) for line in lines)
+    assert re.search(r"round 1: .*; elapsed \d+s, ETA [1-9]\d*s if it never", "\n".join(lines))
     json.dumps(rec)  # the record goes into the stack description as it is
 
 

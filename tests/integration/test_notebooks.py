@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import copy_workflow
 
 from luksbench.analysis.loss import LOSS_TABLES
 from luksbench.analysis.tails import TOO_FEW
@@ -26,12 +27,13 @@ ORDER = ["01-ingest", "02-loss", "03-figures", "04-paper"]
 # the shipped sample; LUKSBENCH_NOTEBOOK_RAW points the papermill test at another run folder
 SAMPLE_RAW = Path(os.environ.get("LUKSBENCH_NOTEBOOK_RAW", REPO / "data" / "raw" / "sample"))
 
+# the run's folders default to "": derived from `run` in the notebook (data/raw/<run>, ...)
 DEFAULTS = {
     "run": "sample",
-    "raw_dir": "../data/raw/sample",
-    "processed_dir": "../data/processed/sample",
-    "figures_dir": "../figures/sample",
-    "paper_dir": "../paper/sample",
+    "raw_dir": "",
+    "processed_dir": "",
+    "figures_dir": "",
+    "paper_dir": "",
     "reference_dir": "../data/reference",
     "title": "",
     "author": "luksbench",
@@ -43,10 +45,11 @@ DEFAULTS = {
     "strict": False,
     "workers": 2,
 }
+RUN_DIRS = {"run", "raw_dir", "processed_dir"}
 PARAMS = {
-    "01-ingest": {"run", "raw_dir", "processed_dir", "strict", "workers"},
+    "01-ingest": {*RUN_DIRS, "strict", "workers"},
     "02-loss": {
-        "processed_dir",
+        *RUN_DIRS,
         "baseline",
         "variant",
         "comparisons",
@@ -55,16 +58,8 @@ PARAMS = {
         "decision_regions",
         "min_pairs",
     },
-    "03-figures": {"run", "processed_dir", "figures_dir", "workers"},
-    "04-paper": {
-        "run",
-        "processed_dir",
-        "figures_dir",
-        "paper_dir",
-        "reference_dir",
-        "title",
-        "author",
-    },
+    "03-figures": {*RUN_DIRS, "figures_dir", "workers"},
+    "04-paper": {*RUN_DIRS, "figures_dir", "paper_dir", "reference_dir", "title", "author"},
 }
 
 
@@ -118,10 +113,21 @@ def test_the_loss_notebook_names_every_table_it_writes():
         assert f"{table}.parquet`" in story, table
 
 
-def run_notebooks(raw: Path, tmp_path: Path) -> dict[str, float]:
-    """The four notebooks in order on run folder ``raw`` as Snakemake runs them; their timings."""
+def execute(name: str, out: Path, cwd: Path = NOTEBOOKS, **parameters):
     import papermill
 
+    return papermill.execute_notebook(
+        str(cwd / f"{name}.ipynb"),
+        str(out),
+        parameters=parameters,
+        kernel_name="python3",
+        cwd=str(cwd),
+        progress_bar=False,
+    )
+
+
+def run_notebooks(raw: Path, tmp_path: Path) -> dict[str, float]:
+    """The four notebooks in order on run folder ``raw`` as Snakemake runs them; their timings."""
     params = {
         "run": raw.name,
         "raw_dir": str(raw),
@@ -133,14 +139,7 @@ def run_notebooks(raw: Path, tmp_path: Path) -> dict[str, float]:
     for name in ORDER:
         wanted = {k: v for k, v in params.items() if k in PARAMS[name]}
         start = time.monotonic()
-        papermill.execute_notebook(
-            str(NOTEBOOKS / f"{name}.ipynb"),
-            str(tmp_path / f"{name}.out.ipynb"),
-            parameters=wanted,
-            kernel_name="python3",
-            cwd=str(NOTEBOOKS),
-            progress_bar=False,
-        )
+        execute(name, tmp_path / f"{name}.out.ipynb", **wanted)
         timings[name] = time.monotonic() - start
     return timings
 
@@ -190,3 +189,45 @@ def test_the_analysis_finishes_on_tampered_raw_and_names_the_files(tmp_path):
     withheld = short["note"].str.startswith(TOO_FEW)  # p99.9: a plain rep has 9,303 I/Os
     assert (short["verdict"] == "insufficient").all() and (short.loc[~withheld, "n"] == 1).all()
     assert (short.loc[withheld, "n"] == 0).all()
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_a_notebook_pointed_at_a_run_that_does_not_exist_refuses_naming_it(name, tmp_path):
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError, match="run 'nosuchrun' does not exist"):
+        execute(name, tmp_path / "out.ipynb", run="nosuchrun")
+    assert not (REPO / "data" / "processed" / "nosuchrun").exists()
+    assert not (REPO / "figures" / "nosuchrun").exists()
+
+
+def test_another_runs_tables_are_refused_not_relabelled(tmp_path):
+    """`-p run default` on the sample's tables: refused, never figures of the sample as `default`."""
+    from papermill.exceptions import PapermillExecutionError
+
+    processed = tmp_path / "processed"
+    execute("01-ingest", tmp_path / "01.ipynb", processed_dir=str(processed))
+    with pytest.raises(PapermillExecutionError, match="not 'default'"):
+        execute(
+            "03-figures",
+            tmp_path / "03.ipynb",
+            run="default",
+            processed_dir=str(processed),
+            figures_dir=str(tmp_path / "figures"),
+        )
+    assert not (tmp_path / "figures").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ORDER[1:])
+def test_each_notebook_runs_alone_in_a_fresh_clone(name, tmp_path):
+    """A checkout with the sample's raw data only (no processed tables, no figures): the notebook
+    computes what it needs into the sample's own folders, with its default parameters."""
+    clone = copy_workflow(tmp_path / "clone", extra=("data/raw/sample",))
+    execute(name, tmp_path / "out.ipynb", cwd=clone / "notebooks")
+    assert (clone / "data/processed/sample/loss.parquet").exists()
+    assert [p.name for p in (clone / "data/processed").iterdir()] == ["sample"]
+    if name != "02-loss":
+        assert (clone / "figures/sample/index.json").exists()
+    if name == "04-paper":
+        assert (clone / "paper/sample/index.html").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -630,3 +631,42 @@ def test_throughput_bars_show_the_repetitions_and_say_they_are_unpaired(sample):
     assert "per arm, unpaired" in fig.get_suptitle()
     assert "unpaired" in catalog.FIGURE_FAMILIES["throughput"][1]
     assert "per arm and unpaired" in sample["md"].read_text()
+
+
+def test_post_folder_holds_front_matter_and_figures_for_a_site(processed, figures, tmp_path):
+    """config paper.front_matter reaches the post's YAML front matter as a Jekyll site (the SCS
+    blog) reads it, and the post's folder works on its own: figures beside it, linked relative."""
+    yaml = pytest.importorskip("yaml")
+    extra = {"layout": "post", "image": "blog/luks.png", "tags": ["luks", "performance"]}
+    extra["author"] = ["Jane Doe", "Max Muster"]
+    own_figures, out = tmp_path / "figures", tmp_path / "paper" / "tumrun" / "index.md"
+    shutil.copytree(figures["loss"][0].parent, own_figures)
+    render.render_paper(processed, own_figures, out, "tumrun", front_matter=extra)
+    site = tmp_path / "site" / "_posts" / "luks"
+    shutil.copytree(out.parent, site)
+    shutil.rmtree(out.parent.parent)
+    shutil.rmtree(own_figures)  # the originals are gone: the post's own copy must do
+    text = (site / "index.md").read_text()
+    head = yaml.safe_load(text.split("---\n")[1])
+    assert {k: head[k] for k in extra} == extra and head["run"] == "tumrun"
+    assert head["title"].startswith("What does") and str(head["date"]) == "2024-02-13"
+    assert 'author:\n  - "Jane Doe"\n  - "Max Muster"\n' in text
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(links) == len(figures)
+    assert all(link.startswith("figures/") and (site / link).is_file() for link in links)
+    meta, _ = render.split_front_matter(text)
+    assert meta["author"] == ["Jane Doe", "Max Muster"] and meta["tags"] == extra["tags"]
+    html = render.render_html(site / "index.md").read_text()
+    assert '<p class="byline">Jane Doe, Max Muster · 2024-02-13</p>' in html
+
+
+def test_pdf_of_the_paper_with_pandoc(processed, tmp_path, monkeypatch):
+    figures_dir = tmp_path / "figures"
+    catalog.make_figures(processed, figures_dir, "tumrun")
+    md = render.render_paper(processed, figures_dir, tmp_path / "paper" / "index.md", "tumrun")
+    pdf = render.render_pdf(md)
+    assert pdf == md.with_suffix(".pdf") and pdf.read_bytes().startswith(b"%PDF")
+    assert pdf.stat().st_size > 100_000  # the figures are in it
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    with pytest.raises(FileNotFoundError, match="apt-get install pandoc weasyprint"):
+        render.render_pdf(md)

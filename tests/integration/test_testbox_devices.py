@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -329,6 +330,17 @@ def test_manifest_records_counterbalanced_schedule(cycle):
         assert r["path"] == f"fio/{r['stack']}/{r['workload']}/rep{r['rep']}.json"
     # measured overhead: each 1-s fio run takes well under 3 s wall time
     assert cycle["run_fio_s"] < 8 * 3
+
+
+def test_progress_with_elapsed_and_eta_on_stderr(cycle):
+    stack_up, run_fio = cycle["outputs"][1].stderr, cycle["outputs"][2].stderr
+    assert "[1/2] plain: preconditioning" in stack_up and "[2/2] luks: preconditioning" in stack_up
+    assert re.search(r"luks: preconditioned in [\d.]+ s; elapsed \d+s, ETA 0s", stack_up)
+    # 8 runs of 1 s: the first ETA is at least the 7 runs left, the last one nothing
+    assert re.search(r"of fio", run_fio)
+    etas = re.findall(r"\] (?:plain|luks) .*; elapsed (\d+)s, ETA (\d+)s", run_fio)
+    assert len(etas) == 8 and int(etas[0][1]) >= 7 and etas[-1][1] == "0"
+    assert [int(e) for e, _ in etas] == sorted(int(e) for e, _ in etas)
 
 
 def test_rerun_skips_existing_reps_unchanged(cycle):

@@ -259,7 +259,7 @@ def test_targets_file_carries_what_steins_interval_needs(tmp_path):
 
     path = tmp_path / "targets.json"
     path.write_text(json.dumps({"pairs": {"a": 6, "b": 12}, "noisy": ["b"], "pilot_pairs": 4}))
-    assert read_targets(path) == {"a": (6, False, 4), "b": (12, True, 4)}
+    assert read_targets(path) == {"a": (6, False, 4, None), "b": (12, True, 4, None)}
     path.write_text(json.dumps({"pairs": {"a": 6}, "pilot_pairs": 1}))
     with pytest.raises(TargetsError, match="pilot_pairs"):
         read_targets(path)
@@ -310,7 +310,7 @@ def test_targets_without_a_pilot_sd_name_no_pilot(tmp_path):
     doc = {"pairs": {"a": 6, "b": 12, "c": 12}, "pilot_pairs": 4, "cells": cells}
     path.write_text(json.dumps(doc))
     assert read_targets(path) == {
-        "a": (6, False, 4),
-        "b": (12, False, None),
-        "c": (12, False, None),
+        "a": (6, False, 4, None),
+        "b": (12, False, None, None),
+        "c": (12, False, None, None),
     }

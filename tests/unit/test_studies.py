@@ -23,12 +23,15 @@ from luksbench.testbox.plan import (
     walk_layers,
     workloads,
 )
+from luksbench.testbox.planview import layer_layout
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES_DIR = REPO / "config" / "studies"
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 BIN = Path(sys.executable).parent
 
+TUNING_ARMS = ("luks-submit", "luks-samecpu", "luks-noreadwq", "luks-nowritewq", "luks-nowq")
+TUNING_ARMS += ("luks-highprio", "luks-4k", "luks-key256", "adiantum", "null-cipher")
 # What each study needs, from issue 3: the arms with the devices each one names, the baseline and
 # primary variant, the number of matrix cells and the study's seconds per fio run.
 EXPECTED = {
@@ -86,6 +89,17 @@ EXPECTED = {
         "baseline": "raw",
         "variant": "aes-xts",
         "cells": 1,
+        "runtime_s": 30,
+    },
+    "tune-dmcrypt": {
+        "stacks": {
+            "plain": {"d0"},
+            "luks": {"d0"},
+            **{arm: {f"d{i}"} for i, arm in enumerate(TUNING_ARMS, start=1)},
+        },
+        "baseline": "plain",
+        "variant": "luks",
+        "cells": 2 * 2 + 2 + 2,  # + 1M sequential read/write at qd32, + 4k at equal load
         "runtime_s": 30,
     },
 }
@@ -344,6 +358,62 @@ def test_ciphers_2010_has_one_luks_arm_per_cipher(tmp_path):
     assert {(a["luks_type"], a["sector_size"], tuple(a["perf_flags"])) for a in arms} == {
         ("luks2", 512, ())
     }
+
+
+def test_tune_dmcrypt_changes_one_setting_per_arm_against_the_luks2_default(tmp_path):
+    plan = plan_of("tune-dmcrypt", tmp_path)
+    stacks = plan["stacks"]
+    default = {k: stacks["luks"][k] for k in ("cipher", "key_bits", "sector_size", "perf_flags")}
+    assert default == {
+        "cipher": "aes-xts-plain64",
+        "key_bits": 512,
+        "sector_size": 512,
+        "perf_flags": [],
+    }
+    changed = {
+        name: {k: v for k, v in default.items() if stack.get(k) != v}
+        for name, stack in stacks.items()
+        if stack["kind"] == "luks" and name != "luks"
+    }
+    assert changed == {
+        "luks-submit": {"perf_flags": []},
+        "luks-samecpu": {"perf_flags": []},
+        "luks-noreadwq": {"perf_flags": []},
+        "luks-nowritewq": {"perf_flags": []},
+        "luks-nowq": {"perf_flags": []},
+        "luks-highprio": {"perf_flags": []},
+        "luks-4k": {"sector_size": 512},
+        "luks-key256": {"key_bits": 512},
+        "adiantum": {"cipher": "aes-xts-plain64", "key_bits": 512},
+        "null-cipher": {"cipher": "aes-xts-plain64"},
+    }
+    flags = {n: stacks[n]["perf_flags"] for n in changed if stacks[n]["perf_flags"]}
+    assert flags == {
+        "luks-submit": ["submit_from_crypt_cpus"],
+        "luks-samecpu": ["same_cpu_crypt"],
+        "luks-noreadwq": ["no_read_workqueue"],
+        "luks-nowritewq": ["no_write_workqueue"],
+        "luks-nowq": ["no_read_workqueue", "no_write_workqueue"],
+        "luks-highprio": ["high_priority"],
+    }
+    assert stacks["plain"] == {"kind": "raw", "device": "d0"}
+    # the dry run tells the key sizes apart
+    layout = layer_layout(stacks["luks-key256"], plan["devices"])
+    assert layout.startswith("luks aes-xts-plain64 256-bit key luks2")
+    assert {n for n, s in stacks.items() if s.get("optional")} == {"adiantum", "null-cipher"}
+    # CPU per I/O at equal load: the 4k cells again, every arm at one rate
+    assert plan["patterns"]["equalload"]["rate_pct"] == 80
+    assert plan["patterns"]["seq"]["matrix"] == {
+        "rw": ["read", "write"],
+        "bs": ["1m"],
+        "iodepth": [32],
+    }
+    # every arm is compared with the default and with the ceiling
+    comparisons = validated(load_study("tune-dmcrypt"))["analysis"]["comparisons"]
+    pairs = {(c["baseline"], c["variant"]) for c in comparisons}
+    for name in set(changed) - {"null-cipher"}:
+        assert {("luks", name), ("plain", name)} <= pairs
+    assert {("plain", "luks"), ("plain", "null-cipher"), ("null-cipher", "luks")} <= pairs
 
 
 # --- the dry run -------------------------------------------------------------------------------

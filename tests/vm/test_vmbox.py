@@ -79,6 +79,17 @@ def dm_targets(table: str) -> dict[str, list[str]]:
     return found
 
 
+def crypt_arm(line: str) -> dict:
+    """A ``dmsetup table`` crypt line -> {cipher, key_bits, options}. The key size is read from
+    the kernel keyring reference (``:<bytes>:logon:...``, LUKS2); None for any other key field
+    (the null cipher's has no key; dmsetup prints a hex key as ``0`` without --showkeys)."""
+    fields = line.split(": ", 1)[1].split()
+    keyring = re.match(r":(\d+):logon:", fields[4])
+    options = fields[9 : 9 + int(fields[8])] if len(fields) > 8 else []
+    key_bits = 8 * int(keyring.group(1)) if keyring else None
+    return {"cipher": fields[3], "key_bits": key_bits, "options": sorted(options)}
+
+
 def md_arrays(mdstat: str) -> dict[str, str]:
     """/proc/mdstat -> {md device: personality} for active arrays."""
     return dict(re.findall(r"^(md\d+) : active (?:\(\S+\) )?(\w+)", mdstat, flags=re.M))
@@ -143,6 +154,15 @@ def test_case_measured_and_torn_down(vm, name):
         fstypes = set(scratch_mounts(_read(case_dir / f"captures/{when}/mounts.txt")).values())
         for fstype in expect.get("fs_types_up", []):
             assert fstype in fstypes, f"{name} ({when}): no {fstype} mounted, only {fstypes}"
+        # each arm as configured: its own crypt line, read from the guest's `dmsetup table`
+        lines = {line.split(": ", 1)[0]: line for line in crypt_lines}
+        for stack, want in expect.get("crypt_arms_up", {}).items():
+            mapper = Path(stacks["stacks"][stack]["device"]).name
+            assert mapper in lines, f"{name} ({when}): no crypt mapping of {stack}: {lines}"
+            assert crypt_arm(lines[mapper]) == want, (name, when, stack, lines[mapper])
+    for stack, pattern in expect.get("notes_up", {}).items():
+        notes = stacks["stacks"][stack]["notes"]
+        assert any(re.search(pattern, note) for note in notes), (stack, notes)
     assert case["steps"][[s["step"] for s in case["steps"]].index("run-fio")]["during_capture_at_s"]
 
     # After stack-down: nothing of ours is left in the kernel.
@@ -182,6 +202,9 @@ def test_case_measured_and_torn_down(vm, name):
                 f"{f}: fio ran on {filename}, stack is {desc['device']}"
             )
 
+    if expect.get("fio_jobs"):
+        _check_fio_jobs(host_dir, expect["fio_jobs"])
+
     # Sessions: each its own stack-up, recorded with every result it measured.
     if expect.get("sessions"):
         records = [json.loads(p.read_text()) for p in sorted((host_dir / "sessions").glob("*"))]
@@ -200,6 +223,22 @@ def test_case_measured_and_torn_down(vm, name):
             else:
                 sector = node["sector_size"]
                 assert re.search(rf"sector:\s+{sector} \[bytes\]", node["luks_dump"]), node
+
+
+def _check_fio_jobs(host_dir: Path, want: dict) -> None:
+    """numjobs job entries per result, each pinned as asked; the io_uring options applied or
+    skipped with the reason recorded in the manifest."""
+    for run in json.loads(_read(host_dir / "manifest.json"))["runs"]:
+        cell, jobs = run["workload"], run["fio_jobs"]
+        entries = json.loads(_read(host_dir.parent / run["path"]))["jobs"]
+        assert jobs["numjobs"] == want["numjobs"] == len(entries), (run, len(entries))
+        assert jobs["cpus_allowed"] == want["cpus_allowed"][cell], run
+        options = [e["job options"] for e in entries]
+        assert all(o.get("cpus_allowed", "") == jobs["cpus_allowed"] for o in options), options
+        assert sorted(jobs["skipped"]) == want["skipped"].get(cell, []), run
+        assert all(reason for reason in jobs["skipped"].values()), run
+        for option in want["applied"].get(cell, []):
+            assert all(o.get(option) == "1" for o in options), (option, options)
 
 
 def _nodes(obj):

@@ -36,7 +36,7 @@ rule ingest_raw:
     log:
         "logs/{run}/ingest_raw.log",
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/analysis.yaml"
     threads: 2
     params:
         papermill=PAPERMILL_OPTIONS,
@@ -66,7 +66,7 @@ rule compute_loss:
     log:
         "logs/{run}/compute_loss.log",
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/analysis.yaml"
     params:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
@@ -81,7 +81,7 @@ rule compute_loss:
         min_pairs=min_pairs,
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
-        " -p processed_dir {params.processed_dir:q}"
+        " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
         " -p baseline {params.baseline:q} -p variant {params.variant:q}"
         " -r comparisons {params.comparisons:q}"
         " -p confidence {params.confidence:q} -p equivalence_margin_pct {params.margin:q}"
@@ -96,17 +96,25 @@ rule plot_figures:
         notebook=f"{NOTEBOOKS}/03-figures.ipynb",
         code=PUBLISH_CODE,
     output:
-        figures=directory("figures/{run}"),
+        # in `snakemake --report`: every figure, its caption and family from the figure index
+        figures=report(
+            directory("figures/{run}"),
+            patterns=["{name}.png"],
+            caption="../../report/figure.rst",
+            category=lambda wildcards, params: params.figure_index.family(wildcards.name)[0],
+            labels={"figure": "{name}"},
+        ),
         notebook=f"{PROCESSED}/{{run}}/notebooks/03-figures.ipynb",
     log:
         "logs/{run}/plot_figures.log",
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/analysis.yaml"
     threads: 2
     params:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
         figures_dir=abs_figures_dir,
+        figure_index=lambda wildcards: FigureIndex(abs_figures_dir(wildcards)),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
@@ -124,12 +132,12 @@ rule render_paper:
         code=PUBLISH_CODE,
     output:
         paper="paper/{run}/index.md",
-        html="paper/{run}/index.html",
+        html=report("paper/{run}/index.html", caption="../../report/paper.rst", category="Paper"),
         notebook=f"{PROCESSED}/{{run}}/notebooks/04-paper.ipynb",
     log:
         "logs/{run}/render_paper.log",
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/analysis.yaml"
     params:
         papermill=PAPERMILL_OPTIONS,
         processed_dir=abs_processed_dir,
@@ -140,9 +148,31 @@ rule render_paper:
         # here, as `:q` leaves an empty value out
         title=shlex.quote(config["paper"]["title"]),
         author=shlex.quote(config["paper"]["author"]),
+        # papermill -y: a YAML (here JSON) document of parameters
+        front_matter=json.dumps({"front_matter": config["paper"]["front_matter"]}),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
         " -p figures_dir {params.figures_dir:q} -p paper_dir {params.paper_dir:q}"
-        " -p reference_dir {params.reference_dir:q}"
+        " -p reference_dir {params.reference_dir:q} -y {params.front_matter:q}"
         " -r title {params.title} -r author {params.author} > {log:q} 2>&1"
+
+
+rule pdf:
+    """Optional, not in `all`: the configured run's paper as PDF (snakemake --cores 1 pdf)."""
+    input:
+        f"paper/{RUN}/index.pdf",
+
+
+rule render_pdf:
+    """The paper as PDF with pandoc (and weasyprint); a missing tool is named with how to get it."""
+    input:
+        paper="paper/{run}/index.md",
+    output:
+        pdf="paper/{run}/index.pdf",
+    log:
+        "logs/{run}/render_pdf.log",
+    run:
+        from luksbench.publish.render import render_pdf
+
+        Path(log[0]).write_text(f"wrote {render_pdf(input.paper, output.pdf)}\n")

@@ -19,10 +19,11 @@ rule stack_up:
     wildcard_constraints:
         **MEASURED,
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     shell:
+        # Progress to the terminal as well: preconditioning real disks takes hours.
         "luksbench testbox stack-up --plan {input.plan:q} --state {output.state:q}"
-        " --describe {output.stacks:q} 2> {log:q}"
+        " --describe {output.stacks:q} 2>&1 | tee {log:q} >&2"
 
 
 rule run_pilot:
@@ -38,7 +39,7 @@ rule run_pilot:
     wildcard_constraints:
         **measuring("fio/pilot-manifest.json"),
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     params:
         host_dir=measured_host_dir,
     shell:
@@ -91,9 +92,9 @@ rule run_fio:
     log:
         "logs/{run}/{host}/run_fio.log",
     wildcard_constraints:
-        **measuring("fio/manifest.json"),
+        **measuring("fio/manifest.json", not SEQUENTIAL),
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     params:
         host_dir=measured_host_dir,
         targets=targets_option,
@@ -103,6 +104,37 @@ rule run_fio:
         " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
         " --manifest {output.manifest:q}"
         " {params.targets:q} 2>&1 | tee {log:q} >&2"
+
+
+rule run_rounds:
+    """Sequential design: `luksbench next` decides every cell and writes targets.json, run-fio
+    --targets measures the next pair of each undecided cell; again until every cell stopped.
+    Interrupted, the same command resumes: each round is derived from the raw results alone."""
+    input:
+        plan=f"{HOST_SCRATCH}/plan.json",
+        state=ancient(f"{HOST_SCRATCH}/state.json"),
+        stacks=ancient(f"{HOST_SCRATCH}/stacks.json"),
+    output:
+        manifest=f"{HOST_RAW}/fio/manifest.json",
+    log:
+        "logs/{run}/{host}/run_rounds.log",
+    wildcard_constraints:
+        **measuring("fio/manifest.json", SEQUENTIAL),
+    params:
+        raw_dir=abs_raw_dir,
+        cells=plan_cells,
+        design={
+            "comparisons": COMPARISONS,
+            "adaptive": ADAPTIVE,
+            "confidence": config["analysis"]["confidence"],
+            "decision_regions": config["analysis"]["decision_regions"],
+        },
+    run:
+        from luksbench.analysis.sequential import run_rounds
+
+        stacks = ("--plan", input.plan, "--state", input.state, "--describe", input.stacks)
+        where = (params.raw_dir, wildcards.host, output.manifest, log[0])
+        run_rounds(*where, stacks, cells=params.cells, **params.design)
 
 
 rule stack_down:
@@ -117,6 +149,6 @@ rule stack_down:
     wildcard_constraints:
         **measuring("fio/manifest.json"),
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     shell:
         "luksbench testbox stack-down --state {input.state:q} --record {output.record:q} 2> {log:q}"

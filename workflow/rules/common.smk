@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from snakemake.utils import min_version, validate
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from luksbench.analysis.contrasts import check_config as check_comparisons
 from luksbench.analysis.ingest import PROCESSED_TABLES
@@ -41,12 +42,23 @@ check_regions(config["analysis"]["decision_regions"])
 # Adaptive repetitions (two-stage): run_pilot -> plan_repetitions (targets.json) -> run_fio.
 # Disabled, run_fio alone measures the fixed design and the two extra rules are not in the DAG.
 ADAPTIVE = config["adaptive"]
+# Sequential: run_rounds alone (luksbench next, then run-fio --targets, until every cell stopped).
+SEQUENTIAL = ADAPTIVE["enabled"] and ADAPTIVE["mode"] == "sequential"
 
 # Rules call the console scripts (luksbench, papermill) of the environment Snakemake runs in, also
 # when its bin directory is not on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
-shell.prefix(
-    f'set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"; '
-)
+# With --software-deployment-method conda a rule runs in its own environment (envs/testbox.yaml,
+# envs/analysis.yaml): the package is the workflow's src/, and `luksbench` its CLI module.
+SOURCE_DIR = Path(str(workflow.current_basedir)).resolve().parents[1] / "src"
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    shell.prefix(
+        f"set -euo pipefail; export PYTHONPATH={shlex.quote(str(SOURCE_DIR))}"
+        '${{PYTHONPATH:+:$PYTHONPATH}}; luksbench() {{ python -m luksbench.cli "$@"; }}; '
+    )
+else:
+    shell.prefix(
+        f'set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"; '
+    )
 
 
 # --- names and paths
@@ -73,7 +85,7 @@ wildcard_constraints:
 MEASURED = {"run": re.escape(RUN), "host": re.escape(HOST)}
 
 
-def measuring(raw_file):
+def measuring(raw_file, active=True):
     """The wildcard constraints of the rule writing ``raw_file`` (in data/raw/<run>/<host>/) of the
     run measured here: none that match once the file is final (an env.json or cipher benchmark
     that exists, a manifest of this plan's whole design), so no invocation, not even --forceall,
@@ -84,7 +96,7 @@ def measuring(raw_file):
         final = measurement_final(MEASURED_PLAN, path, path.parents[1] / "env.json", pilot)
     else:
         final = path.exists()
-    return {"run": "(?!)", "host": "(?!)"} if final else MEASURED
+    return {"run": "(?!)", "host": "(?!)"} if final or not active else MEASURED
 
 
 def processed(*tables):
@@ -182,6 +194,30 @@ def abs_figures_dir(wildcards):
     return abspath(f"figures/{wildcards.run}")
 
 
+class FigureIndex:
+    """A run's figure index (figures/<run>/index.json, written by notebook 03), read only when
+    `snakemake --report` asks for a figure's caption or family. A param of no plain type, so it
+    is no rerun trigger."""
+
+    def __init__(self, figures_dir):
+        self.figures_dir = figures_dir
+
+    def entry(self, name):
+        from luksbench.publish.catalog import read_index  # matplotlib: only for the report
+
+        return next(e for e in read_index(self.figures_dir) if e["name"] == name)
+
+    def caption(self, name):
+        return self.entry(name)["caption"]
+
+    def family(self, name):
+        """(heading, introduction) of the figure's family, as the paper has them."""
+        from luksbench.publish.catalog import FIGURE_FAMILIES
+
+        heading, intro = FIGURE_FAMILIES[self.entry(name)["family"]]
+        return heading, intro.replace(", {cpu_basis}", "")  # the CPU figures state their basis
+
+
 # Every test-box step this invocation runs belongs to its session: the test box stays locked
 # for the run from the environment capture to the end (testbox/lock.py).
 os.environ.setdefault(lock.SESSION_ENV, str(os.getpid()))
@@ -228,12 +264,14 @@ def min_pairs(wildcards):
     here, else the usual 3."""
     if wildcards.run != RUN:
         return 3
+    if SEQUENTIAL:
+        return ADAPTIVE["min_pairs"]
     return ADAPTIVE["pilot_pairs"] if ADAPTIVE["enabled"] else config["repetitions"]
 
 
 def adaptive_targets(wildcards):
     """run_fio's targets input: the pilot's per-cell targets when adaptive, else nothing."""
-    if ADAPTIVE["enabled"]:
+    if ADAPTIVE["enabled"] and not SEQUENTIAL:
         return [f"{host_dir(wildcards.run, wildcards.host)}/fio/targets.json"]
     return []
 

@@ -33,7 +33,7 @@ rule capture_env:
     wildcard_constraints:
         **measuring("env.json"),
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     shell:
         "luksbench testbox capture-env --plan {input.plan:q} --out {output.env:q} 2> {log:q}"
 
@@ -50,7 +50,7 @@ rule benchmark_ciphers:
     wildcard_constraints:
         **measuring("cryptsetup-benchmark.txt"),
     conda:
-        "../../envs/luksbench.yaml"
+        "../../envs/testbox.yaml"
     shell:
         "luksbench testbox benchmark-ciphers --plan {input.plan:q} --out {output.benchmark:q}"
         " 2> {log:q}"

@@ -50,10 +50,8 @@ def with_pattern(fio: pd.DataFrame) -> pd.DataFrame:
 
 
 def active_rows(fio: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose direction carries the job's I/O (a randread job's write row is not a measurement).
-
-    Unknown rw patterns fall back to ``io_bytes > 0``.
-    """
+    """Rows whose direction carries the job's I/O (a randread job's write row is not a
+    measurement); unknown rw patterns fall back to ``io_bytes > 0``."""
     if fio.empty:
         return fio
     rw = fio["rw"].astype("object")

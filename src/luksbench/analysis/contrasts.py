@@ -1,23 +1,13 @@
 """Which stacks the analysis compares: config ``analysis.comparisons``, checked and resolved.
 
-A comparison is a (baseline, variant) pair of stacks; the loss table, figures and paper report
-"how much worse ``variant`` is than ``baseline``" for each. The config gives them as::
-
-    baseline: raid5                     # top-level: the default baseline
-    analysis:
-      variant: luks-raid5               # the headline comparison (title, TL;DR first)
-      comparisons:                      # [] (default): every other stack against `baseline`
-        - {baseline: raid5, variant: luks-raid5}
-        - {baseline: linear-raid5, variant: luks-raid5}
-
-The headline rule: the headline is (``baseline``, ``analysis.variant``) when that pair is among
-the comparisons, else the first comparison listed. The resolved list always starts with the
-headline; the others keep their order (with ``[]``: alphabetical by variant).
+A comparison is a (baseline, variant) pair of stacks, given as ``{baseline, variant}`` mappings;
+``[]`` (default) compares every other stack with the top-level ``baseline``. The headline is
+(``baseline``, ``analysis.variant``) when that pair is among them, else the first listed; the
+resolved list starts with it, the others keep their order (with ``[]``: alphabetical).
 
 :func:`check_config` runs when the workflow parses the config (errors name the key, e.g.
-``analysis.comparisons[1].variant``); :func:`resolve` runs again at analysis time against the
-stacks that have results, leaving out comparisons whose stacks were not measured (an optional
-stack that could not be built) with a note.
+``analysis.comparisons[1].variant``); :func:`resolve` runs at analysis time and leaves out, with
+a note, comparisons whose stacks have no results (an optional stack that could not be built).
 """
 
 from __future__ import annotations
@@ -68,16 +58,9 @@ def parse(comparisons) -> list[dict]:
     return out
 
 
-def to_json(pairs: Iterable[Pair]) -> str:
-    """Pairs as the JSON string the notebooks take (``-r comparisons '<json>'``)."""
-    return json.dumps([{"baseline": b, "variant": v} for b, v in pairs])
-
-
 def _headline_first(pairs: list[Pair], baseline: str, variant: str) -> list[Pair]:
     headline = (baseline, variant)
-    if headline in pairs:
-        return [headline, *[p for p in pairs if p != headline]]
-    return pairs
+    return [headline, *[p for p in pairs if p != headline]] if headline in pairs else pairs
 
 
 def check(stacks: Iterable[str], baseline: str, variant: str, comparisons) -> list[Pair]:
@@ -89,9 +72,8 @@ def check(stacks: Iterable[str], baseline: str, variant: str, comparisons) -> li
     if not items:
         if variant not in stacks or variant == baseline:
             raise ComparisonError(
-                f"analysis.variant: {variant!r} is not a stack other than the baseline "
-                f"{baseline!r} (stacks: {known}); with analysis.comparisons empty it is the "
-                "headline comparison"
+                f"analysis.variant: {variant!r} is not a stack other than the baseline {baseline!r}"
+                f" (stacks: {known}); with analysis.comparisons empty it is the headline comparison"
             )
         others = sorted(s for s in stacks if s != baseline)  # as resolve() orders them
         return _headline_first([(baseline, s) for s in others], baseline, variant)
@@ -151,8 +133,7 @@ def resolve(
         pairs = []
         for item in items:
             pair = (item["baseline"], item["variant"])
-            missing = [s for s in pair if s not in measured]
-            if missing:
+            if missing := [s for s in pair if s not in measured]:
                 warn(
                     f"comparison {label(pair)} left out: no results for "
                     + ", ".join(f"`{s}`" for s in missing)
@@ -164,7 +145,7 @@ def resolve(
         raise ComparisonError(
             f"nothing to compare: the stacks with results ({', '.join(sorted(measured)) or 'none'})"
             f" answer none of the comparisons (baseline {baseline!r}, comparisons "
-            f"{to_json((i['baseline'], i['variant']) for i in items) if items else '[]'})"
+            f"{json.dumps(items)})"
         )
     return pairs
 

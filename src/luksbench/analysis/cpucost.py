@@ -1,18 +1,10 @@
 """CPU cost of a fio run net of the box's own load, as utilisation, per GiB and per I/O.
 
-The CPU sidecar counts every busy CPU-second of the machine during the fio run, including what
-the box burns doing nothing (the session's idle baseline, ``cpu_idle_baseline`` in the manifest,
-carried per session in the schedule table). Here that baseline's rate times the run's interval
-is subtracted:
-
-``busy_cpu_s_per_gib``, ``sys_cpu_s_per_gib``  net CPU-seconds per GiB moved (all CPUs summed);
-``cpu_util_pct``       net busy share of all CPUs during the run (100 % = every CPU busy);
-``busy_cpu_us_per_io`` net busy CPU microseconds per completed I/O.
-
-At full speed CPU per GiB rises with any throughput loss (the same busy CPU over fewer GiB),
-so it is read beside utilisation; CPU per I/O of a fixed-rate cell (both stacks at one rate) is
-the cost at equal load. A host with a session without a baseline keeps the gross values
-(``cpu_net`` False; ``idle_busy_cpu_s`` NaN for the runs of such sessions).
+The CPU sidecar counts every busy CPU-second of the machine during the run, including what the box
+burns doing nothing; the session's idle baseline (``cpu_idle_baseline`` in the manifest, per
+session in the schedule table) times the run's interval is subtracted. A host with a session
+without a baseline keeps the gross values (``cpu_net`` False). README, "CPU cost", says how to
+read the columns.
 """
 
 from __future__ import annotations

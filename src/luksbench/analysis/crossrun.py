@@ -1,30 +1,19 @@
 """What changed from run A to run B (two kernels, two hosts, before/after a flag), per cell and stack.
 
-``luksbench compare RUN_A RUN_B --out DIR`` (see :func:`main` in ``luksbench.cli``; the
-Markdown, table files and figure are written by :mod:`luksbench.publish.crossrun`). For every
-host pair, stack, cell (rw x bs x iodepth x direction, job slot) and metric, the change of the
-metric from A to B in percent, ``change_pct = 100 (r - 1)`` with ``r`` the geometric-mean ratio
-B / A, and its confidence interval, from log values:
+``luksbench compare RUN_A RUN_B --out DIR`` (published by :mod:`luksbench.publish.crossrun`). For
+every host pair, stack, cell and metric: ``change_pct = 100 (r - 1)``, ``r`` the geometric-mean
+ratio B / A, with its interval from log values (:func:`pairing_design` says which and why):
 
-* **paired** (``design == "paired"``): repetition k of A with repetition k of B, ``d_k = ln(B_k /
-  A_k)``, a paired t-interval on mean d (:func:`luksbench.analysis.stats.paired_log_ratio_ci`). Only when
-  the schedules show it is justified: every repetition k of a cell ran in the same round k of
-  sessions that overlapped in time (two hosts measured side by side, e.g. a fleet run). Then the
-  pairs share whatever drifted during the session.
-* **sessions** (``design == "sessions"``): otherwise, the normal case for two runs measured at
-  different times: repetition k of A has nothing in common with repetition k of B, and two runs
-  differ by everything that differs from one session (stack-up) to the next, which repetitions
-  within a session do not show. So each side's replicates are its sessions: a Welch t-interval
-  on the difference of the mean session means of ln value
-  (:func:`luksbench.analysis.stats.welch_log_ratio_ci`), which needs two sessions on each side
-  (config ``sessions``). With one session on a side (``design == "one session"``) the change
-  has no interval and the row is ``insufficient``: a Welch interval over repetitions would call
-  an unchanged system "changed" far more often than 5 % when sessions differ.
+* **paired**: ``d_k = ln(B_k / A_k)``, a paired t-interval on mean d, only when every repetition k
+  of a cell ran in the same round k of sessions that overlapped in time (side by side, e.g. a
+  fleet run), so the pairs share whatever drifted;
+* **sessions**: otherwise two runs differ by everything that differs from one session (stack-up)
+  to the next, so each side's replicates are its sessions: a Welch t-interval on the difference of
+  the mean session means of ln value, which needs two sessions on each side; with one
+  (**one session**) the row has no interval and is ``insufficient``.
 
-Verdicts as in the loss table (:func:`luksbench.analysis.stats.table_verdicts`, Benjamini-Hochberg
-over the whole comparison). ``outcome`` reads them for the metric: ``better`` / ``worse``
-(significant, by the metric's direction), ``same`` (equivalent), ``unclear``, ``insufficient``, or
-``only in A`` / ``only in B`` for cells one run lacks.
+Verdicts as in the loss table (Benjamini-Hochberg over the whole comparison); ``outcome`` reads
+them by the metric's direction: better, worse, same, unclear, insufficient, only in A / only in B.
 """
 
 from __future__ import annotations
@@ -276,8 +265,7 @@ def compare_runs(
     stacks_a, stacks_b = set(a.fio["stack"].dropna()), set(b.fio["stack"].dropna())
     common = sorted(stacks_a & stacks_b)
     if stacks:
-        missing = [s for s in stacks if s not in common]
-        if missing:
+        if missing := [s for s in stacks if s not in common]:
             raise CompareError(
                 f"stack(s) {', '.join(missing)} not in both runs (A: {', '.join(sorted(stacks_a))};"
                 f" B: {', '.join(sorted(stacks_b))})"

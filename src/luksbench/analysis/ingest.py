@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from luksbench.analysis import cpucost, tails
+from luksbench.analysis import cpucost, dictionary, saturation, tails
 from luksbench.analysis.stats import active_rows, with_pattern
 from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import (
@@ -76,12 +76,14 @@ FIO_LAYOUT_COLUMNS = ["run", "host", "stack", "workload", "pattern", "rep", "job
 #: columns derived from the CPU sidecar and io_bytes, appended after the parser's columns:
 #: io_bs_bytes is the bytes per I/O as fio ran it (the job's bs option; bs_bytes is the cell's,
 #: for a pattern with io_bs a block of several I/Os); target_pairs and hit_cap come from the
-#: adaptive design (<host>/fio/targets.json; missing for a fixed design), as does pilot_pairs;
+#: adaptive design (<host>/fio/targets.json; missing for a fixed design), as do pilot_pairs and
+#: look_confidence (the level of a sequential design's intervals);
 #: host_dir is the raw layout's <host> folder, which differs from ``host`` only for fio
 #: client/server (fleet) results, where ``host`` is the fio server that measured
 FIO_DERIVED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "io_bs_bytes io_gib busy_cpu_s busy_cpu_pct sys_cpu_s cpu_interval_s busy_cpu_s_per_gib "
-    "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs host_dir session sessions_planned"
+    "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs look_confidence host_dir session "
+    "sessions_planned"
 ).split()
 
 ENV_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
@@ -117,6 +119,17 @@ class IngestError(ValueError):
 
 def run_name(raw_dir: Path) -> str:
     return Path(raw_dir).resolve().name
+
+
+def raw_run_dir(run: str, raw_dir: Path) -> Path:
+    """``raw_dir`` as the raw folder of run ``run``; refused, naming the run, when it is missing or
+    is another run's."""
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        raise FileNotFoundError(f"run {run!r} does not exist: no raw data in {raw_dir}")
+    if run_name(raw_dir) != run:
+        raise ValueError(f"{raw_dir} is the raw data of run {run_name(raw_dir)!r}, not {run!r}")
+    return raw_dir
 
 
 def raw_digest(raw_dir: Path) -> str:
@@ -308,7 +321,7 @@ def _file_rows(key: str, run: str, rep: RepPath, rows: list[tuple], cpu: dict) -
 
 #: columns of the per-file part of the table: all but those added per host when assembling
 _DESIGN_COLUMNS = ("target_pairs", "hit_cap", "pilot_pairs", "host_dir", "session")
-_DESIGN_COLUMNS += ("sessions_planned",)
+_DESIGN_COLUMNS += ("sessions_planned", "look_confidence")
 #: CPU columns from the sidecar: /proc/stat of the machine running the fio *client*
 _CPU_COLUMNS = (*_NO_CPU, "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 #: the rows a worker returns: the table's columns but the design's, with ``_key``/``_row`` to order
@@ -533,6 +546,7 @@ def _with_cpu_cost(fio: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
     pandas deep-copies attrs on every operation, seconds on a large run."""
     attrs, fio.attrs = fio.attrs, {}
     out = cpucost.with_cpu_cost(fio, schedule)
+    out = saturation.with_flags(out) if len(out) else out
     out.attrs = attrs
     return out
 
@@ -640,8 +654,8 @@ def _assemble(
     )
     cells = {(host, w): design for host, ts in targets.items() for w, design in ts.items()}
     hosts_cells = zip(df["host"].tolist(), df["workload"].tolist(), strict=True)
-    design = [cells.get(cell, (None,) * 3) for cell in hosts_cells] if cells else []
-    for i, col in enumerate(("target_pairs", "hit_cap", "pilot_pairs")):  # None: fixed design
+    design = [cells.get(cell, (None,) * 4) for cell in hosts_cells] if cells else []
+    for i, col in enumerate(("target_pairs", "hit_cap", "pilot_pairs", "look_confidence")):
         values = [d[i] for d in design] if design else [None] * len(df)
         df[col] = pd.Series(values, dtype="object", index=df.index)
     df["host_dir"] = df["host"]
@@ -1099,8 +1113,8 @@ def write_processed(
     incremental: bool = True,
     workers: int | None = None,
 ) -> dict[str, Path]:
-    """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` for every table of
-    :func:`ingest_run` (:data:`PROCESSED_TABLES`, in that order).
+    """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` (and ``.csv``, with the
+    column dictionary) for every table of :func:`ingest_run` (:data:`PROCESSED_TABLES`, in order).
 
     Returns {table name: path}. Every excluded file and every note is also printed on stderr,
     naming the file and why. Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only).
@@ -1137,6 +1151,7 @@ def write_processed(
         tables[name].attrs = {}  # pandas would write them into the file
         tables[name].to_parquet(path, index=False)
         out[name] = path
+    dictionary.write_csv(processed_dir, {name: tables[name] for name in PROCESSED_TABLES})
     return out
 
 

@@ -5,13 +5,15 @@
 ``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`),
                       with ``note``: "too few I/Os ..." where a latency percentile is withheld
                       (:func:`tails.too_few_notes`), "net CPU <= 0 ..." where a CPU cell
-                      has no interval (:func:`cpucost.within_noise_notes`);
+                      has no interval (:func:`cpucost.within_noise_notes`), and the baseline's
+                      ``fio_bound`` / ``cpu_saturated`` flags (:mod:`saturation`);
 ``cpu_loss.parquet``  its rows of CPU cost (:data:`CPU_METRICS`) that were measured;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
                       (throughput and CPU: the bars of the figures);
 ``reps.parquet``      every repetition's value per arm and cell (job entries combined): the dots;
 ``order.parquet``     the effect of the stack order within pairs, per comparison and metric
-                      (:func:`stats.order_effect`, from the schedule table).
+                      (:func:`stats.order_effect`, from the schedule table);
+``tuning.parquet``    the tuning arms ranked against the headline variant (:mod:`.tuning`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import cpucost, stats, tails
+from luksbench.analysis import cpucost, dictionary, saturation, stats, tails, tuning
 from luksbench.analysis.contrasts import resolve
+from luksbench.analysis.ingest import PROCESSED_TABLES, raw_run_dir, write_processed
 
 #: CPU cost net of the idle baseline (:mod:`luksbench.analysis.cpucost`): per GiB, utilisation
 #: beside it, per I/O (at equal load in a fixed-rate pattern's cells)
@@ -29,7 +32,7 @@ CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct", "busy_
 #: metrics whose per-arm means and intervals are tabled (the bars and points of the figures)
 ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
 #: the tables :func:`write_loss` writes (``<processed_dir>/<name>.parquet``)
-LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order")
+LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order", "tuning")
 
 
 def write_loss(
@@ -42,20 +45,14 @@ def write_loss(
     comparisons=None,
     decision_regions: dict | None = None,
 ) -> tuple[pd.DataFrame, Path]:
-    """Read ``fio.parquet`` from ``processed_dir``, write the :data:`LOSS_TABLES` beside it;
-    returns the loss table and its path. ``comparisons``: config ``analysis.comparisons``, resolved
+    """Read ``fio.parquet`` from ``processed_dir``, write the :data:`LOSS_TABLES` beside it (parquet
+    and CSV); returns the loss table and its path. ``comparisons``: config ``analysis.comparisons``, resolved
     against the stacks with results (:func:`luksbench.analysis.contrasts.resolve`)."""
     processed_dir = Path(processed_dir)
     fio = pd.read_parquet(processed_dir / "fio.parquet")
     pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
-    table = stats.loss_tables(
-        fio,
-        pairs,
-        metrics,
-        confidence,
-        equivalence_margin_pct=equivalence_margin_pct,
-        decision_regions=decision_regions,
-    )
+    margin, regions = equivalence_margin_pct, decision_regions
+    table = stats.loss_tables(fio, pairs, metrics, confidence, margin, decision_regions=regions)
     notes = tails.too_few_notes(table, fio)
     notes = notes.where(notes != "", cpucost.within_noise_notes(table, fio))
     no_pilot = table["interval"].eq("none")
@@ -63,6 +60,7 @@ def write_loss(
         f"{n}; {stats.NO_PILOT_NOTE}" if n else stats.NO_PILOT_NOTE for n in notes[no_pilot]
     ]
     table["note"] = notes
+    table[saturation.LOSS_FLAG_COLUMNS] = saturation.loss_flags(table, fio)
     arm_metrics = stats.measured(fio, ARM_METRICS)
     tables = {
         "loss": table,
@@ -70,10 +68,35 @@ def write_loss(
         "arms": stats.arm_summary(fio, arm_metrics, confidence),
         "reps": stats.rep_values(fio, arm_metrics),
         "order": order_effects(fio, processed_dir / "schedule.parquet", pairs, table, confidence),
+        "tuning": tuning.tuning_table(
+            table, *_tables(processed_dir, "stacks", "env"), variant, baseline, comparisons
+        ),
     }
     for name, part in tables.items():
         part.to_parquet(processed_dir / f"{name}.parquet", index=False)
+    dictionary.write_csv(processed_dir, tables)
     return table, processed_dir / "loss.parquet"
+
+
+def _tables(processed_dir: Path, *names: str) -> list[pd.DataFrame]:
+    """Processed tables by name; an empty one where the file is missing."""
+    paths = [processed_dir / f"{name}.parquet" for name in names]
+    return [pd.read_parquet(p) if p.exists() else pd.DataFrame() for p in paths]
+
+
+def run_tables(run: str, raw_dir: Path, processed_dir: Path, loss: bool = True) -> Path:
+    """``processed_dir`` holding run ``run``'s tables: where missing (a notebook opened on its own
+    in a fresh clone) ingested from ``raw_dir`` and, with ``loss``, the loss tables computed with
+    the default settings. A run that does not exist, or another run's tables, are refused."""
+    processed_dir = Path(processed_dir)
+    if not all((processed_dir / f"{t}.parquet").exists() for t in PROCESSED_TABLES):
+        write_processed(raw_run_dir(run, raw_dir), processed_dir)
+    found = set(pd.read_parquet(processed_dir / "fio.parquet", columns=["run"])["run"])
+    if found != {run}:
+        raise ValueError(f"{processed_dir} holds the tables of run {sorted(found)}, not {run!r}")
+    if loss and not all((processed_dir / f"{t}.parquet").exists() for t in LOSS_TABLES):
+        write_loss(processed_dir)
+    return processed_dir
 
 
 def order_effects(fio: pd.DataFrame, schedule_path: Path, pairs, loss, confidence: float):

@@ -1,5 +1,6 @@
 """The loss table straight from a raw run folder: strict ingest, then the statistics
-(``luksbench loss RAW_DIR``, without the workflow or processed tables)."""
+(``luksbench loss RAW_DIR``, without the workflow or processed tables), with the baseline's
+``fio_bound`` / ``cpu_saturated`` flags as in ``loss.parquet``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from luksbench.analysis import saturation
 from luksbench.analysis.ingest import fio_table
 from luksbench.analysis.stats import loss_table
 
@@ -20,4 +22,6 @@ def loss_table_from_raw(raw_dir: Path, *args, **kwargs) -> pd.DataFrame:
             f"no fio results under {raw_dir} (expected <host>/fio/<stack>/<workload>/rep<k>.json "
             "in one run's folder, data/raw/<run>)"
         )
-    return loss_table(fio, *args, **kwargs)
+    table = loss_table(fio, *args, **kwargs)
+    table[saturation.LOSS_FLAG_COLUMNS] = saturation.loss_flags(table, fio)
+    return table

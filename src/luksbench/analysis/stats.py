@@ -1,57 +1,26 @@
 """Paired loss table: what does the variant stack (luks) cost against the baseline (plain)?
 
-Design: rep k of every stack forms pair k (same cell, run back to back). For each cell (host,
-workload, job slot, direction) and metric we take the log ratio of every complete pair,
-``d_k = ln(variant_k / baseline_k)``, and a paired t-interval on the mean of ``d`` (cells of the
-adaptive design: Stein's interval on the pilot's SD, see :func:`paired_log_ratio_ci`). Ratios are the
-natural scale for throughput and latency (effects multiply, the log makes them symmetric) and the
-back-transformed mean is the geometric-mean ratio ``r = exp(mean d)``.
+Rep k of every stack forms pair k (same cell, same session, run back to back). Per cell
+(:data:`CELL_KEYS`: host, workload, job slot, direction; pairs never cross hosts) and metric, the
+log ratio of every complete pair, ``d_k = ln(variant_k / baseline_k)``, gets an interval on mean d:
+paired t, Stein's for cells of the adaptive design (:func:`paired_log_ratio_ci`), or t over the
+session means with several sessions. Ratios are the natural scale for throughput and latency
+(effects multiply); ``r = exp(mean d)`` is the geometric-mean ratio.
 
-Reported effect, always "how much worse the variant is", in percent:
+The effect is always "how much worse the variant is", in percent: ``loss_pct = 100 (1 - r)`` for
+higher-is-better metrics (bandwidth, IOPS; bounds transformed and swapped), ``increase_pct =
+100 (r - 1)`` for the others (latency, CPU). ``effect_pct`` repeats the one that is filled and
+``ci_low``/``ci_high`` bound it. Pairs with a missing side or a value <= 0 are dropped
+(``n_dropped``); for the net CPU metrics one such value leaves the cell without an interval.
 
-* higher-is-better metrics (bandwidth, IOPS): ``loss_pct = 100 (1 - r)``, bounds from the interval
-  on ``d`` transformed and swapped (``ci_low = 100 (1 - exp(d_hi))``, ``ci_high = 100 (1 - exp(d_lo))``);
-* higher-is-worse metrics (latency, CPU seconds per GiB): ``increase_pct = 100 (r - 1)``, bounds
-  ``100 (exp(d_lo) - 1)``, ``100 (exp(d_hi) - 1)``.
-
-Per row exactly one of ``loss_pct`` / ``increase_pct`` is filled; ``effect`` says which and
-``effect_pct`` repeats it, so ``ci_low``/``ci_high`` always bound ``effect_pct``. Pairs with a
-missing side or a value <= 0 are excluded and counted in ``n_dropped``; for the CPU metrics (net
-of the idle baseline, so near 0 in a lightly loaded cell) one value <= 0 leaves the whole cell
-without an interval (``insufficient``) instead.
-
-Beside the main interval, every row carries (in the same % units; README, "How sure: the
-statistics", tables every column): the ``decision`` by magnitude (:func:`decision`, what the paper
-leads with); ``p_value`` and ``q_value`` (Benjamini-Hochberg per metric; an IOPS or CPU-per-I/O row
-at a fixed block size repeats bandwidth's or CPU-per-GiB's test and says so in ``derived_from``);
-the TOST equivalence check, a (1 - 2 alpha) interval against +-``equivalence_margin_pct``; two
-cross-checks, Fieller on the ratio of arithmetic means (no log-normality assumed) and a BCa
-bootstrap over pairs (:func:`fieller_ratio_ci`, :func:`bootstrap_log_ratio_ci`); the pairs
-:func:`flag_outliers` flags (kept unless ``exclude_outliers``); and the adaptive design's
-``target_pairs``/``noisy``/``pilot_pairs`` (:func:`_design`) with the ``interval`` it led to.
-
-Verdict (column ``verdict``, one of :data:`VERDICTS`), in this order:
-
-1. ``insufficient``: fewer than two usable pairs, or no interval;
-2. ``significant``: ``q_value <= 1 - confidence`` (BH within the metric; such a row's marginal CI
-   always excludes 0, because q >= p);
-3. ``equivalent``: not significant, and the 90 % interval lies inside +-margin;
-4. ``inconclusive``: otherwise.
-
-A tiny but significant effect stays ``significant``; ``equivalent`` (the bool column) still says
-whether it is also practically negligible. ``noisy`` is a separate bool column, not part of the
-verdict: a noisy cell still gets its honest interval, it just did not reach the target width.
-
-Several comparisons (config ``analysis.comparisons``): :func:`loss_tables` (written by :func:`luksbench.analysis.loss.write_loss`)
-concatenate one loss table per (baseline, variant) pair, the headline first; each is its own family
-for the Benjamini-Hochberg adjustment (per metric). A cell of a config pattern (workload id
-``<rw>-<bs>-qd<iodepth>-<pattern>``) is a cell of its own (``pattern`` in :data:`CELL_ATTRS` and the
-loss table; read from the workload id for tables ingested before patterns existed).
-
-Pairs never cross hosts: ``host`` is part of every cell (:data:`CELL_KEYS`), so a run with several
-test boxes gets each box's comparison from its own pairs. Comparing two runs (or two hosts) is
-``luksbench.analysis.crossrun``: the same intervals when repetitions were measured side by side, else
-:func:`welch_log_ratio_ci` (unpaired, on log values).
+Every row also carries the ``decision`` by magnitude (:func:`decision`), p- and q-value
+(Benjamini-Hochberg per comparison and metric), the TOST equivalence check, the Fieller and
+bootstrap cross-checks, the flagged outliers and the adaptive design's columns: README, "How
+sure: the statistics", tables every column. ``verdict`` (:data:`VERDICTS`): ``insufficient``
+(fewer than two usable pairs, or no interval), else ``significant`` (q <= 1 - confidence), else
+``equivalent`` (the 90 % interval inside +-margin), else ``inconclusive``. ``noisy`` is a separate
+column: a noisy cell keeps its honest interval. Comparing two runs is
+:mod:`luksbench.analysis.crossrun`.
 """
 
 from __future__ import annotations
@@ -65,21 +34,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from luksbench.analysis.cells import (
-    CELL_ATTRS,
-    CELL_KEYS,
-    active_rows,
-    with_pattern,
-)
+from luksbench.analysis.cells import CELL_ATTRS, CELL_KEYS, active_rows, with_pattern
 
 _HIGHER_IS_WORSE = ("lat_mean_ns", "clat_mean_ns", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
 _HIGHER_IS_WORSE += ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
 _HIGHER_IS_WORSE += ("busy_cpu_us_per_io",)
 #: metric -> higher is better?
 METRICS = {"bw_bytes": True, "iops": True, **dict.fromkeys(_HIGHER_IS_WORSE, False)}
-DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns")
-DEFAULT_METRICS += ("clat_p999_ns", "busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
-DEFAULT_METRICS += ("busy_cpu_us_per_io",)
+#: every metric but the mean latencies (the percentiles describe latency)
+DEFAULT_METRICS = tuple(m for m in METRICS if "mean" not in m)
 #: metric -> family of its decision regions (config ``analysis.decision_regions``)
 METRIC_FAMILIES = {m: "latency" for m in METRICS if "lat" in m}
 METRIC_FAMILIES |= {"bw_bytes": "throughput", "iops": "throughput"}
@@ -264,9 +227,7 @@ def paired_log_ratio_ci(
     _check_confidence(confidence)
     d = np.asarray(d, float)
     n = int(d.size)
-    if n == 0:
-        return LogRatioCI(0, math.nan, math.nan, math.nan, math.nan)
-    mean = float(d.mean())
+    mean = float(d.mean()) if n else math.nan
     if n < 2:
         return LogRatioCI(n, mean, math.nan, math.nan, math.nan)
     sd, df = _scale(d, pilot)
@@ -315,9 +276,7 @@ def welch_log_ratio_ci(
     _check_confidence(confidence)
     a, b = np.asarray(log_a, float), np.asarray(log_b, float)
     na, nb = int(a.size), int(b.size)
-    if na == 0 or nb == 0:
-        return WelchLogCI(na, nb, math.nan, math.nan, math.nan, math.nan, math.nan)
-    mean = float(b.mean() - a.mean())
+    mean = float(b.mean() - a.mean()) if na and nb else math.nan
     if na < 2 or nb < 2:
         return WelchLogCI(na, nb, mean, math.nan, math.nan, math.nan, math.nan)
     va, vb = float(a.var(ddof=1)) / na, float(b.var(ddof=1)) / nb
@@ -350,8 +309,7 @@ def fieller_ratio_ci(
     reject: ``(v - theta b)^2 <= t^2 (s_vv - 2 theta s_bv + theta^2 s_bb) / n``. It is a bounded
     interval exactly when ``b^2 > t^2 s_bb / n`` (the baseline mean differs significantly from 0);
     otherwise it is unbounded and both bounds are NaN. Also NaN for n < 2. Both arms are
-    positive, so is their ratio: a bound below 0 is clipped to 0 (NaN if both are).
-    """
+    positive, so is their ratio: a bound below 0 is clipped to 0 (NaN if both are)."""
     _check_confidence(confidence)
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
     n = b.size
@@ -366,8 +324,7 @@ def fieller_ratio_ci(
         return math.nan, math.nan
     half_b = bm * vm - q * s_bv  # the quadratic is a theta^2 - 2 half_b theta + c <= 0
     c = vm * vm - q * s_vv
-    disc = max(half_b * half_b - a * c, 0.0)  # >= 0 up to rounding: theta = vm/bm is inside
-    root = math.sqrt(disc)
+    root = math.sqrt(max(half_b * half_b - a * c, 0.0))  # >= 0 up to rounding: vm/bm is inside
     low, high = (half_b - root) / a, (half_b + root) / a
     return (max(low, 0.0), high) if high > 0 else (math.nan, math.nan)
 
@@ -401,15 +358,12 @@ def modified_z(d: np.ndarray) -> np.ndarray:
     d = np.asarray(d, float)
     if d.size == 0:
         return d
-    med = np.median(d)
-    dev = d - med
+    dev = d - np.median(d)
     mad = float(np.median(np.abs(dev)))
     if mad > 0:
         return 0.6745 * dev / mad
     meanad = float(np.mean(np.abs(dev)))
-    if meanad > 0:
-        return dev / (1.253314 * meanad)
-    return np.zeros_like(d)
+    return dev / (1.253314 * meanad) if meanad > 0 else np.zeros_like(d)
 
 
 def flag_outliers(
@@ -458,8 +412,6 @@ def effect_with_equivalence(ci, eq, better_high: bool, margin_pct: float) -> tup
     effect = lo = hi = eq_lo = eq_hi = math.nan
     if not math.isnan(ci.mean):
         effect, lo, hi = effect_from_log_ratio(ci.mean, ci.low, ci.high, better_high)
-        if math.isnan(ci.low):
-            lo = hi = math.nan
     if eq is not None and not math.isnan(eq.low):
         _, eq_lo, eq_hi = effect_from_log_ratio(eq.mean, eq.low, eq.high, better_high)
     equivalent = bool(-margin_pct < eq_lo and eq_hi < margin_pct)
@@ -556,8 +508,7 @@ def stein_pairs(
     SD (NaN: pilot incomplete) asks for the cap. Vectorised over ``sd_pilot``.
 
     Returns ``(pairs, required, capped)``: the pairs to run, the uncapped real-valued requirement,
-    and whether the cap was hit (``required > max_pairs``: the cell is *noisy*).
-    """
+    and whether the cap was hit (``required > max_pairs``: the cell is *noisy*)."""
     _check_confidence(confidence)
     if pilot_pairs < 2:
         raise ValueError("a pilot needs at least 2 pairs (an SD)")
@@ -605,6 +556,7 @@ def _cell_stats(
     pilot_pairs: float = math.nan,
     all_or_none: bool = False,
     sessions_planned: int = 1,
+    look_confidence: float = math.nan,
 ) -> dict:
     """Everything of one row of the loss table except the cross-table q-value and verdict.
 
@@ -619,7 +571,8 @@ def _cell_stats(
     interval and test on the SD of the usable pairs among reps 1..n0 (their count - 1 degrees of
     freedom); with fewer than two of them no interval (``interval`` "none"): a t-interval after a
     pilot-chosen N under-covers. NaN (a fixed design, or a pilot without an SD, which ran the cap
-    whatever the data): the t-interval."""
+    whatever the data): the t-interval. ``look_confidence`` (a sequential design's cells, one
+    session): the t-interval at that level (``interval`` "sequential")."""
     ok = usable_pairs(b, v)
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
         ok[:] = False
@@ -643,11 +596,13 @@ def _cell_stats(
         d_pilot = d_all[reps[ok] <= pilot_pairs]
         valid = d_pilot.size >= 2
         pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
-    ci = paired_log_ratio_ci(d, confidence, pilot)
+    sequential = not two_level and look_confidence > 0
+    ci = paired_log_ratio_ci(d, look_confidence if sequential else confidence, pilot)
     if not valid:
         ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
     one = "one session" if means.size <= 1 else "sessions"
     kind = "sessions" if two_level else "none" if not valid else "stein" if pilot else "t"
+    kind = "sequential" if sequential else kind
     return {
         "n": int(use.sum()),
         "n_dropped": int((~ok).sum()),
@@ -671,15 +626,13 @@ CROSS_CHECK_COLUMNS = ("fieller_low", "fieller_high", "boot_low", "boot_high")
 def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct) -> dict:
     """A row's effect with its interval, test and equivalence check, and the Fieller and
     bootstrap cross-checks, from the values its interval rests on (pairs or session means)."""
-    nan2 = (math.nan, math.nan)
     eq_conf = tost_confidence(confidence)
     eq = paired_log_ratio_ci(d, eq_conf, pilot) if ci.n >= 2 and valid and eq_conf > 0 else None
     effect_pct, bounds = effect_with_equivalence(ci, eq, better_high, margin_pct)
     f_lo, f_hi = fieller_ratio_ci(bu, vu, confidence)
-    fieller = effect_bounds_from_ratio(f_lo, f_hi, better_high) if math.isfinite(f_lo) else nan2
+    fieller = effect_bounds_from_ratio(f_lo, f_hi, better_high)  # NaN bounds stay NaN
     b_lo, b_hi = bootstrap_log_ratio_ci(d, confidence)
     boot = effect_from_log_ratio(ci.mean, b_lo, b_hi, better_high)[1:]
-    boot = boot if math.isfinite(b_lo) else nan2
     return {
         "mean_log_ratio": ci.mean,
         "sd_log_ratio": ci.sd,
@@ -709,8 +662,10 @@ def _design(fio: pd.DataFrame) -> pd.DataFrame:
         target_pairs=pd.to_numeric(fio["target_pairs"], errors="coerce"),
         noisy=fio.get("hit_cap", missing).eq(True),
         pilot_pairs=pd.to_numeric(fio.get("pilot_pairs", missing), errors="coerce"),
+        look_confidence=pd.to_numeric(fio.get("look_confidence", missing), errors="coerce"),
     )
     aggregate = {"target_pairs": "max", "noisy": "any", "pilot_pairs": "max"}
+    aggregate["look_confidence"] = "max"
     return df.groupby(keys, as_index=False).agg(aggregate)
 
 
@@ -751,6 +706,7 @@ def loss_table(
     attrs = {a: paired[a].to_numpy(object) for a in CELL_ATTRS}
     design = _design(fio)
     pilots = design.set_index(["host", "workload"])["pilot_pairs"].to_dict()
+    levels = design.set_index(["host", "workload"]).get("look_confidence", pd.Series()).to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
     settings = (confidence, equivalence_margin_pct, exclude_outliers)
     rows = []
@@ -760,7 +716,9 @@ def loss_table(
         arrays = (a[pos] for a in (base_v, var_v, reps, sessions, flags))
         pilot = float(pilots.get((host, cell["workload"]), math.nan))
         cpu = METRIC_FAMILIES[cell["metric"]] == "cpu"
-        stats_ = _cell_stats(*arrays, better_high, *settings, pilot, cpu, int(planned.get(host, 1)))
+        level = float(levels.get((host, cell["workload"]), math.nan))
+        sessions_ = int(planned.get(host, 1))
+        stats_ = _cell_stats(*arrays, better_high, *settings, pilot, cpu, sessions_, level)
         rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **stats_})
     table = pd.DataFrame(rows, columns=[c for c in LOSS_COLUMNS if c not in DESIGN_COLUMNS])
     table = table.assign(
@@ -843,9 +801,9 @@ def arm_summary(fio: pd.DataFrame, metrics, confidence: float = 0.95) -> pd.Data
     for metric in metrics:
         for key, g in vals.groupby(ARM_KEYS, sort=True, dropna=False):
             v = pd.to_numeric(g[metric], errors="coerce").dropna().to_numpy(float)
-            n, mean, half = v.size, math.nan, math.nan
-            if n:
-                mean = float(v.mean())
+            n = v.size
+            mean = float(v.mean()) if n else math.nan
+            half = math.nan
             if n >= 2:
                 half = _t_quantile(confidence, n - 1) * float(v.std(ddof=1)) / math.sqrt(n)
             rows.append([*key, metric, n, mean, half, confidence])

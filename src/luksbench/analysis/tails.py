@@ -1,18 +1,11 @@
 """Completion-latency percentiles from fio's json+ histograms, only where the run had enough I/Os.
 
-fio prints percentiles per job entry; a run with several entries for one job (numjobs without
-group_reporting) is a mixture, and a mixture's quantile is not the mean of the entries'
-quantiles. Here the histograms of a run's entries (the latency table's rows of one host, stack,
-workload, rep, job slot and direction) are summed, and each percentile is read off the sum the way
-fio reads its own: the first bin whose cumulative count reaches p/100 of the total.
-
-A percentile rests on the completions beyond it: p99.9 of 2,000 I/Os is the second-slowest of
-them. A percentile is given only where at least :data:`MIN_BEYOND` completions lie beyond it
-(p50: 20 I/Os, p99: 1,000, p99.9: 10,000) in every run of the cell (:data:`CELL_KEYS`, all stacks
-and repetitions); otherwise it is NaN for every run of the cell and the loss table's ``note`` says
-"too few I/Os". Withholding run by run would drop the slow runs (a time-based run that completed
-few I/Os is a slow one), those most likely to have a high tail. Rows without json+ histograms keep
-fio's own percentiles.
+A run's job entries (numjobs without group_reporting) are a mixture, whose quantile is not the mean
+of the entries' quantiles: their histograms are summed and each percentile read off the sum by
+fio's own rule. A percentile is given only where at least :data:`MIN_BEYOND` completions lie
+beyond it in every run of the cell (all stacks and repetitions), else it is NaN for the whole
+cell with the note "too few I/Os": withholding run by run would drop the slow runs, those most
+likely to have a high tail. Rows without json+ histograms keep fio's own percentiles.
 """
 
 from __future__ import annotations
@@ -42,8 +35,7 @@ def run_percentiles(latency: pd.DataFrame) -> pd.DataFrame:
     columns = [*RUN_KEYS, "clat_ios", *PERCENTILES]
     if latency.empty:
         return pd.DataFrame(columns=columns)
-    hist = latency.groupby([*RUN_KEYS, "ns"], sort=True, observed=True)["count"].sum()
-    hist = hist.reset_index()
+    hist = latency.groupby([*RUN_KEYS, "ns"], sort=True, observed=True)["count"].sum().reset_index()
     runs = hist.groupby(RUN_KEYS, sort=False, observed=True)["count"]
     total, cum = runs.transform("sum").to_numpy(float), runs.cumsum().to_numpy(float)
     out = hist[RUN_KEYS].drop_duplicates().set_index(RUN_KEYS)

@@ -1,18 +1,12 @@
 """Queries across runs: DuckDB views over every run's processed parquet files.
 
-    python -m luksbench.analysis.warehouse                      # the example query below, as a table
-    python -m luksbench.analysis.warehouse "SELECT ..." [--csv] [--processed-root data/processed]
+    python -m luksbench.analysis.warehouse ["SELECT ..."] [--csv] [--processed-root data/processed]
     python -m luksbench.analysis.warehouse --database data/processed/warehouse.duckdb   # keep the views
 
-:func:`connect` opens DuckDB (in memory, or a file-backed database) with one view per processed
-table, each the union by column name of ``<processed_root>/*/<table>.parquet``: the tables ingest
-writes (:data:`luksbench.analysis.ingest.PROCESSED_TABLES`) and ``loss``. Every view has a ``run`` column
-(tables without one, like ``loss``, get the run folder's name). Views read the parquet files at
-query time, so a new or re-analysed run shows up without rebuilding anything; nothing is copied.
-
-Example (:data:`EXAMPLE_QUERY`, the default query): the bandwidth loss of every comparison
-(variant against baseline), per run, host and kernel, so runs on two kernels (or hosts, or months)
-sit side by side.
+One view per processed table (:data:`TABLES`), the union by column name of
+``<processed_root>/*/<table>.parquet``, with a ``run`` column (the run folder's name where the
+table has none). Views read the files at query time: nothing is copied or rebuilt.
+:data:`EXAMPLE_QUERY`, the default: the bandwidth loss of every comparison per run, host and kernel.
 """
 
 from __future__ import annotations

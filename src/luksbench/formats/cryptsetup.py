@@ -109,11 +109,8 @@ def _argon2_row(path: Path, match: re.Match) -> dict:
 
 def _cipher_row(path: Path, match: re.Match) -> dict:
     row = _empty_row(path, "cipher", match["algorithm"])
-    row.update(
-        key_bits=int(match["key_bits"]),
-        encryption_mib_s=_mib_s(match["enc"]),
-        decryption_mib_s=_mib_s(match["dec"]),
-    )
+    row.update(key_bits=int(match["key_bits"]), encryption_mib_s=_mib_s(match["enc"]))
+    row["decryption_mib_s"] = _mib_s(match["dec"])
     if row["encryption_mib_s"] is None or row["decryption_mib_s"] is None:
         row.update(available=False, note=NOT_AVAILABLE)
     return row

@@ -12,7 +12,9 @@ One spelling of every fact, the one capture writes (other keys are kept in ``env
      "tools": {"fio": "<first line of --version>", "cryptsetup": ..., "qemu-storage-daemon": ...,
                ...},                                   # null: not installed
      "backend": {"requested", "selected", "reason", ...},
-     "euid": 0, "system": {...}, "plan": {...}}       # the plan it was captured with
+     "euid": 0, "system": {...}, "plan": {...},       # the plan it was captured with
+     "job_devices": [{"device", "block_device", "numa_node", "queues", "scheduler", "io_poll",
+                      "nvme_poll_queues", "job_cpus"}]}   # per disk; job_cpus "" = any CPU
 
 Fleet servers (fio client/server mode) get no env.json; ingest gives them a row whose
 ``env_json`` is ``{"fleet_server": {...}, "coordinator": "<host>"}``.
@@ -32,9 +34,7 @@ read_env = read_json_object
 
 def _text(value) -> str | None:
     """First line of a recorded string; None when not recorded."""
-    if value is None or value == "":
-        return None
-    return str(value).strip().splitlines()[0]
+    return None if value is None or value == "" else str(value).strip().splitlines()[0]
 
 
 def _flag(cpu: dict, name: str) -> bool | None:

@@ -53,8 +53,7 @@ def session_records(host_dir: Path) -> list[tuple[Path, str]]:
     """(manifest file, session name) of every session of a host: the write-once copies in
     ``fio/sessions/`` when there are any, else ``fio/manifest.json`` (and the adaptive pilot's)."""
     fio = Path(host_dir) / "fio"
-    sessions = sorted((fio / SESSIONS_DIR).glob("*.json"))
-    if sessions:
+    if sessions := sorted((fio / SESSIONS_DIR).glob("*.json")):
         return [(p, p.stem) for p in sessions]
     candidates = (fio / PILOT_MANIFEST_NAME, fio / MANIFEST_NAME)
     return [(p, p.stem) for p in candidates if p.exists()]

@@ -38,7 +38,8 @@ Optional: ``"sessions": k`` (k >= 2; absent for one): every cell is measured in 
 its own stack-up, pairs and teardown.
 
 Optional: ``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2,
-"max_pairs": 12, "metric": "bw_bytes"}`` (only when the config enables adaptive repetitions; then
+"max_pairs": 12, "metric": "bw_bytes"}`` (or ``"mode": "sequential"`` with ``min_pairs`` and
+``budget_h``; only when the config enables adaptive repetitions; then
 ``repetitions`` is the pilot's n0 and the second stage gets per-cell targets from ``run-fio
 --targets``). It is a record of the design, not a measurement setting: changing it does not make
 a run's measurements incomparable.
@@ -108,12 +109,19 @@ def check_run_options(plan: dict, source: str = "plan") -> None:
     if adaptive is not None:
         if not isinstance(adaptive, dict):
             raise PlanError(f"{source}: adaptive must be an object")
-        n0, cap = int(adaptive.get("pilot_pairs", 4)), int(adaptive.get("max_pairs", 12))
+        sequential = adaptive.get("mode") == "sequential"
+        first = "min_pairs" if sequential else "pilot_pairs"
+        n0 = int(adaptive.get(first, 3 if sequential else 4))
+        cap = int(adaptive.get("max_pairs", 12))
         if n0 < 2:
-            raise PlanError(f"{source}: adaptive.pilot_pairs must be >= 2, not {n0}")
+            raise PlanError(f"{source}: adaptive.{first} must be >= 2, not {n0}")
         if cap < n0:
             raise PlanError(
-                f"{source}: adaptive.max_pairs ({cap}) must be >= adaptive.pilot_pairs ({n0})"
+                f"{source}: adaptive.max_pairs ({cap}) must be >= adaptive.{first} ({n0})"
+            )
+        if sequential and int(plan.get("sessions", 1)) > 1:
+            raise PlanError(
+                f"{source}: adaptive.mode sequential measures one session (sessions: 1)"
             )
 
 

@@ -10,10 +10,6 @@ design columns). The document::
      "cells": {"<workload id>": {"pilot_sd_log_ratio": ..., "required_pairs": ...,
                                  "pairs": ..., "capped": ...}, ...}, ...}
 
-The loss table gives these cells Stein's interval, ``t_{n0-1} s0 / sqrt(N)`` around the mean of
-all N pairs, with s0 the SD of the pilot pairs 1..n0 (of every metric; ``pilot_sd_log_ratio``
-here is the design metric's, the largest over the cell's jobs and comparisons).
-
 Standard library only: the test box imports this.
 """
 
@@ -29,11 +25,12 @@ class TargetsError(ValueError):
     """A targets file that cannot be used; the message says why (not which file)."""
 
 
-def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None]]:
-    """workload id -> (target pairs, capped, pilot pairs n0 or None) from a targets file
-    (:class:`TargetsError`). n0 is None where the pairs did not come from a pilot SD: no
-    ``pilot_pairs``, or ``cells`` records no SD for the cell (its pilot was incomplete, the cell
-    ran the cap whatever its data)."""
+def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | None]]:
+    """workload id -> (target pairs, capped, pilot pairs n0 or None, look confidence or None)
+    from a targets file (:class:`TargetsError`). n0 is None where the pairs did not come from a
+    pilot SD: no ``pilot_pairs``, or ``cells`` records no SD for the cell (its pilot was
+    incomplete, the cell ran the cap whatever its data). The look confidence is the level of a
+    sequential design's intervals (``look_confidence``), None for the other designs."""
     try:
         doc = read_json_object(path)
     except ValueError as exc:
@@ -45,6 +42,9 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None]]:
     if n0 is not None and (isinstance(n0, bool) or not isinstance(n0, int) or n0 < 2):
         raise TargetsError(f"targets file: pilot_pairs must be an integer >= 2, not {n0!r}")
     cells = doc.get("cells")
+    level = doc.get("look_confidence")
+    if level is not None and not (isinstance(level, float) and 0 < level < 1):
+        raise TargetsError(f"targets file: look_confidence must be in (0, 1), not {level!r}")
     out = {}
     for w, n in doc["pairs"].items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -52,7 +52,8 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None]]:
                 f"targets file: pairs of {w!r} must be a positive integer, not {n!r}"
             )
         sd = (cells.get(w) or {}).get("pilot_sd_log_ratio") if isinstance(cells, dict) else 0
-        out[w] = (n, w in noisy, n0 if isinstance(sd, (int, float)) and sd == sd else None)
+        n0_cell = n0 if isinstance(sd, (int, float)) and sd == sd else None
+        out[w] = (n, w in noisy, n0_cell, level)
     return out
 
 

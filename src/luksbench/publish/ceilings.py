@@ -21,10 +21,8 @@ def cipher_key(cipher: str | None) -> str | None:
 
 
 def _cpus(env: pd.DataFrame, host: str) -> int | None:
-    row = env[env["host"] == host]
-    return (
-        int(row["cpu_count"].iloc[0]) if len(row) and pd.notna(row["cpu_count"].iloc[0]) else None
-    )
+    counts = env.loc[env["host"] == host, "cpu_count"]
+    return int(counts.iloc[0]) if len(counts) and pd.notna(counts.iloc[0]) else None
 
 
 def _no_benchmark_row(ciphers: pd.DataFrame, available: pd.DataFrame, rec: dict) -> str:
@@ -67,12 +65,8 @@ def _ceiling(rec: dict, cryptsetup: pd.DataFrame) -> dict:
 def crypto_ceilings(
     cryptsetup: pd.DataFrame, stacks: pd.DataFrame, env: pd.DataFrame
 ) -> list[dict]:
-    """Per host and LUKS stack that was built: the cipher's benchmark throughput x logical CPUs.
-
-    Each dict: host, stack, algorithm, key_bits, cpus, enc_mib_s, dec_mib_s (per core),
-    read_ceiling_mib_s (decryption x cpus), write_ceiling_mib_s (encryption x cpus), and
-    ``reason`` (None when the ceiling exists, else the sentence saying why it is missing).
-    """
+    """Per host and LUKS stack that was built: the cipher's benchmark throughput per core x
+    logical CPUs (decryption for reads, encryption for writes), or the ``reason`` there is none."""
     luks = stacks[stacks["kind"] == "luks"] if len(stacks) else stacks
     gone = {(u["host"], u["stack"]) for u in unavailable_stacks(stacks)}
     out = []

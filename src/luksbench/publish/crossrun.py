@@ -85,11 +85,8 @@ def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
     if df.empty:
         raise ValueError("nothing to draw: no cell has a value on both sides")
     df["cell"] = _cell_labels(df)
-    cells = list(
-        dict.fromkeys(
-            df.sort_values(["host_a", "stack", "rw", "bs_bytes", "iodepth", "job_slot"])["cell"]
-        )
-    )
+    order = ["host_a", "stack", "rw", "bs_bytes", "iodepth", "job_slot"]
+    cells = list(dict.fromkeys(df.sort_values(order)["cell"]))
     y = {c: i for i, c in enumerate(cells)}
     df["y"] = df["cell"].map(y)
     fig, axes = panels(
@@ -102,13 +99,9 @@ def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
     df["lo"], df["hi"] = 1 + df["ci_low"] / 100, 1 + df["ci_high"] / 100
     for ax, metric in zip(axes[0], metrics, strict=True):
         sub = df[df["metric"] == metric]
-        ax.hlines(
-            sub["y"],
-            sub["lo"].fillna(sub["ratio_b_a"]),
-            sub["hi"].fillna(sub["ratio_b_a"]),
-            colors=[OUTCOME_COLORS.get(o, "black") for o in sub["outcome"]],
-            linewidth=1.6,
-        )
+        lo, hi = sub["lo"].fillna(sub["ratio_b_a"]), sub["hi"].fillna(sub["ratio_b_a"])
+        colors = [OUTCOME_COLORS.get(o, "black") for o in sub["outcome"]]
+        ax.hlines(sub["y"], lo, hi, colors=colors, linewidth=1.6)
         sns.scatterplot(
             data=sub,
             x="ratio_b_a",
@@ -124,9 +117,7 @@ def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
             zorder=3,
         )
         _ratio_axis(ax, sub)
-        ax.set_xlabel("change B vs A (%, log scale)")
-        ax.set_ylabel("")
-        ax.set_title(metric_heading(metric))
+        ax.set(xlabel="change B vs A (%, log scale)", ylabel="", title=metric_heading(metric))
         ax.set_yticks(range(len(cells)), cells)
         ax.set_ylim(len(cells) - 0.5, -0.5)
     legend = axes[0][-1].get_legend()
@@ -167,8 +158,7 @@ def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: l
     if differences:
         lines += ["What differs besides the measurements:", ""]
         lines += [f"- {d}" for d in differences] + [""]
-    skipped = table.attrs.get("skipped_metrics") or []
-    if skipped:
+    if skipped := table.attrs.get("skipped_metrics") or []:
         lines += [f"Not compared (no values in either run): {', '.join(skipped)}.", ""]
     multi_host = table[["host_a", "host_b"]].drop_duplicates().shape[0] > 1
     for metric in dict.fromkeys(table["metric"]):
@@ -194,11 +184,8 @@ def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: l
             )
         lines.append("")
     counts = table["outcome"].value_counts()
-    lines.append(
-        "Outcomes: " + ", ".join(f"{counts[k]} {k}" for k in counts.index) + "."
-        if len(counts)
-        else "No cell in common."
-    )
+    outcomes = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+    lines.append(f"Outcomes: {outcomes}." if len(counts) else "No cell in common.")
     return "\n".join(lines) + "\n"
 
 

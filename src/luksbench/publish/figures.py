@@ -151,6 +151,9 @@ def throughput_figure(
     return fig
 
 
+LOSS_PANELS_PER_ROW = 3
+
+
 def loss_figure(
     loss: pd.DataFrame,
     metrics: Iterable[str] | None = None,
@@ -174,10 +177,13 @@ def loss_figure(
     )["cell"]
     cells = list(dict.fromkeys(cells))
     y = {c: i for i, c in enumerate(cells)}
-    fig, axes = panels(
-        1, len(metrics), 3.4 * len(metrics) + 1.5, 0.4 * len(cells) + 1.6, sharey=True
-    )
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    # at most LOSS_PANELS_PER_ROW panels side by side: the figure stays legible at page width
+    ncols = min(LOSS_PANELS_PER_ROW, len(metrics))
+    nrows = -(-len(metrics) // ncols)
+    fig, axes = panels(nrows, ncols, 4.6 * ncols + 2.5, (0.3 * len(cells) + 1.2) * nrows + 0.6)
+    for ax in axes.flat[len(metrics) :]:
+        ax.set_visible(False)
+    for k, (ax, metric) in enumerate(zip(axes.flat, metrics, strict=False)):
         sub = df[df["metric"] == metric]
         for verdict, g in sub.groupby("verdict"):
             color = VERDICT_COLORS.get(verdict, "black")
@@ -186,7 +192,7 @@ def loss_figure(
         kind = "increase" if (sub["effect"] == "increase").any() else "loss"
         ax.set_xlabel(f"{kind} (%)")
         ax.set_title(metric_heading(metric))
-        ax.set_yticks(range(len(cells)), cells)
+        ax.set_yticks(range(len(cells)), cells if k % ncols == 0 else [])
         ax.set_ylim(len(cells) - 0.5, -0.5)
     conf = float(df["confidence"].iloc[0])
     base, var = df["baseline"].iloc[0], df["variant"].iloc[0]
@@ -284,8 +290,9 @@ def loss_heatmap(
                         )
                         if str(cell.get("note", "")).startswith(TOO_FEW):
                             text = TOO_FEW.replace(" I/Os", "\nI/Os")  # as the tables say
-                        color = "white" if abs(cell["effect_pct"]) > 0.6 * lim else "black"
-                        ax.text(b, a, text, ha="center", va="center", fontsize="small", color=color)
+                        # black on a light box: the same mark on every cell, pale or dark
+                        box = {"boxstyle": "round,pad=0.25", "fc": "white", "alpha": 0.8, "lw": 0}
+                        ax.text(b, a, text, ha="center", va="center", fontsize="small", bbox=box)
                     else:
                         ax.text(b, a, "not measured", ha="center", va="center", fontsize="x-small")
             mesh = ax.imshow(grid, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")

@@ -22,11 +22,13 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs, label
+from luksbench.analysis.saturation import BUSY_LIMIT_PCT, JOB_CPU_LIMIT_PCT
 from luksbench.analysis.tails import TOO_FEW
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
 from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
+from luksbench.publish.recommend import recommendations
 from luksbench.publish.references import (
     compare_ceph,
     compare_raid5,
@@ -109,6 +111,18 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
             }
         )
     return hosts
+
+
+def job_devices(env: pd.DataFrame) -> list[dict]:
+    """Per host and device of env.json's ``job_devices``: NUMA node, queues, scheduler, poll
+    queues and the CPUs the fio jobs ran on."""
+    return [
+        {"host": row["host"], "device": f"`{d.get('device')}` ({fmt_text(d.get('block_device'))})"}
+        | {k: fmt_text(d.get(k)) for k in ("numa_node", "queues", "scheduler")}
+        | {"poll": "yes" if d.get("io_poll") else "no", "cpus": d.get("job_cpus") or "any"}
+        for _, row in env.iterrows()
+        for d in parse_env_json(row["env_json"]).get("job_devices") or []
+    ]
 
 
 # Stack settings a reader needs to judge the comparison (the rest, e.g. paths and the LUKS header
@@ -204,7 +218,7 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
                 "variant_mean": fmt_num(r["variant_mean"] / div, dec),
                 "effect": TOO_FEW if _too_few(r) else fmt_pct(r["effect_pct"]),
                 "ci": fmt_ci(r["ci_low"], r["ci_high"]),
-                "decision": r["decision"],
+                "decision": r["decision"] + _limited_mark(r),
                 "verdict": r["verdict"],
                 "q": fmt_num(r["q_value"], 3),
             }
@@ -215,6 +229,40 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
             | {"rows": rows, "any_dropped": any(r["n_dropped"] for r in rows)}
         )
     return sections
+
+
+_LIMITS = {"fio_bound": "fio-bound", "cpu_saturated": "CPU saturated"}
+
+
+def _limited_mark(row) -> str:
+    """' (fio-bound)' / ' (CPU saturated)' after a decision whose baseline was limited."""
+    marks = [text for flag, text in _LIMITS.items() if bool(row.get(flag) or False)]
+    return f" ({', '.join(marks)})" if marks else ""
+
+
+def limited_cells(losses: pd.DataFrame) -> list[dict]:
+    """Cells whose baseline was fio-bound or ran on a saturated CPU (loss.parquet's flags)."""
+    flags = [f for f in _LIMITS if f in losses]
+    rows = losses[losses[flags].any(axis=1)] if flags else losses.iloc[:0]
+    keys = ["host", "baseline", "variant", "workload", "direction"]
+    return [
+        {
+            "host": r["host"],
+            "comparison": f"`{r['variant']}` vs `{r['baseline']}`",
+            "cell": f"{r['workload']} {r['direction']}".strip(),
+            "limit": _limited_mark(r).strip(" ()"),
+            "job_cpu": fmt_num(r["baseline_job_cpu_pct"], 0),
+            "busy": fmt_num(r["baseline_busy_pct"], 0),
+        }
+        for _, r in rows.drop_duplicates(keys).iterrows()
+    ]
+
+
+def unchecked_cells(losses: pd.DataFrame) -> int:
+    """Cells whose baseline recorded neither fio's CPU per job nor the machine's busy share."""
+    values = losses.reindex(columns=["baseline_job_cpu_pct", "baseline_busy_pct"])
+    keys = ["host", "baseline", "variant", "workload", "direction"]
+    return len(losses[values.isna().all(axis=1)].drop_duplicates(keys))
 
 
 def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
@@ -613,20 +661,32 @@ def _relative(path: Path, out_md: Path) -> str:
     return Path(os.path.relpath(path, Path(out_md).parent)).as_posix()
 
 
-def _yaml_str(value) -> str:
-    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a valid YAML scalar
+def front_matter_yaml(fields: dict) -> str:
+    """YAML front matter: scalars as JSON (valid YAML), lists as block sequences as Jekyll sites
+    write them, ``date`` bare (a YAML date)."""
+    lines = []
+    for key, value in fields.items():
+        if isinstance(value, list):
+            lines += [f"{key}:", *(f"  - {json.dumps(v, ensure_ascii=False)}" for v in value)]
+        else:
+            lines.append(
+                f"{key}: {value if key == 'date' else json.dumps(value, ensure_ascii=False)}"
+            )
+    return "\n".join(lines) + "\n"
 
 
-def _front_matter(run: Run, name: str, variant: str, title: str, author: str) -> dict:
-    title = title or f"What does {variant} cost? luksbench run {name}"
-    return {
-        "run": name,
-        "title": title,
-        "title_yaml": _yaml_str(title),
-        "author_yaml": _yaml_str(author),
-        "author": author,
+def _front_matter(run: Run, name: str, variant: str, title: str, author: str, hosts, extra) -> dict:
+    """The post's front matter: generated fields, then config ``paper.front_matter`` over them."""
+    fields = {
+        "title": title or f"What does {variant} cost? luksbench run {name}",
         "date": run_date(run.env, run.fio),
+        "author": author,
+        "run": name,
+        "backend": ", ".join(dict.fromkeys(h["backend"] for h in hosts)),
+        "generator": f"luksbench {package_version()}",
+        **(extra or {}),
     }
+    return {"run": name, "title": fields["title"], "front_matter_yaml": front_matter_yaml(fields)}
 
 
 def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: dict) -> dict:
@@ -640,6 +700,9 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
         "host_summary": host_summary(losses, hosts, name),
         **_tally(losses),
         "intervals_cover": intervals_cover(losses),
+        "limited_cells": limited_cells(losses),
+        "limits": {"job": fmt_num(JOB_CPU_LIMIT_PCT, 0), "busy": fmt_num(BUSY_LIMIT_PCT, 0)}
+        | {"unchecked": unchecked_cells(losses)},
         "regions": [
             {
                 "metrics": ", ".join(metric_heading(m) for m in sorted_metrics(set(g["metric"]))),
@@ -675,6 +738,40 @@ def intervals_cover(losses: pd.DataFrame) -> str:
             "not the variation between sessions or machines (config `sessions: k` measures it)"
         )
     return "; where marked otherwise they ".join(parts) if parts else "are not computed"
+
+
+def sequential_design(run: Run, pairs: list[Pair]) -> dict | None:
+    """The sequential design's cells (headline comparison, the first metric with sequential
+    intervals): pairs, device seconds (fio's runtimes), decision and interval; None otherwise."""
+    loss = run.loss
+    rows = loss[loss["interval"].eq("sequential") & loss["variant"].eq(pairs[0][1])]
+    if rows.empty:
+        return None
+    rows = rows[rows["metric"].eq(rows["metric"].iloc[0])]
+    fio = run.fio
+    per_run = fio.groupby(["workload", "stack", "rep"])["runtime_ms"].max() / 1000
+    seconds = per_run.groupby("workload").sum()
+    decided = ~rows["decision"].str.startswith("undecided").groupby(rows["workload"]).any()
+    pair_s = seconds.sum() / max(1, rows.groupby("workload")["n"].min().sum())
+    return {
+        "level_pct": fmt_num(100 * pd.to_numeric(fio["look_confidence"]).max(), 2),
+        "metric": metric_heading(rows["metric"].iloc[0]),
+        "cells": [
+            {
+                "cell": r["workload"],
+                "pairs": int(r["n"]),
+                "seconds": fmt_num(seconds.get(r["workload"], 0), 0),
+                "ci": fmt_ci(r["ci_low"], r["ci_high"]),
+                "decision": r["decision"],
+            }
+            for _, r in rows.iterrows()
+        ],
+        "n_cells": int(decided.size),
+        "n_decided": int(decided.sum()),
+        "seconds": fmt_num(seconds.sum(), 0),
+        "per_cell": fmt_num(seconds.sum() / max(1, decided.size), 0),
+        "fixed_3": fmt_num(3 * pair_s, 0),
+    }
 
 
 def order_effects(order: pd.DataFrame, baseline: str, variant: str) -> list[str]:
@@ -739,25 +836,28 @@ def paper_context(
     title: str = "",
     author: str = "luksbench",
     reference_dir: Path | None = None,
+    front_matter: dict | None = None,
 ) -> dict:
     """Everything the template needs, as formatted strings (no raw floats reach the template).
 
     Figure links are relative to ``out_md``'s folder. The headline is loss.parquet's first
     comparison, unless ``baseline``/``variant`` name one of the others; ``title`` empty = generated
     from run and variant; ``reference_dir`` holds the transcribed published results (default: the
-    repository's ``data/reference``)."""
+    repository's ``data/reference``); ``front_matter``: more front matter fields (config
+    ``paper.front_matter``: layout, image, tags, author as a list ...), replacing generated ones."""
     data = load_run(processed_dir)
     pairs = data.headline_first(baseline, variant)
     hosts = _hosts(data.env, data.stacks)
     matrix = _matrix(data.fio, data.env)
     figure_secs = figure_sections(figures_dir, Path(out_md), cpu_net(data.fio))
     return {
-        **_front_matter(data, run, pairs[0][1], title, author),
+        **_front_matter(data, run, pairs[0][1], title, author, hosts, front_matter),
         "baseline": pairs[0][0],
         "variant": pairs[0][1],
         **_story(data, run, pairs, hosts, matrix),
         "patterns": pattern_facts(data.fio, data.env),
         "hosts": hosts,
+        "job_devices": job_devices(data.env),
         "stacks": _stacks(data.stacks, pairs),
         "matrix": matrix,
         "figure_sections": figure_secs,
@@ -765,8 +865,10 @@ def paper_context(
         "order_effects": order_effects(
             data.table("order", ["baseline", "variant", "metric"]), *pairs[0]
         ),
+        "sequential": sequential_design(data, pairs),
         "figures_rel": _relative(Path(figures_dir), out_md),
         **_machine(data, figure_secs),
+        "tuning": recommendations(data.table("tuning"), data.env, hosts),
         **_published(data, reference_dir),
         **_provenance(data),
     }

@@ -160,11 +160,8 @@ def compare_raid5(
         return {"present": False, "rows": []}
     bw = losses[losses["metric"] == "bw_bytes"]
     if cell_direct and len(direct) > 1:
-        bw = bw.assign(
-            _direct=[
-                cell_direct.get((h, w)) for h, w in zip(bw["host"], bw["workload"], strict=True)
-            ]
-        )
+        cells = zip(bw["host"], bw["workload"], strict=True)
+        bw = bw.assign(_direct=[cell_direct.get(cell) for cell in cells])
     multi_host = losses["host"].nunique() > 1
     rows = []
     for _, ref in raid5.iterrows():
@@ -173,15 +170,11 @@ def compare_raid5(
             rows.append({"claim": claim, "ours": "no workload named: context only"})
             continue
         ref_direct = str(ref["direct"]).strip().lower() == "true"
-        if direct and (1 if ref_direct else 0) not in direct:
+        if direct and int(ref_direct) not in direct:
             mode = "direct I/O" if ref_direct else "buffered I/O with fsync"
-            rows.append(
-                {
-                    "claim": claim,
-                    "ours": f"no matching cell: that test used {mode}, this run "
-                    f"{'direct' if 1 in direct else 'buffered'} I/O",
-                }
-            )
+            this_run = "direct" if 1 in direct else "buffered"
+            ours = f"no matching cell: that test used {mode}, this run {this_run} I/O"
+            rows.append({"claim": claim, "ours": ours})
             continue
         m = bw[
             (bw["rw"] == ref["rw"])
@@ -189,7 +182,7 @@ def compare_raid5(
             & (bw["bs_bytes"] <= int(ref["bs_max_bytes"]))
         ].sort_values(["host", "bs_bytes", "iodepth"])
         if "_direct" in m:
-            m = m[m["_direct"] == (1 if ref_direct else 0)]
+            m = m[m["_direct"] == int(ref_direct)]
         if m.empty:
             rows.append({"claim": claim, "ours": f"no `{ref['rw']}` cell in that block-size range"})
             continue

@@ -9,6 +9,8 @@ import html as html_lib
 import json
 import mimetypes
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import jinja2
@@ -32,11 +34,16 @@ def _environment() -> jinja2.Environment:
 
 def render_paper(processed_dir: Path, figures_dir: Path, out_md: Path, run: str, **options) -> Path:
     """Render ``templates/paper.md.j2`` with the processed tables of ``run`` into ``out_md``
-    (normally ``paper/<run>/index.md``): YAML front matter (title, date, author) and the post;
+    (normally ``paper/<run>/index.md``): YAML front matter (title, date, author ...) and the post,
+    with the figures copied beside it (``figures/``, linked relative: the folder is the post);
     ``options`` are :func:`~luksbench.publish.paper.paper_context`'s. Returns ``out_md``."""
     out_md = Path(out_md)
     out_md.parent.mkdir(parents=True, exist_ok=True)
-    context = paper_context(processed_dir, figures_dir, out_md, run, **options)
+    post_figures = out_md.parent / "figures"
+    if Path(figures_dir).is_dir() and Path(figures_dir).resolve() != post_figures.resolve():
+        shutil.rmtree(post_figures, ignore_errors=True)
+        shutil.copytree(figures_dir, post_figures)
+    context = paper_context(processed_dir, post_figures, out_md, run, **options)
     text = _environment().get_template(TEMPLATE).render(**context)
     out_md.write_text(text)
     return out_md
@@ -47,16 +54,27 @@ def split_front_matter(text: str) -> tuple[dict, str]:
     if not text.startswith("---\n"):
         return {}, text
     head, _, body = text[4:].partition("\n---\n")
-    meta = {}
+    meta, key = {}, None
     for line in head.splitlines():
+        if line.startswith("  - ") and key:  # an item of the list under the key above
+            meta[key] = [*(meta[key] or []), _scalar(line[4:])]
+            continue
         key, sep, value = line.partition(":")
-        if sep:
-            value = value.strip()
-            try:
-                meta[key.strip()] = json.loads(value) if value.startswith('"') else value
-            except json.JSONDecodeError:
-                meta[key.strip()] = value
+        key = key.strip() if sep else None
+        if key:
+            meta[key] = _scalar(value.strip())
     return meta, body
+
+
+def _scalar(value: str):
+    try:
+        return json.loads(value) if value.startswith('"') else value
+    except json.JSONDecodeError:
+        return value
+
+
+def _text(value) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 _CSS = """
@@ -99,7 +117,7 @@ def render_html(md_path: Path, html_path: Path | None = None) -> Path:
         return f'{match.group(1)}"data:{mime};base64,{data}"'
 
     body = re.sub(r'(<img src=)"([^"]+)"', embed, body)
-    byline = " · ".join(html_lib.escape(str(meta[k])) for k in ("author", "date") if meta.get(k))
+    byline = " · ".join(html_lib.escape(_text(meta[k])) for k in ("author", "date") if meta.get(k))
     if byline:
         body = re.sub(r"(</h1>)", rf'\1\n<p class="byline">{byline}</p>', body, count=1)
     html_path.write_text(
@@ -107,10 +125,31 @@ def render_html(md_path: Path, html_path: Path | None = None) -> Path:
         "<meta name='viewport' content='width=device-width, initial-scale=1'>\n"
         f"<title>{html_lib.escape(str(title))}</title>\n"
         + "".join(
-            f"<meta name='{k}' content='{html_lib.escape(str(v))}'>\n"
+            f"<meta name='{k}' content='{html_lib.escape(_text(v))}'>\n"
             for k, v in meta.items()
             if k in ("author", "date", "generator", "run")
         )
         + f"<style>{_CSS}</style></head>\n<body>\n{body}</body></html>\n"
     )
     return html_path
+
+
+PDF_TOOLS = ("pandoc", "weasyprint")  # also the names of their Debian packages
+
+
+def render_pdf(md_path: Path, pdf_path: Path | None = None) -> Path:
+    """The post as PDF: pandoc, with weasyprint turning its HTML into PDF. The figure links are
+    resolved from the post's folder. FileNotFoundError saying how to get a missing tool."""
+    md_path = Path(md_path).resolve()
+    pdf_path = Path(pdf_path).resolve() if pdf_path else md_path.with_suffix(".pdf")
+    if missing := [tool for tool in PDF_TOOLS if shutil.which(tool) is None]:
+        raise FileNotFoundError(
+            f"the PDF needs {' and '.join(missing)}, not found on PATH: install it "
+            f"(Debian/Ubuntu: `sudo apt-get install {' '.join(missing)}`; `bash scripts/setup.sh` does "
+            "it) or use index.html, which prints to PDF from any browser"
+        )
+    argv = ["pandoc", md_path.name, "--pdf-engine=weasyprint", "-o", str(pdf_path)]
+    proc = subprocess.run(argv, cwd=md_path.parent, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pandoc exited {proc.returncode} on {md_path}: {proc.stderr.strip()}")
+    return pdf_path

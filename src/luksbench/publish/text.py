@@ -135,29 +135,26 @@ def pattern_name(row) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _direction_and_job(row, with_job: bool) -> str:
+    """What a cell name adds for a mixed pattern's direction and a multi-job file's job."""
+    direction = f" ({row['direction']})" if row["rw"] in MIXED_RW else ""
+    return direction + (f", job `{row['job']}`" if with_job else "")
+
+
 def cell_name(row, with_job: bool = False) -> str:
     """``randread 4k QD32``; mixed patterns add the direction, multi-job files the job name, the
     cells of a config pattern its name (``randwrite 1g QD1 [largeblock]``)."""
     name = f"{row['rw']} {bs_label(int(row['bs_bytes']))} QD{int(row['iodepth'])}"
-    if row["rw"] in MIXED_RW:
-        name += f" ({row['direction']})"
-    if with_job:
-        name += f", job `{row['job']}`"
-    if pattern_name(row):
-        name += f" [{pattern_name(row)}]"
-    return name
+    pattern = f" [{pattern_name(row)}]" if pattern_name(row) else ""
+    return name + _direction_and_job(row, with_job) + pattern
 
 
 def cell_words(row, multi_host: bool, with_job: bool = False) -> str:
     """``sequential write, 1 MiB, QD32`` (+ direction of mixed patterns, host, job)."""
     words = f"{rw_words(row['rw'])}, {bs_human(row['bs_bytes'])}, QD{int(row['iodepth'])}"
-    if row["rw"] in MIXED_RW:
-        words += f" ({row['direction']})"
-    if with_job:
-        words += f", job `{row['job']}`"
-    if pattern_name(row):
-        words += f", pattern `{pattern_name(row)}`"
-    return (f"{row['host']}: " if multi_host else "") + words
+    pattern = f", pattern `{pattern_name(row)}`" if pattern_name(row) else ""
+    host = f"{row['host']}: " if multi_host else ""
+    return host + words + _direction_and_job(row, with_job) + pattern
 
 
 def effect_ci(row) -> str:

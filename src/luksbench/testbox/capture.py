@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from luksbench.formats.layout import Workload
+from luksbench.testbox import jobs
 from luksbench.testbox.backends.choose import resolve_plan_backend
+from luksbench.testbox.plan import cell_options
 from luksbench.testbox.sysinfo import VULNERABILITIES, capture_system, cpu_vulnerabilities
 from luksbench.testbox.sysutil import (
     TestboxError,
@@ -108,6 +111,7 @@ def capture_env(plan: dict) -> dict:
         "backend": resolve_plan_backend(plan),
         "euid": os.geteuid(),
         "system": capture_system(devices=disks or None, paths=scratch),
+        "job_devices": jobs.device_facts(plan, cell_options(plan, Workload("read", 4096, 1))),
         "plan": plan,
     }
 

@@ -95,6 +95,10 @@ def _run(func):
     return wrapper
 
 
+PLAN_HELP = "plan.json, as the workflow writes it (data/scratch/<run>/<host>/plan.json)"
+STATE_HELP = "STATE.json written by stack-up (no key material)"
+
+
 def add_testbox_commands(commands) -> None:
     """Register the ``testbox`` command group on the top-level subparsers object."""
     tb = commands.add_parser(
@@ -108,7 +112,7 @@ def add_testbox_commands(commands) -> None:
     p = sub.add_parser(
         "capture-env", help="kernel, CPU, tools, backend choice, mitigations -> JSON"
     )
-    p.add_argument("--plan", required=True)
+    p.add_argument("--plan", required=True, help=PLAN_HELP)
     p.add_argument("--out", required=True, help="env.json")
     p.set_defaults(func=_run(_cmd_capture_env))
 
@@ -120,7 +124,7 @@ def add_testbox_commands(commands) -> None:
     p.set_defaults(func=_run(_cmd_benchmark_ciphers))
 
     p = sub.add_parser("stack-up", help="create backing files, bring stacks up, precondition")
-    p.add_argument("--plan", required=True)
+    p.add_argument("--plan", required=True, help=PLAN_HELP)
     p.add_argument(
         "--state", required=True, help="STATE.json for run-fio and stack-down (no key material)"
     )
@@ -130,8 +134,8 @@ def add_testbox_commands(commands) -> None:
     p.set_defaults(func=_run(_cmd_stack_up))
 
     p = sub.add_parser("run-fio", help="run the fio matrix (resumable: existing reps are skipped)")
-    p.add_argument("--plan", required=True)
-    p.add_argument("--state", required=True)
+    p.add_argument("--plan", required=True, help=PLAN_HELP)
+    p.add_argument("--state", required=True, help=STATE_HELP)
     p.add_argument("--raw-host-dir", required=True, help="data/raw/<run>/<host>")
     p.add_argument("--manifest", required=True, help="the schedule as run (JSON)")
     p.add_argument("--describe", help="stacks.json from stack-up, recorded with the run")
@@ -143,6 +147,6 @@ def add_testbox_commands(commands) -> None:
 
     p = sub.add_parser("stack-down", help="tear everything down and verify (idempotent)")
     p.add_argument("--plan", help="optional; STATE holds everything needed")
-    p.add_argument("--state", required=True)
+    p.add_argument("--state", required=True, help=STATE_HELP)
     p.add_argument("--record", help="teardown.json: what was removed, checks passed")
     p.set_defaults(func=_run(_cmd_stack_down))

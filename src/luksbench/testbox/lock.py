@@ -1,18 +1,16 @@
 """One benchmark at a time per test box.
 
-Two runs measuring at once on one machine would measure each other (shared CPU, memory bandwidth,
-page cache, disks), and two workflows sharing a scratch directory or a device would destroy each
-other's stacks. Every step that loads the machine (environment capture, the cipher benchmark,
-stack-up with its preconditioning, fio) takes the machine's lock first; stack-down gives it back.
-A second run meanwhile is refused with a message naming the holder.
+Two runs measuring at once would measure each other (CPU, memory bandwidth, page cache, disks),
+and two sharing a scratch directory or a device would destroy each other's stacks. Every step
+that loads the machine (environment capture, cipher benchmark, stack-up, fio) takes the lock
+first; stack-down gives it back; a second run meanwhile is refused with a message naming the holder.
 
-The holder is a run's stack state file in a session: the workflow process that runs the steps
-(``LUKSBENCH_SESSION``, which the workflow sets), or the step's own process when a step is run by
-hand. It holds the lock while that session lives or while its stacks are up (the state file
-exists), so a crashed run keeps the box locked until its stacks are torn down; only the holding
-session gives it back (:func:`release`). Reading, taking and giving back the lock happen under
-``flock`` on a guard file that is never removed, so two processes can never both win it, also not
-when they take over a stale one. Standard library only.
+The holder is a run's stack state file in a session: the workflow process (``LUKSBENCH_SESSION``)
+or, for a step run by hand, the step's own. It holds the lock while that session lives or its
+stacks are up (the state file exists), so a crashed run keeps the box until its stacks are torn
+down; only the holding session gives it back (:func:`release`). Reading, taking and giving back
+happen under ``flock`` on a guard file that is never removed, so two processes never both win
+it, also not when they take over a stale one. Standard library only.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ def check_plan(plan: dict, source: str = "plan") -> None:
     check_block_sizes(plan, source)
     check_blocks_fit(plan, source)
     check_run_options(plan, source)
+    check_job_options(plan["fio"], f"{source}: fio")
 
 
 def walk_layers(layer, where: str):
@@ -233,6 +234,10 @@ PATTERN_KEYS = ("description", "matrix", "io_bs", "fsync_per_block", "fio")
 PATTERN_OPTIONAL_KEYS = ("rate_pct",)
 PATTERN_FIO_KEYS = ("ioengine", "direct", "sync")
 IOENGINES = ("libaio", "io_uring", "psync", "sync", "pvsync2")
+#: fio job options of the fio section and of a pattern's fio; a plan holds only those that differ
+#: from these defaults (plans of runs measured before they existed stay equal)
+JOB_DEFAULTS = {"numjobs": 1, "cpus_allowed": "", "cpus_allowed_policy": "shared"}
+JOB_DEFAULTS |= {"numa_pin": False, "fixedbufs": False, "registerfiles": False, "hipri": False}
 # fio rw values that write (fsync_per_block adds fsyncs only to these) and that seek at random.
 WRITING_RW = ("write", "randwrite", "rw", "randrw", "readwrite", "trimwrite", "randtrimwrite")
 RANDOM_RW = ("randread", "randwrite", "randrw", "randtrim", "randtrimwrite")
@@ -259,11 +264,12 @@ def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
         over = spec.get("fio") or {}
         if not isinstance(over, dict):
             raise PlanError(f"{where}.fio must be an object ({', '.join(PATTERN_FIO_KEYS)})")
-        unknown = sorted(set(over) - set(PATTERN_FIO_KEYS))
+        unknown = sorted(set(over) - set(PATTERN_FIO_KEYS) - set(JOB_DEFAULTS))
         if unknown:
             raise PlanError(
                 f"{where}.fio.{unknown[0]}: not a pattern fio setting "
-                f"({', '.join(PATTERN_FIO_KEYS)}; the others are the top-level fio section's)"
+                f"({', '.join([*PATTERN_FIO_KEYS, *JOB_DEFAULTS])}; the others are the top-level "
+                "fio section's)"
             )
 
         matrix = spec.get("matrix") or {}
@@ -276,6 +282,7 @@ def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
                 "ioengine": _inherit(over, "ioengine", fio.get("ioengine", "libaio")),
                 "direct": _inherit(over, "direct", fio.get("direct", True)),
                 "sync": _inherit(over, "sync", False),
+                **{k: over[k] for k in JOB_DEFAULTS if over.get(k) is not None},
             },
         }
         if spec.get("rate_pct") is not None:  # only then: plans of earlier runs stay equal
@@ -332,8 +339,14 @@ def check_patterns(plan: dict, source: str = "plan") -> None:
                 f"{where}.rate_pct must be a percentage in (0, 100] or null, not {rate!r}"
             )
         fio = pattern["fio"]
-        if not isinstance(fio, dict) or sorted(fio) != sorted(PATTERN_FIO_KEYS):
-            raise PlanError(f"{where}.fio must hold exactly {', '.join(PATTERN_FIO_KEYS)}")
+        if not isinstance(fio, dict) or sorted(set(fio) - set(JOB_DEFAULTS)) != sorted(
+            PATTERN_FIO_KEYS
+        ):
+            raise PlanError(
+                f"{where}.fio must hold {', '.join(PATTERN_FIO_KEYS)} and may hold "
+                f"{', '.join(JOB_DEFAULTS)}"
+            )
+        check_job_options(fio, f"{where}.fio")
         if fio["ioengine"] not in IOENGINES:
             raise PlanError(
                 f"{where}.fio.ioengine: {fio['ioengine']!r} is not one of {', '.join(IOENGINES)}"
@@ -343,12 +356,30 @@ def check_patterns(plan: dict, source: str = "plan") -> None:
                 raise PlanError(f"{where}.fio.{key} must be true or false, not {fio[key]!r}")
 
 
+def check_job_options(fio: dict, where: str) -> None:
+    """The :data:`JOB_DEFAULTS` options of a fio section have their types; PlanError names one."""
+    for key, default in JOB_DEFAULTS.items():
+        value = fio.get(key, default)
+        if key == "numjobs":
+            ok = type(value) is int and value >= 1
+        elif key == "cpus_allowed":  # fio's CPU list syntax: 0-3,8,10-11
+            ok = isinstance(value, str) and all(c in "0123456789,-" for c in value)
+        elif key == "cpus_allowed_policy":
+            ok = value in ("shared", "split")
+        else:
+            ok = isinstance(value, bool)
+        if not ok:
+            raise PlanError(f"{where}.{key}: {value!r} is not a valid value (default {default!r})")
+
+
 def cell_options(plan: dict, w: Workload) -> dict:
     """How one cell runs: ioengine, direct, sync, io_bs_bytes (bytes per I/O), ios_per_block
-    (n: I/Os per block of the cell's bs), fsync (an fsync every that many writes; 0: none) and
-    rate_pct (a fixed-rate pattern's share of the slower stack's pilot IOPS; None: unthrottled)."""
+    (n: I/Os per block of the cell's bs), fsync (an fsync every that many writes; 0: none),
+    rate_pct (a fixed-rate pattern's share of the slower stack's pilot IOPS; None: unthrottled)
+    and the :data:`JOB_DEFAULTS` options (the pattern's, else the fio section's)."""
     fio = plan["fio"]
     options = {
+        **{k: fio.get(k, default) for k, default in JOB_DEFAULTS.items()},
         "ioengine": fio.get("ioengine", "libaio"),
         "direct": bool(fio.get("direct", True)),
         "sync": False,
@@ -368,6 +399,7 @@ def cell_options(plan: dict, w: Workload) -> dict:
         direct=bool(pattern["fio"]["direct"]),
         sync=bool(pattern["fio"]["sync"]),
         rate_pct=pattern.get("rate_pct"),
+        **{k: pattern["fio"][k] for k in JOB_DEFAULTS if k in pattern["fio"]},
     )
     if pattern["io_bs"] and w.bs_bytes > bs_to_bytes(pattern["io_bs"]):
         io_bytes = bs_to_bytes(pattern["io_bs"])
@@ -478,6 +510,7 @@ FS_DEFAULTS = {"fstype": "ext4", "file_size_mib": 0}
 _LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
 KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
 PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
+PERF_FLAGS += ("high_priority",)
 NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
 # One set of defaults for the schema's documentation, the plan and the test box.
 PRECONDITION_DEFAULTS = {
@@ -624,7 +657,9 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         "devices": resolve_devices(config.get("devices")),
         "stacks": stacks,
         "matrix": {k: list(v) for k, v in config["matrix"].items()},
-        "fio": dict(config["fio"]),
+        "fio": {
+            k: v for k, v in config["fio"].items() if k not in JOB_DEFAULTS or JOB_DEFAULTS[k] != v
+        },
         "repetitions": config["repetitions"],
         "seed": config["seed"],
     }
@@ -640,8 +675,10 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         plan["fleet"] = {"mode": "clients", "hosts": [dict(h) for h in fleet.get("hosts") or []]}
     adaptive = config.get("adaptive") or {}
     if adaptive.get("enabled"):
-        # Stage 1 measures the pilot; stage 2 (run-fio --targets) tops each cell up to its target.
-        plan["repetitions"] = adaptive["pilot_pairs"]
+        # Stage 1 measures the pilot (sequential: the first round); then run-fio --targets tops
+        # each cell up to its target.
+        sequential = adaptive.get("mode") == "sequential"
+        plan["repetitions"] = adaptive["min_pairs" if sequential else "pilot_pairs"]
         plan["adaptive"] = dict(adaptive)
     check_plan(plan, source="config")
     return plan

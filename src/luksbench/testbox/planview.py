@@ -9,9 +9,12 @@ path, mounts, holders, use, signatures), read-only. Standard library only.
 
 from __future__ import annotations
 
+import os
+
 from luksbench.formats.layout import bs_label, bs_to_bytes
 from luksbench.testbox import safety
-from luksbench.testbox.plan import precondition_options, walk_layers, workloads
+from luksbench.testbox.jobs import IO_URING_ONLY
+from luksbench.testbox.plan import cell_options, precondition_options, walk_layers, workloads
 
 
 def layer_layout(layer, devices: dict) -> str:
@@ -23,7 +26,9 @@ def layer_layout(layer, devices: dict) -> str:
     if kind in ("plain", "loop"):
         return f"{kind} (own scratch file)"
     if kind == "luks":
-        head = f"luks {layer.get('cipher')} {layer.get('luks_type')}"
+        head = (
+            f"luks {layer.get('cipher')} {layer.get('key_bits')}-bit key {layer.get('luks_type')}"
+        )
         if int(layer.get("sector_size", 512)) != 512:
             head += f" sector {layer['sector_size']}"
         if layer.get("perf_flags"):
@@ -105,6 +110,19 @@ def pattern_fio_text(pattern: dict) -> str:
     return ", ".join(parts)
 
 
+def jobs_text(cell: dict) -> str:
+    """A cell's fio jobs, their pinning and the CPU they may need, in words."""
+    n, cpus = cell["numjobs"], cell["cpus_allowed"]
+    pinned = f"on CPUs {cpus} ({cell['cpus_allowed_policy']})" if cpus else "unpinned"
+    pinned = "on the device's NUMA node" if cell["numa_pin"] and not cpus else pinned
+    extras = "".join(f", {o}" for o in IO_URING_ONLY if cell[o])
+    return (
+        f"{n} job{'s' if n > 1 else ''} {pinned}{extras}; expected CPU need: up to {n} "
+        f"CPU{'s' if n > 1 else ''} for fio (one per job) besides the kernel's I/O and crypto "
+        f"work, of {os.cpu_count()} here"
+    )
+
+
 def _matrix_text(matrix: dict) -> str:
     sizes = sorted(matrix["bs"], key=bs_to_bytes)
     bs = bs_label(sizes[0]) if len(sizes) == 1 else f"{bs_label(sizes[0])}..{bs_label(sizes[-1])}"
@@ -131,6 +149,18 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
         f"  fio time: {seconds / 3600:.1f} h ({seconds} s of runtime + ramp), backend "
         f"{plan['backend']}, baseline {plan['baseline']}",
     ]
+    main_cell = next((w for w in cells if not w.pattern), None)
+    if main_cell:
+        lines.append(f"  fio jobs: {jobs_text(cell_options(plan, main_cell))}")
+    adaptive = plan.get("adaptive") or {}
+    if adaptive.get("mode") == "sequential":
+        worst = seconds / reps * int(adaptive.get("max_pairs", 12))
+        budget = float(adaptive.get("budget_h", 0))
+        lines.append(
+            f"  sequential: rounds until every cell is decided; budget "
+            f"{f'{budget:g} h' if budget else 'none'}, worst case {worst / 3600:.2f} h "
+            f"({adaptive.get('max_pairs', 12)} pairs of every cell)"
+        )
     patterns = plan.get("patterns") or {}
     if patterns:
         main = sum(1 for w in cells if not w.pattern)
@@ -145,6 +175,8 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
         if pattern["description"]:
             lines.append(f"    {pattern['description']}")
         lines.append(f"    fio: {pattern_fio_text(pattern)}")
+        first = next(w for w in cells if w.pattern == name)
+        lines.append(f"    fio jobs: {jobs_text(cell_options(plan, first))}")
     devices = plan.get("devices", {})
     lines += [f"  stack {name}: {layer_layout(plan['stacks'][name], devices)}" for name in stacks]
     for name, dev in devices.items():

@@ -17,8 +17,11 @@ from pathlib import Path
 
 from luksbench.formats.fio import FioParseError, fio_output_document
 from luksbench.testbox.plan import precondition_options
-from luksbench.testbox.sysutil import TestboxError, run_tool
+from luksbench.testbox.sysutil import Progress, TestboxError, heartbeat, run_tool
 from luksbench.testbox.sysutil import log as default_log
+
+# A fill of a large disk takes hours and fio says nothing until it ends: how often to say it runs.
+FILL_HEARTBEAT_S = 300
 
 
 def blkdiscard_argv(device: str | Path) -> list[str]:
@@ -229,7 +232,8 @@ def precondition(
     log(f"  {device}: filling {passes} x {size_bytes / 2**20:.0f} MiB (sequential {bs} writes)")
     t0 = time.monotonic()
     what = f"precondition {device}: fill"
-    io = _io(_fio_job(run_tool(argv, what, timeout=7 * 24 * 3600), what))
+    with heartbeat(f"{device}: filling", FILL_HEARTBEAT_S, log):
+        io = _io(_fio_job(run_tool(argv, what, timeout=7 * 24 * 3600), what))
     took = round(time.monotonic() - t0, 3)
     fill = {"argv": argv, "passes": passes, "block_size": bs, "io_bytes": io["io_bytes"]}
     record["fill"] = {**fill, "bw_bytes": io["bw_bytes"], "seconds": took}
@@ -251,6 +255,7 @@ def _steady_state_rounds(
     opts = {"rw": o["ss_rw"], "bs": o["ss_bs"], "iodepth": o["ss_iodepth"], "ioengine": ioengine}
     opts["deviation_pct"] = o["ss_range_pct"] / 2
     argv = steady_state_round_argv(device, size_bytes, o["ss_round_s"], **opts)
+    progress = Progress(o["ss_max_rounds"], o["ss_round_s"])
     for n in range(1, o["ss_max_rounds"] + 1):
         what = f"precondition {device}: steady-state round {n}"
         t_round = time.monotonic()
@@ -262,7 +267,8 @@ def _steady_state_rounds(
         rounds[-1]["fio_steadystate"] = {k: fio_ss.get(k) for k in keys}
         check = snia_steady_state([r["iops"] for r in rounds], *limits)
         iops = rounds[-1]["iops"]
-        log(f"  {device}: steady-state round {n}: {iops:.0f} IOPS ({check['reason']})")
+        status = f"{progress.step(rounds[-1]['seconds'])} if it never turns steady"
+        log(f"  {device}: steady-state round {n}: {iops:.0f} IOPS ({check['reason']}); {status}")
         if check["steady"]:
             break
     verdict = f"not steady after {len(rounds)} rounds (max_rounds): {check['reason']}"

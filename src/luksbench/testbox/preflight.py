@@ -13,6 +13,7 @@ from pathlib import Path
 
 from luksbench.testbox.backends.choose import resolve_plan_backend, userspace_compatible
 from luksbench.testbox.plan import plan_layers, precondition_options
+from luksbench.testbox.sysutil import which
 
 # tool -> (Debian/Ubuntu package, Fedora package)
 PACKAGES = {
@@ -63,12 +64,8 @@ def required_tools(plan: dict, backend: str | None) -> dict[str, str]:
 
 
 def missing_tools(plan: dict, backend: str | None, path: str | None = None) -> dict[str, str]:
-    return {
-        tool: why
-        for tool, why in required_tools(plan, backend).items()
-        if shutil.which(tool, path=path) is None
-        and shutil.which(tool, path="/usr/sbin:/sbin" if path is None else path) is None
-    }
+    locate = which if path is None else lambda tool: shutil.which(tool, path=path)
+    return {tool: why for tool, why in required_tools(plan, backend).items() if not locate(tool)}
 
 
 def install_hint(tools) -> str:

@@ -50,7 +50,7 @@ from luksbench.formats.manifest import (
 from luksbench.formats.plan import plan_changes
 from luksbench.formats.sidecar import cpu_sidecar_document
 from luksbench.formats.targets import TargetsError, read_targets
-from luksbench.testbox import probes, safety, sysutil
+from luksbench.testbox import jobs, probes, safety, sysutil
 from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
 from luksbench.testbox.stacks import load_state, stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now, write_json_atomic
@@ -245,9 +245,11 @@ def fio_argv(
         "--time_based",
         f"--runtime={f.get('runtime_s', 3)}s",
         f"--ramp_time={f.get('ramp_time_s', 0)}s",
-        "--numjobs=1",
-        "--group_reporting",
+        f"--numjobs={cell['numjobs']}",
     ]
+    # several jobs: one entry each (ingest sums throughput and merges their histograms)
+    argv += ["--group_reporting"] if cell["numjobs"] == 1 else []
+    argv += jobs.job_setup(cell, entry.get("device"))["args"]
     if io_size:
         argv.append(f"--size={io_size}")
     if rate_iops:
@@ -377,13 +379,13 @@ def _total(entry: dict, key: str) -> float:
 
 def _summary(doc: dict) -> str:
     entries = _job_entries(doc)
-    if len(entries) > 1:
+    if len(entries) > 1 and doc.get("client_stats"):
         per_host = ", ".join(
             f"{e.get('hostname')}:{e.get('port')} {_total(e, 'bw_bytes') / 2**20:.1f}"
             for e in entries
         )
         return f"MiB/s per server: {per_host}"
-    bw, iops = _total(entries[0], "bw_bytes"), _total(entries[0], "iops")
+    bw, iops = (sum(_total(e, key) for e in entries) for key in ("bw_bytes", "iops"))
     iops_s = f"{iops / 1000:.1f}k" if iops >= 1000 else f"{iops:.0f}"
     return f"{bw / 2**20:.1f} MiB/s, {iops_s} IOPS"
 
@@ -503,6 +505,9 @@ def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bo
     try:
         manifest, measured = read_manifest(manifest_path), read_manifest(env_path)["plan"]
         changed = plan_changes(measured, plan)
+        # a sequential run is final once its last look stopped every cell
+        if (plan.get("adaptive") or {}).get("mode") == "sequential" and not pilot:
+            changed = changed or not read_manifest(manifest_path.parent / "targets.json")["done"]
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
     stacks = {*manifest.get("stacks", []), *(manifest.get("unavailable_stacks") or {})}
@@ -636,6 +641,11 @@ def _open_session(
     return session
 
 
+def run_seconds(plan: dict) -> float:
+    """How long one fio run measures (runtime and ramp), without its start-up."""
+    return float(plan["fio"].get("runtime_s", 3)) + float(plan["fio"].get("ramp_time_s", 0))
+
+
 def _announce(plan: dict, session: dict, targets: dict | None) -> None:
     reps = session["reps"]
     rep_text = (
@@ -646,7 +656,8 @@ def _announce(plan: dict, session: dict, targets: dict | None) -> None:
     log(
         f"luksbench testbox run-fio: {len(session['runs'])} fio runs ({len(workloads(plan))} cells x "
         f"{len(session['measured_plan']['stacks'])} stacks x {rep_text}), "
-        f"backend {session['state']['backend']}"
+        f"backend {session['state']['backend']}; at least "
+        f"{sysutil.duration(len(session['runs']) * run_seconds(plan))} of fio"
     )
 
 
@@ -663,6 +674,7 @@ def _measure(plan: dict, session: dict, outcome: dict) -> None:
         outcome["fixed_rates"] = fixed_rates(
             plan, session, session["previous_rates"], outcome["clocksource"]
         )
+        session["progress"] = sysutil.Progress(len(session["runs"]), run_seconds(plan))
         for r in session["runs"]:
             _scheduled_run(plan, session, r, outcome)
     except Interrupted as exc:
@@ -700,19 +712,24 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
         rec.update(started=started, ended=ended, skipped_existing=True, status="skipped_existing")
         rec["session"] = session["measured_in"].get(rec["path"], "unrecorded")
         outcome["done"].append(rec)
-        log(f"{tag}: exists, skipped")
+        log(f"{tag}: exists, skipped ({session['progress'].step(None)})")
         return
     state = session["state"]
     check_state_live(state)
     check_free_space(path.parent)
-    rec["started"] = utc_now()
+    rec["started"], t0 = utc_now(), time.monotonic()
     rate = outcome["fixed_rates"].get(w.id, {}).get("rate_iops")
     entry, clock = state["stacks"][stack], outcome["clocksource"]
+    rec["fio_jobs"] = {
+        k: v
+        for k, v in jobs.job_setup(cell_options(plan, w), entry.get("device")).items()
+        if k != "args"
+    }
     ok, msg = _one_run(plan, entry, stack, w, path, session["io_size"], clock, rate)
     rec["ended"] = utc_now()
     rec["status"] = "ok" if ok else "failed"
     outcome["done"].append(rec)
-    log(f"{tag}: {msg}")
+    log(f"{tag}: {msg}; {session['progress'].step(time.monotonic() - t0)}")
     if not ok:
         outcome["failed"].append(f"{stack} {w.id} rep{r['rep']}")
         # A full disk fails every later run too: stop now, keeping what was measured.

@@ -14,6 +14,7 @@ Standard library and util-linux (wipefs, blkid, lsblk, losetup) only.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -143,11 +144,9 @@ def check_free(*, mapper: str | None = None, mountpoint: Path | None = None, bac
         raise SafetyError(
             f"{mountpoint} is already a mountpoint (stale FUSE export? run stack-down)"
         )
-    loops = loop_devices_backed_by([backing])
-    if loops:
+    if loops := loop_devices_backed_by([backing]):
         raise SafetyError(f"{backing} is already attached to {', '.join(loops)} (run stack-down)")
-    holders = processes_holding(backing)
-    if holders:
+    if holders := processes_holding(backing):
         raise SafetyError(f"{backing} is open by pid(s) {holders} (run stack-down)")
 
 
@@ -279,15 +278,10 @@ def _signatures_of(node: str) -> list[dict]:
     if proc is not None and proc.returncode == 0:
         if not proc.stdout.strip():
             return []  # older wipefs prints nothing for a blank device
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # not JSON: an old wipefs, ask blkid
             found = json.loads(proc.stdout).get("signatures", [])
-        except json.JSONDecodeError:
-            found = None
-        if found is not None:
-            return [
-                {k: s[k] for k in ("type", "offset", "uuid", "label") if s.get(k) is not None}
-                for s in found
-            ]
+            keys = ("type", "offset", "uuid", "label")
+            return [{k: s[k] for k in keys if s.get(k) is not None} for s in found]
     # Fallback (no wipefs, or one without --json): blkid reports the first signature only.
     probe = run_quiet(["blkid", "-p", "-o", "export", node])
     if probe is not None and probe.returncode == 2:
@@ -369,17 +363,9 @@ def processes_using_device(resolved: str) -> list[int]:
     """PIDs with the device or one of its partitions open, by device number (whatever node name
     they opened). Scans /proc/*/fd; needs root to see other users' processes."""
     rdevs = {r for r in map(_rdev_of, _family(_sysfs_dir(resolved))) if r is not None}
-    pids = set()
-    for pid, fd_path, link in _open_fds():
-        if not link.startswith("/"):
-            continue  # sockets, pipes, anon inodes
-        try:
-            st = os.stat(fd_path)
-        except OSError:
-            continue
-        if stat.S_ISBLK(st.st_mode) and st.st_rdev in rdevs:
-            pids.add(pid)
-    return sorted(pids)
+    # a link without a path is a socket, pipe or anon inode
+    fds = _open_fds()
+    return sorted({pid for pid, fd, link in fds if link.startswith("/") and _is_one_of(fd, rdevs)})
 
 
 def device_in_use(resolved: str) -> str | None:
@@ -505,22 +491,19 @@ def _block_device(where: str, path: str) -> tuple[str, str, Path, int]:
 
 def _check_unused(where: str, resolved: str, shown: str) -> None:
     """Not mounted (nor swap), no holders, not open by any process."""
-    mounts = device_mounts(resolved)
-    if mounts:
+    if mounts := device_mounts(resolved):
         at = ", ".join("as swap" if m == "[swap]" else f"at {m}" for m in mounts)
         raise SafetyError(
             f"{where}: {shown} (or a partition of it) is mounted {at}; unmount it (umount / "
             "swapoff) if its data may go, or name another disk"
         )
-    holders = device_holders(resolved)
-    if holders:
+    if holders := device_holders(resolved):
         raise SafetyError(
             f"{where}: {shown} (or a partition of it) is held by {', '.join(holders)}: it is part "
             "of a device-mapper, md or bcache device; take that down (dmsetup remove, cryptsetup "
             "close, mdadm --stop) if its data may go, or name another disk"
         )
-    busy = device_in_use(resolved)
-    if busy:
+    if busy := device_in_use(resolved):
         raise SafetyError(
             f"{where}: {shown} is in use: {busy}; stop that first, or name another disk"
         )

@@ -24,6 +24,7 @@ from luksbench.testbox.capture import tool_versions
 from luksbench.testbox.plan import baseline_first, device_uses, precondition_options
 from luksbench.testbox.precondition import precondition
 from luksbench.testbox.sysutil import (
+    Progress,
     TestboxError,
     find_our_processes,
     log,
@@ -181,15 +182,19 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
 
     ioengine = plan["fio"].get("ioengine", "libaio")
     options = precondition_options(plan["precondition"])
+    filled = [n for n in state["order"] if n in live and live[n]["device_type"] != "rbd"]
+    progress = Progress(len(filled))
     for name in state["order"]:
         entry = state["stacks"][name]
         if entry.get("unavailable"):
             continue
         record = None
-        if options["enabled"] and entry["device_type"] != "rbd":
-            log(f"  {name}: preconditioning {entry['size_bytes'] / MIB:.0f} MiB")
+        if options["enabled"] and name in filled:
+            mib = entry["size_bytes"] / MIB
+            log(f"  [{progress.done + 1}/{progress.total}] {name}: preconditioning {mib:.0f} MiB")
             record = precondition(entry["device"], entry["size_bytes"], options, ioengine, log=log)
-            log(f"  {name}: preconditioned in {record['seconds']:.1f} s")
+            done = progress.step(record["seconds"])
+            log(f"  {name}: preconditioned in {record['seconds']:.1f} s; {done}")
         described[name]["precondition"] = record
     state["complete"] = True
     write_json_atomic(state_path, state, mode=0o600)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +33,60 @@ QUIET = {"capture_output": True, "text": True, "check": False, "stdin": subproce
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def duration(seconds: float) -> str:
+    """A span as people read it: 42s, 3m05s, 2h07m."""
+    s = round(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def eta_seconds(remaining: int, step_s: float | None, timed: int, timed_s: float) -> float | None:
+    """Time left for ``remaining`` steps of nominally ``step_s`` seconds, plus the overhead per step
+    measured over the ``timed`` steps that took ``timed_s`` in all (without a nominal length, their
+    mean alone); None when there is nothing to go on yet."""
+    if timed == 0 and step_s is None:
+        return None
+    per_step = max(step_s or 0.0, timed_s / timed if timed else 0.0)
+    return remaining * per_step
+
+
+class Progress:
+    """Elapsed time and ETA of ``total`` steps of about ``step_s`` seconds each."""
+
+    def __init__(self, total: int, step_s: float | None = None):
+        self.total, self.step_s, self.t0 = total, step_s, time.monotonic()
+        self.done, self.timed, self.timed_s = 0, 0, 0.0
+
+    def step(self, seconds: float | None) -> str:
+        """Count a step that took ``seconds`` (None: skipped, took no time); where things stand."""
+        self.done += 1
+        if seconds is not None:
+            self.timed, self.timed_s = self.timed + 1, self.timed_s + seconds
+        eta = eta_seconds(self.total - self.done, self.step_s, self.timed, self.timed_s)
+        left = f", ETA {duration(eta)}" if eta is not None else ""
+        return f"elapsed {duration(time.monotonic() - self.t0)}{left}"
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every: float, say=log):
+    """``say`` ``what`` with the time elapsed every ``every`` seconds while the block runs (a long
+    tool run that reports nothing until it ends)."""
+    t0, stop = time.monotonic(), threading.Event()
+
+    def beat():
+        while not stop.wait(every):
+            say(f"  {what}: elapsed {duration(time.monotonic() - t0)}")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def utc_now() -> str:

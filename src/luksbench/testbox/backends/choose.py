@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from luksbench.testbox.plan import plan_layers
+from luksbench.testbox.plan import NULL_CIPHERS, plan_layers
 from luksbench.testbox.sysutil import read_text, run_quiet, which
 
 
@@ -90,11 +90,8 @@ def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> di
 
     status: dict = {"root": os.geteuid() == 0, "mdadm": which("mdadm") is not None, "modprobe": []}
     wanted = {personalities[lvl] for lvl in levels if lvl in personalities}
-    if (
-        (not os.path.exists("/proc/mdstat") or wanted - active())
-        and try_modprobe
-        and status["root"]
-    ):
+    lacking = not os.path.exists("/proc/mdstat") or wanted - active()
+    if lacking and try_modprobe and status["root"]:
         modprobe = which("modprobe")
         for lvl in levels:
             if modprobe and personalities.get(lvl) not in active():
@@ -128,12 +125,18 @@ def userspace_compatible(plan: dict) -> list[str]:
     """Why the userspace backend cannot build this plan (empty list: it can).
 
     It exports whole backing files through FUSE: only ``plain`` and a ``luks`` arm on its own
-    backing file are possible; layers on devices, md, filesystems and dm-linear need the kernel."""
+    backing file are possible; layers on devices, md, filesystems and dm-linear need the kernel,
+    as do the null cipher and adiantum (qemu's luks driver has neither)."""
     why = []
     for name, stack in plan["stacks"].items():
         kind = stack.get("kind") if isinstance(stack, dict) else None
+        cipher = str(stack.get("cipher", "")) if isinstance(stack, dict) else ""
         if kind not in ("plain", "luks") or "over" in stack:
             why.append(f"stack {name} ({kind}{' on another layer' if 'over' in stack else ''})")
+        elif kind == "luks" and (cipher in NULL_CIPHERS or "adiantum" in cipher):
+            why.append(
+                f"stack {name} (cipher {cipher}: dm-crypt only, qemu's luks driver lacks it)"
+            )
     return why
 
 

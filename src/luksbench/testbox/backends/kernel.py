@@ -45,12 +45,13 @@ from luksbench.testbox.sysutil import (
 
 MIB = 1024 * 1024
 BLKGETSIZE64 = 0x80081272
-# dm-crypt target versions that brought the optional parameters (kernel 4.0 and 5.9).
+# dm-crypt target versions that brought the optional parameters (kernel 4.0, 5.9 and 6.10).
 PERF_FLAG_MIN_CRYPT_VERSION = {
     "same_cpu_crypt": (1, 14, 0),
     "submit_from_crypt_cpus": (1, 14, 0),
     "no_read_workqueue": (1, 22, 0),
     "no_write_workqueue": (1, 22, 0),
+    "high_priority": (1, 26, 0),
 }
 # Our arrays are /dev/md120 and up, skipping numbers in use: clear of the low numbers a system's
 # own arrays usually have (mdadm's automatic names count down from md127).

@@ -1,0 +1,183 @@
+"""Efficiency benchmark: which design decides the most cells for the least device time.
+
+    python benchmarks/sequential_design.py [RAW_RUN_DIR] [--workdir DIR]
+
+Measured, not projected. Without RAW_RUN_DIR, one long run is measured here first by the workflow
+(userspace backend on this machine): the default target's stacks and fio settings (6 s runs,
+1 GiB devices), eight of its 16 cells (every rw and block size at queue depth 32), LONG_PAIRS
+counterbalanced pairs each (about 45 minutes; ``--workdir`` keeps its raw data for a replay).
+Then every design is replayed on the prefix of the same measured pairs of each cell (bandwidth,
+plain -> luks):
+
+* fixed 3 pairs (the default run), 95 % t-interval;
+* Stein two-stage: pilot 4 pairs, target +-2 points, cap 12, Stein's interval;
+* sequential: ``luksbench next``'s own code round by round (min 3, max 12 pairs, no budget),
+  its interval valid at any look;
+* PTS's dynamic rule: 3 runs, more while the CV of either arm is >= 3.5 %, at most 3x (9); its
+  95 % t-interval (not valid under that stopping: shown for comparison);
+* SCS: one 60 s run per arm (here the first ten 6 s runs of each arm), no interval.
+
+Per design: device-seconds per cell (fio's runtimes of both arms), cells decided (by magnitude,
+throughput regions 5 / 20 %), median half-width (loss points), and coverage: the share of cells
+whose interval holds the long-sequence estimate (mean of all LONG_PAIRS pairs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from luksbench.analysis import ingest, sequential, stats  # noqa: E402
+
+LONG_PAIRS = 20
+MATRIX = {"rw": ["read", "write", "randread", "randwrite"], "bs": ["4k", "1m"], "iodepth": [32]}
+
+
+def measure(work: Path) -> Path:
+    """The default target's stacks and fio settings, eight of its 16 cells, LONG_PAIRS pairs each,
+    measured by the workflow in a copy of it."""
+    names = ("Snakefile", "workflow", "config", "envs", "notebooks", "src", "data/reference")
+    for name in (*names, "profiles/default"):
+        src = REPO / name
+        if (work / name).exists():
+            continue
+        if src.is_dir():
+            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, work / name)
+    config = {"run": "sequential-bench", "matrix": MATRIX, "repetitions": LONG_PAIRS}
+    (work / "sequential.yaml").write_text(json.dumps(config))
+    target = "data/processed/sequential-bench/fio.parquet"
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "1", target]
+    subprocess.run([*cmd, "--configfile", "sequential.yaml"], cwd=work, check=True)
+    return work / "data" / "raw" / "sequential-bench"
+
+
+def cell_sequences(fio: pd.DataFrame) -> tuple[dict, dict]:
+    """Per cell: d = ln(luks / plain) of bandwidth per pair, and each pair's device seconds."""
+    paired = stats.pair_values(fio, "plain", "luks", ["bw_bytes"])
+    d = {
+        w: np.log(g.sort_values("rep").eval("variant_value / baseline_value").to_numpy(float))
+        for w, g in paired.groupby("workload")
+    }
+    pairs = sequential.device_seconds(fio)
+    seconds = {
+        w: g.sort_values("rep")["seconds"].to_numpy(float) for w, g in pairs.groupby("workload")
+    }
+    return d, seconds
+
+
+def interval(d: np.ndarray, level: float = 0.95, pilot=None) -> tuple[float, float]:
+    """(low, high) loss % of the paired interval on d."""
+    ci = stats.paired_log_ratio_ci(d, level, pilot)
+    _, low, high = stats.effect_from_log_ratio(ci.mean, ci.low, ci.high, True)
+    return low, high
+
+
+def fixed(d, n=3):
+    return n, interval(d[:n])
+
+
+def stein(d, n0=4, half=2.0, cap=12):
+    n = int(np.atleast_1d(stats.stein_pairs(d[:n0].std(ddof=1), n0, half, cap)[0])[0])
+    return n, interval(d[:n], 0.95, (d[:n0].std(ddof=1), n0))
+
+
+def pts(d, logs, start=3, cv=0.035):
+    n = start
+    while n < 3 * start and max(np.std(x[:n], ddof=1) / np.mean(x[:n]) for x in logs) >= cv:
+        n += 1
+    return n, interval(d[:n])
+
+
+def sequential_replay(fio: pd.DataFrame, min_pairs=3, max_pairs=12) -> dict:
+    """(pairs, (low, high)) per cell from next_round's own decisions, round by round."""
+    wanted = dict.fromkeys(fio["workload"].unique(), min_pairs)
+    with tempfile.TemporaryDirectory() as tmp:
+        while True:
+            part = fio[fio["rep"] <= fio["workload"].map(wanted)]
+            doc = sequential.next_round(
+                part,
+                fio["host"].iloc[0],
+                Path(tmp) / "targets.json",
+                comparisons=[("plain", "luks")],
+                min_pairs=min_pairs,
+                max_pairs=max_pairs,
+            )
+            if doc["done"]:
+                break
+            wanted = doc["pairs"]
+    return {w: (c["n"], (c["ci_low"], c["ci_high"])) for w, c in doc["cells"].items()}
+
+
+def decided(low, high) -> bool:
+    return not stats.decision(low, high, 5.0, 20.0).startswith(("undecided", "insufficient"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("raw_dir", nargs="?", type=Path)
+    ap.add_argument("--workdir", type=Path, help="measure here (kept) instead of a temp folder")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="luksbench-seq-") as tmp:
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        raw = args.raw_dir or measure(work)
+        fio = ingest.fio_table(raw)
+    d, seconds = cell_sequences(fio)
+    arms = {
+        w: [
+            np.exp(g[g["stack"] == s].sort_values("rep")["bw_bytes"].to_numpy(float))
+            for s in ("plain", "luks")
+        ]
+        for w, g in fio.assign(bw_bytes=np.log(fio["bw_bytes"])).groupby("workload")
+    }
+    long_n = min(len(x) for x in d.values())
+    truth = {w: 100 * (1 - math.exp(x.mean())) for w, x in d.items()}
+    seq = sequential_replay(fio)
+    designs = {
+        "fixed 3 pairs": {w: fixed(x) for w, x in d.items()},
+        "Stein two-stage (+-2, cap 12)": {w: stein(x) for w, x in d.items()},
+        "sequential (3..12, any look)": seq,
+        "PTS (CV >= 3.5 %, cap 9)": {w: pts(x, arms[w]) for w, x in d.items()},
+        "SCS (60 s per arm)": {w: (10, (math.nan, math.nan)) for w in d},
+    }
+    print(f"run {raw}: {len(d)} cells, {long_n} measured pairs each (bandwidth, plain -> luks)")
+    print(f"{'design':<32}{'device s/cell':>14}{'decided':>9}{'median half':>12}{'coverage':>9}")
+    for name, cells in designs.items():
+        cost = np.mean([seconds[w][:n].sum() for w, (n, _) in cells.items()])
+        ok = [decided(*ci) for _, ci in cells.values()]
+        half = [(hi - lo) / 2 for _, (lo, hi) in cells.values() if math.isfinite(lo)]
+        cov = [lo <= truth[w] <= hi for w, (_, (lo, hi)) in cells.items() if math.isfinite(lo)]
+        half_txt = f"{np.median(half):.1f} pts" if half else "none"
+        cov_txt = f"{100 * np.mean(cov):.0f} %" if cov else "n/a"
+        print(f"{name:<32}{cost:>14.0f}{sum(ok):>5}/{len(ok):<3}{half_txt:>12}{cov_txt:>9}")
+    print(f"\n{'cell':<20}{'long loss':>10}{'sd(d)':>7}{'seq pairs':>10}  sequential decision")
+    for w, (n, (lo, hi)) in seq.items():
+        verdict = stats.decision(lo, hi, 5.0, 20.0)
+        print(f"{w:<20}{truth[w]:>9.1f}%{d[w].std(ddof=1):>7.3f}{n:>10}  {verdict}")
+    seq_cost = np.mean([seconds[w][:n].sum() for w, (n, _) in seq.items()])
+    share = np.mean([decided(*ci) for _, ci in seq.values()])
+    met = share >= 0.9 and seq_cost <= 120
+    print(
+        f"goal (>= 90 % decided, <= 120 device-s per cell): {'met' if met else 'not met'} "
+        f"({100 * share:.0f} %, {seq_cost:.0f} s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The processed tables as CSV beside their parquet files, and their column dictionary
+(``<processed_dir>/README.md``: every table's columns with unit and meaning) from :data:`COLUMNS`,
+the one list of them: a column missing here shows as "undocumented" (and fails a test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+TABLES = {
+    "fio": "one row per fio job and direction of every repetition (tidy)",
+    "latency": "completion-latency histograms from fio's json+ bins, one row per bin",
+    "cryptsetup": "`cryptsetup benchmark` per host: PBKDF and cipher speeds",
+    "env": "the environment of each host: kernel, CPU, tool versions",
+    "stacks": "every stack measured (or unavailable, with the reason)",
+    "schedule": "when each fio run ran: session, round, place in its cell, times",
+    "problems": "raw files left out or noted by ingest, and why",
+    "loss": "the loss table: effect of each variant against its baseline per cell and metric",
+    "cpu_loss": "the CPU-cost rows of the loss table",
+    "arms": "mean over repetitions with its interval, per stack, cell and metric",
+    "reps": "every repetition's value per stack and cell (the dots of the figures)",
+    "order": "the effect of the stack order within pairs, per comparison and metric",
+    "tuning": "dm-crypt settings ranked against the reference arm (and the unencrypted ceiling)",
+}
+
+# column[, column ...] | unit | meaning
+_COLUMN_LINES = """
+run | | run name (`data/raw/<run>/`)
+host | | host that measured (in a fleet: the fio server)
+host_dir | | the raw layout's host folder
+hostname, fio_hostname | | host name as capture-env (fio) reported it
+stack, baseline, variant | | stack name from the config (baseline: the reference; variant: compared)
+kind | | stack kind (plain, luks, md, ...) or benchmark kind (pbkdf2, argon2, cipher)
+workload | | cell id: rw-bs-qd (pattern cells: the pattern's name)
+pattern | | the pattern a cell belongs to (empty: the plain matrix)
+rw | | fio's rw (read, write, randread, randwrite, ...)
+bs | | fio's block size as written
+bs_bytes, io_bs_bytes | bytes | block size of the cell; bytes per I/O as fio ran it
+iodepth | | queue depth
+numjobs | | fio jobs
+direct, ioengine | | fio's direct I/O flag and I/O engine
+rep | | repetition (pair) number
+job, job_index, job_slot, groupid | | fio job: name, index in fio's output, slot in the cell, group id
+direction | | read, write or trim
+ns | ns | completion latency of a histogram bin
+count | | I/Os in the bin
+file | | raw file (path in the run folder)
+runtime_ms, job_runtime_ms | ms | fio's measured runtime (group; job)
+io_bytes | bytes | bytes transferred
+io_gib | GiB | bytes transferred in GiB
+bw_bytes | B/s | bandwidth
+iops | 1/s | I/O operations per second
+lat_mean_ns, clat_mean_ns, slat_mean_ns, clat_stddev_ns | ns | total, completion and submission latency (mean, SD)
+clat_p50_ns, clat_p99_ns, clat_p999_ns, lat_p99_ns, clat_max_ns | ns | latency percentiles and maximum
+clat_ios | | completions in the latency histogram
+usr_cpu, sys_cpu | % | fio's own user and system CPU share
+ctx | | context switches
+error | | fio's job error (0: none)
+fio_version, cryptsetup_version, qemu_version | | tool versions
+timestamp | s | fio's end time (unix seconds)
+ss_attained | | fio's steady-state criterion met (1/0; empty without one)
+busy_cpu_s, sys_cpu_s, idle_busy_cpu_s | s | CPU seconds over the run (busy, system; idle baseline)
+busy_cpu_pct, cpu_util_pct | % | CPU busy share of the run (gross; net of idle)
+cpu_interval_s | s | wall time the CPU sample covers
+busy_cpu_s_per_gib, sys_cpu_s_per_gib | s/GiB | CPU seconds per GiB moved
+busy_cpu_us_per_io | µs | busy CPU per I/O
+cpu_net | | whether CPU values are net of the idle baseline
+target_pairs, pilot_pairs, hit_cap, noisy | | adaptive design: target, pilot pairs, capped at max_pairs
+session, sessions_planned, sessions | | stack-up session id; sessions planned; sessions in the interval
+session_started, session_ended, started, ended | UTC | times of the session and of the fio run
+seed, index, round, position_in_cell, status | | schedule: seed, run number, round, place in the cell, outcome
+idle_busy_cpu_s_per_s, idle_sys_cpu_s_per_s | s/s | idle CPU baseline of the session per second
+idle_busy_pct | % | idle CPU baseline as a share
+cpu_model, cpu_count, aes, vaes, kernel | | CPU model, CPUs, AES-NI and VAES flags; kernel release
+backend, backend_reason | | test-box backend (kernel, userspace) and why
+env_json, description_json | | the full record as JSON
+cipher | | cipher
+key_bits | bits | key size
+available, reason | | stack built (or cipher available); why not
+algorithm | | PBKDF or cipher
+iterations_per_s | 1/s | PBKDF2 iterations per second
+memory_kib | KiB | argon2 memory cost
+threads, time_cost | | argon2 threads and iterations
+requested_ms | ms | argon2 time target the costs were calibrated to
+encryption_mib_s, decryption_mib_s | MiB/s | cipher speed in memory
+note | | notes (a withheld percentile, CPU within noise, no pilot)
+severity | | error (left out) or note
+metric | | the measured quantity (`bw_bytes`, `iops`, latency, CPU columns above)
+higher_is_better | | whether a larger value of the metric is better
+n, n_dropped, n_outliers | | pairs used, pairs without both halves, pairs flagged
+mean, ci_half | as `metric` | mean over repetitions and half-width of its interval
+baseline_mean, variant_mean | as `metric` | geometric means of the two arms
+mean_log_ratio, sd_log_ratio | | mean and SD of d = ln(variant/baseline)
+ratio | | variant / baseline (geometric mean)
+effect | | which of loss_pct / increase_pct is filled
+effect_pct, loss_pct, increase_pct, ci_low, ci_high | % | how much worse the variant is, with its interval
+confidence | | confidence level of the intervals
+verdict | | significant, equivalent, inconclusive or insufficient
+p_value, q_value | | paired test of no effect; Benjamini-Hochberg q per metric and comparison
+equivalence_margin_pct, equiv_low, equiv_high | % | equivalence margin and the 90 % TOST interval
+equivalent | | TOST interval inside the margin
+fieller_low, fieller_high, boot_low, boot_high | % | Fieller and BCa bootstrap intervals (cross-checks)
+outlier_reps, outliers_excluded | | flagged pairs and whether they were left out
+decision | | negligible, moderate, material (gain), undecided or insufficient
+decision_lower_pct, decision_upper_pct | % | the decision's margins
+interval | | t, stein, sequential or none
+look_confidence | | sequential design: level of each look's interval (targets.json)
+job_cpu_pct, baseline_job_cpu_pct | % of a core | fio job's usr + sys CPU (the baseline's largest)
+baseline_busy_pct | % | the baseline's largest system-wide busy CPU
+fio_bound | | a job used > 90 % of a core: fio, not the device, may be the limit
+cpu_saturated | | the whole machine was >= 90 % busy during the run
+setting, reference, ceiling | | tuning arm; the reference arm; the unencrypted ceiling
+rank, score | | rank of the setting; its score (material gain +2 ... material cost -2)
+n_gains, n_costs, n_undecided | | rows of the setting decided as gains, costs, undecided
+not_applied | | why the box did not apply the setting (empty: applied)
+metric_label | | what the paper calls the metric
+ceiling_effect_pct, ceiling_ci_low, ceiling_ci_high | % | effect and interval against the ceiling
+ceiling_decision | | decision by magnitude against the ceiling
+pilot_sd_log_ratio | | SD of d in the adaptive pilot
+derived_from | | the metric whose test an IOPS row repeats
+covers | | what the interval covers (sessions or repetitions)
+sd_within_session, sd_between_sessions | | variance components of d
+fio_error, ss_not_attained | | the repetition had a fio error; fio's steady state not reached
+n_cells, n_in_order, n_reversed | | cells and pairs run in order and reversed
+order_log | | order effect on d
+order_pct | % | order effect in percent
+"""
+ENTRIES = [
+    ([n.strip() for n in names.split(",")], unit.strip(), meaning.strip())
+    for names, unit, meaning in (line.split("|") for line in _COLUMN_LINES.strip().splitlines())
+]
+COLUMNS = {name: (unit, meaning) for names, unit, meaning in ENTRIES for name in names}
+
+
+def write_csv(processed_dir: Path, tables: dict[str, pd.DataFrame]) -> None:
+    """Each table as ``<name>.csv`` beside its parquet file, then the folder's dictionary."""
+    for name, df in tables.items():
+        df.to_csv(Path(processed_dir) / f"{name}.csv", index=False)
+    write_dictionary(processed_dir)
+
+
+def write_dictionary(processed_dir: Path) -> Path:
+    """``README.md``: every processed table in ``processed_dir`` with its columns."""
+    lines = ["# Processed tables", "", "Each table as parquet and CSV; generated by luksbench."]
+    for name, what in TABLES.items():
+        path = Path(processed_dir) / f"{name}.parquet"
+        if not path.exists():
+            continue
+        lines += ["", f"## {name} (`{name}.parquet`, `{name}.csv`)", "", what, ""]
+        lines += ["| column | unit | meaning |", "|---|---|---|"]
+        present = pq.read_schema(path).names
+        for names, unit, meaning in ENTRIES:
+            if here := [f"`{n}`" for n in names if n in present]:
+                lines.append(f"| {', '.join(here)} | {unit} | {meaning} |")
+        lines += [f"| `{c}` | | undocumented |" for c in present if c not in COLUMNS]
+    readme = Path(processed_dir) / "README.md"
+    readme.write_text("\n".join(lines) + "\n")
+    return readme

@@ -1,0 +1,225 @@
+"""Sequential design: measure in rounds, decide every cell between rounds, stop when decided.
+
+Looks at n = min_pairs, min_pairs + 1, ..., max_pairs pairs, one per round: K planned looks. At
+each look a cell's interval is the paired t-interval at level 1 - alpha / K (Bonferroni over the
+looks): by the union bound all K intervals of a cell hold together with probability >= 1 - alpha,
+so the one at whatever look the cell stopped at covers with at least the nominal confidence,
+whatever rule chose that look (its own data included). A cell stops when every row of the design
+metric (its jobs, directions and comparisons) is decided by magnitude, at ``max_pairs``, or when
+the device-time budget is spent; the remaining budget goes first to the cells whose interval is
+closest to fitting inside a region. :func:`next_round` writes the targets file
+(:mod:`luksbench.formats.targets`, plus ``look_confidence``, ``done`` and the history of looks),
+for ``luksbench next`` and the workflow's rounds alike; the loss table gives the cells it lists
+the sequential interval.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from luksbench.analysis import stats
+from luksbench.formats.layout import read_json_object
+from luksbench.formats.targets import write_targets
+
+KIND = "luksbench sequential targets v1"
+
+
+def look_confidence(confidence: float, min_pairs: int, max_pairs: int) -> float:
+    """Level of every look's interval: 1 - (1 - confidence) / K, K = the planned looks."""
+    if not 2 <= min_pairs <= max_pairs:
+        raise ValueError(f"need 2 <= min_pairs <= max_pairs, not {min_pairs}, {max_pairs}")
+    return 1 - (1 - confidence) / (max_pairs - min_pairs + 1)
+
+
+def device_seconds(fio: pd.DataFrame) -> pd.DataFrame:
+    """Per (workload, rep): the device seconds of the pair (fio's runtime of each stack's run)."""
+    runs = fio.groupby(["workload", "rep", "stack"], as_index=False)["runtime_ms"].max()
+    return (
+        runs.groupby(["workload", "rep"], as_index=False)["runtime_ms"]
+        .sum()
+        .eval("seconds = runtime_ms / 1000")
+    )
+
+
+def _cell_looks(loss: pd.DataFrame) -> pd.DataFrame:
+    """Per workload: pairs, decision (undecided when any row is), interval and closeness."""
+    half = (loss["ci_high"] - loss["ci_low"]) / 2
+    lower, upper = loss["decision_lower_pct"].to_numpy(), loss["decision_upper_pct"].to_numpy()
+    edges = np.stack([-upper, -lower, lower, upper], axis=1)
+    distance = np.abs(loss["effect_pct"].to_numpy(float)[:, None] - edges).min(axis=1)
+    rows = loss.assign(closeness=distance / half)
+    rows["undecided"] = ~rows["decision"].isin(
+        ["negligible", "moderate", "material", "moderate gain", "material gain"]
+    )
+    out = rows.groupby("workload").agg(
+        n=("n", "min"),
+        undecided=("undecided", "any"),
+        closeness=("closeness", "min"),
+        low=("ci_low", "min"),
+        high=("ci_high", "max"),
+    )
+    decisions = rows.groupby("workload")["decision"].agg(lambda s: "; ".join(sorted(set(s))))
+    return out.assign(decision=decisions)
+
+
+def next_round(
+    fio: pd.DataFrame,
+    host: str,
+    out: Path,
+    *,
+    comparisons: list,
+    min_pairs: int = 3,
+    max_pairs: int = 12,
+    budget_s: float = 0.0,
+    metric: str = "bw_bytes",
+    confidence: float = 0.95,
+    cells: list[str] | None = None,
+    decision_regions: dict | None = None,
+) -> dict:
+    """Decide every cell of ``host`` from its pairs so far and write the next round's targets to
+    ``out`` (workload id -> pairs wanted so far); ``budget_s`` 0: no budget, the cap bounds it."""
+    level = look_confidence(confidence, min_pairs, max_pairs)
+    fio = fio[fio["host"] == host] if len(fio) else fio
+    loss = (
+        stats.loss_tables(
+            fio, comparisons, metrics=[metric], confidence=level, decision_regions=decision_regions
+        )
+        if len(fio)
+        else pd.DataFrame(columns=["workload"])
+    )
+    looks = _cell_looks(loss) if len(loss) else pd.DataFrame(columns=["n"])
+    columns = ["workload", "rep", "seconds"]
+    pair_s = device_seconds(fio) if len(fio) else pd.DataFrame(columns=columns)
+    spent = float(pair_s["seconds"].sum())
+    cost = pair_s.groupby("workload")["seconds"].mean()
+    measured = pair_s.groupby("workload")["rep"].max()
+    remaining = budget_s - spent if budget_s > 0 else math.inf
+    per_cell, queue = {}, []
+    for w in sorted(set(cells or ()) | set(looks.index)):
+        c = looks.loc[w] if w in looks.index else None
+        # pairs on disk: a pair without a usable value of the metric still counts as measured
+        n = max(int(c["n"]) if c is not None else 0, int(measured.get(w, 0)))
+        cell = {"n": n, "pairs": max(n, min_pairs)}
+        if c is not None and n >= 2:
+            cell.update(decision=c["decision"], ci_low=round(float(c["low"]), 4))
+            cell.update(ci_high=round(float(c["high"]), 4))
+        if n < min_pairs:
+            cell["why"] = f"continue: {n} of min_pairs {min_pairs} pairs"
+        elif c is None:
+            cell["why"] = f"stop: no usable pairs of {metric}"
+        elif not c["undecided"]:
+            cell["why"] = f"stop: decided ({c['decision']})"
+        elif n >= max_pairs:
+            cell["why"] = f"stop: undecided at max_pairs {max_pairs}"
+        else:
+            queue.append((-float(np.nan_to_num(c["closeness"], nan=0.0)), w))
+        per_cell[w] = cell
+    for _, w in sorted(queue):  # closest to a decision first, while the budget lasts
+        pair = float(cost.get(w, 0.0))
+        if pair <= remaining:
+            remaining -= pair
+            per_cell[w].update(pairs=per_cell[w]["n"] + 1, why="continue: undecided")
+        else:
+            per_cell[w]["why"] = "stop: budget spent"
+    comparisons = [tuple(p) for p in comparisons]
+    doc = _document(host, metric, comparisons, confidence, level, min_pairs, max_pairs, per_cell)
+    doc.update(budget_s=budget_s, spent_s=round(spent, 1))
+    doc["looks"] = _history(Path(out), per_cell)
+    write_targets(Path(out), doc)
+    return doc
+
+
+def _document(host, metric, comparisons, confidence, level, min_pairs, max_pairs, per_cell):
+    return {
+        "kind": KIND,
+        "method": (
+            "sequential: looks at min_pairs..max_pairs pairs, one per round; paired t-interval "
+            "at look_confidence = 1 - (1 - confidence) / K, K = max_pairs - min_pairs + 1 "
+            "(Bonferroni over the planned looks: valid at any stopping time); a cell stops when "
+            "every row of the metric is decided by magnitude, at max_pairs, or when the budget "
+            "is spent"
+        ),
+        "host": host,
+        "metric": metric,
+        "baseline": comparisons[0][0],
+        "variants": sorted({v for _, v in comparisons}),
+        "comparisons": [list(p) for p in comparisons],
+        "confidence": confidence,
+        "look_confidence": level,
+        "min_pairs": min_pairs,
+        "max_pairs": max_pairs,
+        "pairs": {w: c["pairs"] for w, c in per_cell.items()},
+        "noisy": [w for w, c in per_cell.items() if c["why"].startswith("stop: undecided")],
+        "done": all(c["why"].startswith("stop") for c in per_cell.values()),
+        "cells": per_cell,
+    }
+
+
+def _history(out: Path, per_cell: dict) -> list[dict]:
+    """The looks so far (from the previous targets file) and this one, when it saw new pairs."""
+    try:
+        looks = list(read_json_object(out).get("looks") or []) if out.exists() else []
+    except ValueError:
+        looks = []
+    seen = {w: c["n"] for w, c in per_cell.items()}
+    if not looks or {w: c["n"] for w, c in looks[-1]["cells"].items()} != seen:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        looks.append({"at": stamp, "cells": per_cell})
+    return looks
+
+
+def progress(doc: dict, started: float) -> str:
+    """One line: elapsed, spent and remaining device time, cells decided, ETA (at the cap)."""
+    cells = doc["cells"].values()
+    decided = sum(c["why"].startswith("stop: decided") for c in cells)
+    spent, budget = doc["spent_s"], doc["budget_s"]
+    left = sum(c["n"] for c in cells) and spent / sum(c["n"] for c in cells)  # s per pair
+    todo = left * sum(doc["max_pairs"] - c["n"] for c in cells if not c["why"].startswith("stop"))
+    todo = min(todo, budget - spent) if budget > 0 else todo
+    remaining = f"{budget - spent:.0f} s of {budget:.0f} s left" if budget > 0 else "no budget"
+    return (
+        f"sequential: elapsed {time.monotonic() - started:.0f} s, device time spent {spent:.0f} s "
+        f"({remaining}), {decided}/{len(doc['cells'])} cells decided, ETA <= {todo:.0f} s"
+    )
+
+
+def run_rounds(
+    raw_dir, host: str, manifest, log, stacks: tuple, *, adaptive: dict, **design
+) -> dict:
+    """The workflow's rounds: :func:`next_round` into ``<raw_dir>/<host>/fio/targets.json``, then
+    ``luksbench testbox run-fio <stacks> --targets`` it (``stacks``: its plan, state and describe
+    options), until every cell stopped; progress to stderr and ``log``. Every round starts from
+    the raw results alone, so an interrupted run resumes."""
+    from luksbench.analysis.ingest import fio_table
+
+    raw_dir, manifest = Path(raw_dir), Path(manifest)
+    fio_dir = raw_dir / host / "fio"
+    targets = fio_dir / "targets.json"
+    run_fio = ["testbox", "run-fio", *map(str, stacks), "--raw-host-dir", str(raw_dir / host)]
+    run_fio += ["--manifest", str(manifest)]
+    started = time.monotonic()
+    settings = {k: adaptive[k] for k in ("min_pairs", "max_pairs", "metric")}
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    last = None
+    with open(log, "a") as out:
+        while True:
+            fio = fio_table(raw_dir) if any(fio_dir.glob("*/*/rep*.json")) else pd.DataFrame()
+            doc = next_round(
+                fio, host, targets, budget_s=adaptive["budget_h"] * 3600, **settings, **design
+            )
+            print(progress(doc, started), file=out, flush=True)
+            print(progress(doc, started), file=sys.stderr, flush=True)
+            if doc["done"] and manifest.exists():
+                return doc
+            if doc["looks"][-1]["cells"] == (last or {}).get("cells"):
+                raise RuntimeError(f"a round measured nothing new; see {log}")
+            last = doc["looks"][-1]
+            argv = [sys.executable, "-m", "luksbench.cli", *run_fio, "--targets", str(targets)]
+            subprocess.run(argv, check=True, stdout=out, stderr=subprocess.STDOUT)

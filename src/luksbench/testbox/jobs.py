@@ -1,0 +1,118 @@
+"""fio's job options (numjobs, CPU pinning, io_uring extras) and the sysfs facts they rest on.
+
+:func:`job_setup` turns a cell's options into fio arguments for one device and says what it did:
+the device's NUMA node (read from sysfs and recorded whether pinning asked for it or not), the
+CPUs the jobs may run on, and every option skipped because the engine, kernel or device lacks it
+(with the reason). Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from luksbench.testbox.sysutil import read_text
+
+SYS = Path("/sys")
+IO_URING_ONLY = ("fixedbufs", "registerfiles", "hipri")
+
+
+def block_dir(path: str, sys_root: Path = SYS) -> Path | None:
+    """The sysfs directory of the block device ``path`` is (or, for a file, lives on)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    dev = st.st_rdev if Path(path).is_block_device() else st.st_dev
+    where = sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
+    return where.resolve() if where.exists() else None
+
+
+def _disk(sysdir: Path) -> Path:
+    """A partition's disk; a disk itself otherwise (queue/ and mq/ sit on the disk)."""
+    return sysdir.parent if (sysdir / "partition").exists() else sysdir
+
+
+def numa_node(sysdir: Path | None) -> int | None:
+    """The NUMA node of a device's hardware: its own ``device/numa_node`` or, for dm and md, the
+    first node found below it (``slaves``); None when sysfs names none (loop, virtual, -1)."""
+    if sysdir is None:
+        return None
+    disk = _disk(sysdir)
+    node = read_text(disk / "device" / "numa_node")
+    if node is None:  # nvme namespaces: the controller's node is one level up
+        node = read_text(disk / "device" / "device" / "numa_node")
+    if node is not None and node.lstrip("-").isdigit() and int(node) >= 0:
+        return int(node)
+    slaves = disk / "slaves"
+    below = (numa_node(p.resolve()) for p in sorted(slaves.iterdir())) if slaves.is_dir() else ()
+    return next((n for n in below if n is not None), None)
+
+
+def node_cpus(node: int, sys_root: Path = SYS) -> str | None:
+    """The CPU list of a NUMA node (``0-15,32-47``), None when sysfs has none."""
+    return read_text(sys_root / "devices" / "system" / "node" / f"node{node}" / "cpulist")
+
+
+def queue_facts(path: str, sys_root: Path = SYS) -> dict:
+    """NUMA node, hardware queue count, scheduler and poll queues of the device under ``path``."""
+    sysdir = block_dir(path, sys_root)
+    if sysdir is None:
+        return {"device": path, "block_device": None, "numa_node": None}
+    disk = _disk(sysdir)
+    sched = (read_text(disk / "queue" / "scheduler") or "").split()
+    mq = disk / "mq"
+    return {
+        "device": path,
+        "block_device": disk.name,
+        "numa_node": numa_node(sysdir),
+        "queues": len(list(mq.iterdir())) if mq.is_dir() else None,
+        "scheduler": next((s[1:-1] for s in sched if s.startswith("[")), None),
+        "io_poll": read_text(disk / "queue" / "io_poll") == "1",
+        "nvme_poll_queues": read_text(sys_root / "module" / "nvme" / "parameters" / "poll_queues"),
+    }
+
+
+def job_setup(cell: dict, device: str | None, sys_root: Path = SYS) -> dict:
+    """fio arguments for ``cell``'s job options on ``device`` (``args``), and the record of what
+    they did: numjobs, numa_node, cpus_allowed (the CPUs the jobs may run on; "" = any),
+    cpus_allowed_policy and ``skipped`` (option -> reason)."""
+    facts = queue_facts(device, sys_root) if device else {"numa_node": None}
+    cpus, skipped = cell["cpus_allowed"], {}
+    if cell["numa_pin"] and not cpus:
+        node = facts["numa_node"]
+        cpus = node_cpus(node, sys_root) if node is not None else None
+        if not cpus:
+            skipped["numa_pin"] = f"{device or 'the target'}: sysfs names no NUMA node"
+            cpus = ""
+    args = [f"--cpus_allowed={cpus}", f"--cpus_allowed_policy={cell['cpus_allowed_policy']}"]
+    args = args if cpus else []
+    for option in (o for o in IO_URING_ONLY if cell[o]):
+        if cell["ioengine"] != "io_uring":
+            skipped[option] = f"ioengine {cell['ioengine']} has no {option} (io_uring only)"
+        elif option == "hipri" and not facts.get("io_poll"):
+            skipped[option] = f"{device}: no poll queues (queue/io_poll is not 1)"
+        else:
+            args.append(f"--{option}=1")
+    return {
+        "args": args,
+        "numjobs": cell["numjobs"],
+        "numa_node": facts["numa_node"],
+        "cpus_allowed": cpus,
+        "cpus_allowed_policy": cell["cpus_allowed_policy"] if cpus else "",
+        "skipped": skipped,
+    }
+
+
+def device_facts(plan: dict, cell: dict, sys_root: Path = SYS) -> list[dict]:
+    """:func:`queue_facts` of every disk the plan names (else of the scratch directory's disk),
+    each with the CPUs the main matrix's fio jobs run on there (``job_cpus``; "" = any)."""
+    paths = [d["path"] for d in (plan.get("devices") or {}).values() if d.get("path")]
+    if not paths and plan.get("scratch_dir"):
+        scratch = Path(plan["scratch_dir"])
+        paths = [str(next(p for p in (scratch, *scratch.parents) if p.exists()))]
+    out = []
+    for path in paths:
+        setup = job_setup(cell, path, sys_root)
+        out.append({**queue_facts(path, sys_root), "job_cpus": setup["cpus_allowed"]})
+    return out

@@ -1,0 +1,63 @@
+"""Publishing the processed tables: CSV beside every parquet table, and a column dictionary
+(README.md) generated from luksbench.analysis.dictionary that documents every column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from luksbench.analysis import dictionary, ingest, loss, saturation, tuning
+from luksbench.analysis.stats import LOSS_COLUMNS, ORDER_COLUMNS
+from luksbench.formats.cryptsetup import CRYPTSETUP_COLUMNS
+from luksbench.formats.fio import FIO_COLUMNS
+
+SAMPLE = Path(__file__).resolve().parents[2] / "data" / "raw" / "sample"
+
+
+@pytest.fixture(scope="module")
+def processed(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("processed")
+    ingest.write_processed(SAMPLE, out)
+    loss.write_loss(out)
+    return out
+
+
+def test_every_table_has_its_csv(processed):
+    names = (*ingest.PROCESSED_TABLES, *loss.LOSS_TABLES)
+    assert {p.stem for p in processed.glob("*.parquet")} == set(names)
+    for name in names:
+        table = pd.read_parquet(processed / f"{name}.parquet")
+        csv = pd.read_csv(processed / f"{name}.csv")
+        assert list(csv.columns) == list(table.columns) and len(csv) == len(table), name
+    fio = pd.read_csv(processed / "fio.csv")
+    assert fio["bw_bytes"].sum() == pd.read_parquet(processed / "fio.parquet")["bw_bytes"].sum()
+
+
+def test_dictionary_documents_every_column_of_every_table(processed):
+    readme = (processed / "README.md").read_text()
+    for name in (*ingest.PROCESSED_TABLES, *loss.LOSS_TABLES):
+        assert f"## {name} (`{name}.parquet`, `{name}.csv`)" in readme
+        columns = pd.read_parquet(processed / f"{name}.parquet").columns
+        missing = [c for c in columns if c not in dictionary.COLUMNS]
+        assert not missing, f"{name}: columns without unit and meaning: {missing}"
+        assert all(f"`{c}`" in readme for c in columns)
+    assert "undocumented" not in readme
+    assert "| `bw_bytes` | B/s | bandwidth |" in readme
+
+
+def test_the_column_lists_of_the_code_are_all_documented():
+    # columns a table only gets on other runs (fleet, adaptive, patterns) are in these lists too
+    lists = [FIO_COLUMNS, ingest.FIO_LAYOUT_COLUMNS, ingest.FIO_DERIVED_COLUMNS, LOSS_COLUMNS]
+    lists += [ingest.ENV_COLUMNS, ingest.STACKS_COLUMNS, ingest.LATENCY_COLUMNS, ORDER_COLUMNS]
+    lists += [ingest.SCHEDULE_COLUMNS, ingest.PROBLEMS_COLUMNS, CRYPTSETUP_COLUMNS]
+    lists += [tuning.TUNING_COLUMNS, saturation.LOSS_FLAG_COLUMNS]
+    missing = sorted({c for columns in lists for c in columns} - set(dictionary.COLUMNS))
+    assert not missing
+
+
+def test_a_new_column_shows_as_undocumented(tmp_path):
+    pd.DataFrame({"host": ["h"], "new_thing": [1]}).to_parquet(tmp_path / "env.parquet")
+    readme = dictionary.write_dictionary(tmp_path).read_text()
+    assert "| `new_thing` | | undocumented |" in readme and "`host`" in readme
