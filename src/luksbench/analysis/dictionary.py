@@ -4,6 +4,8 @@ the one list of them: a column missing here shows as "undocumented" (and fails a
 
 from __future__ import annotations
 
+import multiprocessing
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -134,11 +136,39 @@ ENTRIES = [
 COLUMNS = {name: (unit, meaning) for names, unit, meaning in ENTRIES for name in names}
 
 
+#: a table of this many rows is written as CSV by two processes, half each
+PARALLEL_CSV_ROWS = 10_000
+
+
 def write_csv(processed_dir: Path, tables: dict[str, pd.DataFrame]) -> None:
-    """Each table as ``<name>.csv`` beside its parquet file, then the folder's dictionary."""
+    """Each table as ``<name>.csv`` beside its parquet file, then the folder's dictionary. A large
+    table's second half is written meanwhile by a forked process (CSV is slow to format)."""
+    halves = []
     for name, df in tables.items():
-        df.to_csv(Path(processed_dir) / f"{name}.csv", index=False)
+        path = Path(processed_dir) / f"{name}.csv"
+        if len(df) >= PARALLEL_CSV_ROWS and "fork" in multiprocessing.get_all_start_methods():
+            part, half = path.with_name(f".{path.name}.part"), len(df) // 2
+            writer = multiprocessing.get_context("fork").Process(
+                target=_to_csv, args=(df.iloc[half:], part, False)
+            )
+            writer.start()
+            halves.append((path, part, writer))
+            df = df.iloc[:half]
+        _to_csv(df, path)
+    for path, part, writer in halves:
+        writer.join()
+        if writer.exitcode != 0:
+            raise OSError(f"{path}: the process writing its second half failed")
+        with open(path, "ab") as out, open(part, "rb") as rest:
+            shutil.copyfileobj(rest, out)
+        part.unlink()
     write_dictionary(processed_dir)
+
+
+def _to_csv(df: pd.DataFrame, path: Path, header: bool = True) -> None:
+    # floats as Python objects: the same text (their repr), formatted faster than numpy's
+    floats = {c: object for c, kind in df.dtypes.items() if kind == "float64"}
+    df.astype(floats).to_csv(path, index=False, header=header)
 
 
 def write_dictionary(processed_dir: Path) -> Path:
