@@ -59,7 +59,8 @@ PARAMS = {
         "min_pairs",
     },
     "03-figures": {*RUN_DIRS, "figures_dir", "workers"},
-    "04-paper": {*RUN_DIRS, "figures_dir", "paper_dir", "reference_dir", "title", "author"},
+    "04-paper": {*RUN_DIRS, "figures_dir", "paper_dir", "reference_dir", "title", "author"}
+    | {"front_matter"},
 }
 
 

@@ -670,3 +670,20 @@ def test_pdf_of_the_paper_with_pandoc(processed, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
     with pytest.raises(FileNotFoundError, match="apt-get install pandoc weasyprint"):
         render.render_pdf(md)
+
+
+def test_a_site_figures_folder_beside_the_post_is_refused_not_deleted(processed, tmp_path):
+    figures_dir = tmp_path / "figures"
+    catalog.make_figures(processed, figures_dir, "tumrun")
+    out = tmp_path / "site" / "_posts" / "luks" / "index.md"
+    (out.parent / "figures").mkdir(parents=True)
+    (out.parent / "figures" / "logo.png").write_bytes(b"the site's own")
+    with pytest.raises(ValueError, match="not written by luksbench"):
+        render.render_paper(processed, figures_dir, out, "tumrun")
+    assert (out.parent / "figures" / "logo.png").read_bytes() == b"the site's own"
+    with pytest.raises(ValueError, match="hold one another"):
+        render.render_paper(processed, figures_dir, figures_dir / "post" / "index.md", "x")
+    assert (figures_dir / catalog.INDEX).is_file()
+    render.render_paper(processed, figures_dir, tmp_path / "post" / "index.md", "tumrun")
+    render.render_paper(processed, figures_dir, tmp_path / "post" / "index.md", "tumrun")
+    assert (tmp_path / "post" / "figures" / catalog.INDEX).is_file()  # its own copy is replaced

@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 from conftest import copy_workflow
 
+pytestmark = [pytest.mark.device, pytest.mark.slow]
+
 BIN = Path(sys.executable).parent
 RUN = "tune-userspace"
 # The userspace backend builds plain and luks arms on their own files: the study's arms that it

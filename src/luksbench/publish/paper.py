@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -663,15 +664,14 @@ def _relative(path: Path, out_md: Path) -> str:
 
 def front_matter_yaml(fields: dict) -> str:
     """YAML front matter: scalars as JSON (valid YAML), lists as block sequences as Jekyll sites
-    write them, ``date`` bare (a YAML date)."""
+    write them, ``date`` bare when it is one (a YAML date)."""
     lines = []
     for key, value in fields.items():
         if isinstance(value, list):
             lines += [f"{key}:", *(f"  - {json.dumps(v, ensure_ascii=False)}" for v in value)]
         else:
-            lines.append(
-                f"{key}: {value if key == 'date' else json.dumps(value, ensure_ascii=False)}"
-            )
+            bare = key == "date" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(value))
+            lines.append(f"{key}: {value if bare else json.dumps(value, ensure_ascii=False)}")
     return "\n".join(lines) + "\n"
 
 

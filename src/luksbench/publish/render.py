@@ -16,6 +16,7 @@ from pathlib import Path
 import jinja2
 from markdown_it import MarkdownIt
 
+from luksbench.publish.catalog import INDEX
 from luksbench.publish.paper import paper_context
 
 TEMPLATE = "paper.md.j2"
@@ -41,12 +42,28 @@ def render_paper(processed_dir: Path, figures_dir: Path, out_md: Path, run: str,
     out_md.parent.mkdir(parents=True, exist_ok=True)
     post_figures = out_md.parent / "figures"
     if Path(figures_dir).is_dir() and Path(figures_dir).resolve() != post_figures.resolve():
-        shutil.rmtree(post_figures, ignore_errors=True)
-        shutil.copytree(figures_dir, post_figures)
+        _replace_post_figures(Path(figures_dir), post_figures)
     context = paper_context(processed_dir, post_figures, out_md, run, **options)
     text = _environment().get_template(TEMPLATE).render(**context)
     out_md.write_text(text)
     return out_md
+
+
+def _replace_post_figures(figures_dir: Path, post_figures: Path) -> None:
+    """Copy the run's figures to ``post_figures``, replacing only a folder luksbench wrote there
+    (it holds the figure index): a site's own ``figures/`` folder, or one that holds or is held by
+    ``figures_dir``, is refused rather than deleted."""
+    source, target = figures_dir.resolve(), post_figures.resolve()
+    if source.is_relative_to(target) or target.is_relative_to(source):
+        raise ValueError(f"figures {source} and the post's {target} hold one another")
+    if post_figures.exists():
+        if not (post_figures / INDEX).is_file():
+            raise ValueError(
+                f"{post_figures} exists and was not written by luksbench (no {INDEX}): "
+                "move it, or point paper_dir at a folder of its own"
+            )
+        shutil.rmtree(post_figures)
+    shutil.copytree(figures_dir, post_figures)
 
 
 def split_front_matter(text: str) -> tuple[dict, str]:
