@@ -61,3 +61,20 @@ def test_a_new_column_shows_as_undocumented(tmp_path):
     pd.DataFrame({"host": ["h"], "new_thing": [1]}).to_parquet(tmp_path / "env.parquet")
     readme = dictionary.write_dictionary(tmp_path).read_text()
     assert "| `new_thing` | | undocumented |" in readme and "`host`" in readme
+
+
+def test_a_large_table_is_written_in_two_halves_as_one_csv(tmp_path, monkeypatch):
+    monkeypatch.setattr(dictionary, "PARALLEL_CSV_ROWS", 10)
+    n = 25
+    df = pd.DataFrame(
+        {
+            "x": [0.1 * i if i % 7 else float("nan") for i in range(n)],
+            "big": [10.0**i for i in range(n)],
+            "text": pd.array([f"r,{i}" if i % 5 else None for i in range(n)], dtype="string"),
+            "flag": pd.array([[True, False, None][i % 3] for i in range(n)], dtype="boolean"),
+            "n": range(n),
+        }
+    )
+    dictionary.write_csv(tmp_path, {"fio": df})
+    assert (tmp_path / "fio.csv").read_text() == df.to_csv(index=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "fio.csv"]  # no part left

@@ -136,24 +136,20 @@ ENTRIES = [
 COLUMNS = {name: (unit, meaning) for names, unit, meaning in ENTRIES for name in names}
 
 
-#: a table of this many rows is written as CSV by two processes, half each
+#: a table of this many rows is written as CSV by two processes, half each (CSV is slow to format)
 PARALLEL_CSV_ROWS = 10_000
 
 
 def write_csv(processed_dir: Path, tables: dict[str, pd.DataFrame]) -> None:
-    """Each table as ``<name>.csv`` beside its parquet file, then the folder's dictionary. A large
-    table's second half is written meanwhile by a forked process (CSV is slow to format)."""
+    """Each table as ``<name>.csv`` beside its parquet file, then the folder's dictionary."""
     halves = []
     for name, df in tables.items():
-        path = Path(processed_dir) / f"{name}.csv"
+        path, half = Path(processed_dir) / f"{name}.csv", len(df) // 2
         if len(df) >= PARALLEL_CSV_ROWS and "fork" in multiprocessing.get_all_start_methods():
-            part, half = path.with_name(f".{path.name}.part"), len(df) // 2
-            writer = multiprocessing.get_context("fork").Process(
-                target=_to_csv, args=(df.iloc[half:], part, False)
-            )
-            writer.start()
-            halves.append((path, part, writer))
-            df = df.iloc[:half]
+            part, fork = path.with_name(f".{path.name}.part"), multiprocessing.get_context("fork")
+            halves.append((path, part, fork.Process(target=_to_csv, args=(df[half:], part, False))))
+            halves[-1][2].start()
+            df = df[:half]
         _to_csv(df, path)
     for path, part, writer in halves:
         writer.join()

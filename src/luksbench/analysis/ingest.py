@@ -920,17 +920,11 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             {"run": run, "host": host.name, **facts, "env_json": json.dumps(env, sort_keys=True)}
         )
         for server in _fleet_servers(host):
+            fleet = {"fleet_server": server, "coordinator": host.name}
             records.append(
-                {
-                    "run": run,
-                    "host": server["name"],
-                    "hostname": f"{server.get('address')}:{server.get('port', 8765)}",
-                    "backend": facts["backend"],
-                    "backend_reason": facts["backend_reason"],
-                    "env_json": json.dumps(
-                        {"fleet_server": server, "coordinator": host.name}, sort_keys=True
-                    ),
-                }
+                {"run": run, "host": server["name"], "env_json": json.dumps(fleet, sort_keys=True)}
+                | {"hostname": f"{server.get('address')}:{server.get('port', 8765)}"}
+                | {k: facts[k] for k in ("backend", "backend_reason")}
             )
     if problems and strict:
         raise IngestError(raw_dir, problems)
@@ -966,21 +960,12 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
         for name, desc in sorted(stacks.items()):
             desc = desc if isinstance(desc, dict) else {"value": desc}
             key_bits = desc.get("key_bits", desc.get("key_size"))
+            key_bits = key_bits if isinstance(key_bits, int) else None
             reason = unavailable.get(name) or desc.get("unavailable")
-            records.append(
-                {
-                    "run": run,
-                    "host": host.name,
-                    "stack": name,
-                    "kind": desc.get("kind"),
-                    "backend": desc.get("backend"),
-                    "cipher": desc.get("cipher"),
-                    "key_bits": key_bits if isinstance(key_bits, int) else None,
-                    "description_json": json.dumps(desc, sort_keys=True),
-                    "available": not reason,
-                    "reason": str(reason) if reason else None,
-                }
-            )
+            reason = str(reason) if reason else None
+            described = (*map(desc.get, ("kind", "backend", "cipher")), key_bits)
+            text = json.dumps(desc, sort_keys=True)
+            records.append((run, host.name, name, *described, text, not reason, reason))
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = pd.DataFrame.from_records(records, columns=STACKS_COLUMNS)
