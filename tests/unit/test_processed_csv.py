@@ -75,6 +75,7 @@ def test_a_large_table_is_written_in_two_halves_as_one_csv(tmp_path, monkeypatch
             "n": range(n),
         }
     )
-    dictionary.write_csv(tmp_path, {"fio": df})
+    dictionary.write_tables(tmp_path, {"fio": df})
     assert (tmp_path / "fio.csv").read_text() == df.to_csv(index=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "fio.csv"]  # no part left
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "fio.parquet"), df)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "fio.csv", "fio.parquet"]

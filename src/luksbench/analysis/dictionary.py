@@ -140,31 +140,38 @@ COLUMNS = {name: (unit, meaning) for names, unit, meaning in ENTRIES for name in
 PARALLEL_CSV_ROWS = 10_000
 
 
-def write_csv(processed_dir: Path, tables: dict[str, pd.DataFrame]) -> None:
-    """Each table as ``<name>.csv`` beside its parquet file, then the folder's dictionary."""
-    halves = []
+def write_tables(processed_dir: Path, tables: dict[str, pd.DataFrame]) -> dict[str, Path]:
+    """Each table as ``<name>.parquet`` and ``<name>.csv`` in ``processed_dir``, then the folder's
+    dictionary; returns {name: parquet path}. A large table's second CSV half is written by a
+    forked process meanwhile."""
+    out, halves = {name: Path(processed_dir) / f"{name}.parquet" for name in tables}, {}
+    methods = multiprocessing.get_all_start_methods()
+    fork = multiprocessing.get_context("fork") if "fork" in methods else None
     for name, df in tables.items():
-        path, half = Path(processed_dir) / f"{name}.csv", len(df) // 2
-        if len(df) >= PARALLEL_CSV_ROWS and "fork" in multiprocessing.get_all_start_methods():
-            part, fork = path.with_name(f".{path.name}.part"), multiprocessing.get_context("fork")
-            halves.append((path, part, fork.Process(target=_to_csv, args=(df[half:], part, False))))
-            halves[-1][2].start()
-            df = df[:half]
-        _to_csv(df, path)
-    for path, part, writer in halves:
+        if fork and len(df) >= PARALLEL_CSV_ROWS:
+            part = out[name].with_name(f".{name}.csv.part")
+            halves[name] = (part, fork.Process(target=_to_csv, args=(df[len(df) // 2 :], part)))
+            halves[name][1].start()
+    for name, df in tables.items():
+        df.to_parquet(out[name], index=False)
+    for name, df in tables.items():
+        _to_csv(df[: len(df) // 2] if name in halves else df, out[name].with_suffix(".csv"))
+    for name, (part, writer) in halves.items():
         writer.join()
         if writer.exitcode != 0:
-            raise OSError(f"{path}: the process writing its second half failed")
-        with open(path, "ab") as out, open(part, "rb") as rest:
-            shutil.copyfileobj(rest, out)
+            raise OSError(f"{part}: the process writing the second half of {name}.csv failed")
+        with open(out[name].with_suffix(".csv"), "ab") as csv, open(part, "rb") as rest:
+            shutil.copyfileobj(rest, csv)
         part.unlink()
     write_dictionary(processed_dir)
+    return out
 
 
-def _to_csv(df: pd.DataFrame, path: Path, header: bool = True) -> None:
-    # floats as Python objects: the same text (their repr), formatted faster than numpy's
+def _to_csv(df: pd.DataFrame, path: Path) -> None:
+    # floats as Python objects: the same text (their repr), formatted faster than numpy's; a
+    # second half (a .part file) without the header
     floats = {c: object for c, kind in df.dtypes.items() if kind == "float64"}
-    df.astype(floats).to_csv(path, index=False, header=header)
+    df.astype(floats).to_csv(path, index=False, header=path.suffix == ".csv")
 
 
 def write_dictionary(processed_dir: Path) -> Path:

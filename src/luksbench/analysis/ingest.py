@@ -1130,14 +1130,9 @@ def write_processed(
     for row in tables["problems"].itertuples():
         print(f"ingest: {row.severity}: {raw_dir / row.file}: {row.reason}", file=sys.stderr)
     processed_dir.mkdir(parents=True, exist_ok=True)
-    out = {}
     for name in PROCESSED_TABLES:
-        path = processed_dir / f"{name}.parquet"
         tables[name].attrs = {}  # pandas would write them into the file
-        tables[name].to_parquet(path, index=False)
-        out[name] = path
-    dictionary.write_csv(processed_dir, {name: tables[name] for name in PROCESSED_TABLES})
-    return out
+    return dictionary.write_tables(processed_dir, {name: tables[name] for name in PROCESSED_TABLES})
 
 
 def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:

@@ -72,9 +72,7 @@ def write_loss(
             table, *_tables(processed_dir, "stacks", "env"), variant, baseline, comparisons
         ),
     }
-    for name, part in tables.items():
-        part.to_parquet(processed_dir / f"{name}.parquet", index=False)
-    dictionary.write_csv(processed_dir, tables)
+    dictionary.write_tables(processed_dir, tables)
     return table, processed_dir / "loss.parquet"
 
 
