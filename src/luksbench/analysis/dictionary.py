@@ -168,8 +168,7 @@ def write_tables(processed_dir: Path, tables: dict[str, pd.DataFrame]) -> dict[s
 
 
 def _to_csv(df: pd.DataFrame, path: Path) -> None:
-    # floats as Python objects: the same text (their repr), formatted faster than numpy's; a
-    # second half (a .part file) without the header
+    # floats as objects: the same text (repr), formatted faster; a .part file has no header
     floats = {c: object for c, kind in df.dtypes.items() if kind == "float64"}
     df.astype(floats).to_csv(path, index=False, header=path.suffix == ".csv")
 

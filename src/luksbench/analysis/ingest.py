@@ -151,11 +151,8 @@ def host_dirs(raw_dir: Path) -> list[Path]:
     raw_dir = Path(raw_dir)
     if not raw_dir.is_dir():
         raise FileNotFoundError(f"raw run folder not found: {raw_dir}")
-    return sorted(
-        p
-        for p in raw_dir.iterdir()
-        if p.is_dir() and ((p / "env.json").exists() or (p / "fio").is_dir())
-    )
+    folders = [p for p in raw_dir.iterdir() if p.is_dir()]
+    return sorted(p for p in folders if (p / "env.json").exists() or (p / "fio").is_dir())
 
 
 # --------------------------------------------------------------------------------------------- fio
@@ -253,14 +250,12 @@ def default_workers() -> int:
 _SIDECAR_OR_REP = re.compile(r"^rep\d+(\.cpu)?\.json\Z")
 
 
-def _ingest_rep_file(
-    root: str, key: str, run: str, stats: list
-) -> tuple[list[tuple], list, list, list]:
+def _ingest_rep_file(root: str, key: str, run: str, stats: list) -> tuple[list, list, list, list]:
     """(rows, histograms, problems, notes) of one ``rep<k>.json`` and its CPU sidecar.
 
     Rows are tuples in :data:`_CHUNK_COLUMNS` order; histograms (job_index, direction, ns, count)
     tuples of its json+ bins; problems and notes (key of the file, why). ``stats`` receives the
-    stat of each file as read: the result, then its sidecar (None: there is none)."""
+    stat of each file as read: the result, then its sidecar."""
     path = f"{root}/{key}"
     notes: list[tuple[str, str]] = []
     try:
@@ -281,7 +276,6 @@ def _ingest_rep_file(
         if not isinstance(exc.__cause__, FileNotFoundError):
             return [], [], [(cpu_key, f"{exc}; its fio result is left out too")], notes
         cpu = _NO_CPU
-        stats.append(None)
     try:
         bins = [
             (i, d, ns, n) for (i, d), hist in document_histograms(doc).items() for ns, n in hist
@@ -367,9 +361,7 @@ def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, pd.DataF
     """Worker task: parse the files ``raw_dir/<key>``; returns their typed rows, their json+ bins
     and, per key, the file's problems and notes (paths relative to ``raw_dir``) and stat key."""
     run = run_name(Path(raw_dir))
-    rows: list[tuple] = []
-    bins: list[tuple] = []
-    results: dict[str, dict] = {}
+    rows, bins, results = [], [], {}
     for key in keys:
         read: list = []
         file_rows, histograms, problems, notes = _ingest_rep_file(raw_dir, key, run, read)
@@ -418,9 +410,7 @@ def _parse_files(
         done = [_ingest_chunk(str(raw_dir), chunk) for chunk in chunks]
     while pending:
         pending.pop()()
-    results: dict[str, dict] = {}
-    for _, _, res in done:
-        results.update(res)
+    results = {key: res for *_, chunk in done for key, res in chunk.items()}
     return [d[0] for d in done], [d[1] for d in done], results
 
 
@@ -458,28 +448,21 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
     return reps, strays
 
 
-def _stat_key(path: str) -> tuple[int, int, int]:
-    """(size, mtime in ns, inode) of a file, (-1, -1, -1) when it does not exist."""
+def _stat_key(path: str, st: os.stat_result | None = None) -> tuple[int, int, int]:
+    """(size, mtime in ns, inode) of a file (or of ``st``), (-1, -1, -1) when it does not exist."""
     try:
-        return _version(os.stat(path))
+        st = st or os.stat(path)
     except FileNotFoundError:
-        return _version(None)
-
-
-def _version(st: os.stat_result | None) -> tuple[int, int, int]:
-    return (-1, -1, -1) if st is None else (st.st_size, st.st_mtime_ns, st.st_ino)
+        return (-1, -1, -1)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def _file_stat(root: str, key: str, read: list = ()) -> tuple[int, ...]:
-    """(size, mtime in ns, inode) of a result and of its CPU sidecar; -1s for a missing file.
-    ``read``: the stats of the first of them as they were read (:func:`_ingest_rep_file`), the
-    others are looked up now."""
+    """:func:`_stat_key` of a result and of its CPU sidecar; ``read``: their stats as they were
+    read (:func:`_ingest_rep_file`), the others (or None) are taken now."""
     paths = (f"{root}/{key}", f"{root}/{key[: -len('.json')]}.cpu.json")
-    return tuple(
-        x
-        for i, path in enumerate(paths)
-        for x in (_version(read[i]) if i < len(read) else _stat_key(path))
-    )
+    stats = [*read, None, None][:2]
+    return tuple(x for path, st in zip(paths, stats, strict=True) for x in _stat_key(path, st))
 
 
 def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, dict]:
@@ -564,10 +547,7 @@ def fio_and_latency_tables(
     raw_dir = Path(raw_dir)
     host_dirs(raw_dir)  # existence check
     workers = default_workers() if workers is None else max(1, int(workers))
-    problems: list[tuple[Path, str]] = []
-    notes: list[tuple[str, str]] = []
-    targets: dict[str, dict] = {}
-    fleets: dict[str, dict[str, str]] = {}
+    problems, notes, targets, fleets = [], [], {}, {}  # fleets: {host: fleet_names}
     for hdir in host_dirs(raw_dir):
         tpath = hdir / "fio" / "targets.json"
         if tpath.exists():
@@ -578,10 +558,8 @@ def fio_and_latency_tables(
         fleets[hdir.name] = fleet_names(hdir)
 
     keys, strays = _list_fio_folder(raw_dir)
-    for key in strays:
-        problems.append(
-            (raw_dir / key, "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json")
-        )
+    layout = "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json"
+    problems += [(raw_dir / key, layout) for key in strays]
     keys, unrecorded, sessions = _recorded_results(raw_dir, keys)
     problems += unrecorded
 
@@ -928,14 +906,9 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             )
     if problems and strict:
         raise IngestError(raw_dir, problems)
+    kinds = {"aes": "boolean", "vaes": "boolean", "cpu_count": "Int64"}
     df = pd.DataFrame.from_records(records, columns=ENV_COLUMNS)
-    for col in ENV_COLUMNS:
-        if col in ("aes", "vaes"):
-            df[col] = df[col].astype("boolean")
-        elif col == "cpu_count":
-            df[col] = df[col].astype("Int64")
-        else:
-            df[col] = df[col].astype("string")
+    df = df.astype({col: kinds.get(col, "string") for col in ENV_COLUMNS})
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
     return df
 
@@ -968,10 +941,9 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             records.append((run, host.name, name, *described, text, not reason, reason))
     if problems and strict:
         raise IngestError(raw_dir, problems)
+    kinds = {"key_bits": "Int64", "available": "boolean"}
     df = pd.DataFrame.from_records(records, columns=STACKS_COLUMNS)
-    for col in STACKS_COLUMNS:
-        kind = {"key_bits": "Int64", "available": "boolean"}.get(col, "string")
-        df[col] = df[col].astype(kind)
+    df = df.astype({col: kinds.get(col, "string") for col in STACKS_COLUMNS})
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
     return df
 

@@ -68,20 +68,18 @@ def _warn_on_stderr(message: str) -> None:
 
 # A JSON document starts at a line's first '{' (fio indents every nested object), possibly glued
 # to non-blank junk such as a stray '>' left by a shell; indented '{' are nested objects.
-_FIRST_DOCUMENT_START = re.compile(r"[^\s{]*\{")
-_LATER_DOCUMENT_START = re.compile(r"\n[^\s{]*\{")  # '\n' first: a fast search
-# the same on ASCII bytes (a str pattern's \s also matches \x1c to \x1f)
-_FIRST_DOCUMENT_START_BYTES = re.compile(rb"[^\s\x1c-\x1f{]*\{")
-_LATER_DOCUMENT_START_BYTES = re.compile(rb"\n[^\s\x1c-\x1f{]*\{")
+# {type of the text: (first start, later start)}; '\n' first: a fast search; on ASCII bytes the
+# same (a str pattern's \s also matches \x1c to \x1f)
+_DOCUMENT_STARTS = {
+    str: (re.compile(r"[^\s{]*\{"), re.compile(r"\n[^\s{]*\{")),
+    bytes: (re.compile(rb"[^\s\x1c-\x1f{]*\{"), re.compile(rb"\n[^\s\x1c-\x1f{]*\{")),
+}
 
 
 def _document_pieces(text: str | bytes) -> list[tuple[int, int]]:
     """(start, next start) of every place a JSON document may start, in one pass over ``text``."""
-    if isinstance(text, bytes):
-        first = _FIRST_DOCUMENT_START_BYTES.match(text)
-        later = _LATER_DOCUMENT_START_BYTES.finditer(text)
-    else:
-        first, later = _FIRST_DOCUMENT_START.match(text), _LATER_DOCUMENT_START.finditer(text)
+    first, later = _DOCUMENT_STARTS[type(text)]
+    first, later = first.match(text), later.finditer(text)
     starts = [m.end() - 1 for m in (first, *later) if m]
     return list(zip(starts, [*starts[1:], len(text)], strict=False))  # no start: []
 
@@ -96,7 +94,8 @@ def _fast_documents(raw: bytes, loads: Callable[[bytes], object]) -> list[object
     decides, with its messages), the file is not ASCII or holds a run of 19 digits or more."""
     if not raw.isascii() or _LONG_DIGIT_RUN in raw.translate(_DIGITS_TO_ZERO):
         return None  # a faster decoder (orjson) may read an integer past 64 bits as a float
-    first = _FIRST_DOCUMENT_START_BYTES.match(raw) or _LATER_DOCUMENT_START_BYTES.search(raw)
+    first_start, later_start = _DOCUMENT_STARTS[bytes]
+    first = first_start.match(raw) or later_start.search(raw)
     if first and raw[first.end() - 2 : first.end() - 1] in (b"", b"\n"):  # '{' begins its line
         try:  # the common file: one JSON object from a line's start (text lines before it) on
             return [loads(raw[first.end() - 1 :])]
