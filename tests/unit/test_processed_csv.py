@@ -75,7 +75,9 @@ def test_a_large_table_is_written_in_two_halves_as_one_csv(tmp_path, monkeypatch
             "n": range(n),
         }
     )
+    df = df[df["n"] % 4 != 1]  # rows of a filtered table: its index has gaps
     dictionary.write_tables(tmp_path, {"fio": df})
     assert (tmp_path / "fio.csv").read_text() == df.to_csv(index=False)
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "fio.parquet"), df)
+    written = pd.read_parquet(tmp_path / "fio.parquet")
+    pd.testing.assert_frame_equal(written, df.reset_index(drop=True))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "fio.csv", "fio.parquet"]

@@ -145,17 +145,17 @@ def write_tables(processed_dir: Path, tables: dict[str, pd.DataFrame]) -> dict[s
     dictionary; returns {name: parquet path}. A large table's second CSV half is written by a
     forked process meanwhile."""
     out, halves = {name: Path(processed_dir) / f"{name}.parquet" for name in tables}, {}
-    methods = multiprocessing.get_all_start_methods()
-    fork = multiprocessing.get_context("fork") if "fork" in methods else None
+    fork = "fork" in multiprocessing.get_all_start_methods() and multiprocessing.get_context("fork")
     for name, df in tables.items():
         if fork and len(df) >= PARALLEL_CSV_ROWS:
             part = out[name].with_name(f".{name}.csv.part")
-            halves[name] = (part, fork.Process(target=_to_csv, args=(df[len(df) // 2 :], part)))
-            halves[name][1].start()
+            writer = fork.Process(target=_to_csv, args=(df.iloc[len(df) // 2 :], part))
+            halves[name] = (part, writer)
+            writer.start()
     for name, df in tables.items():
         df.to_parquet(out[name], index=False)
     for name, df in tables.items():
-        _to_csv(df[: len(df) // 2] if name in halves else df, out[name].with_suffix(".csv"))
+        _to_csv(df.iloc[: len(df) // 2] if name in halves else df, out[name].with_suffix(".csv"))
     for name, (part, writer) in halves.items():
         writer.join()
         if writer.exitcode != 0:
