@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats as sps
 from simulate import simulate_logs, write_raw_reps
@@ -143,3 +144,46 @@ def test_the_paper_lists_each_sequential_cell_with_its_device_time():
     assert section["cells"][0]["decision"] == "material" and section["seconds"] == "144"
     fixed = stats.loss_table(fio.drop(columns="look_confidence"), metrics=["bw_bytes"])
     assert sequential_design(Run(Path("."), {"fio": fio, "loss": fixed}), [("p", "luks")]) is None
+
+
+def test_a_comparison_with_a_stack_that_was_not_built_is_left_out(tmp_path):
+    """An optional stack (tune-dmcrypt's adiantum) that could not be built has no results: the
+    rounds go on with the comparisons that have them."""
+    from simulate import fio_frame
+
+    from luksbench.analysis.sequential import next_round
+
+    rng = np.random.default_rng(3)
+    lb, lv = simulate_logs(rng, 2, 3, np.full(2, 0.01), np.log([0.5, 0.97]), 0)
+    fio = fio_frame(lb, lv).assign(runtime_ms=6000.0)
+    pairs = [("plain", "luks"), ("plain", "adiantum")]
+    doc = next_round(fio, "sim", tmp_path / "targets.json", comparisons=pairs, max_pairs=6)
+    assert doc["cells"]["c00000"]["why"] == "stop: decided (material)"
+    assert doc["cells"]["c00001"]["why"] == "continue: undecided"
+    assert doc["pairs"] == {"c00000": 3, "c00001": 4}
+
+
+def test_a_sequential_row_tests_and_cross_checks_at_the_look_level():
+    """Not only the interval: the p-value (Bonferroni over the K looks, hence the q-value and the
+    verdict), the TOST equivalence interval and the Fieller and bootstrap cross-checks of a
+    sequential row keep their level under the stopping rule too."""
+    from simulate import fio_frame
+
+    from luksbench.analysis import stats
+
+    rng = np.random.default_rng(4)
+    lb, lv = simulate_logs(rng, 3, 24, np.full(3, 0.03), np.log([0.99, 0.98, 0.9]), 0)
+    fio = fio_frame(lb, lv).assign(runtime_ms=6000.0, target_pairs=24.0)
+    level = look_confidence(0.95, 3, 24)  # K = 22 looks
+    seq = stats.loss_table(fio.assign(look_confidence=level), metrics=["bw_bytes"])
+    fixed = stats.loss_table(fio, metrics=["bw_bytes"])
+    at_level = stats.loss_table(fio, metrics=["bw_bytes"], confidence=level)
+    assert (seq["interval"] == "sequential").all() and (fixed["interval"] == "t").all()
+    assert seq["p_value"].to_numpy() == pytest.approx(np.minimum(1, 22 * fixed["p_value"]))
+    assert (seq["p_value"] > fixed["p_value"]).any()
+    checks = ["ci_low", "ci_high", "equiv_low", "equiv_high", *stats.CROSS_CHECK_COLUMNS]
+    assert seq[checks].notna().all().all()
+    pd.testing.assert_frame_equal(seq[checks], at_level[checks])
+    assert (
+        (seq["equiv_high"] - seq["equiv_low"]) > (fixed["equiv_high"] - fixed["equiv_low"])
+    ).all()

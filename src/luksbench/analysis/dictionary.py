@@ -98,8 +98,8 @@ effect | | which of loss_pct / increase_pct is filled
 effect_pct, loss_pct, increase_pct, ci_low, ci_high | % | how much worse the variant is, with its interval
 confidence | | confidence level of the intervals
 verdict | | significant, equivalent, inconclusive or insufficient
-p_value, q_value | | paired test of no effect; Benjamini-Hochberg q per metric and comparison
-equivalence_margin_pct, equiv_low, equiv_high | % | equivalence margin and the 90 % TOST interval
+p_value, q_value | | paired test of no effect (sequential: Bonferroni over the looks); Benjamini-Hochberg q per metric and comparison
+equivalence_margin_pct, equiv_low, equiv_high | % | equivalence margin and the 90 % TOST interval (sequential: at the look level)
 equivalent | | TOST interval inside the margin
 fieller_low, fieller_high, boot_low, boot_high | % | Fieller and BCa bootstrap intervals (cross-checks)
 outlier_reps, outliers_excluded | | flagged pairs and whether they were left out

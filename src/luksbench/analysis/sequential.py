@@ -87,9 +87,12 @@ def next_round(
     ``out`` (workload id -> pairs wanted so far); ``budget_s`` 0: no budget, the cap bounds it."""
     level = look_confidence(confidence, min_pairs, max_pairs)
     fio = fio[fio["host"] == host] if len(fio) else fio
+    comparisons = [tuple(p) for p in comparisons]
+    # a comparison with a stack that has no results (an optional stack not built) does not count
+    compared = [p for p in comparisons if set(p) <= set(fio["stack"])] if len(fio) else []
     loss = (
         stats.loss_tables(
-            fio, comparisons, metrics=[metric], confidence=level, decision_regions=decision_regions
+            fio, compared, metrics=[metric], confidence=level, decision_regions=decision_regions
         )
         if len(fio)
         else pd.DataFrame(columns=["workload"])
@@ -128,7 +131,6 @@ def next_round(
             per_cell[w].update(pairs=per_cell[w]["n"] + 1, why="continue: undecided")
         else:
             per_cell[w]["why"] = "stop: budget spent"
-    comparisons = [tuple(p) for p in comparisons]
     doc = _document(host, metric, comparisons, confidence, level, min_pairs, max_pairs, per_cell)
     doc.update(budget_s=budget_s, spent_s=round(spent, 1))
     doc["looks"] = _history(Path(out), per_cell)
