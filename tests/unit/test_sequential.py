@@ -166,6 +166,7 @@ def test_the_paper_lists_each_sequential_cell_with_its_device_time():
     from simulate import fio_frame
 
     from luksbench.analysis import stats
+    from luksbench.analysis.sequential import DECIDED, FIXED_COLUMNS, fixed_design
     from luksbench.publish.paper import sequential_design
     from luksbench.publish.run import Run
 
@@ -176,11 +177,20 @@ def test_the_paper_lists_each_sequential_cell_with_its_device_time():
     )
     loss = stats.loss_table(fio, metrics=["bw_bytes"])
     assert (loss["interval"] == "sequential").all()
+    loss[FIXED_COLUMNS] = fixed_design(loss, fio, ["bw_bytes"])
     section = sequential_design(Run(Path("."), {"fio": fio, "loss": loss}), [("plain", "luks")])
     assert section["level_pct"] == "98.75" and section["n_cells"] == 3
     assert [c["pairs"] for c in section["cells"]] == [3, 3, 6]
     assert [c["seconds"] for c in section["cells"]] == ["36", "36", "72"]
     assert section["cells"][0]["decision"] == "material" and section["seconds"] == "144"
+    # the fixed 3-pair design: the t-interval at 95 % on each cell's first 3 pairs
+    first = fio[fio["rep"] <= 3].drop(columns="look_confidence")
+    first = stats.loss_table(first, metrics=["bw_bytes"])
+    assert (first["interval"] == "t").all()
+    assert [c["fixed"] for c in section["cells"]] == first["decision"].tolist()
+    assert loss["fixed3_pairs"].tolist() == [3, 3, 3] and section["fixed_seconds"] == "108"
+    assert section["fixed_decided"] == first["decision"].isin(DECIDED).sum()
+    assert (first["ci_high"] - first["ci_low"] < loss["ci_high"] - loss["ci_low"])[:2].all()
     fixed = stats.loss_table(fio.drop(columns="look_confidence"), metrics=["bw_bytes"])
     assert sequential_design(Run(Path("."), {"fio": fio, "loss": fixed}), [("p", "luks")]) is None
 

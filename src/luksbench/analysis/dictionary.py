@@ -107,6 +107,8 @@ decision | | negligible, moderate, material (gain), undecided or insufficient
 decision_lower_pct, decision_upper_pct | % | the decision's margins
 interval | | t, stein, sequential or none
 look_confidence | | sequential design: level of each look's interval (targets.json)
+device_seconds, fixed3_seconds | s | sequential design: the cell's device time (fio's runtimes of every stack); that of its first 3 pairs
+fixed3_decision, fixed3_pairs | | sequential design: what the fixed 3-pair design would have decided on the cell's first 3 pairs at the nominal confidence; pairs it used
 job_cpu_pct, baseline_job_cpu_pct | % of a core | fio job's usr + sys CPU (the baseline's largest)
 baseline_busy_pct | % | the baseline's largest system-wide busy CPU
 fio_bound | | a job used > 90 % of a core: fio, not the device, may be the limit
