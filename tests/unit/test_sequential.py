@@ -133,6 +133,15 @@ def test_sequential_plan_first_round_budget_and_worst_case(tmp_path):
         f"  sequential: rounds until every cell is decided; budget 2 h, worst case "
         f"{worst / 3600:.2f} h (10 pairs of every cell)"
     ]
+    assert not [x for x in describe_plan(plan) if "WARNING" in x]
+    first_h = worst / 10 * 3 / 3600
+    small = plan_from_config(
+        {**CONFIG, "adaptive": {**seq, "budget_h": first_h / 2}}, "b", tmp_path
+    )
+    assert [x for x in describe_plan(small) if "WARNING" in x] == [
+        f"  WARNING: the first round alone ({first_h:.2f} h, 3 pairs of every cell) exceeds "
+        f"adaptive.budget_h ({first_h / 2:g} h): no cell gets a further pair"
+    ]
     with pytest.raises(PlanError, match=r"adaptive.max_pairs .2. must be >= adaptive.min_pairs"):
         plan_from_config({**CONFIG, "adaptive": {**seq, "max_pairs": 2}}, "box1", tmp_path)
     with pytest.raises(PlanError, match="one session"):
