@@ -156,7 +156,7 @@ def test_job_options_are_decided_once_for_all_the_stacks_of_a_cell(tmp_path):
     assert both["numa_nodes"] == {"raw": 1, "luks": 1} and both["cpus_allowed"] == "8-15"
     # one stack without a NUMA node: no stack is pinned, the reason names it
     three = jobs.job_setup(cell, {"raw": "/dev", "luks": str(target), "x": "/none"}, sys_root)
-    assert three["cpus_allowed"] == "" and three["skipped"]["numa_pin"].startswith("stack x ")
+    assert three["cpus_allowed"] == "" and three["skipped"]["numa_pin"].startswith("stack x:")
     assert not any(a.startswith("--cpus_allowed") for a in three["args"])
 
 

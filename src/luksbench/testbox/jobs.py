@@ -84,15 +84,14 @@ def job_setup(cell: dict, devices: dict, sys_root: Path = SYS) -> dict:
     cpus, skipped = cell["cpus_allowed"], {}
     if cell["numa_pin"] and not cpus:
         lacking = next((s for s, n in nodes.items() if n is None), None)
-        if lacking is not None:
-            why = f"stack {lacking} ({devices[lacking] or 'no local device'}): sysfs names no NUMA node"
-        elif len(set(nodes.values())) != 1:
-            why = f"the stacks' devices sit on different NUMA nodes ({nodes})"
-        else:
-            node = next(iter(nodes.values()))
-            cpus = node_cpus(node, sys_root) or ""
-            why = f"sysfs lists no CPUs of NUMA node {node}"
-        skipped.update({} if cpus else {"numa_pin": why})
+        if lacking is None and len(set(nodes.values())) == 1:
+            cpus = node_cpus(*set(nodes.values()), sys_root) or ""
+        if not cpus:
+            skipped["numa_pin"] = (
+                f"stack {lacking}: sysfs names no NUMA node of {devices[lacking]}"
+                if lacking is not None
+                else f"the stacks' devices share no NUMA node with CPUs ({nodes})"
+            )
     args = [f"--cpus_allowed={cpus}", f"--cpus_allowed_policy={cell['cpus_allowed_policy']}"]
     args = args if cpus else []
     unpolled = next((s for s, f in facts.items() if not f.get("io_poll")), None)
