@@ -105,7 +105,7 @@ def pattern_fio_text(pattern: dict) -> str:
     if pattern.get("rate_pct"):
         parts.append(
             f"every stack at {pattern['rate_pct']:g} % of the slower stack's IOPS in an "
-            "unthrottled pilot run (rate_iops)"
+            "unthrottled pilot run (rate_iops, shared by the jobs)"
         )
     return ", ".join(parts)
 
