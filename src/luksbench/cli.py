@@ -222,10 +222,7 @@ def _add_loss_commands(commands) -> None:
         "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "finds it and gives the cells it lists Stein's interval.",
     )
-    targets.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
-    targets.add_argument("--host", required=True, help="the host whose pilot pairs count")
-    targets.add_argument("--baseline", default="plain", help=BASELINE_HELP)
-    targets.add_argument("--variant", default="luks", help=VARIANT_HELP)
+    _add_run_host_arguments(targets, "the host whose pilot pairs count")
     targets.add_argument(
         "--pilot-pairs", type=int, default=4, metavar="N0", help="pilot pairs per cell (default 4)"
     )
@@ -247,6 +244,14 @@ def _add_loss_commands(commands) -> None:
     targets.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
     targets.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
     targets.set_defaults(func=_cmd_targets)
+
+
+def _add_run_host_arguments(parser: argparse.ArgumentParser, host_help: str) -> None:
+    """RAW_DIR, --host, --baseline and --variant: one host's pairs of one comparison."""
+    parser.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
+    parser.add_argument("--host", required=True, help=host_help)
+    parser.add_argument("--baseline", default="plain", help=BASELINE_HELP)
+    parser.add_argument("--variant", default="luks", help=VARIANT_HELP)
 
 
 def _cmd_next(args: argparse.Namespace) -> int:
@@ -285,10 +290,7 @@ def _add_next_command(commands) -> None:
         "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "reads it.",
     )
-    nxt.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
-    nxt.add_argument("--host", required=True, help="the host folder whose cells are decided")
-    nxt.add_argument("--baseline", default="plain", help=BASELINE_HELP)
-    nxt.add_argument("--variant", default="luks", help=VARIANT_HELP)
+    _add_run_host_arguments(nxt, "the host whose cells are decided")
     nxt.add_argument(
         "--min-pairs", type=int, default=3, metavar="N", help="pairs before the first look"
     )

@@ -52,6 +52,7 @@ def test_a_fixed_rate_cell_holds_one_rate_on_both_stacks_and_reports_cpu_per_io(
     rate = manifest["fixed_rates"][CELL]
     assert rate["rate_pct"] == 10 and set(rate["pilot_iops"]) == {"plain", "other"}
     assert rate["rate_iops"] == int(0.1 * min(rate["pilot_iops"].values()))
+    assert rate["rate_iops_per_job"] == rate["rate_iops"]  # one job
     assert f"fixed-rate cell {CELL}: {rate['rate_iops']} IOPS on every stack" in log
     raw = tmp_path / "raw" / run
     fio = ingest.fio_table(raw, workers=1)

@@ -16,6 +16,7 @@ from test_patterns import KIB, LARGEBLOCK, MIB, config, plan_of
 from luksbench.analysis import ingest
 from luksbench.formats.layout import Workload, fio_rep_path
 from luksbench.testbox.plan import (
+    check_patterns,
     plan_from_config,
     workloads,
 )
@@ -133,6 +134,24 @@ def test_ingest_refuses_a_pattern_result_whose_fio_job_ran_another_cell(tmp_path
 
 
 # --- for real: pattern cells through the testbox CLI on loop devices ------------------------------
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
+def test_a_fixed_rate_cell_of_two_jobs_runs_at_the_asked_rate_in_all(tmp_path):
+    fixed = {"description": "", "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]}}
+    fixed |= {"io_bs": "", "fsync_per_block": False, "rate_pct": 50}
+    fixed["fio"] = {"ioengine": "psync", "direct": False, "sync": False, "numjobs": 2}
+    plan = {"fio": {"runtime_s": 3, "ramp_time_s": 1}, "patterns": {"fixedrate": fixed}}
+    check_patterns(plan)
+    target, out = tmp_path / "target.dat", tmp_path / "out.json"
+    target.write_bytes(b"\1" * MIB)  # cached after the first reads: far above the rate here
+    w = Workload("randread", 4 * KIB, 1, "fixedrate")
+    argv = fio_argv(plan, {"device": str(target)}, "plain", w, out, MIB, rate_iops=500)
+    subprocess.run(argv, check=True, capture_output=True, timeout=60)
+    text = out.read_text()
+    jobs = json.loads(text[text.index("{") :])["jobs"]
+    # fio holds rate_iops per job: the cell's rate is the sum over its jobs
+    assert len(jobs) == 2 and sum(j["read"]["iops"] for j in jobs) == pytest.approx(500, rel=0.05)
 
 
 def device_plan(tmp: Path, run: str, bs: list[str]) -> Path:

@@ -74,8 +74,9 @@ def test_rounds_resume_after_an_interruption_and_publish(workdir):
 
     loss = pd.read_parquet(workdir / "data" / "processed" / "e2e-seq" / "loss.parquet")
     assert (loss["interval"] == "sequential").all()
+    assert loss["fixed3_pairs"].between(2, 3).all() and loss["device_seconds"].gt(0).all()
     paper = (workdir / "paper" / "e2e-seq" / "index.md").read_text()
-    assert "Sequential design" in paper
+    assert "Sequential design" in paper and "default design, 3 pairs at its plain" in paper
     again = snakemake(workdir, "-n", "all", configfiles=CONFIGS)
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
     assert our_mounts(workdir) == []

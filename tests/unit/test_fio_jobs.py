@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import loop_plan
+from snakemake.utils import validate
 
 from luksbench.analysis import saturation
 from luksbench.formats.layout import Workload
@@ -46,26 +47,53 @@ def test_one_job_keeps_group_reporting_and_several_get_their_own_entries(tmp_pat
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("numjobs", 0), ("numjobs", "4"), ("cpus_allowed", "0-3; rm -rf /"), ("hipri", "yes")],
+    [
+        ("numjobs", 0),
+        ("numjobs", "4"),
+        ("numjobs", 257),
+        ("cpus_allowed", "0-3; rm -rf /"),
+        ("hipri", "yes"),
+    ],
 )
 def test_a_bad_job_option_is_refused_naming_the_key(tmp_path, key, value):
     plan = loop_plan("r", tmp_path)
     plan["fio"][key] = value
     with pytest.raises(PlanError, match=rf"fio\.{key}: "):
         check_plan(plan)
+    with pytest.raises(Exception, match="Error validating"):  # the schema refuses it too
+        validate({"fio": {key: value}}, str(REPO / "workflow/schemas/config.schema.yaml"))
+
+
+def test_several_jobs_need_json_plus_output_so_percentiles_come_from_merged_histograms(tmp_path):
+    plan = loop_plan("r", tmp_path)
+    plan["fio"].update(numjobs=256, output_format="json+")
+    check_plan(plan)
+    plan["fio"]["output_format"] = "json"
+    with pytest.raises(PlanError, match=r"fio\.numjobs: 256 jobs need fio\.output_format json\+"):
+        check_plan(plan)
+    plan["fio"]["numjobs"] = 1
+    check_plan(plan)
+    plan["patterns"] = {"many": {"description": "", "matrix": {"rw": ["read"], "bs": ["4k"]}}}
+    plan["patterns"]["many"]["matrix"]["iodepth"] = [1]
+    plan["patterns"]["many"] |= {"io_bs": "", "fsync_per_block": False}
+    plan["patterns"]["many"]["fio"] = {"ioengine": "psync", "direct": True, "sync": False}
+    check_plan(plan)
+    plan["patterns"]["many"]["fio"]["numjobs"] = 2
+    with pytest.raises(PlanError, match=r"patterns\.many\.fio\.numjobs: 2 jobs need"):
+        check_plan(plan)
 
 
 def test_options_the_engine_lacks_are_skipped_with_the_reason(tmp_path):
     plan = loop_plan("r", tmp_path)
     plan["fio"].update(fixedbufs=True, hipri=True)
-    setup = jobs.job_setup(cell_options(plan, CELL), "/dev/null")
+    setup = jobs.job_setup(cell_options(plan, CELL), {"plain": "/dev/null"})
     assert setup["skipped"] == {
         "fixedbufs": "ioengine libaio has no fixedbufs (io_uring only)",
         "hipri": "ioengine libaio has no hipri (io_uring only)",
     }
     assert not any(a.startswith(("--fixedbufs", "--hipri")) for a in argv(plan))
     plan["fio"]["ioengine"] = "io_uring"
-    setup = jobs.job_setup(cell_options(plan, CELL), "/dev/null")
+    setup = jobs.job_setup(cell_options(plan, CELL), {"plain": "/dev/null"})
     assert setup["args"] == ["--fixedbufs=1"] and list(setup["skipped"]) == ["hipri"]
 
 
@@ -95,8 +123,8 @@ def test_jobs_are_pinned_to_the_numa_node_under_a_device_mapper_stack(tmp_path):
     fake_sys(tmp_path / "sys", target)
     plan = loop_plan("r", tmp_path)
     plan["fio"].update(numa_pin=True, ioengine="io_uring", hipri=True)
-    setup = jobs.job_setup(cell_options(plan, CELL), str(target), tmp_path / "sys")
-    assert setup["numa_node"] == 1 and setup["cpus_allowed"] == "8-15"
+    setup = jobs.job_setup(cell_options(plan, CELL), {"luks": str(target)}, tmp_path / "sys")
+    assert setup["numa_nodes"] == {"luks": 1} and setup["cpus_allowed"] == "8-15"
     assert setup["args"] == ["--cpus_allowed=8-15", "--cpus_allowed_policy=shared"]
     # polling is the top device's: dm-0 has no poll queues here, though the nvme below has
     assert "no poll queues" in setup["skipped"]["hipri"]
@@ -104,19 +132,46 @@ def test_jobs_are_pinned_to_the_numa_node_under_a_device_mapper_stack(tmp_path):
     assert (facts["block_device"], facts["numa_node"]) == ("dm-0", 1)
     # the node is recorded without pinning too; a device without one runs unpinned, reason kept
     plan["fio"]["numa_pin"] = False
-    assert jobs.job_setup(cell_options(plan, CELL), str(target), tmp_path / "sys")["numa_node"] == 1
+    setup = jobs.job_setup(cell_options(plan, CELL), {"luks": str(target)}, tmp_path / "sys")
+    assert setup["numa_nodes"] == {"luks": 1}
     plan["fio"]["numa_pin"] = True
-    setup = jobs.job_setup(cell_options(plan, CELL), str(target), tmp_path / "nothing")
+    setup = jobs.job_setup(cell_options(plan, CELL), {"luks": str(target)}, tmp_path / "nothing")
     assert setup["cpus_allowed"] == "" and "no NUMA node" in setup["skipped"]["numa_pin"]
 
 
-def test_nvme_saturate_adds_several_jobs_and_the_seed_studies_keep_one(tmp_path):
+def test_job_options_are_decided_once_for_all_the_stacks_of_a_cell(tmp_path):
+    target, sys_root = tmp_path / "target", tmp_path / "sys"
+    target.write_bytes(b"")
+    fake_sys(sys_root, target)  # the luks arm: dm-0 (no poll queues) over nvme0n1
+    raw = os.stat("/dev").st_dev  # the raw arm: a file system on nvme0n1 itself (polled)
+    assert raw != os.stat(target).st_dev
+    nvme = next(sys_root.glob("devices/pci*/**/nvme0n1"))
+    (sys_root / "dev/block" / f"{os.major(raw)}:{os.minor(raw)}").symlink_to(nvme)
+    plan = loop_plan("r", tmp_path)
+    plan["fio"].update(numa_pin=True, ioengine="io_uring", hipri=True)
+    cell = cell_options(plan, CELL)
+    assert "--hipri=1" in jobs.job_setup(cell, {"raw": "/dev"}, sys_root)["args"]
+    both = jobs.job_setup(cell, {"raw": "/dev", "luks": str(target)}, sys_root)
+    assert "--hipri=1" not in both["args"] and both["skipped"]["hipri"].startswith("stack luks:")
+    assert both["numa_nodes"] == {"raw": 1, "luks": 1} and both["cpus_allowed"] == "8-15"
+    # one stack without a NUMA node: no stack is pinned, the reason names it
+    three = jobs.job_setup(cell, {"raw": "/dev", "luks": str(target), "x": "/none"}, sys_root)
+    assert three["cpus_allowed"] == "" and three["skipped"]["numa_pin"].startswith("stack x:")
+    assert not any(a.startswith("--cpus_allowed") for a in three["args"])
+
+
+def test_nvme_saturate_and_the_tuning_study_add_jobs_and_the_seed_studies_keep_one(tmp_path):
     for study in available_studies(REPO / "config/studies"):
         mybox = tmp_path / f"{study}.yaml"
         mybox.write_text(f"study: {study}\n")
         plain = plan_from_config(load_config(REPO, [mybox]), "h", tmp_path)
-        assert not set(plain["fio"]) & set(JOB_DEFAULTS)  # plans as before: no job keys
-        assert {cell_options(plain, w)["numjobs"] for w in workloads(plain)} == {1}
+        numjobs = {w.pattern: cell_options(plain, w)["numjobs"] for w in workloads(plain)}
+        if study == "tune-dmcrypt":  # 4k cells with 4 jobs, each its own CPU of the node
+            assert numjobs == {"": 4, "equalload": 4, "seq": 1}
+            assert plain["fio"]["numa_pin"] and plain["fio"]["cpus_allowed_policy"] == "split"
+        else:
+            assert not set(plain["fio"]) & set(JOB_DEFAULTS)  # plans as before: no job keys
+            assert set(numjobs.values()) == {1}
         config = load_config(REPO, [mybox, REPO / "config/nvme-saturate.yaml"])
         plan = plan_from_config(config, "h", tmp_path)
         added = set(workloads(plan)) - set(workloads(plain))

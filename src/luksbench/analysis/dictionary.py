@@ -100,8 +100,8 @@ effect | | which of loss_pct / increase_pct is filled
 effect_pct, loss_pct, increase_pct, ci_low, ci_high | % | how much worse the variant is, with its interval
 confidence | | confidence level of the intervals
 verdict | | significant, equivalent, inconclusive or insufficient
-p_value, q_value | | paired test of no effect; Benjamini-Hochberg q per metric and comparison
-equivalence_margin_pct, equiv_low, equiv_high | % | equivalence margin and the 90 % TOST interval
+p_value, q_value | | paired test of no effect (sequential: Bonferroni over the looks); Benjamini-Hochberg q per metric and comparison
+equivalence_margin_pct, equiv_low, equiv_high | % | equivalence margin and the 90 % TOST interval (sequential: at the look level)
 equivalent | | TOST interval inside the margin
 fieller_low, fieller_high, boot_low, boot_high | % | Fieller and BCa bootstrap intervals (cross-checks)
 outlier_reps, outliers_excluded | | flagged pairs and whether they were left out
@@ -109,6 +109,8 @@ decision | | negligible, moderate, material (gain), undecided or insufficient
 decision_lower_pct, decision_upper_pct | % | the decision's margins
 interval | | t, stein, sequential or none
 look_confidence | | sequential design: level of each look's interval (targets.json)
+device_seconds, fixed3_seconds | s | sequential design: the cell's device time (fio's runtimes of every stack); that of its first 3 pairs
+fixed3_decision, fixed3_pairs | | sequential design: what the fixed 3-pair design would have decided on the cell's first 3 pairs at the nominal confidence; pairs it used
 job_cpu_pct, baseline_job_cpu_pct | % of a core | fio job's usr + sys CPU (the baseline's largest)
 baseline_busy_pct | % | the baseline's largest system-wide busy CPU
 fio_bound | | a job used > 90 % of a core: fio, not the device, may be the limit

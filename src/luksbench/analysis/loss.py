@@ -6,7 +6,9 @@
                       with ``note``: "too few I/Os ..." where a latency percentile is withheld
                       (:func:`tails.too_few_notes`), "net CPU <= 0 ..." where a CPU cell
                       has no interval (:func:`cpucost.within_noise_notes`), and the baseline's
-                      ``fio_bound`` / ``cpu_saturated`` flags (:mod:`saturation`);
+                      ``fio_bound`` / ``cpu_saturated`` flags (:mod:`saturation`), and for
+                      a sequential design's cells the device time and the fixed design's
+                      decision (:func:`sequential.fixed_design`);
 ``cpu_loss.parquet``  its rows of CPU cost (:data:`CPU_METRICS`) that were measured;
 ``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
                       (throughput and CPU: the bars of the figures);
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import cpucost, dictionary, saturation, stats, tails, tuning
+from luksbench.analysis import cpucost, dictionary, saturation, sequential, stats, tails, tuning
 from luksbench.analysis.contrasts import resolve
 from luksbench.analysis.ingest import PROCESSED_TABLES, raw_run_dir, write_processed
 
@@ -61,6 +63,9 @@ def write_loss(
     ]
     table["note"] = notes
     table[saturation.LOSS_FLAG_COLUMNS] = saturation.loss_flags(table, fio)
+    settings = (metrics, confidence, margin)
+    fixed = sequential.fixed_design(table, fio, *settings, decision_regions=regions)
+    table[sequential.FIXED_COLUMNS] = fixed
     arm_metrics = stats.measured(fio, ARM_METRICS)
     tables = {
         "loss": table,

@@ -25,10 +25,18 @@ import numpy as np
 import pandas as pd
 
 from luksbench.analysis import stats
+from luksbench.analysis.cells import CELL_KEYS
 from luksbench.formats.layout import read_json_object
 from luksbench.formats.targets import write_targets
 
 KIND = "luksbench sequential targets v1"
+#: the decisions that settle a cell (the others: undecided, insufficient)
+DECIDED = ("negligible", "moderate", "material", "moderate gain", "material gain")
+#: the fixed default design the sequential one is set against: this many pairs per cell
+FIXED_PAIRS = 3
+#: loss-table columns of a sequential cell's rows: its device time, and what the fixed design
+#: would have decided on its first FIXED_PAIRS pairs at the nominal confidence, at what cost
+FIXED_COLUMNS = ["device_seconds", "fixed3_decision", "fixed3_pairs", "fixed3_seconds"]
 
 
 def look_confidence(confidence: float, min_pairs: int, max_pairs: int) -> float:
@@ -39,10 +47,11 @@ def look_confidence(confidence: float, min_pairs: int, max_pairs: int) -> float:
 
 
 def device_seconds(fio: pd.DataFrame) -> pd.DataFrame:
-    """Per (workload, rep): the device seconds of the pair (fio's runtime of each stack's run)."""
-    runs = fio.groupby(["workload", "rep", "stack"], as_index=False)["runtime_ms"].max()
+    """Per (host, workload, rep): the device seconds of the pair (fio's runtime of each stack's
+    run)."""
+    runs = fio.groupby(["host", "workload", "rep", "stack"], as_index=False)["runtime_ms"].max()
     return (
-        runs.groupby(["workload", "rep"], as_index=False)["runtime_ms"]
+        runs.groupby(["host", "workload", "rep"], as_index=False)["runtime_ms"]
         .sum()
         .eval("seconds = runtime_ms / 1000")
     )
@@ -55,9 +64,7 @@ def _cell_looks(loss: pd.DataFrame) -> pd.DataFrame:
     edges = np.stack([-upper, -lower, lower, upper], axis=1)
     distance = np.abs(loss["effect_pct"].to_numpy(float)[:, None] - edges).min(axis=1)
     rows = loss.assign(closeness=distance / half)
-    rows["undecided"] = ~rows["decision"].isin(
-        ["negligible", "moderate", "material", "moderate gain", "material gain"]
-    )
+    rows["undecided"] = ~rows["decision"].isin(DECIDED)
     out = rows.groupby("workload").agg(
         n=("n", "min"),
         undecided=("undecided", "any"),
@@ -87,15 +94,18 @@ def next_round(
     ``out`` (workload id -> pairs wanted so far); ``budget_s`` 0: no budget, the cap bounds it."""
     level = look_confidence(confidence, min_pairs, max_pairs)
     fio = fio[fio["host"] == host] if len(fio) else fio
+    comparisons = [tuple(p) for p in comparisons]
+    # a comparison with a stack that has no results (an optional stack not built) does not count
+    compared = [p for p in comparisons if set(p) <= set(fio["stack"])] if len(fio) else []
     loss = (
         stats.loss_tables(
-            fio, comparisons, metrics=[metric], confidence=level, decision_regions=decision_regions
+            fio, compared, metrics=[metric], confidence=level, decision_regions=decision_regions
         )
         if len(fio)
         else pd.DataFrame(columns=["workload"])
     )
     looks = _cell_looks(loss) if len(loss) else pd.DataFrame(columns=["n"])
-    columns = ["workload", "rep", "seconds"]
+    columns = ["host", "workload", "rep", "seconds"]
     pair_s = device_seconds(fio) if len(fio) else pd.DataFrame(columns=columns)
     spent = float(pair_s["seconds"].sum())
     cost = pair_s.groupby("workload")["seconds"].mean()
@@ -128,12 +138,35 @@ def next_round(
             per_cell[w].update(pairs=per_cell[w]["n"] + 1, why="continue: undecided")
         else:
             per_cell[w]["why"] = "stop: budget spent"
-    comparisons = [tuple(p) for p in comparisons]
     doc = _document(host, metric, comparisons, confidence, level, min_pairs, max_pairs, per_cell)
     doc.update(budget_s=budget_s, spent_s=round(spent, 1))
     doc["looks"] = _history(Path(out), per_cell)
     write_targets(Path(out), doc)
     return doc
+
+
+def fixed_design(table: pd.DataFrame, fio: pd.DataFrame, *settings, **options) -> pd.DataFrame:
+    """:data:`FIXED_COLUMNS` of every row of the loss table ``table`` (empty but in the rows of
+    sequential cells); ``settings``/``options``: the loss table's, as for
+    :func:`stats.loss_tables` (the fixed design's interval: the t-interval at ``confidence``)."""
+    keys, cell = [*CELL_KEYS, "metric", "baseline", "variant"], ["host", "workload"]
+    seq = table["interval"].eq("sequential").to_numpy()
+    found = pd.DataFrame(columns=FIXED_COLUMNS)
+    if seq.any():
+        rows = table.loc[seq, keys]
+        fio = fio.merge(rows[cell].drop_duplicates(), on=cell)
+        first = fio[fio["rep"] <= FIXED_PAIRS].drop(columns="look_confidence")
+        pairs = list(dict.fromkeys(zip(rows["baseline"], rows["variant"], strict=True)))
+        fixed = stats.loss_tables(first, pairs, *settings, **options)[[*keys, "decision", "n"]]
+        spent = {
+            c: device_seconds(f).groupby(cell)["seconds"].sum()
+            for c, f in (("device_seconds", fio), ("fixed3_seconds", first))
+        }
+        found = rows.merge(fixed, on=keys, how="left").join(pd.DataFrame(spent), on=cell)
+        found = found.rename(columns={"decision": "fixed3_decision", "n": "fixed3_pairs"})
+        found.index = table.index[seq]
+    found = found[FIXED_COLUMNS].reindex(table.index).fillna({"fixed3_decision": ""})
+    return found.astype({c: float for c in FIXED_COLUMNS} | {"fixed3_decision": "string"})
 
 
 def _document(host, metric, comparisons, confidence, level, min_pairs, max_pairs, per_cell):

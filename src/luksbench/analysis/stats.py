@@ -572,7 +572,8 @@ def _cell_stats(
     freedom); with fewer than two of them no interval (``interval`` "none"): a t-interval after a
     pilot-chosen N under-covers. NaN (a fixed design, or a pilot without an SD, which ran the cap
     whatever the data): the t-interval. ``look_confidence`` (a sequential design's cells, one
-    session): the t-interval at that level (``interval`` "sequential")."""
+    session): the t-interval, TOST and cross-checks at that level (``interval`` "sequential"), the
+    p-value Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks."""
     ok = usable_pairs(b, v)
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
         ok[:] = False
@@ -597,7 +598,9 @@ def _cell_stats(
         valid = d_pilot.size >= 2
         pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
     sequential = not two_level and look_confidence > 0
-    ci = paired_log_ratio_ci(d, look_confidence if sequential else confidence, pilot)
+    level = look_confidence if sequential else confidence
+    looks = round((1 - confidence) / (1 - level))  # K of a sequential design, else 1
+    ci = paired_log_ratio_ci(d, level, pilot)
     if not valid:
         ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
     one = "one session" if means.size <= 1 else "sessions"
@@ -608,7 +611,7 @@ def _cell_stats(
         "n_dropped": int((~ok).sum()),
         "baseline_mean": float(bu.mean()) if ci.n else math.nan,
         "variant_mean": float(vu.mean()) if ci.n else math.nan,
-        **_estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct),
+        **_estimates(ci, d, bu, vu, pilot, valid, better_high, level, margin_pct, looks),
         "n_outliers": int(flagged.sum()),
         "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
         "interval": kind,
@@ -623,9 +626,10 @@ def _cell_stats(
 CROSS_CHECK_COLUMNS = ("fieller_low", "fieller_high", "boot_low", "boot_high")
 
 
-def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct) -> dict:
+def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct, looks=1) -> dict:
     """A row's effect with its interval, test and equivalence check, and the Fieller and
-    bootstrap cross-checks, from the values its interval rests on (pairs or session means)."""
+    bootstrap cross-checks, from the values its interval rests on (pairs or session means), all at
+    ``confidence``; the p-value Bonferroni-adjusted over ``looks`` (a sequential design's K)."""
     eq_conf = tost_confidence(confidence)
     eq = paired_log_ratio_ci(d, eq_conf, pilot) if ci.n >= 2 and valid and eq_conf > 0 else None
     effect_pct, bounds = effect_with_equivalence(ci, eq, better_high, margin_pct)
@@ -641,7 +645,7 @@ def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct)
         "effect_pct": effect_pct,
         "loss_pct": effect_pct if better_high else math.nan,
         "increase_pct": math.nan if better_high else effect_pct,
-        "p_value": paired_t_pvalue(d, pilot) if valid else math.nan,
+        "p_value": float(np.minimum(1, looks * paired_t_pvalue(d, pilot))) if valid else math.nan,
         **bounds,
         **dict(zip(CROSS_CHECK_COLUMNS, (*fieller, *boot), strict=True)),
     }

@@ -13,7 +13,8 @@ and the fio servers of a fleet run (``fleet``). The document (keys the readers u
      "sessions", "session",                                    # planned k, this stack-up's id
      "pairing", "counterbalance", "cell_order",                # the design, in words
      "io_size_bytes", "cpu_idle_baseline", "fio_clocksource", "fio",
-     "fixed_rates": {cell: {"rate_pct", "rate_iops", "pilot_iops": {stack: iops}}},
+     "fixed_rates": {cell: {"rate_pct", "rate_iops", "rate_iops_per_job",  # all jobs, each
+                            "pilot_iops": {stack: iops}}},
      "started", "ended", "complete", "interrupted", "failed": [...],
      "stack_descriptions": {"stacks": {stack: {...}}, ...},    # stack-up's description
      "runs": [{"index", "round", "rep", "stack", "workload", "session", "position_in_cell", "path",

@@ -742,35 +742,38 @@ def intervals_cover(losses: pd.DataFrame) -> str:
 
 def sequential_design(run: Run, pairs: list[Pair]) -> dict | None:
     """The sequential design's cells (headline comparison, the first metric with sequential
-    intervals): pairs, device seconds (fio's runtimes), decision and interval; None otherwise."""
+    intervals): pairs, device seconds, decision and interval, and what the fixed 3-pair design
+    would have decided (the loss table's :data:`FIXED_COLUMNS`); None without such cells."""
     loss = run.loss
     rows = loss[loss["interval"].eq("sequential") & loss["variant"].eq(pairs[0][1])]
     if rows.empty:
         return None
     rows = rows[rows["metric"].eq(rows["metric"].iloc[0])]
-    fio = run.fio
-    per_run = fio.groupby(["workload", "stack", "rep"])["runtime_ms"].max() / 1000
-    seconds = per_run.groupby("workload").sum()
-    decided = ~rows["decision"].str.startswith("undecided").groupby(rows["workload"]).any()
-    pair_s = seconds.sum() / max(1, rows.groupby("workload")["n"].min().sum())
+    cells = rows.groupby("workload")
+    seconds, fixed_s = cells["device_seconds"].first(), cells["fixed3_seconds"].first()
     return {
-        "level_pct": fmt_num(100 * pd.to_numeric(fio["look_confidence"]).max(), 2),
+        "level_pct": fmt_num(100 * pd.to_numeric(run.fio["look_confidence"]).max(), 2),
         "metric": metric_heading(rows["metric"].iloc[0]),
         "cells": [
             {
                 "cell": r["workload"],
                 "pairs": int(r["n"]),
-                "seconds": fmt_num(seconds.get(r["workload"], 0), 0),
+                "seconds": fmt_num(r["device_seconds"], 0),
                 "ci": fmt_ci(r["ci_low"], r["ci_high"]),
                 "decision": r["decision"],
+                "fixed": r["fixed3_decision"],
             }
             for _, r in rows.iterrows()
         ],
-        "n_cells": int(decided.size),
-        "n_decided": int(decided.sum()),
+        "n_cells": len(cells),
+        "n_decided": int(rows["decision"].isin(DECIDED).groupby(rows["workload"]).all().sum()),
         "seconds": fmt_num(seconds.sum(), 0),
-        "per_cell": fmt_num(seconds.sum() / max(1, decided.size), 0),
-        "fixed_3": fmt_num(3 * pair_s, 0),
+        "per_cell": fmt_num(seconds.mean(), 0),
+        "fixed_decided": int(
+            rows["fixed3_decision"].isin(DECIDED).groupby(rows["workload"]).all().sum()
+        ),
+        "fixed_seconds": fmt_num(fixed_s.sum(), 0),
+        "fixed_per_cell": fmt_num(fixed_s.mean(), 0),
     }
 
 

@@ -1,7 +1,8 @@
 """fio's job options (numjobs, CPU pinning, io_uring extras) and the sysfs facts they rest on.
 
-:func:`job_setup` turns a cell's options into fio arguments for one device and says what it did:
-the device's NUMA node (read from sysfs and recorded whether pinning asked for it or not), the
+:func:`job_setup` turns a cell's options into fio arguments, one set for all the cell's stacks
+(an option one stack's device lacks is skipped on every stack), and says what it did: the devices'
+NUMA nodes (read from sysfs and recorded whether pinning asked for it or not), the
 CPUs the jobs may run on, and every option skipped because the engine, kernel or device lacks it
 (with the reason). Standard library only.
 """
@@ -73,31 +74,40 @@ def queue_facts(path: str, sys_root: Path = SYS) -> dict:
     }
 
 
-def job_setup(cell: dict, device: str | None, sys_root: Path = SYS) -> dict:
-    """fio arguments for ``cell``'s job options on ``device`` (``args``), and the record of what
-    they did: numjobs, numa_node, cpus_allowed (the CPUs the jobs may run on; "" = any),
-    cpus_allowed_policy and ``skipped`` (option -> reason)."""
-    facts = queue_facts(device, sys_root) if device else {"numa_node": None}
+def job_setup(cell: dict, devices: dict, sys_root: Path = SYS) -> dict:
+    """fio arguments for ``cell``'s job options (``args``), decided once for all its stacks
+    (``devices``: stack -> device or None) so both arms of a pair run alike, and the record of
+    what they did: numjobs, numa_nodes (stack -> node), cpus_allowed (the CPUs the jobs may run
+    on; "" = any), cpus_allowed_policy and ``skipped`` (option -> reason)."""
+    facts = {s: queue_facts(d, sys_root) if d else {"numa_node": None} for s, d in devices.items()}
+    nodes = {s: f["numa_node"] for s, f in facts.items()}
     cpus, skipped = cell["cpus_allowed"], {}
     if cell["numa_pin"] and not cpus:
-        node = facts["numa_node"]
-        cpus = node_cpus(node, sys_root) if node is not None else None
+        lacking = next((s for s, n in nodes.items() if n is None), None)
+        if lacking is None and len(set(nodes.values())) == 1:
+            cpus = node_cpus(*set(nodes.values()), sys_root) or ""
         if not cpus:
-            skipped["numa_pin"] = f"{device or 'the target'}: sysfs names no NUMA node"
-            cpus = ""
+            skipped["numa_pin"] = (
+                f"stack {lacking}: sysfs names no NUMA node of {devices[lacking]}"
+                if lacking is not None
+                else f"the stacks' devices share no NUMA node with CPUs ({nodes})"
+            )
     args = [f"--cpus_allowed={cpus}", f"--cpus_allowed_policy={cell['cpus_allowed_policy']}"]
     args = args if cpus else []
+    unpolled = next((s for s, f in facts.items() if not f.get("io_poll")), None)
     for option in (o for o in IO_URING_ONLY if cell[o]):
         if cell["ioengine"] != "io_uring":
             skipped[option] = f"ioengine {cell['ioengine']} has no {option} (io_uring only)"
-        elif option == "hipri" and not facts.get("io_poll"):
-            skipped[option] = f"{device}: no poll queues (queue/io_poll is not 1)"
+        elif option == "hipri" and unpolled is not None:
+            skipped[option] = (
+                f"stack {unpolled}: {devices[unpolled]} has no poll queues (queue/io_poll is not 1)"
+            )
         else:
             args.append(f"--{option}=1")
     return {
         "args": args,
         "numjobs": cell["numjobs"],
-        "numa_node": facts["numa_node"],
+        "numa_nodes": nodes,
         "cpus_allowed": cpus,
         "cpus_allowed_policy": cell["cpus_allowed_policy"] if cpus else "",
         "skipped": skipped,
@@ -111,8 +121,5 @@ def device_facts(plan: dict, cell: dict, sys_root: Path = SYS) -> list[dict]:
     if not paths and plan.get("scratch_dir"):
         scratch = Path(plan["scratch_dir"])
         paths = [str(next(p for p in (scratch, *scratch.parents) if p.exists()))]
-    out = []
-    for path in paths:
-        setup = job_setup(cell, path, sys_root)
-        out.append({**queue_facts(path, sys_root), "job_cpus": setup["cpus_allowed"]})
-    return out
+    cpus = job_setup(cell, {p: p for p in paths}, sys_root)["cpus_allowed"]
+    return [{**queue_facts(path, sys_root), "job_cpus": cpus} for path in paths]

@@ -36,7 +36,7 @@ def check_plan(plan: dict, source: str = "plan") -> None:
     check_block_sizes(plan, source)
     check_blocks_fit(plan, source)
     check_run_options(plan, source)
-    check_job_options(plan["fio"], f"{source}: fio")
+    check_job_options(plan["fio"], f"{source}: fio", plan["fio"])
 
 
 def walk_layers(layer, where: str):
@@ -346,7 +346,7 @@ def check_patterns(plan: dict, source: str = "plan") -> None:
                 f"{where}.fio must hold {', '.join(PATTERN_FIO_KEYS)} and may hold "
                 f"{', '.join(JOB_DEFAULTS)}"
             )
-        check_job_options(fio, f"{where}.fio")
+        check_job_options(fio, f"{where}.fio", plan.get("fio") or {})
         if fio["ioengine"] not in IOENGINES:
             raise PlanError(
                 f"{where}.fio.ioengine: {fio['ioengine']!r} is not one of {', '.join(IOENGINES)}"
@@ -356,12 +356,23 @@ def check_patterns(plan: dict, source: str = "plan") -> None:
                 raise PlanError(f"{where}.fio.{key} must be true or false, not {fio[key]!r}")
 
 
-def check_job_options(fio: dict, where: str) -> None:
-    """The :data:`JOB_DEFAULTS` options of a fio section have their types; PlanError names one."""
+MAX_NUMJOBS = 256
+
+
+def check_job_options(fio: dict, where: str, run_fio: dict) -> None:
+    """The :data:`JOB_DEFAULTS` options of a fio section have their types; PlanError names one.
+    Several jobs need the run's (``run_fio``) json+ output: their percentiles come from merged
+    histograms, never averaged."""
     for key, default in JOB_DEFAULTS.items():
         value = fio.get(key, default)
         if key == "numjobs":
-            ok = type(value) is int and value >= 1
+            ok = type(value) is int and 1 <= value <= MAX_NUMJOBS
+            if ok and value > 1 and run_fio.get("output_format", "json+") != "json+":
+                raise PlanError(
+                    f"{where}.numjobs: {value} jobs need fio.output_format json+ (their latency "
+                    "percentiles come from the merged histograms), not "
+                    f"{run_fio['output_format']!r}"
+                )
         elif key == "cpus_allowed":  # fio's CPU list syntax: 0-3,8,10-11
             ok = isinstance(value, str) and all(c in "0123456789,-" for c in value)
         elif key == "cpus_allowed_policy":
@@ -369,7 +380,10 @@ def check_job_options(fio: dict, where: str) -> None:
         else:
             ok = isinstance(value, bool)
         if not ok:
-            raise PlanError(f"{where}.{key}: {value!r} is not a valid value (default {default!r})")
+            limit = f", at most {MAX_NUMJOBS}" if key == "numjobs" else ""
+            raise PlanError(
+                f"{where}.{key}: {value!r} is not a valid value (default {default!r}{limit})"
+            )
 
 
 def cell_options(plan: dict, w: Workload) -> dict:

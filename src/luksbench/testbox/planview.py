@@ -105,7 +105,7 @@ def pattern_fio_text(pattern: dict) -> str:
     if pattern.get("rate_pct"):
         parts.append(
             f"every stack at {pattern['rate_pct']:g} % of the slower stack's IOPS in an "
-            "unthrottled pilot run (rate_iops)"
+            "unthrottled pilot run (rate_iops, shared by the jobs)"
         )
     return ", ".join(parts)
 
@@ -161,6 +161,11 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
             f"{f'{budget:g} h' if budget else 'none'}, worst case {worst / 3600:.2f} h "
             f"({adaptive.get('max_pairs', 12)} pairs of every cell)"
         )
+        if 0 < budget * 3600 < seconds:  # the first round measures min_pairs whatever the budget
+            lines.append(
+                f"  WARNING: the first round alone ({seconds / 3600:.2f} h, {reps} pairs of every "
+                f"cell) exceeds adaptive.budget_h ({budget:g} h): no cell gets a further pair"
+            )
     patterns = plan.get("patterns") or {}
     if patterns:
         main = sum(1 for w in cells if not w.pattern)

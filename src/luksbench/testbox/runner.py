@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -187,11 +188,13 @@ def fio_argv(
     output: Path,
     io_size: int,
     rate_iops: int | None = None,
+    devices: dict | None = None,
 ) -> list[str]:
     """fio's command line for one run of cell ``w`` on ``stack``, over the first ``io_size`` bytes
-    of its device (0: all of it), at most ``rate_iops`` I/Os per second (a fixed-rate cell). A
-    pattern cell runs with its pattern's fio options; one whose block does not fit ``io_size`` is
-    refused (TestboxError) before fio starts."""
+    of its device (0: all of it), at most ``rate_iops`` I/Os per second in all its jobs (a
+    fixed-rate cell). A pattern cell runs with its pattern's fio options, the job options decided
+    for all the cell's stacks (``devices``, :func:`jobs.job_setup`; default: this one). A cell
+    whose block does not fit ``io_size`` is refused (TestboxError) before fio starts."""
     f = plan["fio"]
     cell = cell_options(plan, w)
     if io_size and w.bs_bytes > io_size:
@@ -249,11 +252,11 @@ def fio_argv(
     ]
     # several jobs: one entry each (ingest sums throughput and merges their histograms)
     argv += ["--group_reporting"] if cell["numjobs"] == 1 else []
-    argv += jobs.job_setup(cell, entry.get("device"))["args"]
+    argv += jobs.job_setup(cell, devices or {stack: entry.get("device")})["args"]
     if io_size:
         argv.append(f"--size={io_size}")
-    if rate_iops:
-        argv.append(f"--rate_iops={int(rate_iops)}")
+    if rate_iops:  # fio's rate_iops holds for each job
+        argv.append(f"--rate_iops={math.ceil(rate_iops / cell['numjobs'])}")
     return argv
 
 
@@ -464,7 +467,8 @@ def fixed_rates(plan: dict, session: dict, known: dict, clocksource: str | None)
     ``rate_pct`` % of the slower stack's IOPS, so all stacks run at one load."""
     rates = {}
     for w in workloads(session["measured_plan"]):
-        pct = cell_options(plan, w)["rate_pct"]
+        cell = cell_options(plan, w)
+        pct = cell["rate_pct"]
         if not pct:
             continue
         if w.id in known:
@@ -473,10 +477,12 @@ def fixed_rates(plan: dict, session: dict, known: dict, clocksource: str | None)
         stacks = baseline_first(session["measured_plan"])
         pilot = {stack: _pilot_iops(plan, session, stack, w, clocksource) for stack in stacks}
         rate = max(1, int(pct / 100 * min(pilot.values())))
-        rates[w.id] = {"rate_pct": pct, "rate_iops": rate, "pilot_iops": pilot}
+        per_job = math.ceil(rate / cell["numjobs"])
+        rates[w.id] = {"rate_pct": pct, "rate_iops": rate, "rate_iops_per_job": per_job}
+        rates[w.id]["pilot_iops"] = pilot
         log(
             f"luksbench testbox run-fio: fixed-rate cell {w.id}: {rate} IOPS on every stack "
-            f"({pct:g} % of the slower pilot: {', '.join(f'{s} {v:.0f}' for s, v in pilot.items())})"
+            f"({per_job} per job; {pct:g} % of the slower pilot: {', '.join(f'{s} {v:.0f}' for s, v in pilot.items())})"
         )
     return rates
 
@@ -486,7 +492,7 @@ def _pilot_iops(plan: dict, session: dict, stack: str, w: Workload, clocksource)
     with tempfile.TemporaryDirectory(prefix="luksbench-pilot-") as tmp:
         out = Path(tmp) / "pilot.json"
         entry = session["state"]["stacks"][stack]
-        argv = fio_argv(plan, entry, stack, w, out, session["io_size"])
+        argv = fio_argv(plan, entry, stack, w, out, session["io_size"], None, session["devices"])
         argv = _session_form(plan, argv, clocksource, Path(tmp) / "pilot.job")
         proc = subprocess.run(argv, **sysutil.QUIET)
         try:
@@ -631,6 +637,7 @@ def _open_session(
         "unavailable": unavailable,
         "measured_plan": measured_plan,
         "reps": cell_repetitions(plan, targets),
+        "devices": {n: state["stacks"][n].get("device") for n in measured_plan["stacks"]},
     }
     session["previous"], session["previous_rates"], session["measured_in"] = _previous(
         manifest_path
@@ -720,12 +727,12 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     rec["started"], t0 = utc_now(), time.monotonic()
     rate = outcome["fixed_rates"].get(w.id, {}).get("rate_iops")
     entry, clock = state["stacks"][stack], outcome["clocksource"]
-    rec["fio_jobs"] = {
-        k: v
-        for k, v in jobs.job_setup(cell_options(plan, w), entry.get("device")).items()
-        if k != "args"
-    }
-    ok, msg = _one_run(plan, entry, stack, w, path, session["io_size"], clock, rate)
+    setup = jobs.job_setup(cell_options(plan, w), session["devices"])
+    rec["fio_jobs"] = {k: v for k, v in setup.items() if k not in ("args", "numa_nodes")}
+    rec["fio_jobs"]["numa_node"] = setup["numa_nodes"][stack]
+    ok, msg = _one_run(
+        plan, entry, stack, w, path, session["io_size"], clock, rate, session["devices"]
+    )
     rec["ended"] = utc_now()
     rec["status"] = "ok" if ok else "failed"
     outcome["done"].append(rec)
@@ -826,9 +833,11 @@ def _one_run(
     io_size: int,
     clocksource: str | None = None,
     rate_iops: int | None = None,
+    devices: dict | None = None,
 ) -> tuple[bool, str]:
     """One fio run into ``path`` (+ cpu sidecar) on the session's clock (:func:`fio_clocksource`),
-    at a fixed-rate cell's ``rate_iops``. Returns (ok, progress message)."""
+    at a fixed-rate cell's ``rate_iops``, with the job options of all the cell's stacks
+    (``devices``). Returns (ok, progress message)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)  # left by a SIGKILLed earlier attempt
@@ -837,7 +846,7 @@ def _one_run(
     tmp = Path(tmp_name)
     proc = None
     try:
-        argv = fio_argv(plan, entry, stack, w, tmp, io_size, rate_iops)
+        argv = fio_argv(plan, entry, stack, w, tmp, io_size, rate_iops, devices)
         # The job file (fleet mode) is matched by the stale-file glob above.
         argv = _session_form(plan, argv, clocksource, tmp.with_suffix(".job.tmp"))
         before, rapl_before, t0 = probes.read_proc_stat(), probes.read_rapl(), time.monotonic()
