@@ -4,8 +4,6 @@ the one list of them: a column missing here shows as "undocumented" (and fails a
 
 from __future__ import annotations
 
-import multiprocessing
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -138,41 +136,21 @@ ENTRIES = [
 COLUMNS = {name: (unit, meaning) for names, unit, meaning in ENTRIES for name in names}
 
 
-#: a table of this many rows is written as CSV by two processes, half each (CSV is slow to format)
-PARALLEL_CSV_ROWS = 10_000
-
-
 def write_tables(processed_dir: Path, tables: dict[str, pd.DataFrame]) -> dict[str, Path]:
     """Each table as ``<name>.parquet`` and ``<name>.csv`` in ``processed_dir``, then the folder's
-    dictionary; returns {name: parquet path}. A large table's second CSV half is written by a
-    forked process meanwhile."""
-    out, halves = {name: Path(processed_dir) / f"{name}.parquet" for name in tables}, {}
-    fork = "fork" in multiprocessing.get_all_start_methods() and multiprocessing.get_context("fork")
-    for name, df in tables.items():
-        if fork and len(df) >= PARALLEL_CSV_ROWS:
-            part = out[name].with_name(f".{name}.csv.part")
-            writer = fork.Process(target=_to_csv, args=(df.iloc[len(df) // 2 :], part))
-            halves[name] = (part, writer)
-            writer.start()
+    dictionary; returns {name: parquet path}."""
+    out = {name: Path(processed_dir) / f"{name}.parquet" for name in tables}
     for name, df in tables.items():
         df.to_parquet(out[name], index=False)
-    for name, df in tables.items():
-        _to_csv(df.iloc[: len(df) // 2] if name in halves else df, out[name].with_suffix(".csv"))
-    for name, (part, writer) in halves.items():
-        writer.join()
-        if writer.exitcode != 0:
-            raise OSError(f"{part}: the process writing the second half of {name}.csv failed")
-        with open(out[name].with_suffix(".csv"), "ab") as csv, open(part, "rb") as rest:
-            shutil.copyfileobj(rest, csv)
-        part.unlink()
+        _to_csv(df, out[name].with_suffix(".csv"))
     write_dictionary(processed_dir)
     return out
 
 
 def _to_csv(df: pd.DataFrame, path: Path) -> None:
-    # floats as objects: the same text (repr), formatted faster; a .part file has no header
+    # floats as objects: the same text (repr), formatted faster
     floats = {c: object for c, kind in df.dtypes.items() if kind == "float64"}
-    df.astype(floats).to_csv(path, index=False, header=path.suffix == ".csv")
+    df.astype(floats).to_csv(path, index=False)
 
 
 def write_dictionary(processed_dir: Path) -> Path:
