@@ -75,25 +75,42 @@ def test_the_study_on_the_userspace_backend_recommends_from_measured_data(tmp_pa
     }
     assert any("perf flags" in n and "skipped" in n for n in notes["luks-nowq"])
     assert any("plan asked 4096" in n for n in notes["luks-4k"])
-    assert "skipped" in per.loc["luks-nowq", "not_applied"]
-    assert "plan asked 4096" in per.loc["luks-4k", "not_applied"]
-    # the one setting this backend applies is ranked from its measured rows
+    # decided from the descriptions' recorded settings, not from the notes' wording
+    assert per.loc["luks-nowq", "not_applied"] == (
+        "perf flag no_read_workqueue not applied: not recorded as applied; "
+        "perf flag no_write_workqueue not applied: not recorded as applied"
+    )
+    assert per.loc["luks-4k", "not_applied"] == "sector_size 512, plan asked 4096"
+    assert set(per.loc[["luks-nowq", "luks-4k"], "recommendation"]) == {"not measured"}
+    # the one setting this backend applies is decided from its measured rows, as one family
     key256 = tuning[tuning["setting"] == "luks-key256"]
-    assert per.loc["luks-key256", "not_applied"] == "" and per.loc["luks-key256", "rank"] == 1
+    assert per.loc["luks-key256", "not_applied"] == ""
     assert set(key256["metric"]) == {"bw_bytes", "clat_p99_ns", "busy_cpu_us_per_io"}
     assert set(key256.loc[key256["metric"] == "busy_cpu_us_per_io", "pattern"]) == {"equalload"}
     assert key256["ceiling_decision"].notna().all()
+    m = int(key256["ci_low"].notna().sum())
+    assert (key256["n_decisions"] == m).all() and m >= 2
     loss = pd.read_parquet(work / "data" / "processed" / RUN / "loss.parquet")
-    row = loss[
+    row = key256[(key256["metric"] == "bw_bytes") & (key256["workload"] == "randread-4k-qd1")]
+    row = row.iloc[0]
+    alone = loss[
         (loss["baseline"] == "luks")
         & (loss["variant"] == "luks-key256")
         & (loss["metric"] == "bw_bytes")
         & (loss["workload"] == "randread-4k-qd1")
     ].iloc[0]
+    # the family's interval holds the row's own 95 % interval
+    assert row["ci_low"] < alone["ci_low"] and alone["ci_high"] < row["ci_high"]
     paper = (work / "paper" / RUN / "index.md").read_text()
     section = paper.split("## Recommended settings for this box")[1].split("\n## ")[0]
-    assert "### 1. `luks-key256`" in section
-    assert f"{row['ci_low']:,.1f}, {row['ci_high']:,.1f}]" in section  # the measured interval
+    recommendation = per.loc["luks-key256", "recommendation"]
+    assert recommendation in ("recommended", "undecided", "no measured benefit", "costs")
+    rank = "1. " if recommendation == "recommended" else ""
+    assert f"### {rank}`luks-key256`: {recommendation}" in section
+    assert f"{row['ci_low']:,.1f}, {row['ci_high']:,.1f}]" in section  # tuning.parquet's interval
+    assert f"These are {m} decisions" in section
+    level = f"{100 * row['row_confidence']:.4g}"
+    assert f"at {level} % (Bonferroni)" in section and "together at 95 %" in section
     assert "--key-size 256" in section
     assert re.search(r"\.\n\n\| metric \| cell \|", section)
     assert "**`luks-nowq` was not measured**" in section and "--perf-no_read_workqueue" in section

@@ -7,10 +7,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pytest
 import yaml
 
-from luksbench.analysis.tuning import TUNING_COLUMNS, settings, tuning_table
+from luksbench.analysis import stats
+from luksbench.analysis.tuning import (
+    TUNING_COLUMNS,
+    family_decisions,
+    settings,
+    tuning_table,
+    unapplied,
+)
 from luksbench.testbox.backends.kernel import usable_perf_flags
 from luksbench.testbox.plan import PERF_FLAGS
 
@@ -34,75 +43,106 @@ def test_high_priority_is_skipped_with_the_reason_where_kernel_or_cryptsetup_lac
 
 
 HOST = "box"
-CELLS = [  # (workload, pattern, direction)
+FULL, AT_RATE = (
     ("randread-4k-qd1", "", "read"),
     ("randwrite-4k-qd32-equalload", "equalload", "write"),
-]
+)
+TPUT, CPU = "bw_bytes", "busy_cpu_us_per_io"
+#: log ratios d = ln(setting / luks) of 5 pairs: throughput higher is better, CPU lower
+GAIN = [0.30, 0.31, 0.29, 0.305, 0.295]  # about 35 % faster: a material gain
+NEAR_GAIN = [0.05, 0.06, 0.07, 0.055, 0.065]  # a moderate gain at 95 %, not once adjusted
+FLAT = [0.001, -0.001, 0.002, 0.0, -0.002]
+COST = [0.60, 0.62, 0.58, 0.61, 0.59]  # CPU per I/O about 80 % higher: a material cost
 
 
-def loss_row(baseline, variant, workload, pattern, direction, metric, low, high, decision):
+def loss_row(baseline, variant, cell, metric, d, level=0.95, kind="t", pilot=None, n=None):
+    """A loss-table row of d as :mod:`luksbench.analysis.stats` computes it."""
+    workload, pattern, direction = cell
+    better = stats.higher_is_better(metric)
+    ci = stats.paired_log_ratio_ci(np.array(d), level, pilot)
+    effect, low, high = stats.effect_from_log_ratio(ci.mean, ci.low, ci.high, better)
+    lower, upper = stats.DEFAULT_DECISION_REGIONS[stats.METRIC_FAMILIES[metric]]
     return {
         "host": HOST,
         "workload": workload,
         "pattern": pattern,
         "direction": direction,
         "metric": metric,
-        # as the loss table has it at a fixed block size: CPU per I/O repeats CPU per GiB's test
-        "derived_from": "busy_cpu_s_per_gib" if metric == "busy_cpu_us_per_io" else "",
+        "higher_is_better": better,
         "baseline": baseline,
         "variant": variant,
-        "effect_pct": (low + high) / 2,
+        "n": n or len(d),
+        "sessions": len(d) if kind == "sessions" else 1,
+        "mean_log_ratio": ci.mean,
+        "sd_log_ratio": ci.sd,
+        "interval": kind,
+        "pilot_pairs": pilot[1] if pilot else np.nan,
+        "pilot_sd_log_ratio": pilot[0] if pilot else np.nan,
+        "confidence": 0.95,
+        "effect_pct": effect,
         "ci_low": low,
         "ci_high": high,
-        "decision": decision,
+        "decision": stats.decision(low, high, lower, upper),
+        "decision_lower_pct": lower,
+        "decision_upper_pct": upper,
+        "fio_bound": False,
+        "cpu_saturated": False,
     }
+
+
+def kernel_luks(flags, in_table, skipped=None, sector=512):
+    """A kernel-backend description of a luks stack: the flags cryptsetup applied, those of them
+    the dm table shows, the flags skipped with the reason."""
+    table = " ".join(
+        ["0 1048576 crypt aes-xts-plain64 :64:logon:cryptsetup:x 0 7:1 32768", *in_table]
+    )
+    layer = {"kind": "luks", "perf_flags_applied": flags, "perf_flags_skipped": skipped or {}}
+    layer |= {"dm_table": table, "over": {"kind": "raw"}}
+    return {"kind": "luks", "perf_flags": flags, "sector_size": sector, "layers": layer}
+
+
+#: setting -> (d of throughput at full speed, d of CPU per I/O at equal load, plan, description)
+SETTINGS = {
+    "fast": (GAIN, FLAT, {"perf_flags": ["no_read_workqueue"]}, ["no_read_workqueue"] * 2),
+    "lucky": (NEAR_GAIN, FLAT, {}, None),
+    "mixed": (GAIN, COST, {}, None),
+    "flat": (FLAT, FLAT, {}, None),
+    # the kernel dropped the flag silently: cryptsetup applied it, the dm table lacks it
+    "dropped": (GAIN, FLAT, {"perf_flags": ["same_cpu_crypt"]}, ["same_cpu_crypt", None]),
+    "skipped": (FLAT, FLAT, {"perf_flags": ["high_priority"]}, [None, None]),
+    "sector": (GAIN, FLAT, {"sector_size": 4096}, None),
+}
+
+
+def description(setting):
+    flags = SETTINGS[setting][3]
+    if setting == "skipped":
+        why = "this cryptsetup has no --perf-high_priority"
+        return kernel_luks([], [], {"high_priority": why})
+    if flags:
+        return kernel_luks(flags[:1], [f for f in flags[1:] if f])
+    return kernel_luks([], [], sector=512)
 
 
 def synthetic_run():
-    """Three settings against `luks`: `fast` gains throughput at full speed, `slow` costs it,
-    `flagged` had its flag skipped; CPU per I/O differs only in the fixed-rate cell."""
+    """The settings of :data:`SETTINGS` against `luks` (and `plain`), adiantum not built; the
+    reference fio-bound in `fast`'s throughput cell."""
     rows = []
-    decisions = {
-        "fast": ((-30.0, -25.0, "material gain"), (-1.0, 1.0, "negligible")),
-        "slow": ((8.0, 12.0, "moderate"), (-20.0, 30.0, "undecided: straddles -10 %, 10 %")),
-        "flagged": ((-1.0, 1.0, "negligible"), (-1.0, 1.0, "negligible")),
-    }
-    for arm, (tput, cpu) in decisions.items():
-        for workload, pattern, direction in CELLS:
-            for metric in ("bw_bytes", "busy_cpu_us_per_io", "clat_p50_ns"):
+    for arm, (tput, cpu, _, _) in SETTINGS.items():
+        for cell in (FULL, AT_RATE):
+            for metric in (TPUT, CPU, "clat_p50_ns"):
                 # throughput at full speed and CPU per I/O at a fixed rate count; the others
                 # (throughput pinned at a rate, CPU at unequal load, p50) must not
-                low, high, dec = -60, -55, "material gain"
-                if (metric, pattern) == ("bw_bytes", ""):
-                    low, high, dec = tput
-                if (metric, pattern) == ("busy_cpu_us_per_io", "equalload"):
-                    low, high, dec = cpu
-                rows.append(
-                    loss_row("luks", arm, workload, pattern, direction, metric, low, high, dec)
-                )
-                rows.append(
-                    loss_row("plain", arm, workload, pattern, direction, metric, 40, 50, "material")
-                )
-    loss = pd.DataFrame(rows)
+                d = {(TPUT, FULL): tput, (CPU, AT_RATE): cpu}.get((metric, cell), COST)
+                rows.append(loss_row("luks", arm, cell, metric, d))
+                worse = [x * (-1 if metric == TPUT else 1) for x in (0.5, 0.45, 0.55, 0.5)]
+                rows.append(loss_row("plain", arm, cell, metric, worse))
+                rows[-2]["fio_bound"] = (arm, metric, cell) == ("fast", TPUT, FULL)
     stacks = pd.DataFrame(
         [
-            {
-                "host": HOST,
-                "stack": s,
-                "available": True,
-                "reason": None,
-                "description_json": json.dumps({"notes": n}),
-            }
-            for s, n in [
-                ("fast", []),
-                ("slow", []),
-                (
-                    "flagged",
-                    [
-                        "perf flag high_priority skipped: this cryptsetup has no --perf-high_priority"
-                    ],
-                ),
-            ]
+            {"host": HOST, "stack": s, "available": True, "reason": None}
+            | {"description_json": json.dumps(description(s))}
+            for s in SETTINGS
         ]
         + [
             {
@@ -114,46 +154,129 @@ def synthetic_run():
             }
         ]
     )
+    plan_stacks = {"luks": {}, **{s: v[2] for s, v in SETTINGS.items()}}
+    plan_stacks["adiantum"] = {"cipher": "xchacha12,aes-adiantum-plain64"}
     plan = {"patterns": {"equalload": {"rate_pct": 80}, "seq": {"rate_pct": None}}}
-    env = pd.DataFrame([{"host": HOST, "env_json": json.dumps({"plan": plan})}])
+    env = pd.DataFrame(
+        [{"host": HOST, "env_json": json.dumps({"plan": plan | {"stacks": plan_stacks}})}]
+    )
     comparisons = [{"baseline": "plain", "variant": "luks"}]
-    comparisons += [
-        {"baseline": "luks", "variant": s} for s in ("fast", "slow", "flagged", "adiantum")
-    ]
-    return loss, stacks, env, comparisons
+    comparisons += [{"baseline": "luks", "variant": s} for s in [*SETTINGS, "adiantum"]]
+    return pd.DataFrame(rows), stacks, env, comparisons
+
+
+def tuning_of_synthetic_run():
+    loss, stacks, env, comparisons = synthetic_run()
+    return tuning_table(loss, stacks, env, "luks", "plain", comparisons)
 
 
 def test_settings_are_the_stacks_compared_with_the_reference():
     *_, comparisons = synthetic_run()
-    assert settings("luks", comparisons) == ["fast", "slow", "flagged", "adiantum"]
+    assert settings("luks", comparisons) == [*SETTINGS, "adiantum"]
     assert settings("plain", comparisons) == ["luks"]
 
 
-def test_the_settings_are_ranked_by_their_decisions_and_the_skipped_ones_are_not():
-    table = tuning_table(*synthetic_run()[:3], "luks", "plain", synthetic_run()[3])
+def test_a_setting_is_measured_only_where_the_stacks_description_shows_it_applied():
+    per = tuning_of_synthetic_run().groupby("setting").first()
+    not_measured = per[per["recommendation"] == "not measured"]
+    assert set(not_measured.index) == {"dropped", "skipped", "sector", "adiantum"}
+    assert not_measured["rank"].isna().all()
+    why = per["not_applied"]
+    # cryptsetup took the flag, the kernel's dm table does not show it (the backend's note is
+    # free text; the decision rests on the recorded flags and table)
+    assert why["dropped"] == "perf flag same_cpu_crypt not applied: not in the dm table"
+    assert why["skipped"] == (
+        "perf flag high_priority not applied: this cryptsetup has no --perf-high_priority"
+    )
+    assert why["sector"] == "sector_size 512, plan asked 4096"
+    assert why["adiantum"] == "not built: no adiantum"
+    assert why["fast"] == "" and why["flat"] == ""
+    # a description without dm-crypt (the userspace backend) applies no flag
+    no_dm = {"kind": "luks", "sector_size": 512, "notes": ["perf flags [...] skipped: ..."]}
+    assert unapplied({"perf_flags": ["no_read_workqueue"]}, no_dm) == [
+        "perf flag no_read_workqueue not applied: not recorded as applied"
+    ]
+
+
+def test_each_metric_is_read_from_the_cells_that_answer_it():
+    table = tuning_of_synthetic_run()
     assert list(table.columns) == TUNING_COLUMNS
-    per = table.groupby("setting").first()
-    # each metric from the cells that answer it: throughput and p99 at full speed, CPU per I/O
-    # at equal load; p50 and the derived rows are not read
     measured = table[table["metric"].notna()]
     assert set(zip(measured["metric"], measured["workload"], strict=True)) == {
-        ("bw_bytes", "randread-4k-qd1"),
-        ("busy_cpu_us_per_io", "randwrite-4k-qd32-equalload"),
+        (TPUT, "randread-4k-qd1"),
+        (CPU, "randwrite-4k-qd32-equalload"),
     }
-    assert per.loc["fast", "rank"] == 1 and per.loc["fast", "score"] == 2
-    assert per.loc["slow", "rank"] == 2 and per.loc["slow", "score"] == -1
-    assert (per.loc["slow", "n_costs"], per.loc["slow", "n_undecided"]) == (1, 1)
-    assert per.loc["fast", "n_gains"] == 1
-    # a skipped flag measures the reference again: listed with the reason, never ranked
-    assert pd.isna(per.loc["flagged", "rank"])
-    assert "no --perf-high_priority" in per.loc["flagged", "not_applied"]
-    assert pd.isna(per.loc["adiantum", "rank"]) and per.loc["adiantum", "not_applied"] == (
-        "not built: no adiantum"
-    )
-    # against the ceiling beside the reference
     fast = measured[measured["setting"] == "fast"]
-    assert (fast["ceiling_decision"] == "material").all() and (fast["ceiling_ci_low"] == 40).all()
-    assert list(table["setting"].drop_duplicates()) == ["fast", "slow", "adiantum", "flagged"]
+    assert (fast["ceiling_decision"] == "material").all()
+    # against the ceiling: the loss table's own row, not adjusted (it decides nothing here)
+    loss = synthetic_run()[0]
+    vs_plain = loss[(loss["baseline"] == "plain") & (loss["variant"] == "fast")]
+    vs_plain = vs_plain.merge(fast[["metric", "workload", "ceiling_ci_low"]])
+    assert len(vs_plain) == 2 and (vs_plain["ci_low"] == vs_plain["ceiling_ci_low"]).all()
+
+
+def test_the_rows_are_decided_on_intervals_at_the_bonferroni_level_of_their_family():
+    loss = synthetic_run()[0]
+    table = tuning_of_synthetic_run()
+    decided = table[table["not_applied"] == ""]
+    m = 8  # fast, lucky, mixed, flat x (throughput, CPU per I/O)
+    assert (decided["n_decisions"] == m).all() and (decided["family_confidence"] == 0.95).all()
+    assert np.allclose(decided["row_confidence"], 1 - 0.05 / m)
+    lucky = decided[(decided["setting"] == "lucky") & (decided["metric"] == TPUT)].iloc[0]
+    ci = stats.paired_log_ratio_ci(np.array(NEAR_GAIN), 1 - 0.05 / m)
+    _, low, high = stats.effect_from_log_ratio(ci.mean, ci.low, ci.high, True)
+    assert (lucky["ci_low"], lucky["ci_high"]) == pytest.approx((low, high))
+    # alone at 95 % the row is a gain; one of 8 decisions, it is not
+    alone = loss[(loss["variant"] == "lucky") & (loss["metric"] == TPUT) & (loss["pattern"] == "")]
+    assert alone["decision"].iloc[0] == "moderate gain"
+    assert lucky["decision"] == "undecided: straddles -5 %"
+
+
+def test_every_kind_of_interval_is_widened_from_its_own_level_and_degrees_of_freedom():
+    d = np.array([0.10, 0.14, 0.08, 0.12, 0.11, 0.15])
+    kinds = [  # (kind, level of the row's own interval, pilot, pairs)
+        ("t", 0.95, None, None),
+        ("sequential", 0.99, None, None),  # its look level: already split over the looks
+        ("stein", 0.95, (0.03, 4), None),  # the pilot's SD, n0 - 1 degrees of freedom
+        ("sessions", 0.95, None, 18),  # d = 6 session means of 18 pairs
+    ]
+    rows = pd.DataFrame(
+        [loss_row("luks", k, FULL, TPUT, d, lvl, k, pilot, n) for k, lvl, pilot, n in kinds]
+    )
+    out = family_decisions(rows)
+    for (kind, level, pilot, _), row in zip(kinds, out.itertuples(), strict=True):
+        ci = stats.paired_log_ratio_ci(d, 1 - (1 - level) / 4, pilot)
+        want = stats.effect_from_log_ratio(ci.mean, ci.low, ci.high, True)
+        assert (row.effect_pct, row.ci_low, row.ci_high) == pytest.approx(want), kind
+
+
+def test_only_a_setting_with_a_gain_and_no_cost_is_recommended():
+    per = tuning_of_synthetic_run().groupby("setting").first()
+    recommendation = per["recommendation"].to_dict()
+    assert {s: recommendation[s] for s in ("fast", "lucky", "mixed", "flat")} == {
+        "fast": "recommended",
+        "lucky": "undecided",
+        "mixed": "costs",  # a material gain does not cancel a material cost
+        "flat": "no measured benefit",
+    }
+    assert per.loc["fast", "rank"] == 1 and per.drop("fast")["rank"].isna().all()
+    assert (per.loc["mixed", "n_gains"], per.loc["mixed", "n_costs"]) == (1, 1)
+    assert per.loc["lucky", "n_undecided"] == 1
+    order = list(tuning_of_synthetic_run()["setting"].drop_duplicates())
+    assert order[:4] == ["fast", "lucky", "flat", "mixed"]
+
+
+def test_the_reference_arms_limits_reach_the_table_and_the_paper():
+    from luksbench.publish.recommend import recommendations
+
+    table = tuning_of_synthetic_run()
+    limited = table[table["fio_bound"]]
+    assert set(zip(limited["setting"], limited["metric"], strict=True)) == {("fast", TPUT)}
+    assert not table["cpu_saturated"].any()
+    rec = recommendations(table, synthetic_run()[2], [])
+    fast = next(s for s in rec["measured"] if s["setting"] == "fast")
+    assert [r["limited"] for r in fast["rows"]] == ["fio-bound", ""]
+    assert rec["any_limited"]
 
 
 def test_a_run_without_tuning_arms_has_an_empty_table():
@@ -196,19 +319,11 @@ def test_how_to_apply_names_the_commands_of_what_the_setting_changes():
     assert how_to_apply(default, default) == []
 
 
-def test_the_recommendation_lists_ranked_settings_and_states_the_skipped_ones():
+def test_the_recommendation_lists_the_measured_settings_and_states_the_others():
     from luksbench.publish.recommend import recommendations
 
-    loss, stacks, env, comparisons = synthetic_run()
-    table = tuning_table(loss, stacks, env, "luks", "plain", comparisons)
-    plan = {
-        "stacks": {
-            "luks": {},
-            "fast": {"sector_size": 4096},
-            "flagged": {"perf_flags": ["high_priority"]},
-        }
-    }
-    env = pd.DataFrame([{"host": HOST, "env_json": json.dumps({"plan": plan})}])
+    table = tuning_of_synthetic_run()
+    env = synthetic_run()[2]
     hosts = [
         {
             "host": HOST,
@@ -218,15 +333,28 @@ def test_the_recommendation_lists_ranked_settings_and_states_the_skipped_ones():
         }
     ]
     rec = recommendations(table, env, hosts)
-    assert [(s["rank"], s["setting"]) for s in rec["ranked"]] == [(1, "fast"), (2, "slow")]
-    fast = rec["ranked"][0]
-    assert "--sector-size 4096" in fast["apply"][0]
-    assert {r["effect"] for r in fast["rows"]} >= {"-27.5 % [-30.0, -25.0]"}
+    assert [(s["rank"], s["setting"], s["recommendation"]) for s in rec["measured"]] == [
+        (1, "fast", "recommended"),
+        (None, "lucky", "undecided"),
+        (None, "flat", "no measured benefit"),
+        (None, "mixed", "costs"),
+    ]
+    assert rec["n_recommended"] == 1
+    assert rec["family"] == {
+        "n_decisions": 8,
+        "row_confidence": "99.38",
+        "family_confidence": "95",
+    }
+    fast, row = rec["measured"][0], table.iloc[0]
+    assert "--perf-no_read_workqueue" in fast["apply"][0]
+    assert fast["rows"][0]["effect"] == (
+        f"{row['effect_pct']:.1f} % [{row['ci_low']:.1f}, {row['ci_high']:.1f}]"
+    )
     assert {r["ceiling_decision"] for r in fast["rows"]} == {"material"}
     skipped = {s["setting"]: s for s in rec["not_measured"]}
-    assert set(skipped) == {"flagged", "adiantum"}
-    assert "no --perf-high_priority" in skipped["flagged"]["reason"]
-    assert "--perf-high_priority" in skipped["flagged"]["apply"][0]
+    assert set(skipped) == {"dropped", "skipped", "sector", "adiantum"}
+    assert "no --perf-high_priority" in skipped["skipped"]["reason"]
+    assert "--perf-high_priority" in skipped["skipped"]["apply"][0]
     assert rec["versions"] == hosts
     assert recommendations(table.iloc[0:0], env, hosts) == {"present": False}
 

@@ -114,9 +114,12 @@ baseline_busy_pct | % | the baseline's largest system-wide busy CPU
 fio_bound | | a job used > 90 % of a core: fio, not the device, may be the limit
 cpu_saturated | | the whole machine was >= 90 % busy during the run
 setting, reference, ceiling | | tuning arm; the reference arm; the unencrypted ceiling
-rank, score | | rank of the setting; its score (material gain +2 ... material cost -2)
-n_gains, n_costs, n_undecided | | rows of the setting decided as gains, costs, undecided
+recommendation | | recommended (a gain, no cost), costs, undecided, no measured benefit, not measured
+rank | | order of the recommended settings (more gains first)
+n_gains, n_costs, n_undecided | | rows of the setting decided as gains, costs, undecided (or without an interval)
 not_applied | | why the box did not apply the setting (empty: applied)
+n_decisions | | decisions against the reference in the family the intervals are adjusted for
+row_confidence, family_confidence | | level of each row's Bonferroni interval; of all of them together
 metric_label | | what the paper calls the metric
 ceiling_effect_pct, ceiling_ci_low, ceiling_ci_high | % | effect and interval against the ceiling
 ceiling_decision | | decision by magnitude against the ceiling

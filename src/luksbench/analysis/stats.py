@@ -468,6 +468,17 @@ def decision(low: float, high: float, lower: float, upper: float) -> str:
     return "undecided: straddles " + ", ".join(f"{x:g} %" for x in inside)
 
 
+def bonferroni(half, scale, df, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(half-width, level) of t-intervals ``mean +- half`` (``half`` = t quantile x ``scale``,
+    ``df`` degrees of freedom) at the Bonferroni level of a family of ``m``: each interval's own
+    error split by m, so that all m hold together with the confidence each had alone."""
+    half, scale = np.asarray(half, float), np.asarray(scale, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha = 2 * sps.t.sf(half / scale, df) / max(m, 1)
+        wide = np.where(scale > 0, sps.t.isf(alpha / 2, df) * scale, half)
+    return wide, 1 - alpha
+
+
 def table_verdicts(
     n: np.ndarray, q: np.ndarray, equivalent: np.ndarray, confidence: float
 ) -> np.ndarray:

@@ -1,24 +1,32 @@
-"""Which dm-crypt settings pay off on this box: the tuning arms of a run, ranked (``tuning.parquet``).
+"""Which dm-crypt settings pay off on this box: the tuning arms of a run (``tuning.parquet``).
 
 A run has tuning arms when ``analysis.comparisons`` compares stacks with the headline variant
 (``analysis.variant``, the reference: the LUKS2 default in config/studies/tune-dmcrypt.yaml);
-each such stack is a setting. Per setting, metric and cell the table keeps the loss table's
-effect, interval and decision by magnitude against the reference and, beside it, against the
-ceiling (the top-level ``baseline``, the device without dm-crypt). Metrics: throughput and p99
-latency in the cells at full speed, CPU per I/O at equal load in the cells of fixed-rate patterns
-(``rate_pct``, read from the plan in env.json). The rank orders the settings by their decisions
-against the reference (material gain +2, moderate gain +1, moderate cost -1, material cost -2,
-summed over the rows); a setting the box did not apply (a perf flag, a sector size skipped with
-its reason) or could not build is listed with ``not_applied`` and never ranked.
+each such stack is a setting. Per setting, metric and cell the table keeps the effect against the
+reference and, beside it, the loss table's row against the ceiling (the top-level ``baseline``,
+the device without dm-crypt). Metrics: throughput and p99 latency in the cells at full speed, CPU
+per I/O at equal load in the cells of fixed-rate patterns (``rate_pct``, read from the plan in
+env.json), with the reference arm's ``fio_bound`` / ``cpu_saturated`` flags (a limited reference
+understates a gain).
+
+The rows against the reference are one family of ``n_decisions`` decisions: each interval is
+widened to the Bonferroni level (``row_confidence``) so that all of them hold together at the
+run's confidence (``family_confidence``), and decided by magnitude on that interval. A setting
+is ``recommended`` with at least one gain and no cost, else ``costs``, ``undecided`` or ``no
+measured benefit``; ``rank`` orders the recommended ones by their gains. A setting the box did
+not apply (the plan's perf flags, sector size, cipher or key size against what the stack's
+description records: the flags cryptsetup applied that are also in the dm table) or could not
+build is ``not measured``, with the reason in ``not_applied``.
 """
 
 from __future__ import annotations
 
-import json
-
+import numpy as np
 import pandas as pd
 
+from luksbench.analysis import stats
 from luksbench.analysis.contrasts import parse
+from luksbench.formats.envdoc import parse_env_json
 
 #: metric -> what the paper calls it, in the order it lists them
 TUNING_METRICS = {
@@ -26,13 +34,15 @@ TUNING_METRICS = {
     "clat_p99_ns": "p99 latency",
     "busy_cpu_us_per_io": "CPU per I/O at equal load",
 }
-SCORES = {"material gain": 2, "moderate gain": 1, "moderate": -1, "material": -2}
+#: a setting's recommendation, in the order the paper lists them
+RECOMMENDATIONS = ("recommended", "undecided", "no measured benefit", "costs", "not measured")
 _KEYS = ["host", "workload", "direction", "metric"]
 _SHOWN = ["effect_pct", "ci_low", "ci_high", "decision"]
-TUNING_COLUMNS = ["host", "setting", "reference", "ceiling", "rank", "score", "n_gains"]
+TUNING_COLUMNS = ["host", "setting", "reference", "ceiling", "recommendation", "rank", "n_gains"]
 TUNING_COLUMNS += ["n_costs", "n_undecided", "not_applied", "metric", "metric_label", "workload"]
 TUNING_COLUMNS += ["direction", "pattern", "effect_pct", "ci_low", "ci_high", "decision"]
-TUNING_COLUMNS += [f"ceiling_{c}" for c in _SHOWN]
+TUNING_COLUMNS += ["n_decisions", "row_confidence", "family_confidence"]
+TUNING_COLUMNS += ["fio_bound", "cpu_saturated", *(f"ceiling_{c}" for c in _SHOWN)]
 
 
 def settings(reference: str, comparisons) -> list[str]:
@@ -40,34 +50,103 @@ def settings(reference: str, comparisons) -> list[str]:
     return [c["variant"] for c in parse(comparisons) if c["baseline"] == reference]
 
 
-def not_applied(stacks: pd.DataFrame) -> dict[tuple[str, str], str]:
-    """(host, stack) -> why the arm does not measure its setting: not built, or a setting the
-    backend skipped (its notes: "perf flag ... skipped: ...", "... plan asked 4096")."""
+def plans(env: pd.DataFrame) -> dict[str, dict]:
+    """host -> the plan its env.json records ({} without one)."""
+    return {r.host: parse_env_json(r.env_json).get("plan") or {} for r in env.itertuples()}
+
+
+def unapplied(asked: dict, desc: dict) -> list[str]:
+    """What of the luks settings the plan ``asked`` for a stack its description ``desc`` does not
+    show applied: a perf flag not applied by cryptsetup or missing from the dm table, a sector
+    size, cipher or key size other than asked."""
+    luks = desc.get("layers") or {}
+    while isinstance(luks, dict) and luks.get("kind") not in (None, "luks"):
+        luks = luks.get("over")
+    luks = luks if isinstance(luks, dict) else {}
+    table, skipped = (luks.get("dm_table") or "").split(), luks.get("perf_flags_skipped") or {}
+    out = []
+    for flag in asked.get("perf_flags") or []:
+        if flag not in (desc.get("perf_flags") or []) or (table and flag not in table):
+            why = skipped.get(flag) or (
+                "not in the dm table" if table else "not recorded as applied"
+            )
+            out.append(f"perf flag {flag} not applied: {why}")
+    keys = [k for k in ("sector_size", "cipher", "key_bits") if k in asked]
+    return out + [
+        f"{k} {desc.get(k)}, plan asked {asked[k]}" for k in keys if desc.get(k) != asked[k]
+    ]
+
+
+def not_applied(stacks: pd.DataFrame, plans: dict[str, dict]) -> dict[tuple[str, str], str]:
+    """(host, stack) -> why the arm does not measure its setting: not built, or :func:`unapplied`."""
     out = {}
     for row in stacks.itertuples():
-        notes = json.loads(row.description_json).get("notes") or []
-        why = [n for n in notes if "skipped" in n or "plan asked" in n]
+        asked = (plans.get(row.host, {}).get("stacks") or {}).get(row.stack) or {}
+        why = unapplied(asked, parse_env_json(row.description_json))
         why = [f"not built: {row.reason}"] if not row.available else why
         if why:
             out[(row.host, row.stack)] = "; ".join(why)
     return out
 
 
-def fixed_rate_patterns(env: pd.DataFrame) -> dict[str, set[str]]:
-    """host -> the patterns its plan runs at a fixed rate (CPU per I/O at equal load)."""
-    out = {}
-    for row in env.itertuples():
-        patterns = (json.loads(row.env_json).get("plan") or {}).get("patterns") or {}
-        out[row.host] = {n for n, p in patterns.items() if (p or {}).get("rate_pct")}
-    return out
-
-
-def _rows(loss: pd.DataFrame, fixed: dict[str, set[str]]) -> pd.DataFrame:
-    """The loss rows the ranking reads: each metric in the cells where it answers the question."""
+def _rows(loss: pd.DataFrame, plans: dict[str, dict]) -> pd.DataFrame:
+    """The loss rows the table reads: each metric in the cells where it answers the question."""
+    fixed = {
+        h: {n for n, p in (p.get("patterns") or {}).items() if (p or {}).get("rate_pct")}
+        for h, p in plans.items()
+    }
     rows = loss[loss["metric"].isin(TUNING_METRICS)]
     at_rate = [p in fixed.get(h, set()) for h, p in zip(rows["host"], rows["pattern"], strict=True)]
     per_io = rows["metric"].eq("busy_cpu_us_per_io").to_numpy()
     return rows[per_io == pd.Series(at_rate, dtype=bool).to_numpy()]
+
+
+def family_decisions(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` of the loss table with their intervals at the Bonferroni level of their family
+    (the rows with an interval) and decided on them; the point estimates stay."""
+    stein, two_level = rows["interval"].eq("stein"), rows["interval"].eq("sessions")
+    n_eff = rows["sessions"].where(two_level, rows["n"]).astype(float)
+    sd = rows["pilot_sd_log_ratio"].where(stein, rows["sd_log_ratio"]).astype(float)
+    df = rows["pilot_pairs"].where(stein, n_eff).astype(float) - 1  # Stein: the pilot's n0 - 1
+    # effect % = sign * (ratio - 1) * 100: a loss for throughput, an increase otherwise
+    sign = np.where(rows["higher_is_better"].astype(bool), -1.0, 1.0)
+    bounds = np.log1p(sign[:, None] * rows[["ci_low", "ci_high"]].to_numpy(float) / 100)
+    decided = np.isfinite(bounds).all(axis=1)
+    half, level = stats.bonferroni(
+        np.abs(bounds[:, 1] - bounds[:, 0]) / 2, sd / np.sqrt(n_eff), df, int(decided.sum())
+    )
+    mean = rows["mean_log_ratio"].to_numpy(float)
+    ends = sign[:, None] * np.expm1(np.stack([mean - half, mean + half], axis=1)) * 100
+    out = rows.assign(ci_low=ends.min(axis=1), ci_high=ends.max(axis=1), row_confidence=level)
+    margins = out[["ci_low", "ci_high", "decision_lower_pct", "decision_upper_pct"]]
+    out["decision"] = [stats.decision(*r) for r in margins.to_numpy(float).tolist()]
+    return out.assign(n_decisions=int(decided.sum()), family_confidence=rows["confidence"])
+
+
+def _recommend(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (host, setting): its counts of gains, costs and undecided rows, its recommendation,
+    and the rank of the recommended ones (more gains first)."""
+    d = table["decision"].fillna("")
+    table = table.assign(
+        n_gains=d.str.endswith("gain"),
+        n_costs=d.isin(["moderate", "material"]),
+        n_undecided=d.str.startswith("undecided") | d.eq("insufficient"),
+    )
+    counts = ["n_gains", "n_costs", "n_undecided"]
+    table[counts] = table.groupby(["host", "setting"])[counts].transform("sum").astype(int)
+    rec = np.select(
+        [
+            table["not_applied"].ne(""),
+            table["n_costs"] > 0,
+            table["n_gains"] > 0,
+            table["n_undecided"] > 0,
+        ],
+        ["not measured", "costs", "recommended", "undecided"],
+        "no measured benefit",
+    )
+    gains = table["n_gains"].where(rec == "recommended")
+    rank = gains.groupby(table["host"]).rank(method="dense", ascending=False)
+    return table.assign(recommendation=rec, rank=rank.astype("Int64"))
 
 
 def tuning_table(loss, stacks, env, reference: str, ceiling: str, comparisons) -> pd.DataFrame:
@@ -75,41 +154,36 @@ def tuning_table(loss, stacks, env, reference: str, ceiling: str, comparisons) -
     wanted = settings(reference, comparisons)
     if not wanted or loss.empty:
         return pd.DataFrame(columns=TUNING_COLUMNS)
-    rows = _rows(loss, fixed_rate_patterns(env))
-    against = rows[rows["baseline"] == reference]
+    run_plans = plans(env)
+    skipped = not_applied(stacks, run_plans)
+    rows = _rows(loss, run_plans)
     vs_ceiling = rows[rows["baseline"] == ceiling][[*_KEYS, "variant", *_SHOWN]]
     vs_ceiling = vs_ceiling.rename(columns={c: f"ceiling_{c}" for c in _SHOWN})
     vs_ceiling = vs_ceiling.rename(columns={"variant": "setting"})
-    table = against[against["variant"].isin(wanted)].rename(columns={"variant": "setting"})
+    table = rows[(rows["baseline"] == reference) & rows["variant"].isin(wanted)]
+    table = table.rename(columns={"variant": "setting"})
+    applied = [(h, s) not in skipped for h, s in zip(table["host"], table["setting"], strict=True)]
+    table = pd.concat([family_decisions(table[applied]), table[~np.array(applied, bool)]])
     table = table.merge(vs_ceiling, on=[*_KEYS, "setting"], how="left")
-    skipped = not_applied(stacks)
-    hosts = sorted(set(loss["host"]))
     missing = [
         {"host": h, "setting": s}
-        for h in hosts
+        for h in sorted(set(loss["host"]))
         for s in wanted
         if not ((table["host"] == h) & (table["setting"] == s)).any()
     ]
-    table = pd.concat([table, pd.DataFrame(missing, columns=["host", "setting"])])
+    table = pd.concat(
+        [table, pd.DataFrame(missing, columns=["host", "setting"])], ignore_index=True
+    )
     table["not_applied"] = [
         skipped.get((h, s), "no results" if pd.isna(m) else "")
         for h, s, m in zip(table["host"], table["setting"], table["metric"], strict=True)
     ]
-    table["score"] = table["decision"].map(SCORES).fillna(0).astype(int)
-    decided = table.groupby(["host", "setting"])["decision"]
-    table["n_gains"] = decided.transform(lambda d: d.str.endswith("gain").sum())
-    table["n_costs"] = decided.transform(lambda d: d.isin(["moderate", "material"]).sum())
-    table["n_undecided"] = decided.transform(lambda d: d.str.startswith("undecided").sum())
-    table["score"] = table.groupby(["host", "setting"])["score"].transform("sum")
-    ranked = table["not_applied"].eq("")
-    score = table["score"].where(ranked)
-    table["rank"] = (
-        score.groupby(table["host"]).rank(method="dense", ascending=False).astype("Int64")
-    )
-    table = table.assign(reference=reference, ceiling=ceiling)
+    flags = ["fio_bound", "cpu_saturated"]
+    table[flags] = table[flags].astype("boolean").fillna(False).astype(bool)
+    table = _recommend(table).assign(reference=reference, ceiling=ceiling)
     table["metric_label"] = table["metric"].map(TUNING_METRICS)
     order = table["metric"].map({m: i for i, m in enumerate(TUNING_METRICS)})
-    table = table.assign(_order=order).sort_values(
-        ["host", "rank", "setting", "_order", "workload"]
-    )
+    listed = table["recommendation"].map({r: i for i, r in enumerate(RECOMMENDATIONS)})
+    table = table.assign(_order=order, _listed=listed)
+    table = table.sort_values(["host", "rank", "_listed", "setting", "_order", "workload"])
     return table.reindex(columns=TUNING_COLUMNS).reset_index(drop=True)

@@ -1,12 +1,12 @@
-"""The paper's "Recommended settings for this box", from ``tuning.parquet`` (ranked on the analysis
-side, :mod:`luksbench.analysis.tuning`) and each setting's config in the plan (env.json): what it
-changes against the reference, how an operator applies it, the versions measured."""
+"""The paper's "Recommended settings for this box", from ``tuning.parquet`` (decided on the
+analysis side, :mod:`luksbench.analysis.tuning`) and each setting's config in the plan (env.json):
+what it changes against the reference, how an operator applies it, the versions measured."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from luksbench.formats.envdoc import parse_env_json
+from luksbench.analysis.tuning import plans as run_plans
 from luksbench.publish.text import effect_ci, fmt_text
 
 # systemd crypttab(5) names of the perf flags (high_priority has none: --persistent covers it)
@@ -41,16 +41,29 @@ def how_to_apply(cfg: dict, reference: dict) -> list[str]:
     return out
 
 
-def _plans(env: pd.DataFrame) -> dict[str, dict]:
-    return {str(r.host): parse_env_json(r.env_json).get("plan") or {} for r in env.itertuples()}
+def _family(tuning: pd.DataFrame) -> dict:
+    """How many decisions the recommendation rests on and the levels of their intervals."""
+    decided = tuning.dropna(subset=["row_confidence"])
+    if decided.empty:
+        return {"n_decisions": 0}
+    first = decided.iloc[0]
+    level = {k: f"{100 * first[k]:.4g}" for k in ("row_confidence", "family_confidence")}
+    return {"n_decisions": int(first["n_decisions"]), **level}
+
+
+def _limited(row) -> str:
+    """What limited the reference arm in a row's cell ("" when nothing did)."""
+    flags = {"fio_bound": "fio-bound", "cpu_saturated": "CPU saturated"}
+    return ", ".join(text for flag, text in flags.items() if getattr(row, flag))
 
 
 def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) -> dict:
-    """The section's context: ranked settings with their rows, the settings not measured, the
-    versions measured; ``present`` False when the run has no tuning arms."""
+    """The section's context: the measured settings (recommended ones first) with their rows, the
+    settings not measured, the family of decisions, the versions measured; ``present`` False when
+    the run has no tuning arms."""
     if tuning.empty:
         return {"present": False}
-    plans, ranked, not_measured = _plans(env), [], []
+    plans, measured, not_measured = run_plans(env), [], []
     for (host, setting), rows in tuning.groupby(["host", "setting"], sort=False):
         stacks = plans.get(host, {}).get("stacks") or {}
         reference = stacks.get(rows["reference"].iloc[0]) or {}
@@ -60,11 +73,14 @@ def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) 
             not_measured.append({**entry, "reason": rows["not_applied"].iloc[0]})
             continue
         first = rows.iloc[0]
-        entry |= {k: int(first[k]) for k in ("rank", "score", "n_gains", "n_costs", "n_undecided")}
+        entry |= {k: int(first[k]) for k in ("n_gains", "n_costs", "n_undecided")}
+        rank = None if pd.isna(first["rank"]) else int(first["rank"])
+        entry |= {"recommendation": first["recommendation"], "rank": rank}
         entry["rows"] = [
             {
                 "metric": r.metric_label,
                 "cell": f"{r.workload} ({r.direction})",
+                "limited": _limited(r),
                 "effect": effect_ci(r._asdict()),
                 "decision": r.decision,
                 "ceiling": effect_ci(
@@ -74,7 +90,7 @@ def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) 
             }
             for r in rows.itertuples()
         ]
-        ranked.append(entry)
+        measured.append(entry)
     first = tuning.iloc[0]
     return {
         "present": True,
@@ -82,7 +98,10 @@ def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) 
         "ceiling": first["ceiling"],
         "multi_host": tuning["host"].nunique() > 1,
         "no_equal_load": not tuning["metric"].eq("busy_cpu_us_per_io").any(),
-        "ranked": ranked,
+        "measured": measured,
+        "n_recommended": sum(s["recommendation"] == "recommended" for s in measured),
+        "any_limited": any(r["limited"] for s in measured for r in s["rows"]),
+        "family": _family(tuning[tuning["not_applied"].eq("")]),
         "not_measured": not_measured,
         "versions": [
             {k: h[k] for k in ("host", "kernel", "cryptsetup_version", "backend_short")}
