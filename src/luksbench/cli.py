@@ -190,14 +190,7 @@ def _add_loss_commands(commands) -> None:
         help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, busy_cpu_s_per_gib, "
         "sys_cpu_s_per_gib ... (repeatable; default: those seven)",
     )
-    loss.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
-    loss.add_argument(
-        "--equivalence-margin",
-        type=float,
-        default=2.0,
-        metavar="PCT",
-        help="equivalence margin in percentage points (default 2)",
-    )
+    _add_test_arguments(loss)
     loss.add_argument(
         "--exclude-outliers",
         action="store_true",
@@ -244,6 +237,18 @@ def _add_loss_commands(commands) -> None:
     targets.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
     targets.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
     targets.set_defaults(func=_cmd_targets)
+
+
+def _add_test_arguments(parser: argparse.ArgumentParser) -> None:
+    """--confidence and --equivalence-margin: the level of the intervals and of the TOST check."""
+    parser.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
+    parser.add_argument(
+        "--equivalence-margin",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="equivalence margin in percentage points (default 2)",
+    )
 
 
 def _add_run_host_arguments(parser: argparse.ArgumentParser, host_help: str) -> None:
@@ -355,14 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="bw_bytes, iops, clat_p99_ns, busy_cpu_s_per_gib (default) or any loss-table metric",
     )
-    comp.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
-    comp.add_argument(
-        "--equivalence-margin",
-        type=float,
-        default=2.0,
-        metavar="PCT",
-        help="equivalence margin in percentage points (default 2)",
-    )
+    _add_test_arguments(comp)
     comp.add_argument(
         "--unpaired",
         action="store_true",
