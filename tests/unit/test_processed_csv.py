@@ -63,21 +63,27 @@ def test_a_new_column_shows_as_undocumented(tmp_path):
     assert "| `new_thing` | | undocumented |" in readme and "`host`" in readme
 
 
-def test_a_table_is_written_as_pandas_writes_its_csv(tmp_path):
-    # floats are formatted as Python objects (faster): the text must stay pandas' own
+def test_the_csv_holds_the_values_of_the_parquet_table(tmp_path):
+    # read back with pandas: the same columns and values; times readable, with their UTC offset
     n = 25
     df = pd.DataFrame(
         {
             "x": [0.1 * i if i % 7 else float("nan") for i in range(n)],
             "big": [10.0**i for i in range(n)],
-            "text": pd.array([f"r,{i}" if i % 5 else None for i in range(n)], dtype="string"),
+            "text": pd.array([f'r,"{i}"' if i % 5 else None for i in range(n)], dtype="string"),
             "flag": pd.array([[True, False, None][i % 3] for i in range(n)], dtype="boolean"),
             "n": range(n),
+            "started": pd.date_range("2026-11-21 08:51:07.4", periods=n, freq="90s", tz="UTC"),
         }
     )
     df = df[df["n"] % 4 != 1]  # rows of a filtered table: its index has gaps
     dictionary.write_tables(tmp_path, {"fio": df})
-    assert (tmp_path / "fio.csv").read_text() == df.to_csv(index=False)
     written = pd.read_parquet(tmp_path / "fio.parquet")
     pd.testing.assert_frame_equal(written, df.reset_index(drop=True))
+    csv = pd.read_csv(tmp_path / "fio.csv")
+    assert list(csv.columns) == list(df.columns)
+    assert csv["started"].str.fullmatch(r"2026-11-21[ T][\d:.]+(Z|\+00:00)").all()
+    csv["started"] = pd.to_datetime(csv["started"], utc=True)
+    csv["flag"] = csv["flag"].astype("boolean")
+    pd.testing.assert_frame_equal(csv, written, check_dtype=False, rtol=1e-15)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "fio.csv", "fio.parquet"]

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow import csv
 
 TABLES = {
     "fio": "one row per fio job and direction of every repetition (tidy)",
@@ -144,16 +146,13 @@ def write_tables(processed_dir: Path, tables: dict[str, pd.DataFrame]) -> dict[s
     dictionary; returns {name: parquet path}."""
     out = {name: Path(processed_dir) / f"{name}.parquet" for name in tables}
     for name, df in tables.items():
-        df.to_parquet(out[name], index=False)
-        _to_csv(df, out[name].with_suffix(".csv"))
+        # one Arrow table for both files: the CSV is what the parquet file holds (Arrow's writer,
+        # several times faster than pandas'; times in ISO 8601 with "Z" for UTC)
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        pq.write_table(table, out[name])
+        csv.write_csv(table, out[name].with_suffix(".csv"))
     write_dictionary(processed_dir)
     return out
-
-
-def _to_csv(df: pd.DataFrame, path: Path) -> None:
-    # floats as objects: the same text (repr), formatted faster
-    floats = {c: object for c, kind in df.dtypes.items() if kind == "float64"}
-    df.astype(floats).to_csv(path, index=False)
 
 
 def write_dictionary(processed_dir: Path) -> Path:
