@@ -46,8 +46,9 @@ DIRECTIONS = ("read", "write", "trim")
 
 # fio's own defaults, used when an option appears neither in the job nor in the global options.
 FIO_DEFAULTS = {"rw": "read", "bs": "4k", "iodepth": "1", "numjobs": "1", "direct": "0"}
-# The options of a row that fall back to fio's defaults (name, then fio's aliases).
+# The options of a row (name, then fio's aliases); all but ioengine fall back to fio's defaults.
 _JOB_OPTIONS = (("rw", "readwrite"), ("bs", "blocksize"), ("iodepth",), ("numjobs",), ("direct",))
+_JOB_OPTIONS += (("ioengine",),)
 
 # In client/server output the last client_stats entry sums all hosts; rows are per host.
 ALL_CLIENTS_JOBNAME = "All clients"
@@ -253,23 +254,20 @@ def _job_entries(doc: dict) -> list[tuple[int, dict, str]]:
     ]
 
 
-def _option(entry: dict, doc: dict, *names: str) -> str | None:
-    """An option from the job's options, else the global options; ``names`` are fio aliases."""
-    for options in (entry.get("job options"), doc.get("global options")):
-        if isinstance(options, dict):
-            for name in names:
-                if name in options:
-                    return str(options[name])
-    return None
-
-
-def _option_or_default(entry: dict, doc: dict, name: str, *aliases: str) -> str | None:
-    value = _option(entry, doc, name, *aliases)
+def _job_options(entry: dict, doc: dict) -> tuple:
+    """rw, bs, iodepth, numjobs, direct, ioengine of a job entry: from its job options, else the
+    global options (a name, then fio's aliases), else fio's defaults."""
     # fio 2.1.x writes neither "job options" nor "global options": the options are unknown,
     # and claiming fio's defaults (rw=read for a write job) would be wrong data.
-    if value is None and ("job options" in entry or "global options" in doc):
-        value = FIO_DEFAULTS.get(name)
-    return value
+    found = FIO_DEFAULTS.copy() if "job options" in entry or "global options" in doc else {}
+    for options in (doc.get("global options"), entry.get("job options")):  # the job's win
+        for names in _JOB_OPTIONS if isinstance(options, dict) else ():
+            for name in names:
+                if name in options:
+                    found[names[0]] = str(options[name])
+                    break
+    rw, bs, *numbers, ioengine = map(found.get, (names[0] for names in _JOB_OPTIONS))
+    return rw, bs, *map(_to_int, numbers), ioengine
 
 
 def _to_int(value: str | None) -> int | None:
@@ -448,16 +446,14 @@ def document_tuples(path: Path | str, doc: dict) -> list[tuple]:
 
 
 def _job_rows(path, doc, index, entry, host) -> list[tuple]:
-    # the options every direction's row shares, looked up once: rw, bs, iodepth, numjobs, direct
-    rw, bs, *numbers = (_option_or_default(entry, doc, *names) for names in _JOB_OPTIONS)
-    options = (rw, bs, *map(_to_int, numbers), _option(entry, doc, "ioengine"))
+    options = _job_options(entry, doc)  # every direction's row shares them
     job_rows = [
         _row(path, doc, index, entry, host, options, direction, entry[direction])
         for direction in DIRECTIONS
         if isinstance(entry.get(direction), dict) and _io_bytes(entry[direction]) > 0
     ]
     if not job_rows:
-        direction = _direction_of_rw(rw)
+        direction = _direction_of_rw(options[0])
         stats = entry.get(direction) if direction else None
         job_rows = [_row(path, doc, index, entry, host, options, direction, stats)]
     return job_rows
