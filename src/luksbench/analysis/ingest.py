@@ -1,27 +1,15 @@
 """Raw run folder -> tidy tables (pandas), and the processed parquet files.
 
-``fio_table``         one row per fio job x direction, the parser's columns plus where the file sits
-                      in the raw layout (run, host, stack, workload, pattern, rep) and its CPU
-                      sidecar. For a pattern cell (``randwrite-1g-qd1-largeblock``) ``rw`` and
-                      ``bs_bytes`` are the cell's (the block), ``io_bs_bytes`` the bytes per I/O
-                      fio used (its ``bs`` option; = bs_bytes for cells without io_bs).
-                      ``host`` is the box that measured: the layout's ``<host>`` folder, or for
-                      fio client/server (fleet) results each fio server, named as in the plan.
-                      Completion-latency percentiles come from the json+ histograms where the
-                      file has them, summed over a run's job entries and NaN in every run of a
-                      cell where one run has too few I/Os beyond (:mod:`luksbench.analysis.tails`;
-                      ``clat_ios`` the completions).
-                      CPU columns are net of the idle baseline where every session of the host
-                      recorded one (``cpu_net``), with utilisation and
-                      CPU per I/O beside CPU per GiB (:mod:`luksbench.analysis.cpucost`).
+``fio_table``         one row per fio job x direction: the parser's columns, where the file sits in
+                      the raw layout, its CPU sidecar (net of the idle baseline: cpucost) and the
+                      json+ completion-latency percentiles (tails); fleet rows are per fio server.
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
 ``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
 ``schedule_table``    one row per fio run of every session's manifest: when it ran, in which round.
-``latency``           the json+ completion-latency histograms of the fio table's measured rows
-                      (:data:`LATENCY_COLUMNS`), read in the same pass as the results.
-``write_processed``   all of the above as ``<processed_dir>/<table>.parquet`` (:data:`PROCESSED_TABLES`);
-                      incremental (only new or changed raw files are parsed) and parallel.
+``latency``           the json+ histograms of the fio table's measured rows (:data:`LATENCY_COLUMNS`).
+``write_processed``   all of them as ``<processed_dir>/<table>.parquet`` and ``.csv``, incremental
+                      (only new or changed raw files are parsed) and parallel.
 
 Strict by design: every raw file that cannot be read, does not follow the layout, or holds a failed
 fio job is collected and reported in one :class:`IngestError` that names each file and why. Raw is
@@ -73,13 +61,9 @@ GIB = 2**30
 
 #: columns added by :func:`fio_table` in front of the parser's columns
 FIO_LAYOUT_COLUMNS = ["run", "host", "stack", "workload", "pattern", "rep", "job_slot"]
-#: columns derived from the CPU sidecar and io_bytes, appended after the parser's columns:
-#: io_bs_bytes is the bytes per I/O as fio ran it (the job's bs option; bs_bytes is the cell's,
-#: for a pattern with io_bs a block of several I/Os); target_pairs and hit_cap come from the
-#: adaptive design (<host>/fio/targets.json; missing for a fixed design), as do pilot_pairs and
-#: look_confidence (the level of a sequential design's intervals);
-#: host_dir is the raw layout's <host> folder, which differs from ``host`` only for fio
-#: client/server (fleet) results, where ``host`` is the fio server that measured
+#: columns after the parser's: from io_bytes, the CPU sidecar, the adaptive design
+#: (<host>/fio/targets.json) and the sessions (meanings: :mod:`dictionary`); host_dir is the raw
+#: layout's <host> folder, which differs from ``host`` only for fleet (fio client/server) results
 FIO_DERIVED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "io_bs_bytes io_gib busy_cpu_s busy_cpu_pct sys_cpu_s cpu_interval_s busy_cpu_s_per_gib "
     "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs look_confidence host_dir session "
@@ -228,8 +212,7 @@ def _isnum(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
 
-#: files parsed per task of the process pool (large enough to amortise pickling, small enough to
-#: balance two workers)
+#: fewest files parsed per task of the process pool (enough to amortise pickling)
 CHUNK_FILES = 250
 #: below this many files to parse, a process pool costs more than it saves
 PARALLEL_MIN_FILES = 1000
@@ -251,11 +234,9 @@ _SIDECAR_OR_REP = re.compile(r"^rep\d+(\.cpu)?\.json\Z")
 
 
 def _ingest_rep_file(root: str, key: str, run: str, stats: list) -> tuple[list, list, list, list]:
-    """(rows, histograms, problems, notes) of one ``rep<k>.json`` and its CPU sidecar.
-
-    Rows are tuples in :data:`_CHUNK_COLUMNS` order; histograms (job_index, direction, ns, count)
-    tuples of its json+ bins; problems and notes (key of the file, why). ``stats`` receives the
-    stat of each file as read: the result, then its sidecar."""
+    """(rows in :data:`_CHUNK_COLUMNS` order, json+ bins (job_index, direction, ns, count),
+    problems, notes: (key, why)) of one ``rep<k>.json`` and its CPU sidecar; ``stats`` receives
+    the stat of each as read."""
     path = f"{root}/{key}"
     notes: list[tuple[str, str]] = []
     try:
@@ -293,8 +274,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 def _file_rows(key: str, run: str, rep: RepPath, rows: list[tuple], cpu: dict) -> list[tuple]:
-    """The table's rows of one file in :data:`_CHUNK_COLUMNS` order: where the file sits, the
-    parser's columns, bytes per I/O and GiB moved, its CPU sidecar."""
+    """The table's rows of one file in :data:`_CHUNK_COLUMNS` order."""
     moved = [float(r[_IO_BYTES] or 0) for r in rows]
     file_gib = sum(moved) / GIB
     per_gib = [cpu[c] / file_gib if file_gib > 0 else math.nan for c in ("busy_cpu_s", "sys_cpu_s")]
@@ -327,9 +307,8 @@ _TEXT_COLUMNS += ("session",)
 
 
 def _typed_column(name, values, text_cols=_TEXT_COLUMNS, bool_cols=(), whole_numbers=True):
-    """One column of Python values in :func:`_typed`'s types, in one pass: text -> string, bools
-    -> boolean, numbers (None or NaN = missing) -> float64, or int64 for ``whole_numbers`` without
-    gaps (what pandas infers from a worker's rows)."""
+    """One column of Python values in :func:`_typed`'s types, in one pass (int64 for
+    ``whole_numbers`` without gaps: what pandas infers from a worker's rows)."""
     kinds = set(map(type, values)) - {type(None)}
     if float in kinds and len(kinds) > 1:  # NaN counts as missing, like None (a rare mix)
         kinds = {type(v) for v in values if v is not None and v == v}
@@ -358,8 +337,8 @@ def _chunk_frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
 
 
 def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Worker task: parse the files ``raw_dir/<key>``; returns their typed rows, their json+ bins
-    and, per key, the file's problems and notes (paths relative to ``raw_dir``) and stat key."""
+    """Worker task: the typed rows and json+ bins of the files ``raw_dir/<key>``, and per key its
+    problems, notes and stat key."""
     run = run_name(Path(raw_dir))
     rows, bins, results = [], [], {}
     for key in keys:
@@ -388,10 +367,9 @@ def _parse_files(
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
-        # fork: workers start with luksbench already imported and never re-run the caller's
-        # main module (spawn and forkserver do: a script or notebook without a __main__ guard
-        # would run again in every worker). The workers only read files and build DataFrames,
-        # with no garbage collector: parsing makes no reference cycles (it cost a tenth).
+        # fork: workers start with luksbench imported and never re-run the caller's main module
+        # (spawn does: a script without a __main__ guard would run again in every worker); no
+        # garbage collector in them: parsing makes no reference cycles (it cost a tenth)
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         try:
@@ -415,12 +393,9 @@ def _parse_files(
 
 
 def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
-    """(rep files, stray JSON files) under ``<host>/fio/<stack>/<workload>/``, as paths inside the
-    run folder, sorted by their parts (the order of the table's rows).
-
-    One directory walk for both (``os.scandir``: a run of 100,000 results is listed in well under a
-    second); rep files are ``rep<k>.json``, strays are other ``*.json`` files that are neither a
-    result nor its ``rep<k>.cpu.json`` sidecar."""
+    """(``rep<k>.json`` files, stray ``*.json`` files: neither a result nor its sidecar) under
+    ``<host>/fio/<stack>/<workload>/``, as paths inside the run folder sorted by their parts (the
+    order of the table's rows), in one ``os.scandir`` walk."""
     reps: list[str] = []
     strays: list[str] = []
 
@@ -458,17 +433,17 @@ def _stat_key(path: str, st: os.stat_result | None = None) -> tuple[int, int, in
 
 
 def _file_stat(root: str, key: str, read: list = ()) -> tuple[int, ...]:
-    """:func:`_stat_key` of a result and of its CPU sidecar; ``read``: their stats as they were
-    read (:func:`_ingest_rep_file`), the others (or None) are taken now."""
+    """:func:`_stat_key` of a result and of its CPU sidecar; ``read``: the stats taken as they
+    were read (the others are taken now)."""
     paths = (f"{root}/{key}", f"{root}/{key[: -len('.json')]}.cpu.json")
     stats = [*read, None, None][:2]
     return tuple(x for path, st in zip(paths, stats, strict=True) for x in _stat_key(path, st))
 
 
 def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, dict]:
-    """The rep files ``keys`` that the manifests of their host record as written (all of a host
-    whose manifests record no runs), a problem for every other one and every recorded one that
-    is missing, and the sessions: {"<host>/<path>": session} and {host: sessions planned}."""
+    """The ``keys`` the manifests of their host record as written (all of a host whose manifests
+    record none), a problem for every other one and every recorded one missing, and the sessions
+    ({"results": {key: session}, "planned": {host: sessions planned}})."""
     recorded: dict[str, set[str]] = {}
     sessions: dict = {"results": {}, "planned": {}}
     for hdir in host_dirs(raw_dir):
@@ -503,22 +478,17 @@ def fio_table(
     cache_dir: Path | None = None,
     workers: int | None = None,
 ) -> pd.DataFrame:
-    """All fio results of one run folder as one tidy table (one row per job x direction).
+    """All fio results of one run folder as one tidy table (columns :func:`fio_columns`).
 
-    Columns: :func:`fio_columns`. ``rep`` is the pair index (rep k of every stack forms pair k),
-    ``job_slot`` the ordinal of the job name within its file (0 for single-job files), CPU columns
-    come from ``rep<k>.cpu.json`` (NaN when the sidecar is absent; the sidecar covers the whole fio
-    process, so with several jobs per file every row carries the file's totals and the per-GiB
-    columns divide by the file's total I/O).
-
-    With ``strict`` (default) any bad file raises :class:`IngestError` listing every bad file; with
-    ``strict=False`` bad files are left out and listed in ``df.attrs["problems"]``.
-
-    ``cache_dir``: incremental ingest. Each raw file's rows (or its problems) are kept there,
-    keyed by the file's path, size, mtime and inode and those of its CPU sidecar; a later call
-    parses only files that are new or changed and reuses the rest (the cache is dropped whole when
-    the parser code changes). The table is the same as without a cache. ``workers``: processes
-    that parse in parallel (default: the CPUs available; 1 = in this process).
+    ``rep`` is the pair index (rep k of every stack forms pair k), ``job_slot`` the ordinal of the
+    job name within its file. CPU columns come from ``rep<k>.cpu.json`` (NaN without it), which
+    covers the whole fio process: every row of a file carries the file's totals and the per-GiB
+    columns divide by the file's total I/O. ``strict``: any bad file raises :class:`IngestError`
+    naming every bad file (else they are left out, listed in ``df.attrs["problems"]``).
+    ``cache_dir``: incremental ingest, the same table: each file's rows (or problems) are kept
+    there, keyed by the stat of the file and of its sidecar, and only new or changed files are
+    parsed (all when the parser code changed). ``workers``: parsing processes (default: the CPUs
+    available; 1 = in this process).
     """
     fio = fio_and_latency_tables(raw_dir, strict, cache_dir, workers)[0]
     return _with_cpu_cost(fio, schedule_table(raw_dir, strict=False))
@@ -542,8 +512,7 @@ def fio_and_latency_tables(
     meanwhile=None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`fio_table` and the json+ latency histograms of its rows (:data:`LATENCY_COLUMNS`),
-    parsed in the same pass as the results they belong to. ``meanwhile()`` runs while the worker
-    processes parse."""
+    read in the same pass; ``meanwhile()`` runs while the worker processes parse."""
     raw_dir = Path(raw_dir)
     host_dirs(raw_dir)  # existence check
     workers = default_workers() if workers is None else max(1, int(workers))
@@ -614,9 +583,8 @@ def _assemble(
     fleets: dict | None = None,
     sessions: dict | None = None,
 ) -> pd.DataFrame:
-    """One table from the per-chunk frames: raw-layout file order, then row order in the file;
-    the adaptive design's columns per host and workload; fio client/server rows renamed to their
-    server (:func:`fleet_names`); the same types however it was split."""
+    """One table from the per-chunk frames, in raw-layout file order, with the design's and the
+    sessions' columns and fleet rows renamed to their server; the same however it was split."""
     columns = fio_columns()
     frames = [f for f in frames if len(f)]
     if not frames:
@@ -646,7 +614,7 @@ def _assemble(
     server = df["fio_hostname"].to_numpy(dtype=object)
     remote = df["fio_hostname"].fillna("").ne("").to_numpy(dtype=bool)
     if remote.any():
-        names = (fleets or {}).copy()
+        names = fleets or {}
         host_dir = df["host_dir"].to_numpy(dtype=object)
         hosts = df["host"].to_numpy(dtype=object).copy()
         hosts[remote] = [
@@ -688,13 +656,10 @@ def _json_list(text: str) -> list:
 
 
 class _IngestCache:
-    """Per-file results of earlier ingests of one run folder (see :func:`fio_table`).
-
-    ``files.parquet``: one row per raw file: key (path in the run folder), size, mtime_ns and inode
-    of the file and of its CPU sidecar, problems and notes (JSON). ``rows.parquet``: the typed rows
-    of every file with ``_key``/``_row``; ``bins.parquet``: their json+ bins (``_key``, job_index,
-    direction, ns, count). ``meta.json``: format and a digest of the parser code.
-    """
+    """Per-file results of earlier ingests of one run folder (see :func:`fio_table`):
+    ``files.parquet`` (per raw file: key, :data:`STAT_COLUMNS`, problems and notes as JSON),
+    ``rows.parquet`` and ``bins.parquet`` (the files' typed rows and json+ bins, by ``_key``),
+    ``meta.json`` (format and a digest of the parser code)."""
 
     STAT_COLUMNS = ("size", "mtime_ns", "ino", "cpu_size", "cpu_mtime_ns", "cpu_ino")
 
@@ -820,10 +785,8 @@ def _typed(df: pd.DataFrame, text_cols=(), bool_cols=()) -> pd.DataFrame:
 
 
 def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
-    """``<host>/cryptsetup-benchmark.txt`` of every host, parsed; ``run`` and ``host`` in front.
-
-    A host without the file contributes no rows; a file the parser rejects is an :class:`IngestError`.
-    """
+    """``<host>/cryptsetup-benchmark.txt`` of every host (none: no rows), parsed; ``run`` and
+    ``host`` in front."""
     from luksbench.formats.cryptsetup import (
         CRYPTSETUP_COLUMNS,
         CryptsetupParseError,
@@ -877,14 +840,10 @@ def _read_json(path: Path, problems: list) -> dict | None:
 
 
 def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
-    """One row per host: key facts of ``env.json`` flattened (columns :data:`ENV_COLUMNS`).
-
-    ``env_json`` keeps the whole document as text. A host without env.json gets a row of NaNs.
-    The fio servers of a fleet run (fio client/server mode, :func:`fleet_names`) get a row each
-    too: they are hosts of the results, but only the coordinating host captured its environment,
-    so their facts are unknown except the backend (the stacks were built by the coordinator) and
-    ``env_json`` records the server and its coordinator.
-    """
+    """One row per host: key facts of ``env.json`` flattened (columns :data:`ENV_COLUMNS`), the
+    whole document in ``env_json`` (no env.json: NaNs). Each fio server of a fleet run gets a row
+    too, with only the backend known (the coordinator captured the environment and built the
+    stacks); its ``env_json`` names the server and its coordinator."""
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
     records, problems = [], []
@@ -914,11 +873,8 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 
 
 def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
-    """One row per host x stack (columns :data:`STACKS_COLUMNS`).
-
-    The descriptions come from ``<host>/fio/manifest.json`` (``stack_descriptions``, recorded by
-    the runner from stack-up; no key material).
-    """
+    """One row per host x stack (columns :data:`STACKS_COLUMNS`) from the stack descriptions the
+    runner recorded in ``<host>/fio/manifest.json`` (no key material)."""
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
     records, problems = [], []
@@ -969,14 +925,10 @@ def _utc_times(values: list) -> pd.DatetimeIndex:
 
 
 def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
-    """When each fio result was measured: one row per run of every session's manifest
-    (columns :data:`SCHEDULE_COLUMNS`; results a session found already there are not repeated).
-
-    ``session`` names the session (its record in ``fio/sessions/``), ``round`` is the round of the
-    counterbalanced schedule, ``started``/``ended`` bracket the fio process (UTC). It says whether
-    two results were measured side by side (``luksbench compare`` pairs only those) and how much of
-    a session's wall time was fio (``benchmarks/harness_overhead.py``).
-    """
+    """When each fio result was measured: one row per run of every session's manifest (columns
+    :data:`SCHEDULE_COLUMNS`; results a session found already there are not repeated): its session
+    (record in ``fio/sessions/``), round of the counterbalanced schedule, and UTC times bracketing
+    the fio process (``luksbench compare`` pairs results measured side by side)."""
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
     records, problems = [], []
@@ -1028,13 +980,10 @@ def ingest_run(
 
     A bad raw file (truncated, empty, text only, not fio output, NaN or negative values, a failed
     fio job, in the wrong place, a result its host's manifests do not record) is left out and
-    listed in the "problems" table with the reason (severity "excluded"), as is a result the
-    manifests record but that is missing; files used with a caveat (several JSON documents: the
-    last counts) are listed as "note". With ``strict`` any excluded file raises one
-    :class:`IngestError` naming every bad file instead. Nothing bad becomes a value in a table.
-    ``cache_dir``/``workers``: incremental and parallel parsing of the fio results
-    (:func:`fio_table`).
-    """
+    listed in the "problems" table with the reason (severity "excluded"), as is a recorded result
+    that is missing; files used with a caveat (several JSON documents: the last counts) are listed
+    as "note". ``strict``: any excluded file raises one :class:`IngestError` naming every bad file.
+    ``cache_dir``/``workers``: as for :func:`fio_table`."""
     raw_dir = Path(raw_dir)
     funcs = {"cryptsetup": cryptsetup_table, "env": env_table, "stacks": stacks_table}
     funcs["schedule"] = schedule_table
@@ -1071,14 +1020,11 @@ def write_processed(
     workers: int | None = None,
 ) -> dict[str, Path]:
     """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` (and ``.csv``, with the
-    column dictionary) for every table of :func:`ingest_run` (:data:`PROCESSED_TABLES`, in order).
+    column dictionary) for every table of :func:`ingest_run`; returns {table name: path}.
 
-    Returns {table name: path}. Every excluded file and every note is also printed on stderr,
-    naming the file and why. Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only).
-    ``incremental`` (default): parse only raw files that are new or changed since the last call,
-    with the cache in ``<processed_dir>/.ingest-cache/``; the tables are the same as a full
-    ingest's. ``workers``: parallel parsing processes (default: the CPUs available).
-    """
+    Every excluded file and every note is also printed on stderr, naming the file and why.
+    Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only). ``incremental``: with the
+    cache in ``<processed_dir>/.ingest-cache/`` (:func:`fio_table`)."""
     raw_dir, processed_dir = Path(raw_dir).resolve(), Path(processed_dir).resolve()
     if processed_dir == raw_dir or raw_dir in processed_dir.parents:
         raise ValueError(

@@ -400,23 +400,15 @@ def _row(path, doc, index, entry, host, options, direction, stats) -> tuple:
 def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
     """Rows (dicts keyed by :data:`FIO_COLUMNS`) for one fio JSON / json+ output file.
 
-    One row per job entry and per direction (read/write/trim) that moved data (io_bytes > 0).
-    For client/server output the entries are ``client_stats`` (``host`` = the client's
-    hostname) without the "All clients" sum; otherwise ``jobs`` and ``host`` is "".
-
-    A job entry that moved no data in any direction (a failed job such as fio's ``error 22``, or
-    a run killed before any I/O) still gives ONE row, so that a failed run is visible rather than
-    silently missing: direction from ``rw`` ("read"/"write"/"trim", "" for mixed patterns),
-    io_bytes/bw_bytes/iops 0, latencies empty, and ``error`` set.
-
-    Values that fio did not measure are ``None`` (an empty CSV cell), never 0: percentiles when
-    the job reported none, latencies of a direction without samples. rw/bs/iodepth/numjobs come
-    from the job's options, then the global options, then fio's defaults; they are ``None`` when
-    the fio version recorded no options at all (fio 2.1.x).
+    One row per job entry (``jobs``; for client/server output ``client_stats`` without the "All
+    clients" sum, ``host`` the server's name) and direction that moved data. A job entry that
+    moved none (a failed job, a run killed before any I/O) still gives ONE row, so a failed run is
+    visible: direction from ``rw`` ("" for mixed patterns), io_bytes/bw_bytes/iops 0, ``error``
+    set. What fio did not measure is ``None``, never 0; rw/bs/iodepth/numjobs are ``None`` when
+    fio recorded no options at all (fio 2.1.x).
 
     Raises :class:`FioParseError` naming the file when it holds no complete fio JSON document
-    or the document lists no job entries. ``warn`` receives one-line notes (several documents
-    in one file).
+    or the document lists no job entries. ``warn`` receives one-line notes (several documents).
     """
     rows = document_tuples(path, load_fio_document(path, warn))
     return [dict(zip(FIO_COLUMNS, row, strict=True)) for row in rows]
@@ -510,11 +502,8 @@ def _bins_to_ns(bins: dict, to_ns: int) -> list[tuple[int, int]]:
 def clat_histogram(
     path: Path, warn: Warn = _warn_on_stderr
 ) -> dict[tuple[int, str], list[tuple[int, int]]]:
-    """Completion-latency histograms of a json+ file: ``{(job_index, direction): [(ns, count)]}``.
-
-    Only job/direction pairs that carry ``bins`` appear (plain ``json`` output gives ``{}``).
-    ``job_index`` matches the column of :func:`parse_fio_file`; counts of 0 are left out.
-    """
+    """Completion-latency histograms of a json+ file: ``{(job_index, direction): [(ns, count)]}``
+    for the job/direction pairs with ``bins`` (plain ``json`` output: ``{}``), without 0 counts."""
     return document_histograms(load_fio_document(path, warn))
 
 
