@@ -25,6 +25,7 @@ import math
 import os
 import re
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -364,7 +365,6 @@ def _parse_files(
     done = None
     if workers > 1 and len(keys) >= PARALLEL_MIN_FILES:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
         # fork: workers start with luksbench imported and never re-run the caller's main module

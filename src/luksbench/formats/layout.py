@@ -75,7 +75,7 @@ class Workload:
     def bs(self) -> str:
         return bs_label(self.bs_bytes)
 
-    @property
+    @functools.cached_property  # once per cell: ingest asks for it per file
     def id(self) -> str:
         base = f"{self.rw}-{self.bs}-qd{self.iodepth}"
         return f"{base}-{self.pattern}" if self.pattern else base
