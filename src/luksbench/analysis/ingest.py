@@ -514,7 +514,6 @@ def fio_and_latency_tables(
     """:func:`fio_table` and the json+ latency histograms of its rows (:data:`LATENCY_COLUMNS`),
     read in the same pass; ``meanwhile()`` runs while the worker processes parse."""
     raw_dir = Path(raw_dir)
-    host_dirs(raw_dir)  # existence check
     workers = default_workers() if workers is None else max(1, int(workers))
     problems, notes, targets, fleets = [], [], {}, {}  # fleets: {host: fleet_names}
     for hdir in host_dirs(raw_dir):
