@@ -806,14 +806,10 @@ def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             continue
         rel = _relative(path, raw_dir)
         records += [{"run": run, "host": host.name, **r, "file": rel} for r in rows]
-    if problems and strict:
-        raise IngestError(raw_dir, problems)
     columns = ["run", "host", *CRYPTSETUP_COLUMNS]
     extra = sorted({k for rec in records for k in rec} - set(columns))
     df = pd.DataFrame.from_records(records, columns=columns + extra)
-    df = _typed(df, bool_cols=("available",))
-    df.attrs["problems"] = [(str(p), why) for p, why in problems]
-    return df
+    return _checked(_typed(df, bool_cols=("available",)), raw_dir, problems, strict)
 
 
 # -------------------------------------------------------------------------------------------- env
@@ -828,6 +824,14 @@ def _json_document(path: Path) -> dict:
 @functools.lru_cache(maxsize=4)  # emptied after each ingest_run
 def _decoded_json(path: str, version: tuple[int, int, int]) -> dict:
     return read_json_object(Path(path))
+
+
+def _checked(df: pd.DataFrame, raw_dir: Path, problems: list, strict: bool) -> pd.DataFrame:
+    """``df`` with the problems met reading it in its attrs; with ``strict`` an IngestError."""
+    if problems and strict:
+        raise IngestError(raw_dir, problems)
+    df.attrs["problems"] = [(str(p), why) for p, why in problems]
+    return df
 
 
 def _read_json(path: Path, problems: list) -> dict | None:
@@ -862,13 +866,10 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                 | {"hostname": f"{server.get('address')}:{server.get('port', 8765)}"}
                 | {k: facts[k] for k in ("backend", "backend_reason")}
             )
-    if problems and strict:
-        raise IngestError(raw_dir, problems)
     kinds = {"aes": "boolean", "vaes": "boolean", "cpu_count": "Int64"}
     df = pd.DataFrame.from_records(records, columns=ENV_COLUMNS)
     df = df.astype({col: kinds.get(col, "string") for col in ENV_COLUMNS})
-    df.attrs["problems"] = [(str(p), why) for p, why in problems]
-    return df
+    return _checked(df, raw_dir, problems, strict)
 
 
 def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
@@ -894,13 +895,10 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             described = (*map(desc.get, ("kind", "backend", "cipher")), key_bits)
             text = json.dumps(desc, sort_keys=True)
             records.append((run, host.name, name, *described, text, not reason, reason))
-    if problems and strict:
-        raise IngestError(raw_dir, problems)
     kinds = {"key_bits": "Int64", "available": "boolean"}
     df = pd.DataFrame.from_records(records, columns=STACKS_COLUMNS)
     df = df.astype({col: kinds.get(col, "string") for col in STACKS_COLUMNS})
-    df.attrs["problems"] = [(str(p), why) for p, why in problems]
-    return df
+    return _checked(df, raw_dir, problems, strict)
 
 
 # --------------------------------------------------------------------------------------- schedule
@@ -947,8 +945,6 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                 for entry in runs
                 if isinstance(entry, dict) and not entry.get("skipped_existing")
             ]
-    if problems and strict:
-        raise IngestError(raw_dir, problems)
     df = pd.DataFrame.from_records(records, columns=SCHEDULE_COLUMNS)
     for col in SCHEDULE_COLUMNS:
         if col in ("session_started", "session_ended", "started", "ended"):
@@ -959,8 +955,7 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
         else:
             df[col] = df[col].astype("string")
-    df.attrs["problems"] = [(str(p), why) for p, why in problems]
-    return df
+    return _checked(df, raw_dir, problems, strict)
 
 
 # ------------------------------------------------------------------------------------- processed
