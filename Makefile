@@ -12,9 +12,9 @@ VMOUT ?= build/vmbox
 test:
 	$(PYTHON) -m pytest
 
-# The development tier (tests/README.md): no system tools, devices or workflow runs; ~1 min.
+# The development tier (tests/README.md): tests/unit without its few simulations marked slow.
 test-fast:
-	$(PYTHON) -m pytest tests/unit
+	$(PYTHON) -m pytest tests/unit -m "not slow"
 
 # fio, loop devices, FUSE, snakemake runs, chromium and the notebooks (nbval).
 test-integration:

@@ -65,6 +65,7 @@ def wrong_decision(decisions: pd.Series, true_loss: np.ndarray) -> np.ndarray:
 # -------------------------------------------------------------------------------- fixed design
 
 
+@pytest.mark.slow
 def test_fixed_design_coverage_and_decisions_at_the_boundaries(tmp_path):
     """4000 cells (200 workloads x 20 jobs), 6 counterbalanced pairs with drift, true losses just
     either side of each boundary of the throughput regions (+-5, +-20 %)."""
@@ -150,6 +151,7 @@ def adaptive_run(tmp_path, rng, name, sigma, jobs, n0=4, cap=12):
     return loss, true_loss, doc
 
 
+@pytest.mark.slow
 def test_adaptive_design_coverage_capped_and_uncapped(tmp_path):
     """Stein's interval on adaptive cells, through targets.json: a quiet run (4000 cells, each arm's
     noise sd 0.002-0.007: the rule chooses 4 to 12 pairs) and a noisy one (2000 cells, sd 0.1-0.3:

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 from scipy import stats as sps
 from simulate import SIM_HOST, sim_workload, simulate_logs, write_raw_reps
 from test_certainty import covers, loss_csv, luksbench
@@ -40,6 +41,7 @@ def multi_session_run(raw, rng, workloads, jobs, sd_session, planned):
     return loss_csv(raw, "--metric", "bw_bytes"), true_loss
 
 
+@pytest.mark.slow
 def test_two_level_interval_covers_sessions_where_pooled_repetitions_do_not(tmp_path):
     rng = np.random.default_rng(4242)
     two_level, truth = multi_session_run(tmp_path / "k4", rng, 200, 10, 0.02, SESSIONS)
@@ -88,6 +90,7 @@ def one_run(raw, rng, workloads, jobs, sd_session, sessions, reps=3):
     return logs
 
 
+@pytest.mark.slow
 def test_compare_takes_sessions_as_replicates(tmp_path):
     """Two runs of an unchanged system whose sessions differ by 2 % (sd): `luksbench compare`
     calls a cell changed at about the nominal rate; repetitions as replicates would not."""
