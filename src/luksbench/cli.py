@@ -181,9 +181,7 @@ CONFIDENCE_HELP = "confidence level of the intervals (default 0.95)"
 def _add_loss_commands(commands) -> None:
     """``luksbench loss`` and ``luksbench targets``: one run's statistics straight from raw."""
     loss = commands.add_parser("loss", help="loss table with confidence intervals for one run")
-    loss.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
-    loss.add_argument("--baseline", default="plain", help=BASELINE_HELP)
-    loss.add_argument("--variant", default="luks", help=VARIANT_HELP)
+    _add_run_arguments(loss)
     loss.add_argument(
         "--metric",
         action="append",
@@ -215,7 +213,7 @@ def _add_loss_commands(commands) -> None:
         "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "finds it and gives the cells it lists Stein's interval.",
     )
-    _add_run_host_arguments(targets, "the host whose pilot pairs count")
+    _add_run_arguments(targets, "the host whose pilot pairs count")
     targets.add_argument(
         "--pilot-pairs", type=int, default=4, metavar="N0", help="pilot pairs per cell (default 4)"
     )
@@ -251,10 +249,11 @@ def _add_test_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_run_host_arguments(parser: argparse.ArgumentParser, host_help: str) -> None:
-    """RAW_DIR, --host, --baseline and --variant: one host's pairs of one comparison."""
+def _add_run_arguments(parser: argparse.ArgumentParser, host_help: str | None = None) -> None:
+    """RAW_DIR, --host (with ``host_help``), --baseline and --variant: one comparison of a run."""
     parser.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
-    parser.add_argument("--host", required=True, help=host_help)
+    if host_help:
+        parser.add_argument("--host", required=True, help=host_help)
     parser.add_argument("--baseline", default="plain", help=BASELINE_HELP)
     parser.add_argument("--variant", default="luks", help=VARIANT_HELP)
 
@@ -295,7 +294,7 @@ def _add_next_command(commands) -> None:
         "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "reads it.",
     )
-    _add_run_host_arguments(nxt, "the host whose cells are decided")
+    _add_run_arguments(nxt, "the host whose cells are decided")
     nxt.add_argument(
         "--min-pairs", type=int, default=3, metavar="N", help="pairs before the first look"
     )

@@ -2,18 +2,12 @@
 
 ``luksbench compare RUN_A RUN_B --out DIR`` (published by :mod:`luksbench.publish.crossrun`). For
 every host pair, stack, cell and metric: ``change_pct = 100 (r - 1)``, ``r`` the geometric-mean
-ratio B / A, with its interval from log values (:func:`pairing_design` says which and why):
-
-* **paired**: ``d_k = ln(B_k / A_k)``, a paired t-interval on mean d, only when every repetition k
-  of a cell ran in the same round k of sessions that overlapped in time (side by side, e.g. a
-  fleet run), so the pairs share whatever drifted;
-* **sessions**: otherwise two runs differ by everything that differs from one session (stack-up)
-  to the next, so each side's replicates are its sessions: a Welch t-interval on the difference of
-  the mean session means of ln value, which needs two sessions on each side; with one
-  (**one session**) the row has no interval and is ``insufficient``.
-
-Verdicts as in the loss table (Benjamini-Hochberg over the whole comparison); ``outcome`` reads
-them by the metric's direction: better, worse, same, unclear, insufficient, only in A / only in B.
+ratio B / A, with an interval from log values: **paired** (t on ``d_k = ln(B_k / A_k)``) only
+when the runs were measured side by side (:func:`pairing_design`), else **sessions** (Welch over
+each side's session means of ln value: two runs differ by whatever differs between sessions),
+none with one session on a side (**one session**, ``insufficient``). Verdicts as in the loss
+table (Benjamini-Hochberg over the whole comparison); ``outcome`` reads them by the metric's
+direction: better, worse, same, unclear, insufficient, only in A / only in B.
 """
 
 from __future__ import annotations
@@ -294,7 +288,7 @@ def compare_runs(
                 change = _cell_change(va, vb, design, confidence, equivalence_margin_pct)
                 rows.append({"host_a": ha, "host_b": hb, **dict(zip(cell, key, strict=True))})
                 rows[-1] |= {**info_of[key], "metric": metric, "design": design, **change}
-    table = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c not in ("q_value",)])
+    table = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c != "q_value"])
     table = table.assign(
         run_a=a.name,
         run_b=b.name,
