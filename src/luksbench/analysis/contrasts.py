@@ -109,14 +109,10 @@ def check_config(config: dict) -> list[Pair]:
     )
 
 
-def resolve(
-    measured: Iterable[str], baseline: str, variant: str, comparisons=None, warn=None
-) -> list[Pair]:
+def resolve(measured: Iterable[str], baseline: str, variant: str, comparisons=None) -> list[Pair]:
     """The comparisons the data can answer, headline first: those whose two stacks both have
-    results; the others are named through ``warn`` (default: stderr). :class:`ComparisonError`
-    when nothing is left to compare."""
+    results; the others are named on stderr. :class:`ComparisonError` when nothing is left."""
     measured = set(measured)
-    warn = warn or (lambda message: print(f"luksbench: {message}", file=sys.stderr))
     items = parse(comparisons)
     if not items:
         others = [s for s in sorted(measured) if s != baseline]
@@ -126,10 +122,9 @@ def resolve(
         for item in items:
             pair = (item["baseline"], item["variant"])
             if missing := [s for s in pair if s not in measured]:
-                warn(
-                    f"comparison {label(pair)} left out: no results for "
-                    + ", ".join(f"`{s}`" for s in missing)
-                )
+                names = ", ".join(f"`{s}`" for s in missing)
+                note = f"luksbench: comparison {label(pair)} left out: no results for {names}"
+                print(note, file=sys.stderr)
             elif pair not in pairs:
                 pairs.append(pair)
     pairs = _headline_first(pairs, baseline, variant)

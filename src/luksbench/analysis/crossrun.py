@@ -13,7 +13,7 @@ direction: better, worse, same, unclear, insufficient, only in A / only in B.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +54,8 @@ class RunData:
     name: str
     source: str
     fio: pd.DataFrame
-    env: pd.DataFrame = field(default_factory=pd.DataFrame)
-    schedule: pd.DataFrame = field(default_factory=pd.DataFrame)
+    env: pd.DataFrame
+    schedule: pd.DataFrame
 
 
 def load_run(
@@ -120,7 +120,7 @@ def host_pairs(a: RunData, b: RunData, specs: list[str] | None = None) -> list[t
 
 
 def _sessions(schedule: pd.DataFrame, host: str) -> pd.DataFrame:
-    if schedule is None or schedule.empty:
+    if schedule.empty:
         return pd.DataFrame()
     sched = schedule[(schedule["host"] == host) & (schedule["status"] == "ok")]
     return sched.drop_duplicates(["stack", "workload", "rep"], keep="last")
@@ -275,11 +275,8 @@ def compare_runs(
         sa, sb = vals_a[vals_a["host"] == ha], vals_b[vals_b["host"] == hb]
         design, why = _by_sessions(*pairing_design(a, b, ha, hb, unpaired), sa, sb)
         designs[f"{ha}={hb}"] = {"design": design, "reason": why}
-        attrs = pd.concat([sa, sb])[[*cell, *stats.CELL_ATTRS]].drop_duplicates(cell)
-        info_of = {
-            tuple(r[:4]): dict(zip(stats.CELL_ATTRS, r[4:], strict=True))
-            for r in attrs.itertuples(index=False, name=None)
-        }
+        attrs = pd.concat([sa, sb]).drop_duplicates(cell).set_index(cell)[stats.CELL_ATTRS]
+        info_of = attrs.to_dict("index")
         ga, gb = sa.groupby(cell).indices, sb.groupby(cell).indices
         for key in sorted(set(ga) | set(gb), key=str):
             for metric in present:
@@ -349,7 +346,7 @@ def env_differences(a: RunData, b: RunData, pairs: list[tuple[str, str]]) -> lis
 
 
 def _env_row(env: pd.DataFrame, host: str) -> dict:
-    if env is None or env.empty or "host" not in env:
+    if env.empty or "host" not in env:
         return {}
     rows = env[env["host"] == host]
     return rows.iloc[0].to_dict() if len(rows) else {}

@@ -89,18 +89,15 @@ def next_round(
     level = look_confidence(confidence, min_pairs, max_pairs)
     fio = fio[fio["host"] == host] if len(fio) else fio
     comparisons = [tuple(p) for p in comparisons]
-    # a comparison with a stack that has no results (an optional stack not built) does not count
-    compared = [p for p in comparisons if set(p) <= set(fio["stack"])] if len(fio) else []
-    loss = (
-        stats.loss_tables(
-            fio, compared, metrics=[metric], confidence=level, decision_regions=decision_regions
-        )
-        if len(fio)
-        else pd.DataFrame(columns=["workload"])
-    )
-    looks = _cell_looks(loss) if len(loss) else pd.DataFrame(columns=["n"])
-    columns = ["host", "workload", "rep", "seconds"]
-    pair_s = device_seconds(fio) if len(fio) else pd.DataFrame(columns=columns)
+    looks = pd.DataFrame(columns=["n"])
+    pair_s = pd.DataFrame(columns=["host", "workload", "rep", "seconds"])
+    if len(fio):
+        # a comparison with a stack that has no results (an optional stack not built) does not count
+        compared = [p for p in comparisons if set(p) <= set(fio["stack"])]
+        settings = {"metrics": [metric], "confidence": level, "decision_regions": decision_regions}
+        loss = stats.loss_tables(fio, compared, **settings)
+        looks = _cell_looks(loss) if len(loss) else looks
+        pair_s = device_seconds(fio)
     spent = float(pair_s["seconds"].sum())
     cost = pair_s.groupby("workload")["seconds"].mean()
     measured = pair_s.groupby("workload")["rep"].max()

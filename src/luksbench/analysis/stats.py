@@ -283,11 +283,10 @@ def fieller_ratio_ci(
 ) -> tuple[float, float]:
     """Paired Fieller interval for the ratio of means ``theta = mean(variant) / mean(baseline)``.
 
-    The set of theta for which the paired t-test of ``variant_i - theta * baseline_i`` does not
-    reject: ``(v - theta b)^2 <= t^2 (s_vv - 2 theta s_bv + theta^2 s_bb) / n``. It is a bounded
-    interval exactly when ``b^2 > t^2 s_bb / n`` (the baseline mean differs significantly from 0);
-    otherwise it is unbounded and both bounds are NaN. Also NaN for n < 2. Both arms are
-    positive, so is their ratio: a bound below 0 is clipped to 0 (NaN if both are)."""
+    The theta for which the paired t-test of ``variant_i - theta * baseline_i`` does not reject:
+    ``(v - theta b)^2 <= t^2 (s_vv - 2 theta s_bv + theta^2 s_bb) / n``, bounded exactly when
+    ``b^2 > t^2 s_bb / n`` (else both bounds NaN, as for n < 2). Both arms are positive, so is
+    their ratio: a bound below 0 is clipped to 0 (NaN if both are)."""
     _check_confidence(confidence)
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
     n = b.size
@@ -307,13 +306,9 @@ def fieller_ratio_ci(
     return (max(low, 0.0), high) if high > 0 else (math.nan, math.nan)
 
 
-def bootstrap_log_ratio_ci(
-    d: np.ndarray, confidence: float = 0.95, seed: int = BOOTSTRAP_SEED
-) -> tuple[float, float]:
-    """BCa bootstrap interval for mean d, resampling whole pairs (seeded, so reproducible).
-
-    Only from :data:`BOOTSTRAP_MIN_PAIRS` pairs on (NaN below). Falls back to the percentile
-    method when BCa is undefined (e.g. all d equal)."""
+def bootstrap_log_ratio_ci(d: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Seeded BCa bootstrap interval for mean d over whole pairs, from :data:`BOOTSTRAP_MIN_PAIRS`
+    pairs on (NaN below); the percentile method where BCa is undefined (e.g. all d equal)."""
     _check_confidence(confidence)
     d = np.asarray(d, float)
     if d.size < BOOTSTRAP_MIN_PAIRS:
@@ -322,7 +317,7 @@ def bootstrap_log_ratio_ci(
         options = {"n_resamples": BOOTSTRAP_RESAMPLES, "method": method}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sps.DegenerateDataWarning)
-            rng = np.random.default_rng(seed)
+            rng = np.random.default_rng(BOOTSTRAP_SEED)
             res = sps.bootstrap((d,), np.mean, confidence_level=confidence, **options, rng=rng)
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(lo) and math.isfinite(hi):
@@ -489,12 +484,9 @@ def stein_pairs(
 ):
     """Stein's two-stage rule: pairs needed so that the interval on mean d has half-width <= h.
 
-    ``N = max(n0, ceil((t_{1-alpha/2, n0-1} s / h)^2))`` with ``s`` the pilot SD of d (n0 pilot
-    pairs) and ``h = half_width_log(half_width_pct)``; then capped at ``max_pairs``. A missing pilot
-    SD (NaN: pilot incomplete) asks for the cap. Vectorised over ``sd_pilot``.
-
-    Returns ``(pairs, required, capped)``: the pairs to run, the uncapped real-valued requirement,
-    and whether the cap was hit (``required > max_pairs``: the cell is *noisy*)."""
+    ``N = max(n0, ceil((t_{1-alpha/2, n0-1} s / h)^2))``, s the pilot SD of d (NaN: the cap), h =
+    :func:`half_width_log`, capped at ``max_pairs``. Vectorised over ``sd_pilot``. Returns (pairs
+    to run, the uncapped real-valued requirement, whether the cap was hit: the cell is *noisy*)."""
     _check_confidence(confidence)
     if pilot_pairs < 2:
         raise ValueError("a pilot needs at least 2 pairs (an SD)")
@@ -635,9 +627,8 @@ DESIGN_COLUMNS = ["target_pairs", "noisy", "pilot_pairs"]
 
 
 def _design(fio: pd.DataFrame) -> pd.DataFrame:
-    """Per (host, workload): the adaptive target, whether the cell hit the cap and the pilot's
-    pairs n0 (from ingest's ``target_pairs``/``hit_cap``/``pilot_pairs`` columns, i.e. the
-    run's targets.json; NaN/False when the run had a fixed design)."""
+    """Per (host, workload): the adaptive design's columns from ingest's (the run's targets.json;
+    NaN/False for a fixed design)."""
     keys = ["host", "workload"]
     if fio.empty or "target_pairs" not in fio.columns:
         return pd.DataFrame(columns=[*keys, *DESIGN_COLUMNS, "look_confidence"])
@@ -665,11 +656,9 @@ def loss_table(
 ) -> pd.DataFrame:
     """The paired loss table (columns :data:`LOSS_COLUMNS`) from a tidy fio table (``fio_table``).
 
-    ``exclude_outliers``: leave flagged pairs out of every estimate (they are counted in
-    ``n_outliers`` either way; default keeps them: nothing is dropped silently).
-    ``decision_regions``: see :func:`check_regions`. Each metric is its own family for the
-    Benjamini-Hochberg adjustment, so a row's q-value, verdict and decision do not depend on
-    which other metrics are computed."""
+    ``exclude_outliers``: leave flagged pairs out of every estimate (counted in ``n_outliers``
+    either way). Each metric is its own Benjamini-Hochberg family, so a row's q-value, verdict
+    and decision do not depend on which other metrics are computed."""
     _check_confidence(confidence)
     regions = check_regions(decision_regions)
     if not equivalence_margin_pct > 0:
@@ -761,9 +750,7 @@ def with_dtypes(table: pd.DataFrame, columns, text, ints, bools) -> pd.DataFrame
 
 def loss_tables(fio: pd.DataFrame, comparisons, *args, **kwargs) -> pd.DataFrame:
     """:func:`loss_table` (same arguments after the pair) of every (baseline, variant) pair in
-    ``comparisons``, concatenated in that order (columns ``baseline``/``variant`` say which). The
-    Benjamini-Hochberg adjustment and the verdicts stay per comparison and metric: each is its own
-    family of tests."""
+    ``comparisons``, concatenated in that order; each stays its own family of tests."""
     parts = [loss_table(fio, b, v, *args, **kwargs) for b, v in comparisons]
     if not parts:
         raise ValueError("no comparisons given")
@@ -776,9 +763,8 @@ ARM_KEYS = ["host", "stack", "pattern", "rw", "bs_bytes", "iodepth", "direction"
 
 
 def arm_summary(fio: pd.DataFrame, metrics, confidence: float = 0.95) -> pd.DataFrame:
-    """Mean over repetitions per arm and cell (:data:`ARM_KEYS`) and metric, with the half width
-    of its t-interval (NaN with fewer than two repetitions). Multi-entry jobs are combined first
-    as in :func:`rep_values`. Columns: ARM_KEYS, metric, n, mean, ci_half, confidence."""
+    """Mean over repetitions (:func:`rep_values`) per arm and cell (:data:`ARM_KEYS`) and metric,
+    with the half width of its t-interval (NaN with fewer than two repetitions)."""
     _check_confidence(confidence)
     vals = rep_values(fio, list(metrics))
     rows = []
