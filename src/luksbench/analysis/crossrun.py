@@ -88,10 +88,8 @@ def load_run(
 
 
 def host_pairs(a: RunData, b: RunData, specs: list[str] | None = None) -> list[tuple[str, str]]:
-    """Which host of A is compared with which host of B.
-
-    ``specs``: ``NAME`` (that host in both runs) or ``A_HOST=B_HOST``. Default: the hosts the runs
-    share; when they share none and each has exactly one, those two."""
+    """(host of A, host of B) to compare: ``specs`` ``NAME`` (that host in both runs) or
+    ``A_HOST=B_HOST``; default the hosts the runs share, or, sharing none, their only hosts."""
     hosts_a, hosts_b = (sorted(run.fio["host"].dropna().unique()) for run in (a, b))
     if specs:
         pairs = []
