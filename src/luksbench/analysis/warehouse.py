@@ -81,11 +81,8 @@ def query(
     database: str | Path = ":memory:",
 ):
     """``sql`` run against the views (:func:`connect`), as a pandas DataFrame."""
-    con = connect(processed_root, database)
-    try:
+    with connect(processed_root, database) as con:
         return con.execute(sql).df()
-    finally:
-        con.close()
 
 
 def main(argv: list[str] | None = None) -> int:
