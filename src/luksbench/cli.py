@@ -102,6 +102,12 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_region_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument(
+        "--region", action="append", type=_region, metavar="FAMILY=LOWER,UPPER", help=help_text
+    )
+
+
 def _region(text: str) -> tuple[str, tuple[float, float]]:
     """``FAMILY=LOWER,UPPER`` (e.g. ``throughput=5,20``) for ``--region``."""
     family, _, margins = text.partition("=")
@@ -194,12 +200,9 @@ def _add_loss_commands(commands) -> None:
         action="store_true",
         help="leave flagged pairs out of the estimates (they are always counted in n_outliers)",
     )
-    loss.add_argument(
-        "--region",
-        action="append",
-        type=_region,
-        metavar="FAMILY=LOWER,UPPER",
-        help="decision margins in %% of a metric family (throughput, latency, cpu; default "
+    _add_region_argument(
+        loss,
+        "decision margins in %% of a metric family (throughput, latency, cpu; default "
         "throughput=5,20 latency=10,50 cpu=10,50): negligible within +-LOWER, moderate up to "
         "UPPER, material beyond",
     )
@@ -304,13 +307,7 @@ def _add_next_command(commands) -> None:
     nxt.add_argument("--budget-h", type=float, default=0.0, help="device hours (0: no budget)")
     nxt.add_argument("--metric", default="bw_bytes", help="the metric whose decisions count")
     nxt.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
-    nxt.add_argument(
-        "--region",
-        action="append",
-        type=_region,
-        metavar="FAMILY=LOWER,UPPER",
-        help="decision margins in %% of a metric family, as for `luksbench loss`",
-    )
+    _add_region_argument(nxt, "decision margins in %% of a metric family, as for `luksbench loss`")
     nxt.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
     nxt.set_defaults(func=_cmd_next)
 

@@ -137,9 +137,8 @@ def next_round(
 
 
 def fixed_design(table: pd.DataFrame, fio: pd.DataFrame, *settings, **options) -> pd.DataFrame:
-    """:data:`FIXED_COLUMNS` of every row of the loss table ``table`` (empty but in the rows of
-    sequential cells); ``settings``/``options``: the loss table's, as for
-    :func:`stats.loss_tables` (the fixed design's interval: the t-interval at ``confidence``)."""
+    """:data:`FIXED_COLUMNS` of every row of the loss table ``table``, filled in sequential cells;
+    ``settings``/``options``: the loss table's, as for :func:`stats.loss_tables`."""
     keys, cell = [*CELL_KEYS, "metric", "baseline", "variant"], ["host", "workload"]
     seq = table["interval"].eq("sequential").to_numpy()
     found = pd.DataFrame(columns=FIXED_COLUMNS)

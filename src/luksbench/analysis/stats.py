@@ -206,11 +206,9 @@ def _scale(d: np.ndarray, pilot: tuple[float, int] | None) -> tuple[float, int]:
 def paired_log_ratio_ci(
     d: np.ndarray, confidence: float = 0.95, pilot: tuple[float, int] | None = None
 ) -> LogRatioCI:
-    """Paired t-interval on the mean of log ratios ``d``; bounds NaN for n < 2.
-
-    ``pilot=(s0, n0)``: Stein's two-stage interval instead, ``mean(d) +- t_{n0-1} s0 / sqrt(n)``
-    with s0 the SD of the n0 pilot pairs that chose n: exact coverage whatever n the pilot
-    chose (the final SD after a data-dependent n is not: it under-covers)."""
+    """Paired t-interval on the mean of log ratios ``d``; bounds NaN for n < 2. ``pilot=(s0,
+    n0)``: Stein's interval, ``mean(d) +- t_{n0-1} s0 / sqrt(n)`` with s0 the SD of the n0 pilot
+    pairs that chose n: exact coverage whatever n the pilot chose (the final SD would not be)."""
     _check_confidence(confidence)
     d = np.asarray(d, float)
     n = int(d.size)
@@ -465,11 +463,10 @@ def table_verdicts(
 
 
 def half_width_log(half_width_pct: float) -> float:
-    """Target half-width on the log scale for a target of ``half_width_pct`` percentage points:
-    ``ln(1 + h/100)`` (0.01980 for 2 points). At zero effect a log interval mean +- h maps to
-    ``[100 (e^-h - 1), 100 (e^h - 1)]`` = [-1.96, +2.00] points on the increase scale and
-    [-2.00, +1.96] on the loss scale: neither side exceeds the target. (``-ln(1 - h/100)`` = 0.02020
-    would let one side reach 2.04 points.)"""
+    """Target half-width on the log scale for ``half_width_pct`` points: ``ln(1 + h/100)``
+    (0.01980 for 2). At zero effect mean +- h maps to [-1.96, +2.00] points on the increase scale
+    and [-2.00, +1.96] on the loss scale: neither side exceeds the target (``-ln(1 - h/100)``
+    would let one side reach 2.04)."""
     if not half_width_pct > 0:
         raise ValueError(f"half-width must be > 0 percentage points, not {half_width_pct}")
     return math.log1p(half_width_pct / 100)
@@ -809,12 +806,10 @@ def order_effect(
     metrics,
     confidence: float = 0.95,
 ) -> pd.DataFrame:
-    """How much the second run of a pair measures above the first, one row per metric (columns
-    :data:`ORDER_COLUMNS`). With a shift o on the log scale for the second run, d = ln(variant /
-    baseline) is mean + o in pairs run baseline first and mean - o in the others; in each cell
-    with pairs of both orders, o is half the difference of their mean d. ``order_log`` is o's
-    mean over those cells with a t-interval over cells, ``order_pct`` = 100 (exp(o) - 1). A
-    balanced schedule cancels o from the loss table; this says how large it was."""
+    """How much the second run of a pair measures above the first, per metric (columns
+    :data:`ORDER_COLUMNS`). A shift o of the second run makes d = mean + o in pairs run baseline
+    first and mean - o in the others: per cell with both orders, o is half the difference of
+    their mean d; ``order_log`` its mean over cells with a t-interval over cells."""
     _check_confidence(confidence)
     paired = pair_values(fio, baseline, variant, list(metrics)).merge(
         pair_orders(schedule, baseline, variant), on=["host", "workload", "rep"]

@@ -48,8 +48,7 @@ def plans(env: pd.DataFrame) -> dict[str, dict]:
 
 def unapplied(asked: dict, desc: dict) -> list[str]:
     """What of the luks settings the plan ``asked`` for a stack its description ``desc`` does not
-    show applied: a perf flag not applied by cryptsetup or missing from the dm table, a sector
-    size, cipher or key size other than asked."""
+    show applied (a perf flag: by cryptsetup and in the dm table)."""
     luks = desc.get("layers") or {}
     while isinstance(luks, dict) and luks.get("kind") not in (None, "luks"):
         luks = luks.get("over")
