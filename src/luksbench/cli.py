@@ -102,6 +102,12 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_region_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument(
+        "--region", action="append", type=_region, metavar="FAMILY=LOWER,UPPER", help=help_text
+    )
+
+
 def _region(text: str) -> tuple[str, tuple[float, float]]:
     """``FAMILY=LOWER,UPPER`` (e.g. ``throughput=5,20``) for ``--region``."""
     family, _, margins = text.partition("=")
@@ -181,9 +187,7 @@ CONFIDENCE_HELP = "confidence level of the intervals (default 0.95)"
 def _add_loss_commands(commands) -> None:
     """``luksbench loss`` and ``luksbench targets``: one run's statistics straight from raw."""
     loss = commands.add_parser("loss", help="loss table with confidence intervals for one run")
-    loss.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
-    loss.add_argument("--baseline", default="plain", help=BASELINE_HELP)
-    loss.add_argument("--variant", default="luks", help=VARIANT_HELP)
+    _add_run_arguments(loss)
     loss.add_argument(
         "--metric",
         action="append",
@@ -196,12 +200,9 @@ def _add_loss_commands(commands) -> None:
         action="store_true",
         help="leave flagged pairs out of the estimates (they are always counted in n_outliers)",
     )
-    loss.add_argument(
-        "--region",
-        action="append",
-        type=_region,
-        metavar="FAMILY=LOWER,UPPER",
-        help="decision margins in %% of a metric family (throughput, latency, cpu; default "
+    _add_region_argument(
+        loss,
+        "decision margins in %% of a metric family (throughput, latency, cpu; default "
         "throughput=5,20 latency=10,50 cpu=10,50): negligible within +-LOWER, moderate up to "
         "UPPER, material beyond",
     )
@@ -215,7 +216,7 @@ def _add_loss_commands(commands) -> None:
         "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "finds it and gives the cells it lists Stein's interval.",
     )
-    _add_run_host_arguments(targets, "the host whose pilot pairs count")
+    _add_run_arguments(targets, "the host whose pilot pairs count")
     targets.add_argument(
         "--pilot-pairs", type=int, default=4, metavar="N0", help="pilot pairs per cell (default 4)"
     )
@@ -251,10 +252,11 @@ def _add_test_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_run_host_arguments(parser: argparse.ArgumentParser, host_help: str) -> None:
-    """RAW_DIR, --host, --baseline and --variant: one host's pairs of one comparison."""
+def _add_run_arguments(parser: argparse.ArgumentParser, host_help: str | None = None) -> None:
+    """RAW_DIR, --host (with ``host_help``), --baseline and --variant: one comparison of a run."""
     parser.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
-    parser.add_argument("--host", required=True, help=host_help)
+    if host_help:
+        parser.add_argument("--host", required=True, help=host_help)
     parser.add_argument("--baseline", default="plain", help=BASELINE_HELP)
     parser.add_argument("--variant", default="luks", help=VARIANT_HELP)
 
@@ -295,7 +297,7 @@ def _add_next_command(commands) -> None:
         "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "reads it.",
     )
-    _add_run_host_arguments(nxt, "the host whose cells are decided")
+    _add_run_arguments(nxt, "the host whose cells are decided")
     nxt.add_argument(
         "--min-pairs", type=int, default=3, metavar="N", help="pairs before the first look"
     )
@@ -305,13 +307,7 @@ def _add_next_command(commands) -> None:
     nxt.add_argument("--budget-h", type=float, default=0.0, help="device hours (0: no budget)")
     nxt.add_argument("--metric", default="bw_bytes", help="the metric whose decisions count")
     nxt.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
-    nxt.add_argument(
-        "--region",
-        action="append",
-        type=_region,
-        metavar="FAMILY=LOWER,UPPER",
-        help="decision margins in %% of a metric family, as for `luksbench loss`",
-    )
+    _add_region_argument(nxt, "decision margins in %% of a metric family, as for `luksbench loss`")
     nxt.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
     nxt.set_defaults(func=_cmd_next)
 

@@ -1,7 +1,4 @@
-"""Cells of a run: the keys one comparison lives in, config patterns, and which rows measure I/O.
-
-Shared by the loss tables, the cross-run comparison and the publishing side (no statistics here).
-"""
+"""Cells of a run: the keys one comparison lives in, config patterns, and which rows measure I/O."""
 
 from __future__ import annotations
 
@@ -36,8 +33,7 @@ def pattern_of(workload: str) -> str:
 
 
 def with_pattern(fio: pd.DataFrame) -> pd.DataFrame:
-    """``fio`` with a string ``pattern`` column: as ingested, or (tables ingested before patterns
-    existed) read from the workload ids."""
+    """``fio`` with a string ``pattern`` column: as ingested, else read from the workload ids."""
     if "pattern" in fio.columns:
         if fio["pattern"].isna().any():
             fio = fio.assign(pattern=fio["pattern"].astype("object").fillna(""))

@@ -1,13 +1,9 @@
 """Which stacks the analysis compares: config ``analysis.comparisons``, checked and resolved.
 
-A comparison is a (baseline, variant) pair of stacks, given as ``{baseline, variant}`` mappings;
-``[]`` (default) compares every other stack with the top-level ``baseline``. The headline is
-(``baseline``, ``analysis.variant``) when that pair is among them, else the first listed; the
-resolved list starts with it, the others keep their order (with ``[]``: alphabetical).
-
-:func:`check_config` runs when the workflow parses the config (errors name the key, e.g.
-``analysis.comparisons[1].variant``); :func:`resolve` runs at analysis time and leaves out, with
-a note, comparisons whose stacks have no results (an optional stack that could not be built).
+A comparison is a (baseline, variant) pair of stacks; ``[]`` (default) compares every other stack
+with the top-level ``baseline``. The headline, (``baseline``, ``analysis.variant``) when listed,
+else the first, comes first; the others keep their order (with ``[]``: alphabetical).
+:func:`check_config` runs when the workflow parses the config, :func:`resolve` at analysis time.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ Pair = tuple[str, str]
 
 
 class ComparisonError(ValueError):
-    """A comparison that names an unknown stack, compares a stack with itself, or repeats; the
-    message names the config key."""
+    """A comparison that cannot be made as configured; the message names the config key."""
 
 
 def label(pair: Pair) -> str:
@@ -114,17 +109,10 @@ def check_config(config: dict) -> list[Pair]:
     )
 
 
-def resolve(
-    measured: Iterable[str], baseline: str, variant: str, comparisons=None, warn=None
-) -> list[Pair]:
-    """The comparisons the data can answer, headline first.
-
-    ``comparisons`` empty: every measured stack but ``baseline`` against ``baseline`` (the
-    headline ``variant`` first, then alphabetical). Given: those whose two stacks both have
-    results; the others are left out and named through ``warn`` (default: stderr). Raises
-    :class:`ComparisonError` when nothing is left to compare."""
+def resolve(measured: Iterable[str], baseline: str, variant: str, comparisons=None) -> list[Pair]:
+    """The comparisons the data can answer, headline first: those whose two stacks both have
+    results; the others are named on stderr. :class:`ComparisonError` when nothing is left."""
     measured = set(measured)
-    warn = warn or (lambda message: print(f"luksbench: {message}", file=sys.stderr))
     items = parse(comparisons)
     if not items:
         others = [s for s in sorted(measured) if s != baseline]
@@ -134,10 +122,9 @@ def resolve(
         for item in items:
             pair = (item["baseline"], item["variant"])
             if missing := [s for s in pair if s not in measured]:
-                warn(
-                    f"comparison {label(pair)} left out: no results for "
-                    + ", ".join(f"`{s}`" for s in missing)
-                )
+                names = ", ".join(f"`{s}`" for s in missing)
+                note = f"luksbench: comparison {label(pair)} left out: no results for {names}"
+                print(note, file=sys.stderr)
             elif pair not in pairs:
                 pairs.append(pair)
     pairs = _headline_first(pairs, baseline, variant)

@@ -1,10 +1,8 @@
 """CPU cost of a fio run net of the box's own load, as utilisation, per GiB and per I/O.
 
-The CPU sidecar counts every busy CPU-second of the machine during the run, including what the box
-burns doing nothing; the session's idle baseline (``cpu_idle_baseline`` in the manifest, per
-session in the schedule table) times the run's interval is subtracted. A host with a session
-without a baseline keeps the gross values (``cpu_net`` False). README, "CPU cost", says how to
-read the columns.
+The CPU sidecar counts every busy CPU-second of the machine during the run; the session's idle
+baseline (``cpu_idle_baseline`` in the manifest) times the run's interval is subtracted. README,
+"CPU cost", says how to read the columns.
 """
 
 from __future__ import annotations
@@ -27,17 +25,19 @@ def idle_rates(baseline) -> dict:
     seconds = base.get("interval_s")
     if not isinstance(seconds, int | float) or seconds <= 0:
         return dict.fromkeys(IDLE_COLUMNS, np.nan)
-    busy, system, pct = base.get("busy_s"), delta.get("system"), base.get("busy_pct")
-    values = (busy / seconds if isinstance(busy, int | float) else np.nan,)
-    values += (system / seconds if isinstance(system, int | float) else np.nan,)
-    values += (pct if isinstance(pct, int | float) else np.nan,)
-    return dict(zip(IDLE_COLUMNS, values, strict=True))
+    busy, system, pct = (
+        _number(x) for x in (base.get("busy_s"), delta.get("system"), base.get("busy_pct"))
+    )
+    return dict(zip(IDLE_COLUMNS, (busy / seconds, system / seconds, pct), strict=True))
+
+
+def _number(value) -> float:
+    return value if isinstance(value, int | float) else np.nan
 
 
 def with_cpu_cost(fio: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
-    """``fio`` with the CPU columns net of each run's session idle baseline (module doc) and
-    ``cpu_net``: whether they are. A host's values are net only when every session of it
-    recorded a baseline, so no cell pairs a gross value with a net one."""
+    """``fio`` with the CPU columns net of each run's session idle baseline and ``cpu_net``: net
+    only when every session of the host recorded a baseline (no cell pairs gross with net)."""
     if fio.empty:
         return fio
     keys = ["host", "stack", "workload", "rep"]
@@ -69,10 +69,8 @@ def with_cpu_cost(fio: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
 
 
 def within_noise_notes(loss: pd.DataFrame, fio: pd.DataFrame) -> pd.Series:
-    """Per loss row: :data:`NOT_ABOVE_IDLE` where a CPU metric's cell has a run at or below 0
-    (the baseline subtracted, the run's CPU is within the idle noise), else "". Such a cell has no
-    interval (:func:`luksbench.analysis.stats.loss_table`): dropping those pairs would select on
-    the outcome."""
+    """Per loss row: :data:`NOT_ABOVE_IDLE` where a CPU metric's cell has a run at or below 0 net
+    (such a cell has no interval: dropping those pairs would select on the outcome), else ""."""
     notes = pd.Series("", index=loss.index, dtype="string")
     keys = ["host", "workload", "job_slot", "direction", "stack"]
     for metric in set(loss["metric"]) & set(fio.columns):

@@ -2,24 +2,18 @@
 
 ``luksbench compare RUN_A RUN_B --out DIR`` (published by :mod:`luksbench.publish.crossrun`). For
 every host pair, stack, cell and metric: ``change_pct = 100 (r - 1)``, ``r`` the geometric-mean
-ratio B / A, with its interval from log values (:func:`pairing_design` says which and why):
-
-* **paired**: ``d_k = ln(B_k / A_k)``, a paired t-interval on mean d, only when every repetition k
-  of a cell ran in the same round k of sessions that overlapped in time (side by side, e.g. a
-  fleet run), so the pairs share whatever drifted;
-* **sessions**: otherwise two runs differ by everything that differs from one session (stack-up)
-  to the next, so each side's replicates are its sessions: a Welch t-interval on the difference of
-  the mean session means of ln value, which needs two sessions on each side; with one
-  (**one session**) the row has no interval and is ``insufficient``.
-
-Verdicts as in the loss table (Benjamini-Hochberg over the whole comparison); ``outcome`` reads
-them by the metric's direction: better, worse, same, unclear, insufficient, only in A / only in B.
+ratio B / A, with an interval from log values: **paired** (t on ``d_k = ln(B_k / A_k)``) only
+when the runs were measured side by side (:func:`pairing_design`), else **sessions** (Welch over
+each side's session means of ln value: two runs differ by whatever differs between sessions),
+none with one session on a side (**one session**, ``insufficient``). Verdicts as in the loss
+table (Benjamini-Hochberg over the whole comparison); ``outcome`` reads them by the metric's
+direction: better, worse, same, unclear, insufficient, only in A / only in B.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +54,8 @@ class RunData:
     name: str
     source: str
     fio: pd.DataFrame
-    env: pd.DataFrame = field(default_factory=pd.DataFrame)
-    schedule: pd.DataFrame = field(default_factory=pd.DataFrame)
+    env: pd.DataFrame
+    schedule: pd.DataFrame
 
 
 def load_run(
@@ -94,10 +88,8 @@ def load_run(
 
 
 def host_pairs(a: RunData, b: RunData, specs: list[str] | None = None) -> list[tuple[str, str]]:
-    """Which host of A is compared with which host of B.
-
-    ``specs``: ``NAME`` (that host in both runs) or ``A_HOST=B_HOST``. Default: the hosts the runs
-    share; when they share none and each has exactly one, those two."""
+    """(host of A, host of B) to compare: ``specs`` ``NAME`` (that host in both runs) or
+    ``A_HOST=B_HOST``; default the hosts the runs share, or, sharing none, their only hosts."""
     hosts_a, hosts_b = (sorted(run.fio["host"].dropna().unique()) for run in (a, b))
     if specs:
         pairs = []
@@ -126,7 +118,7 @@ def host_pairs(a: RunData, b: RunData, specs: list[str] | None = None) -> list[t
 
 
 def _sessions(schedule: pd.DataFrame, host: str) -> pd.DataFrame:
-    if schedule is None or schedule.empty:
+    if schedule.empty:
         return pd.DataFrame()
     sched = schedule[(schedule["host"] == host) & (schedule["status"] == "ok")]
     return sched.drop_duplicates(["stack", "workload", "rep"], keep="last")
@@ -281,11 +273,8 @@ def compare_runs(
         sa, sb = vals_a[vals_a["host"] == ha], vals_b[vals_b["host"] == hb]
         design, why = _by_sessions(*pairing_design(a, b, ha, hb, unpaired), sa, sb)
         designs[f"{ha}={hb}"] = {"design": design, "reason": why}
-        attrs = pd.concat([sa, sb])[[*cell, *stats.CELL_ATTRS]].drop_duplicates(cell)
-        info_of = {
-            tuple(r[:4]): dict(zip(stats.CELL_ATTRS, r[4:], strict=True))
-            for r in attrs.itertuples(index=False, name=None)
-        }
+        attrs = pd.concat([sa, sb]).drop_duplicates(cell).set_index(cell)[stats.CELL_ATTRS]
+        info_of = attrs.to_dict("index")
         ga, gb = sa.groupby(cell).indices, sb.groupby(cell).indices
         for key in sorted(set(ga) | set(gb), key=str):
             for metric in present:
@@ -294,7 +283,7 @@ def compare_runs(
                 change = _cell_change(va, vb, design, confidence, equivalence_margin_pct)
                 rows.append({"host_a": ha, "host_b": hb, **dict(zip(cell, key, strict=True))})
                 rows[-1] |= {**info_of[key], "metric": metric, "design": design, **change}
-    table = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c not in ("q_value",)])
+    table = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c != "q_value"])
     table = table.assign(
         run_a=a.name,
         run_b=b.name,
@@ -355,7 +344,7 @@ def env_differences(a: RunData, b: RunData, pairs: list[tuple[str, str]]) -> lis
 
 
 def _env_row(env: pd.DataFrame, host: str) -> dict:
-    if env is None or env.empty or "host" not in env:
+    if env.empty or "host" not in env:
         return {}
     rows = env[env["host"] == host]
     return rows.iloc[0].to_dict() if len(rows) else {}

@@ -1,18 +1,11 @@
 """Adaptive repetitions, two-stage (Stein): spend device time where the noise is.
 
-Stage 1 (pilot): every cell runs ``pilot_pairs`` (n0) pairs. From the pilot pairs 1..n0 alone,
-:func:`pilot_targets` computes each cell's target N with :func:`luksbench.analysis.stats.stein_pairs`
-from the pilot SD of d = ln(variant / baseline) of the design metric (default ``bw_bytes``; for a
-cell with several directions or jobs, and for several comparisons, the largest SD). Stage 2 tops
-every cell up to its N (``luksbench testbox run-fio --targets targets.json``); there is no further
-look at the data after the pilot. Cells whose requirement exceeds ``max_pairs`` stop at the cap and
-are labelled *noisy*: their interval is honest but wider than the target. A pilot cell without n0
-usable pairs (a failed run) gets the cap and counts as noisy.
-
-The targets file (:mod:`luksbench.formats.targets`) records the decision, n0 and the pilot SDs; the
-loss table gives these cells Stein's interval (:func:`luksbench.analysis.stats.paired_log_ratio_ci`:
-exact coverage whatever N the pilot chose). ``luksbench targets`` and the workflow's
-``plan_repetitions`` rule both call :func:`write_targets`.
+Stage 1 (pilot): every cell runs ``pilot_pairs`` (n0) pairs; from them alone each cell gets its
+target N (:func:`luksbench.analysis.stats.stein_pairs` on the largest pilot SD of d over the
+cell's directions, jobs and comparisons). Stage 2 tops every cell up to its N; no further look at
+the data. Cells over ``max_pairs``, or without n0 usable pilot pairs, stop at the cap: *noisy*,
+with an honest but wider interval. The loss table gives these cells Stein's interval.
+``luksbench targets`` and the workflow's ``plan_repetitions`` rule both call :func:`write_targets`.
 """
 
 from __future__ import annotations
@@ -61,13 +54,11 @@ def pilot_targets(
     cells: list[str] | None = None,
     comparisons: list[tuple[str, str]] | None = None,
 ) -> dict[str, dict]:
-    """Per host, the targets document (see module doc) from the pilot pairs of a fio table.
+    """Per host, the targets document from the pilot pairs of a fio table.
 
     ``cells``: workload ids the plan measures (a cell missing from the pilot gets the cap).
-    ``comparisons``: the (baseline, variant) pairs whose pilot SDs count (config
-    ``analysis.comparisons`` resolved); default every stack of ``variants`` against ``baseline``.
-    A comparison with a stack that has no pilot results (an optional stack that could not be
-    built) does not count."""
+    ``comparisons``: the (baseline, variant) pairs whose pilot SDs count (default every stack of
+    ``variants`` against ``baseline``), but for those with a stack without pilot results."""
     stats.higher_is_better(metric)
     compared = list(comparisons) if comparisons else [(baseline, v) for v in variants]
     measured = set(fio["stack"].dropna()) if len(fio) else set()

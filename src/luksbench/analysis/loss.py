@@ -1,21 +1,9 @@
 """The loss tables of a run, written beside the tidy tables: the only producer of statistics.
 
-``write_loss`` reads ``fio.parquet`` and writes every statistic figures and paper show:
-
-``loss.parquet``      the loss table of every comparison, headline first (:func:`stats.loss_tables`),
-                      with ``note``: "too few I/Os ..." where a latency percentile is withheld
-                      (:func:`tails.too_few_notes`), "net CPU <= 0 ..." where a CPU cell
-                      has no interval (:func:`cpucost.within_noise_notes`), and the baseline's
-                      ``fio_bound`` / ``cpu_saturated`` flags (:mod:`saturation`), and for
-                      a sequential design's cells the device time and the fixed design's
-                      decision (:func:`sequential.fixed_design`);
-``cpu_loss.parquet``  its rows of CPU cost (:data:`CPU_METRICS`) that were measured;
-``arms.parquet``      mean over repetitions with its t-interval per arm, cell and metric
-                      (throughput and CPU: the bars of the figures);
-``reps.parquet``      every repetition's value per arm and cell (job entries combined): the dots;
-``order.parquet``     the effect of the stack order within pairs, per comparison and metric
-                      (:func:`stats.order_effect`, from the schedule table);
-``tuning.parquet``    the tuning arms ranked against the headline variant (:mod:`.tuning`).
+``write_loss`` reads ``fio.parquet`` and writes every statistic figures and paper show
+(:data:`LOSS_TABLES`, described in :mod:`luksbench.analysis.dictionary`): the loss table of every
+comparison, headline first, with its notes and the baseline's saturation flags, and the tables
+derived from it or from the same pairs.
 """
 
 from __future__ import annotations
@@ -47,9 +35,8 @@ def write_loss(
     comparisons=None,
     decision_regions: dict | None = None,
 ) -> tuple[pd.DataFrame, Path]:
-    """Read ``fio.parquet`` from ``processed_dir``, write the :data:`LOSS_TABLES` beside it (parquet
-    and CSV); returns the loss table and its path. ``comparisons``: config ``analysis.comparisons``, resolved
-    against the stacks with results (:func:`luksbench.analysis.contrasts.resolve`)."""
+    """Write the :data:`LOSS_TABLES` beside ``processed_dir``'s ``fio.parquet`` (parquet and CSV);
+    returns the loss table and its path. ``comparisons``: config ``analysis.comparisons``."""
     processed_dir = Path(processed_dir)
     fio = pd.read_parquet(processed_dir / "fio.parquet")
     pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)

@@ -1,6 +1,4 @@
-"""The loss table straight from a raw run folder: strict ingest, then the statistics
-(``luksbench loss RAW_DIR``, without the workflow or processed tables), with the baseline's
-``fio_bound`` / ``cpu_saturated`` flags as in ``loss.parquet``."""
+"""``luksbench loss RAW_DIR``: the loss table straight from a raw run folder (strict ingest)."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from luksbench.analysis.stats import loss_table
 
 def loss_table_from_raw(raw_dir: Path, *args, **kwargs) -> pd.DataFrame:
     """:func:`~luksbench.analysis.stats.loss_table` (same arguments after the fio table) of a raw
-    run folder (strict ingest); ValueError when it holds no fio results."""
+    run folder, with the baseline's saturation flags; ValueError without fio results."""
     fio = fio_table(Path(raw_dir))
     if fio.empty:
         raise ValueError(

@@ -1,11 +1,9 @@
 """Was the baseline limited by fio or by the CPU rather than by the device?
 
-``fio_bound``: a fio job used more than :data:`JOB_CPU_LIMIT_PCT` of a core (fio's own usr + sys
-of the job thread): one submitting thread was the limit. ``cpu_saturated``: the whole machine was
-busy for at least :data:`BUSY_LIMIT_PCT` of the run (the CPU sidecar). A loss measured against
-such a baseline is a lower bound: the baseline could not go faster, so the encrypted arm's
-distance to what the device can do is understated. More jobs (``fio.numjobs``) and pinning
-(``cpus_allowed``, ``numa_pin``) remove the first; only a faster or less loaded CPU the second.
+``fio_bound``: a fio job used more than :data:`JOB_CPU_LIMIT_PCT` of a core (its usr + sys): one
+submitting thread was the limit. ``cpu_saturated``: the machine was busy for at least
+:data:`BUSY_LIMIT_PCT` of the run (the CPU sidecar). A loss against such a baseline is a lower
+bound: the baseline could not go faster.
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ LOSS_FLAG_COLUMNS = ["fio_bound", "cpu_saturated", "baseline_job_cpu_pct", "base
 
 
 def with_flags(fio: pd.DataFrame) -> pd.DataFrame:
-    """``fio`` with ``job_cpu_pct`` (the job's usr + sys) and the run's ``fio_bound`` (any job of
-    the run over the limit) and ``cpu_saturated``."""
+    """``fio`` with ``job_cpu_pct`` and the run's ``fio_bound`` (any job over the limit) and
+    ``cpu_saturated``."""
     job = fio["usr_cpu"].astype(float) + fio["sys_cpu"].astype(float)
     run = fio.assign(_job=job).groupby("file", sort=False)["_job"].transform("max")
     busy = fio["busy_cpu_pct"].astype(float)

@@ -1,16 +1,11 @@
 """Sequential design: measure in rounds, decide every cell between rounds, stop when decided.
 
-Looks at n = min_pairs, min_pairs + 1, ..., max_pairs pairs, one per round: K planned looks. At
-each look a cell's interval is the paired t-interval at level 1 - alpha / K (Bonferroni over the
-looks): by the union bound all K intervals of a cell hold together with probability >= 1 - alpha,
-so the one at whatever look the cell stopped at covers with at least the nominal confidence,
-whatever rule chose that look (its own data included). A cell stops when every row of the design
-metric (its jobs, directions and comparisons) is decided by magnitude, at ``max_pairs``, or when
-the device-time budget is spent; the remaining budget goes first to the cells whose interval is
-closest to fitting inside a region. :func:`next_round` writes the targets file
-(:mod:`luksbench.formats.targets`, plus ``look_confidence``, ``done`` and the history of looks),
-for ``luksbench next`` and the workflow's rounds alike; the loss table gives the cells it lists
-the sequential interval.
+Looks at n = min_pairs, ..., max_pairs pairs, one per round: K planned looks, each interval the
+paired t at level 1 - alpha / K (Bonferroni over the looks), so all K of a cell hold together and
+the one where it stopped covers whatever chose that look. A cell stops when every row of the
+design metric is decided by magnitude, at ``max_pairs``, or when the device-time budget is spent
+(which goes first to the cells closest to a decision). :func:`next_round` writes the targets file
+(:mod:`luksbench.formats.targets`) for ``luksbench next`` and the workflow's rounds alike.
 """
 
 from __future__ import annotations
@@ -47,8 +42,7 @@ def look_confidence(confidence: float, min_pairs: int, max_pairs: int) -> float:
 
 
 def device_seconds(fio: pd.DataFrame) -> pd.DataFrame:
-    """Per (host, workload, rep): the device seconds of the pair (fio's runtime of each stack's
-    run)."""
+    """Per (host, workload, rep): the pair's device seconds (the sum of its runs' fio runtimes)."""
     runs = fio.groupby(["host", "workload", "rep", "stack"], as_index=False)["runtime_ms"].max()
     return (
         runs.groupby(["host", "workload", "rep"], as_index=False)["runtime_ms"]
@@ -95,18 +89,15 @@ def next_round(
     level = look_confidence(confidence, min_pairs, max_pairs)
     fio = fio[fio["host"] == host] if len(fio) else fio
     comparisons = [tuple(p) for p in comparisons]
-    # a comparison with a stack that has no results (an optional stack not built) does not count
-    compared = [p for p in comparisons if set(p) <= set(fio["stack"])] if len(fio) else []
-    loss = (
-        stats.loss_tables(
-            fio, compared, metrics=[metric], confidence=level, decision_regions=decision_regions
-        )
-        if len(fio)
-        else pd.DataFrame(columns=["workload"])
-    )
-    looks = _cell_looks(loss) if len(loss) else pd.DataFrame(columns=["n"])
-    columns = ["host", "workload", "rep", "seconds"]
-    pair_s = device_seconds(fio) if len(fio) else pd.DataFrame(columns=columns)
+    looks = pd.DataFrame(columns=["n"])
+    pair_s = pd.DataFrame(columns=["host", "workload", "rep", "seconds"])
+    if len(fio):
+        # a comparison with a stack that has no results (an optional stack not built) does not count
+        compared = [p for p in comparisons if set(p) <= set(fio["stack"])]
+        settings = {"metrics": [metric], "confidence": level, "decision_regions": decision_regions}
+        loss = stats.loss_tables(fio, compared, **settings)
+        looks = _cell_looks(loss) if len(loss) else looks
+        pair_s = device_seconds(fio)
     spent = float(pair_s["seconds"].sum())
     cost = pair_s.groupby("workload")["seconds"].mean()
     measured = pair_s.groupby("workload")["rep"].max()
@@ -146,9 +137,8 @@ def next_round(
 
 
 def fixed_design(table: pd.DataFrame, fio: pd.DataFrame, *settings, **options) -> pd.DataFrame:
-    """:data:`FIXED_COLUMNS` of every row of the loss table ``table`` (empty but in the rows of
-    sequential cells); ``settings``/``options``: the loss table's, as for
-    :func:`stats.loss_tables` (the fixed design's interval: the t-interval at ``confidence``)."""
+    """:data:`FIXED_COLUMNS` of every row of the loss table ``table``, filled in sequential cells;
+    ``settings``/``options``: the loss table's, as for :func:`stats.loss_tables`."""
     keys, cell = [*CELL_KEYS, "metric", "baseline", "variant"], ["host", "workload"]
     seq = table["interval"].eq("sequential").to_numpy()
     found = pd.DataFrame(columns=FIXED_COLUMNS)

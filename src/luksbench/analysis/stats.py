@@ -1,26 +1,13 @@
 """Paired loss table: what does the variant stack (luks) cost against the baseline (plain)?
 
 Rep k of every stack forms pair k (same cell, same session, run back to back). Per cell
-(:data:`CELL_KEYS`: host, workload, job slot, direction; pairs never cross hosts) and metric, the
-log ratio of every complete pair, ``d_k = ln(variant_k / baseline_k)``, gets an interval on mean d:
-paired t, Stein's for cells of the adaptive design (:func:`paired_log_ratio_ci`), or t over the
-session means with several sessions. Ratios are the natural scale for throughput and latency
-(effects multiply); ``r = exp(mean d)`` is the geometric-mean ratio.
-
-The effect is always "how much worse the variant is", in percent: ``loss_pct = 100 (1 - r)`` for
-higher-is-better metrics (bandwidth, IOPS; bounds transformed and swapped), ``increase_pct =
-100 (r - 1)`` for the others (latency, CPU). ``effect_pct`` repeats the one that is filled and
-``ci_low``/``ci_high`` bound it. Pairs with a missing side or a value <= 0 are dropped
-(``n_dropped``); for the net CPU metrics one such value leaves the cell without an interval.
-
-Every row also carries the ``decision`` by magnitude (:func:`decision`), p- and q-value
-(Benjamini-Hochberg per comparison and metric), the TOST equivalence check, the Fieller and
-bootstrap cross-checks, the flagged outliers and the adaptive design's columns: README, "How
-sure: the statistics", tables every column. ``verdict`` (:data:`VERDICTS`): ``insufficient``
-(fewer than two usable pairs, or no interval), else ``significant`` (q <= 1 - confidence), else
-``equivalent`` (the 90 % interval inside +-margin), else ``inconclusive``. ``noisy`` is a separate
-column: a noisy cell keeps its honest interval. Comparing two runs is
-:mod:`luksbench.analysis.crossrun`.
+(:data:`CELL_KEYS`; pairs never cross hosts) and metric, the log ratios of the complete pairs,
+``d_k = ln(variant_k / baseline_k)``, get an interval on mean d (which one: :func:`_cell_stats`);
+``r = exp(mean d)`` is the geometric-mean ratio (effects multiply). The effect is always how much
+worse the variant is, in percent: ``loss_pct = 100 (1 - r)`` for higher-is-better metrics
+(bounds swapped), ``increase_pct = 100 (r - 1)`` for the others; ``effect_pct`` repeats the filled
+one. Every column, decision and verdict: README, "How sure: the statistics". Comparing two runs
+is :mod:`luksbench.analysis.crossrun`.
 """
 
 from __future__ import annotations
@@ -219,11 +206,9 @@ def _scale(d: np.ndarray, pilot: tuple[float, int] | None) -> tuple[float, int]:
 def paired_log_ratio_ci(
     d: np.ndarray, confidence: float = 0.95, pilot: tuple[float, int] | None = None
 ) -> LogRatioCI:
-    """Paired t-interval on the mean of log ratios ``d``; bounds NaN for n < 2.
-
-    ``pilot=(s0, n0)``: Stein's two-stage interval instead, ``mean(d) +- t_{n0-1} s0 / sqrt(n)``
-    with s0 the SD of the n0 pilot pairs that chose n: exact coverage whatever n the pilot
-    chose (the final SD after a data-dependent n is not: it under-covers)."""
+    """Paired t-interval on the mean of log ratios ``d``; bounds NaN for n < 2. ``pilot=(s0,
+    n0)``: Stein's interval, ``mean(d) +- t_{n0-1} s0 / sqrt(n)`` with s0 the SD of the n0 pilot
+    pairs that chose n: exact coverage whatever n the pilot chose (the final SD would not be)."""
     _check_confidence(confidence)
     d = np.asarray(d, float)
     n = int(d.size)
@@ -235,26 +220,25 @@ def paired_log_ratio_ci(
     return LogRatioCI(n, mean, sd, mean - half, mean + half)
 
 
+def _t_pvalue(mean: float, se: float, df: float) -> float:
+    """Two-sided p-value of ``t = mean / se``; 0 or 1 when the standard error is 0."""
+    if se == 0:
+        return 1.0 if mean == 0 else 0.0
+    return float(2 * sps.t.sf(abs(mean / se), df=df))
+
+
 def paired_t_pvalue(d: np.ndarray, pilot: tuple[float, int] | None = None) -> float:
     """Two-sided p-value of the paired t-test ``mean(d) = 0`` (as ``scipy.stats.ttest_1samp``;
-    with ``pilot``, Stein's test, see :func:`paired_log_ratio_ci`); NaN for n < 2; 0 or 1 when
-    the SD is 0."""
+    with ``pilot``, Stein's test, see :func:`paired_log_ratio_ci`); NaN for n < 2."""
     d = np.asarray(d, float)
-    n = d.size
-    if n < 2:
+    if d.size < 2:
         return math.nan
-    mean = float(d.mean())
     sd, df = _scale(d, pilot)
-    if sd == 0:
-        return 1.0 if mean == 0 else 0.0
-    t = mean / (sd / math.sqrt(n))
-    return float(2 * sps.t.sf(abs(t), df=df))
+    return _t_pvalue(float(d.mean()), sd / math.sqrt(d.size), df)
 
 
 @dataclass(frozen=True)
 class WelchLogCI:
-    """Unpaired (Welch) interval on ``mean(log_b) - mean(log_a)``: two groups, unequal variances."""
-
     n_a: int
     n_b: int
     mean: float
@@ -267,12 +251,9 @@ class WelchLogCI:
 def welch_log_ratio_ci(
     log_a: np.ndarray, log_b: np.ndarray, confidence: float = 0.95
 ) -> WelchLogCI:
-    """Welch t-interval on the difference of mean logs (B minus A), for two independent samples.
-
-    The unpaired counterpart of :func:`paired_log_ratio_ci`, used when repetition k of one sample
-    has nothing in common with repetition k of the other (different sessions): ``se^2 = s_a^2/n_a
-    + s_b^2/n_b`` with Welch-Satterthwaite degrees of freedom. Bounds NaN unless both samples have
-    two values; when both SDs are 0 the interval is the point (df = n_a + n_b - 2)."""
+    """Welch t-interval on ``mean(log_b) - mean(log_a)`` of two independent samples (unequal
+    variances, Welch-Satterthwaite df): the unpaired :func:`paired_log_ratio_ci`. Bounds NaN
+    unless both samples have two values; both SDs 0: the point (df = n_a + n_b - 2)."""
     _check_confidence(confidence)
     a, b = np.asarray(log_a, float), np.asarray(log_b, float)
     na, nb = int(a.size), int(b.size)
@@ -284,20 +265,15 @@ def welch_log_ratio_ci(
     if se == 0:
         return WelchLogCI(na, nb, mean, 0.0, float(na + nb - 2), mean, mean)
     df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
-    half = float(sps.t.ppf(0.5 + confidence / 2, df)) * se
+    half = _t_quantile(confidence, df) * se
     return WelchLogCI(na, nb, mean, se, df, mean - half, mean + half)
 
 
 def welch_t_pvalue(log_a: np.ndarray, log_b: np.ndarray) -> float:
     """Two-sided p-value of Welch's t-test ``mean(log_a) = mean(log_b)`` (as
-    ``scipy.stats.ttest_ind(equal_var=False)``); NaN unless both samples have two values; 0 or 1
-    when both SDs are 0."""
+    ``scipy.stats.ttest_ind(equal_var=False)``); NaN unless both samples have two values."""
     ci = welch_log_ratio_ci(log_a, log_b)
-    if math.isnan(ci.se):
-        return math.nan
-    if ci.se == 0:
-        return 1.0 if ci.mean == 0 else 0.0
-    return float(2 * sps.t.sf(abs(ci.mean / ci.se), df=ci.df))
+    return math.nan if math.isnan(ci.se) else _t_pvalue(ci.mean, ci.se, ci.df)
 
 
 def fieller_ratio_ci(
@@ -305,11 +281,10 @@ def fieller_ratio_ci(
 ) -> tuple[float, float]:
     """Paired Fieller interval for the ratio of means ``theta = mean(variant) / mean(baseline)``.
 
-    The set of theta for which the paired t-test of ``variant_i - theta * baseline_i`` does not
-    reject: ``(v - theta b)^2 <= t^2 (s_vv - 2 theta s_bv + theta^2 s_bb) / n``. It is a bounded
-    interval exactly when ``b^2 > t^2 s_bb / n`` (the baseline mean differs significantly from 0);
-    otherwise it is unbounded and both bounds are NaN. Also NaN for n < 2. Both arms are
-    positive, so is their ratio: a bound below 0 is clipped to 0 (NaN if both are)."""
+    The theta for which the paired t-test of ``variant_i - theta * baseline_i`` does not reject:
+    ``(v - theta b)^2 <= t^2 (s_vv - 2 theta s_bv + theta^2 s_bb) / n``, bounded exactly when
+    ``b^2 > t^2 s_bb / n`` (else both bounds NaN, as for n < 2). Both arms are positive, so is
+    their ratio: a bound below 0 is clipped to 0 (NaN if both are)."""
     _check_confidence(confidence)
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
     n = b.size
@@ -329,13 +304,9 @@ def fieller_ratio_ci(
     return (max(low, 0.0), high) if high > 0 else (math.nan, math.nan)
 
 
-def bootstrap_log_ratio_ci(
-    d: np.ndarray, confidence: float = 0.95, seed: int = BOOTSTRAP_SEED
-) -> tuple[float, float]:
-    """BCa bootstrap interval for mean d, resampling whole pairs (seeded, so reproducible).
-
-    Only from :data:`BOOTSTRAP_MIN_PAIRS` pairs on (NaN below). Falls back to the percentile
-    method when BCa is undefined (e.g. all d equal)."""
+def bootstrap_log_ratio_ci(d: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Seeded BCa bootstrap interval for mean d over whole pairs, from :data:`BOOTSTRAP_MIN_PAIRS`
+    pairs on (NaN below); the percentile method where BCa is undefined (e.g. all d equal)."""
     _check_confidence(confidence)
     d = np.asarray(d, float)
     if d.size < BOOTSTRAP_MIN_PAIRS:
@@ -344,7 +315,7 @@ def bootstrap_log_ratio_ci(
         options = {"n_resamples": BOOTSTRAP_RESAMPLES, "method": method}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sps.DegenerateDataWarning)
-            rng = np.random.default_rng(seed)
+            rng = np.random.default_rng(BOOTSTRAP_SEED)
             res = sps.bootstrap((d,), np.mean, confidence_level=confidence, **options, rng=rng)
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(lo) and math.isfinite(hi):
@@ -371,10 +342,7 @@ def flag_outliers(
 ) -> np.ndarray:
     """Pairs to flag: |modified z of d| > :data:`OUTLIER_Z` within the cell (cells with at least
     :data:`OUTLIER_MIN_PAIRS` pairs), or a fio error / an unattained steady state on either arm.
-
-    Flags only; nothing is dropped here. Even without any real outlier, the z rule flags one pair
-    in roughly 10-15 % of cells of 6-20 normal pairs (simulated): that is why the loss table keeps
-    flagged pairs by default and shows the estimate without them only on request."""
+    Flags only: normal pairs get a flag in 10-15 % of cells, so the loss table keeps them."""
     d = np.asarray(d, float)
     flags = np.zeros(d.shape, dtype=bool)
     if d.size >= OUTLIER_MIN_PAIRS:
@@ -495,11 +463,10 @@ def table_verdicts(
 
 
 def half_width_log(half_width_pct: float) -> float:
-    """Target half-width on the log scale for a target of ``half_width_pct`` percentage points:
-    ``ln(1 + h/100)`` (0.01980 for 2 points). At zero effect a log interval mean +- h maps to
-    ``[100 (e^-h - 1), 100 (e^h - 1)]`` = [-1.96, +2.00] points on the increase scale and
-    [-2.00, +1.96] on the loss scale: neither side exceeds the target. (``-ln(1 - h/100)`` = 0.02020
-    would let one side reach 2.04 points.)"""
+    """Target half-width on the log scale for ``half_width_pct`` points: ``ln(1 + h/100)``
+    (0.01980 for 2). At zero effect mean +- h maps to [-1.96, +2.00] points on the increase scale
+    and [-2.00, +1.96] on the loss scale: neither side exceeds the target (``-ln(1 - h/100)``
+    would let one side reach 2.04)."""
     if not half_width_pct > 0:
         raise ValueError(f"half-width must be > 0 percentage points, not {half_width_pct}")
     return math.log1p(half_width_pct / 100)
@@ -514,12 +481,9 @@ def stein_pairs(
 ):
     """Stein's two-stage rule: pairs needed so that the interval on mean d has half-width <= h.
 
-    ``N = max(n0, ceil((t_{1-alpha/2, n0-1} s / h)^2))`` with ``s`` the pilot SD of d (n0 pilot
-    pairs) and ``h = half_width_log(half_width_pct)``; then capped at ``max_pairs``. A missing pilot
-    SD (NaN: pilot incomplete) asks for the cap. Vectorised over ``sd_pilot``.
-
-    Returns ``(pairs, required, capped)``: the pairs to run, the uncapped real-valued requirement,
-    and whether the cap was hit (``required > max_pairs``: the cell is *noisy*)."""
+    ``N = max(n0, ceil((t_{1-alpha/2, n0-1} s / h)^2))``, s the pilot SD of d (NaN: the cap), h =
+    :func:`half_width_log`, capped at ``max_pairs``. Vectorised over ``sd_pilot``. Returns (pairs
+    to run, the uncapped real-valued requirement, whether the cap was hit: the cell is *noisy*)."""
     _check_confidence(confidence)
     if pilot_pairs < 2:
         raise ValueError("a pilot needs at least 2 pairs (an SD)")
@@ -569,22 +533,16 @@ def _cell_stats(
     sessions_planned: int = 1,
     look_confidence: float = math.nan,
 ) -> dict:
-    """Everything of one row of the loss table except the cross-table q-value and verdict.
+    """One row of the loss table but for the cross-table q-value and verdict.
 
-    ``all_or_none`` (net CPU metrics): a value <= 0 on either side makes no pair usable, as the
-    cell's low values would otherwise be left out selectively.
-
-    ``sessions_planned`` >= 2 and pairs from at least two sessions: the two-level interval, a
-    t-interval over the session means of d (``interval`` "sessions"), which covers the variation
-    from one stack-up to the next; every estimate then rests on session means.
-
-    ``pilot_pairs`` (n0, adaptive cells whose N came from a pilot SD, one session): Stein's
-    interval and test on the SD of the usable pairs among reps 1..n0 (their count - 1 degrees of
-    freedom); with fewer than two of them no interval (``interval`` "none"): a t-interval after a
-    pilot-chosen N under-covers. NaN (a fixed design, or a pilot without an SD, which ran the cap
-    whatever the data): the t-interval. ``look_confidence`` (a sequential design's cells, one
-    session): the t-interval, TOST and cross-checks at that level (``interval`` "sequential"), the
-    p-value Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks."""
+    ``interval``: "sessions" with ``sessions_planned`` >= 2 and pairs from two sessions or more
+    (t over the session means of d, on which every estimate then rests); "stein" with
+    ``pilot_pairs`` n0 (an adaptive cell whose N came from a pilot SD: the SD of the usable pairs
+    among reps 1..n0), "none" with fewer than two of those (a t-interval after a pilot-chosen N
+    under-covers); "sequential" with ``look_confidence`` (everything at that level, the p-value
+    Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks); else "t".
+    ``all_or_none`` (net CPU metrics): a value <= 0 on either side leaves no pair usable, as
+    dropping the cell's low values would select on the outcome."""
     ok = usable_pairs(b, v)
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
         ok[:] = False
@@ -666,12 +624,11 @@ DESIGN_COLUMNS = ["target_pairs", "noisy", "pilot_pairs"]
 
 
 def _design(fio: pd.DataFrame) -> pd.DataFrame:
-    """Per (host, workload): the adaptive target, whether the cell hit the cap and the pilot's
-    pairs n0 (from ingest's ``target_pairs``/``hit_cap``/``pilot_pairs`` columns, i.e. the
-    run's targets.json; NaN/False when the run had a fixed design)."""
+    """Per (host, workload): the adaptive design's columns from ingest's (the run's targets.json;
+    NaN/False for a fixed design)."""
     keys = ["host", "workload"]
     if fio.empty or "target_pairs" not in fio.columns:
-        return pd.DataFrame(columns=[*keys, *DESIGN_COLUMNS])
+        return pd.DataFrame(columns=[*keys, *DESIGN_COLUMNS, "look_confidence"])
     missing = pd.Series(math.nan, index=fio.index)
     df = fio[keys].assign(
         target_pairs=pd.to_numeric(fio["target_pairs"], errors="coerce"),
@@ -696,11 +653,9 @@ def loss_table(
 ) -> pd.DataFrame:
     """The paired loss table (columns :data:`LOSS_COLUMNS`) from a tidy fio table (``fio_table``).
 
-    ``exclude_outliers``: leave flagged pairs out of every estimate (they are counted in
-    ``n_outliers`` either way; default keeps them: nothing is dropped silently).
-    ``decision_regions``: see :func:`check_regions`. Each metric is its own family for the
-    Benjamini-Hochberg adjustment, so a row's q-value, verdict and decision do not depend on
-    which other metrics are computed."""
+    ``exclude_outliers``: leave flagged pairs out of every estimate (counted in ``n_outliers``
+    either way). Each metric is its own Benjamini-Hochberg family, so a row's q-value, verdict
+    and decision do not depend on which other metrics are computed."""
     _check_confidence(confidence)
     regions = check_regions(decision_regions)
     if not equivalence_margin_pct > 0:
@@ -720,8 +675,8 @@ def loss_table(
     flags = paired[list(REP_FLAGS)].to_numpy(bool)
     attrs = {a: paired[a].to_numpy(object) for a in CELL_ATTRS}
     design = _design(fio)
-    pilots = design.set_index(["host", "workload"])["pilot_pairs"].to_dict()
-    levels = design.set_index(["host", "workload"]).get("look_confidence", pd.Series()).to_dict()
+    by_cell = design.set_index(["host", "workload"])
+    pilots, levels = by_cell["pilot_pairs"].to_dict(), by_cell["look_confidence"].to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
     settings = (confidence, equivalence_margin_pct, exclude_outliers)
     rows = []
@@ -792,9 +747,7 @@ def with_dtypes(table: pd.DataFrame, columns, text, ints, bools) -> pd.DataFrame
 
 def loss_tables(fio: pd.DataFrame, comparisons, *args, **kwargs) -> pd.DataFrame:
     """:func:`loss_table` (same arguments after the pair) of every (baseline, variant) pair in
-    ``comparisons``, concatenated in that order (columns ``baseline``/``variant`` say which). The
-    Benjamini-Hochberg adjustment and the verdicts stay per comparison and metric: each is its own
-    family of tests."""
+    ``comparisons``, concatenated in that order; each stays its own family of tests."""
     parts = [loss_table(fio, b, v, *args, **kwargs) for b, v in comparisons]
     if not parts:
         raise ValueError("no comparisons given")
@@ -807,9 +760,8 @@ ARM_KEYS = ["host", "stack", "pattern", "rw", "bs_bytes", "iodepth", "direction"
 
 
 def arm_summary(fio: pd.DataFrame, metrics, confidence: float = 0.95) -> pd.DataFrame:
-    """Mean over repetitions per arm and cell (:data:`ARM_KEYS`) and metric, with the half width
-    of its t-interval (NaN with fewer than two repetitions). Multi-entry jobs are combined first
-    as in :func:`rep_values`. Columns: ARM_KEYS, metric, n, mean, ci_half, confidence."""
+    """Mean over repetitions (:func:`rep_values`) per arm and cell (:data:`ARM_KEYS`) and metric,
+    with the half width of its t-interval (NaN with fewer than two repetitions)."""
     _check_confidence(confidence)
     vals = rep_values(fio, list(metrics))
     rows = []
@@ -854,12 +806,10 @@ def order_effect(
     metrics,
     confidence: float = 0.95,
 ) -> pd.DataFrame:
-    """How much the second run of a pair measures above the first, one row per metric (columns
-    :data:`ORDER_COLUMNS`). With a shift o on the log scale for the second run, d = ln(variant /
-    baseline) is mean + o in pairs run baseline first and mean - o in the others; in each cell
-    with pairs of both orders, o is half the difference of their mean d. ``order_log`` is o's
-    mean over those cells with a t-interval over cells, ``order_pct`` = 100 (exp(o) - 1). A
-    balanced schedule cancels o from the loss table; this says how large it was."""
+    """How much the second run of a pair measures above the first, per metric (columns
+    :data:`ORDER_COLUMNS`). A shift o of the second run makes d = mean + o in pairs run baseline
+    first and mean - o in the others: per cell with both orders, o is half the difference of
+    their mean d; ``order_log`` its mean over cells with a t-interval over cells."""
     _check_confidence(confidence)
     paired = pair_values(fio, baseline, variant, list(metrics)).merge(
         pair_orders(schedule, baseline, variant), on=["host", "workload", "rep"]

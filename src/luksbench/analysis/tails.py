@@ -1,11 +1,10 @@
 """Completion-latency percentiles from fio's json+ histograms, only where the run had enough I/Os.
 
-A run's job entries (numjobs without group_reporting) are a mixture, whose quantile is not the mean
-of the entries' quantiles: their histograms are summed and each percentile read off the sum by
-fio's own rule. A percentile is given only where at least :data:`MIN_BEYOND` completions lie
-beyond it in every run of the cell (all stacks and repetitions), else it is NaN for the whole
-cell with the note "too few I/Os": withholding run by run would drop the slow runs, those most
-likely to have a high tail. Rows without json+ histograms keep fio's own percentiles.
+A run's job entries are a mixture, whose quantile is not the mean of the entries' quantiles: their
+histograms are summed and each percentile read off the sum by fio's own rule. A percentile needs
+:data:`MIN_BEYOND` completions beyond it in every run of the cell, else it is withheld for the
+whole cell ("too few I/Os"): withholding run by run would drop the slow runs, those most likely
+to have a high tail. Rows without json+ histograms keep fio's own percentiles.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from luksbench.analysis.cells import CELL_KEYS  # a cell's percentiles: for all its runs or none
+from luksbench.analysis.cells import CELL_KEYS
 
 #: fio table column -> the percentile it holds
 PERCENTILES = {"clat_p50_ns": 50.0, "clat_p99_ns": 99.0, "clat_p999_ns": 99.9}
@@ -48,10 +47,9 @@ def run_percentiles(latency: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_histogram_percentiles(fio: pd.DataFrame, latency: pd.DataFrame) -> pd.DataFrame:
-    """``fio`` with the :data:`PERCENTILES` of every row that has a json+ histogram replaced by
-    its run's (:func:`run_percentiles`; all entries of a run get the run's value), NaN in every
-    row of a cell where a run had fewer than :func:`min_ios` completions, and the ``clat_ios``
-    column (NaN without a histogram)."""
+    """``fio`` with the :data:`PERCENTILES` of its runs' summed json+ histograms (each entry gets
+    its run's), NaN in a cell where a run had fewer than :func:`min_ios` completions, and the
+    ``clat_ios`` column (NaN without a histogram)."""
     runs = run_percentiles(latency)
     fio = fio.drop(columns="clat_ios", errors="ignore")
     if runs.empty or fio.empty:
@@ -67,8 +65,8 @@ def with_histogram_percentiles(fio: pd.DataFrame, latency: pd.DataFrame) -> pd.D
 
 
 def too_few_notes(loss: pd.DataFrame, fio: pd.DataFrame) -> pd.Series:
-    """Per loss row: "too few I/Os ..." where a percentile row has no pairs because a run of its
-    cell (any stack, :func:`with_histogram_percentiles`) had too few completions for it, else ""."""
+    """Per loss row: "too few I/Os ..." where a run of a percentile row's cell had too few
+    completions for it, else ""."""
     notes = pd.Series("", index=loss.index, dtype="string")
     if "clat_ios" not in fio.columns or loss.empty:
         return notes

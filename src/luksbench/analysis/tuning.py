@@ -1,22 +1,13 @@
 """Which dm-crypt settings pay off on this box: the tuning arms of a run (``tuning.parquet``).
 
-A run has tuning arms when ``analysis.comparisons`` compares stacks with the headline variant
-(``analysis.variant``, the reference: the LUKS2 default in config/studies/tune-dmcrypt.yaml);
-each such stack is a setting. Per setting, metric and cell the table keeps the effect against the
-reference and, beside it, the loss table's row against the ceiling (the top-level ``baseline``,
-the device without dm-crypt). Metrics: throughput and p99 latency in the cells at full speed, CPU
-per I/O at equal load in the cells of fixed-rate patterns (``rate_pct``, read from the plan in
-env.json), with the reference arm's ``fio_bound`` / ``cpu_saturated`` flags (a limited reference
-understates a gain).
-
-The rows against the reference are one family of ``n_decisions`` decisions: each interval is
-widened to the Bonferroni level (``row_confidence``) so that all of them hold together at the
-run's confidence (``family_confidence``), and decided by magnitude on that interval. A setting
-is ``recommended`` with at least one gain and no cost, else ``costs``, ``undecided`` or ``no
-measured benefit``; ``rank`` orders the recommended ones by their gains. A setting the box did
-not apply (the plan's perf flags, sector size, cipher or key size against what the stack's
-description records: the flags cryptsetup applied that are also in the dm table) or could not
-build is ``not measured``, with the reason in ``not_applied``.
+Each stack ``analysis.comparisons`` compares with the headline variant (the reference, e.g. the
+LUKS2 default in config/studies/tune-dmcrypt.yaml) is a setting. Per setting, metric and cell:
+the effect against the reference and, beside it, the row against the ceiling (the top-level
+``baseline``). Throughput and p99 latency in the cells at full speed, CPU per I/O at equal load
+in the cells of fixed-rate patterns. The rows against the reference are one Bonferroni family
+(:func:`family_decisions`); a setting is ``recommended`` with at least one gain and no cost, else
+``costs``, ``undecided`` or ``no measured benefit``, and ``not measured`` when the box did not
+apply or build it (:func:`not_applied`).
 """
 
 from __future__ import annotations
@@ -57,8 +48,7 @@ def plans(env: pd.DataFrame) -> dict[str, dict]:
 
 def unapplied(asked: dict, desc: dict) -> list[str]:
     """What of the luks settings the plan ``asked`` for a stack its description ``desc`` does not
-    show applied: a perf flag not applied by cryptsetup or missing from the dm table, a sector
-    size, cipher or key size other than asked."""
+    show applied (a perf flag: by cryptsetup and in the dm table)."""
     luks = desc.get("layers") or {}
     while isinstance(luks, dict) and luks.get("kind") not in (None, "luks"):
         luks = luks.get("over")

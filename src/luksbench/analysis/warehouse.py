@@ -4,9 +4,8 @@
     python -m luksbench.analysis.warehouse --database data/processed/warehouse.duckdb   # keep the views
 
 One view per processed table (:data:`TABLES`), the union by column name of
-``<processed_root>/*/<table>.parquet``, with a ``run`` column (the run folder's name where the
-table has none). Views read the files at query time: nothing is copied or rebuilt.
-:data:`EXAMPLE_QUERY`, the default: the bandwidth loss of every comparison per run, host and kernel.
+``<processed_root>/*/<table>.parquet``, with a ``run`` column. Views read the files at query
+time: nothing is copied or rebuilt.
 """
 
 from __future__ import annotations
@@ -19,12 +18,11 @@ import duckdb
 
 from luksbench.analysis.ingest import PROCESSED_TABLES
 
-#: the processed tables that get a view
 TABLES = (*PROCESSED_TABLES, "loss")
-
 #: the run folder's name, for tables that do not carry the run themselves
 RUN_FROM_FILENAME = r"regexp_extract(filename, '([^/\\]+)[/\\][^/\\]+$', 1) AS run, "
 
+#: the default query: the bandwidth loss of every comparison per run, host and kernel
 EXAMPLE_QUERY = """\
 SELECT l.workload, l.run, l.host, e.kernel, l.variant, l.baseline,
        round(l.effect_pct, 1) AS loss_pct, round(l.ci_low, 1) AS ci_low,
@@ -40,8 +38,8 @@ def _quote(text: str) -> str:
 
 
 def create_views(con: duckdb.DuckDBPyConnection, processed_root: Path) -> list[str]:
-    """(Re)create one view per table that has at least one run's parquet file; returns their
-    names. Paths are absolute, so a file-backed database works from any directory."""
+    """(Re)create a view of every table with a parquet file; returns their names. Paths are
+    absolute, so a file-backed database works from any directory."""
     root = Path(processed_root).resolve()
     made = []
     for table in TABLES:
@@ -62,10 +60,8 @@ def create_views(con: duckdb.DuckDBPyConnection, processed_root: Path) -> list[s
 def connect(
     processed_root: Path = Path("data/processed"), database: str | Path = ":memory:"
 ) -> duckdb.DuckDBPyConnection:
-    """DuckDB with the views of :func:`create_views` over ``processed_root``.
-
-    ``database``: ``":memory:"`` (default) or a file such as ``data/processed/warehouse.duckdb``
-    that keeps the view definitions for other DuckDB clients (``duckdb FILE``)."""
+    """DuckDB with the views of :func:`create_views`; a ``database`` file (not ``":memory:"``)
+    keeps the view definitions for other DuckDB clients (``duckdb FILE``)."""
     processed_root = Path(processed_root)
     if not processed_root.is_dir():
         raise FileNotFoundError(f"processed folder not found: {processed_root}")
@@ -84,12 +80,9 @@ def query(
     processed_root: Path = Path("data/processed"),
     database: str | Path = ":memory:",
 ):
-    """Run ``sql`` against the views (of :func:`connect`); returns a pandas DataFrame."""
-    con = connect(processed_root, database)
-    try:
+    """``sql`` run against the views (:func:`connect`), as a pandas DataFrame."""
+    with connect(processed_root, database) as con:
         return con.execute(sql).df()
-    finally:
-        con.close()
 
 
 def main(argv: list[str] | None = None) -> int:

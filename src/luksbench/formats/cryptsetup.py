@@ -1,19 +1,12 @@
 """``cryptsetup benchmark`` text output to tidy rows: one per PBKDF and per cipher.
 
-Standard library only: the test box runs this on minimal servers.
-
-Layouts handled (all seen in real output):
-
-* modern (cryptsetup >= 2.0): PBKDF2 lines, argon2 lines, then the cipher table under
-  ``#     Algorithm |       Key |      Encryption |      Decryption``;
-* cryptsetup 1.6/1.7: ``#  Algorithm | Key |  Encryption |  Decryption`` with narrow columns,
-  PBKDF2 lines without ``for 256-bit key``;
-* the cipher header without its ``#`` (lost when pasted into Markdown), the wider header of
-  ``cryptsetup benchmark -c <cipher>``, decimal commas (``1392,7 MiB/s``), ``N/A`` rows
-  (PBKDF or cipher not available), kernel messages (``[  106.19] random: ...``) interleaved;
-* the cipher part failing as a whole (``Required kernel crypto interface not available.`` when
-  AF_ALG / algif_skcipher is missing): the PBKDF rows are kept and ONE row of kind "cipher"
-  with ``available`` False and the error text as ``note`` records the failure.
+Standard library only: the test box runs this on minimal servers. Layouts seen in real output:
+cryptsetup >= 2.0 (PBKDF2, argon2, then the cipher table) and 1.6/1.7 (narrow columns, PBKDF2
+lines without ``for 256-bit key``); the cipher header without its ``#`` (pasted into Markdown) or
+wider (``-c <cipher>``), decimal commas, ``N/A`` rows, interleaved kernel messages. When the
+cipher part fails as a whole (``Required kernel crypto interface not available.``: no AF_ALG),
+the PBKDF rows are kept and ONE row of kind "cipher", ``available`` False, has the error as
+``note``.
 """
 
 from __future__ import annotations
@@ -117,10 +110,8 @@ def _cipher_row(path: Path, match: re.Match) -> dict:
 
 
 def parse_cryptsetup_text(text: str, path: Path | str = "<text>") -> list[dict]:
-    """Rows keyed by :data:`CRYPTSETUP_COLUMNS` from ``cryptsetup benchmark`` output text.
-
-    Rows come in file order. Unavailable results (``N/A``) have ``available`` False, empty
-    numbers and ``note`` "N/A". Raises :class:`CryptsetupParseError` when nothing is recognised."""
+    """Rows keyed by :data:`CRYPTSETUP_COLUMNS` from ``cryptsetup benchmark`` output text, in file
+    order; :class:`CryptsetupParseError` when nothing is recognised."""
     rows: list[dict] = []
     failure_lines: list[str] = []
     saw_cipher_header = False

@@ -1,8 +1,5 @@
 """``<host>/env.json``: the environment document, written once per host by ``luksbench testbox
-capture-env`` and read by ingest (the env table) and, through its ``env_json`` column, by the
-publishing side (the plan a host measured with, when it was captured).
-
-One spelling of every fact, the one capture writes (other keys are kept in ``env_json`` only)::
+capture-env``, read by ingest (the env table; other keys are kept in ``env_json`` only)::
 
     {"captured": "<ISO time, UTC>", "hostname": "...",
      "kernel": {"sysname", "release", "version", "machine"}, "cmdline": "...",
@@ -33,7 +30,6 @@ read_env = read_json_object
 
 
 def _text(value) -> str | None:
-    """First line of a recorded string; None when not recorded."""
     return None if value is None or value == "" else str(value).strip().splitlines()[0]
 
 

@@ -1,11 +1,8 @@
-"""``<host>/fio/manifest.json`` and ``<host>/fio/sessions/*.json``: the record of how a run was
-measured.
+"""``<host>/fio/manifest.json`` and ``<host>/fio/sessions/*.json``: how a run was measured.
 
-The runner rewrites ``manifest.json`` at the end of every ``run-fio`` session (the index of the run
-as it stands) and leaves a write-once, read-only copy of it in ``fio/sessions/<start time>.json``
-(an adaptive pilot writes ``pilot-manifest.json``). Ingest reads them for the stacks table (the
-``stack_descriptions`` and ``unavailable_stacks``), the schedule table (every session's ``runs``)
-and the fio servers of a fleet run (``fleet``). The document (keys the readers use)::
+The runner rewrites ``manifest.json`` (the run's index) at the end of every ``run-fio`` session
+and leaves a write-once copy in ``fio/sessions/<start time>.json`` (an adaptive pilot writes
+``pilot-manifest.json``). The document (keys the readers use)::
 
     {"run", "host", "seed", "repetitions", "cell_repetitions": {cell: n}, "targets", "adaptive",
      "backend", "backend_reason", "baseline", "fleet": {"mode": "clients", "hosts": [...]} | null,
@@ -51,8 +48,8 @@ read_manifest = read_json_object
 
 
 def session_records(host_dir: Path) -> list[tuple[Path, str]]:
-    """(manifest file, session name) of every session of a host: the write-once copies in
-    ``fio/sessions/`` when there are any, else ``fio/manifest.json`` (and the adaptive pilot's)."""
+    """(manifest file, session name) of every session of a host: the copies in ``fio/sessions/``
+    when there are any, else ``fio/manifest.json`` (and the adaptive pilot's)."""
     fio = Path(host_dir) / "fio"
     if sessions := sorted((fio / SESSIONS_DIR).glob("*.json")):
         return [(p, p.stem) for p in sessions]

@@ -1,8 +1,7 @@
 """``plan.json``: the one input of the test box, written by the workflow from the validated
-config; the test box reads only this JSON, so it runs with the standard library alone. This module
-reads, writes and checks the document as a whole (required keys, top-level values, which keys make
-two plans' measurements incomparable); :mod:`luksbench.testbox.plan` checks what stacks, patterns
-and block sizes mean. Standard library only: the test box imports this.
+config. This module checks the document as a whole (required keys, top-level values, which keys
+make two plans' measurements incomparable); :mod:`luksbench.testbox.plan` checks what stacks,
+patterns and block sizes mean. Standard library only: the test box imports this.
 
 Example (all keys are required; the workflow fills defaults)::
 
@@ -30,19 +29,11 @@ Example (all keys are required; the workflow fills defaults)::
 
 Optional: ``"patterns": {"largeblock": {"description": "...", "matrix": {...}, "io_bs": "8k",
 "fsync_per_block": true, "fio": {"ioengine": "psync", "direct": false, "sync": false}}}``: families
-of cells beside the main matrix, each with its own fio options (``fio`` resolved against the
-top-level ``fio`` section: no nulls); absent when the config has none. See
-:func:`luksbench.testbox.plan.cell_options`.
-
-Optional: ``"sessions": k`` (k >= 2; absent for one): every cell is measured in k sessions, each
-its own stack-up, pairs and teardown.
-
-Optional: ``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2,
-"max_pairs": 12, "metric": "bw_bytes"}`` (or ``"mode": "sequential"`` with ``min_pairs`` and
-``budget_h``; only when the config enables adaptive repetitions; then
-``repetitions`` is the pilot's n0 and the second stage gets per-cell targets from ``run-fio
---targets``). It is a record of the design, not a measurement setting: changing it does not make
-a run's measurements incomparable.
+of cells beside the main matrix with their own fio options (resolved against the top-level
+``fio``: no nulls); ``"sessions": k`` (k >= 2): every cell measured in k stack-ups;
+``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2, "max_pairs": 12,
+"metric": "bw_bytes"}`` (or ``"mode": "sequential"`` with ``min_pairs`` and ``budget_h``; then
+``repetitions`` is the pilot's n0): a record of the design, not a measurement setting.
 """
 
 from __future__ import annotations
@@ -125,7 +116,7 @@ def check_run_options(plan: dict, source: str = "plan") -> None:
             )
 
 
-# Keys whose change makes measurements incomparable (more repetitions or cells are fine).
+# Keys whose change makes measurements incomparable
 _MEASUREMENT_KEYS = ("backend", "device_size_mib", "precondition")
 _MEASUREMENT_KEYS += ("stacks", "fio", "devices", "fleet")
 # Per pattern: how its cells are measured (its matrix may grow, and a new pattern adds cells).
@@ -133,11 +124,8 @@ _PATTERN_MEASUREMENT_KEYS = ("io_bs", "fsync_per_block", "fio")
 
 
 def plan_changes(measured: dict, new: dict) -> list[str]:
-    """Differences that would mix incomparable measurements into one run, as 'key: old -> new'.
-
-    Adding repetitions or cells, or changing the seed, is allowed: that is how a run is resumed or
-    extended. Changing how each measurement is taken is not.
-    """
+    """Differences that would mix incomparable measurements into one run, as 'key: old -> new'
+    (more repetitions or cells, or another seed, resume or extend a run: not listed)."""
     changes: list[str] = []
     for key in _MEASUREMENT_KEYS:
         _diff(key, measured.get(key), new.get(key), changes)

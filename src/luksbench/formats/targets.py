@@ -1,8 +1,6 @@
-"""``<host>/fio/targets.json``: the adaptive design's per-cell repetition targets.
-
-Written by the analysis (:func:`luksbench.analysis.design.write_targets`, from the pilot) and read
-by the runner (``run-fio --targets``: cells are topped up to their target) and by ingest (the
-design columns). The document::
+"""``<host>/fio/targets.json``: the adaptive design's per-cell repetition targets, written by the
+analysis (:mod:`luksbench.analysis.design`, :mod:`luksbench.analysis.sequential`), read by the
+runner (``run-fio --targets``) and by ingest (the design columns). The document::
 
     {"pairs": {"<workload id>": <pairs, int >= 1>, ...},   # what the runner reads
      "noisy": ["<workload id>", ...],                       # cells whose target hit the cap
@@ -19,6 +17,7 @@ import json
 from pathlib import Path
 
 from luksbench.formats.layout import read_json_object
+from luksbench.testbox.sysutil import write_atomic
 
 
 class TargetsError(ValueError):
@@ -26,11 +25,9 @@ class TargetsError(ValueError):
 
 
 def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | None]]:
-    """workload id -> (target pairs, capped, pilot pairs n0 or None, look confidence or None)
-    from a targets file (:class:`TargetsError`). n0 is None where the pairs did not come from a
-    pilot SD: no ``pilot_pairs``, or ``cells`` records no SD for the cell (its pilot was
-    incomplete, the cell ran the cap whatever its data). The look confidence is the level of a
-    sequential design's intervals (``look_confidence``), None for the other designs."""
+    """workload id -> (target pairs, capped, pilot pairs n0, look confidence) from a targets file.
+    n0 is None where the pairs did not come from a pilot SD (the cell's pilot was incomplete: it
+    ran the cap whatever its data); the look confidence (a sequential design's) None otherwise."""
     try:
         doc = read_json_object(path)
     except ValueError as exc:
@@ -58,9 +55,5 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | N
 
 
 def write_targets(path: Path, doc: dict) -> None:
-    """Write the targets document (replaced in one rename: the runner never sees half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    """Write the targets document in one rename: the runner never sees half a file."""
+    write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
