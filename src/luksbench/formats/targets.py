@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 
 from luksbench.formats.layout import read_json_object
-from luksbench.testbox.sysutil import write_atomic
 
 
 class TargetsError(ValueError):
@@ -56,4 +55,8 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | N
 
 def write_targets(path: Path, doc: dict) -> None:
     """Write the targets document in one rename: the runner never sees half a file."""
-    write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
