@@ -6,9 +6,8 @@
     luksbench testbox run-fio           --plan P --state STATE.json --raw-host-dir data/raw/<run>/<host> --manifest M.json [--targets T.json]
     luksbench testbox stack-down        [--plan P] --state STATE.json [--record teardown.json]
 
-Progress goes to stderr. Exit codes: 0 ok, 1 failure, 2 usage, 130/143 interrupted by
-SIGINT/SIGTERM (run-fio leaves the devices up: run stack-down afterwards, as the workflow's
-error handler does).
+Progress goes to stderr. Exit codes: 0 ok, 1 failure, 2 usage, 130/143 interrupted (run-fio
+leaves the devices up: run stack-down afterwards, as the workflow's error handler does).
 """
 
 from __future__ import annotations

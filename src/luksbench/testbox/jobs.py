@@ -1,10 +1,5 @@
 """fio's job options (numjobs, CPU pinning, io_uring extras) and the sysfs facts they rest on.
-
-:func:`job_setup` turns a cell's options into fio arguments, one set for all the cell's stacks
-(an option one stack's device lacks is skipped on every stack), and says what it did: the devices'
-NUMA nodes (read from sysfs and recorded whether pinning asked for it or not), the
-CPUs the jobs may run on, and every option skipped because the engine, kernel or device lacks it
-(with the reason). Standard library only.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -76,9 +71,8 @@ def queue_facts(path: str, sys_root: Path = SYS) -> dict:
 
 def job_setup(cell: dict, devices: dict, sys_root: Path = SYS) -> dict:
     """fio arguments for ``cell``'s job options (``args``), decided once for all its stacks
-    (``devices``: stack -> device or None) so both arms of a pair run alike, and the record of
-    what they did: numjobs, numa_nodes (stack -> node), cpus_allowed (the CPUs the jobs may run
-    on; "" = any), cpus_allowed_policy and ``skipped`` (option -> reason)."""
+    (``devices``: stack -> device or None) so both arms of a pair run alike (an option one
+    device lacks is skipped on all), and the record of what they did (``skipped``: why not)."""
     facts = {s: queue_facts(d, sys_root) if d else {"numa_node": None} for s, d in devices.items()}
     nodes = {s: f["numa_node"] for s, f in facts.items()}
     cpus, skipped = cell["cpus_allowed"], {}
@@ -115,8 +109,8 @@ def job_setup(cell: dict, devices: dict, sys_root: Path = SYS) -> dict:
 
 
 def device_facts(plan: dict, cell: dict, sys_root: Path = SYS) -> list[dict]:
-    """:func:`queue_facts` of every disk the plan names (else of the scratch directory's disk),
-    each with the CPUs the main matrix's fio jobs run on there (``job_cpus``; "" = any)."""
+    """:func:`queue_facts` of every disk the plan names (else of the scratch directory's), with
+    the CPUs the main matrix's fio jobs run on there (``job_cpus``)."""
     paths = [d["path"] for d in (plan.get("devices") or {}).values() if d.get("path")]
     if not paths and plan.get("scratch_dir"):
         scratch = Path(plan["scratch_dir"])

@@ -1,11 +1,9 @@
-"""Stack-up and stack-down: check devices, build every stack with the chosen backend
-(:mod:`~luksbench.testbox.backends.kernel` or :mod:`~luksbench.testbox.backends.userspace`,
-chosen by :mod:`~luksbench.testbox.backends.choose`), precondition; tear down, verify clean, record.
+"""Stack-up (check devices, build every stack with the chosen backend, precondition) and
+stack-down (tear down, verify clean, record).
 
-STATE (``--state``) is written before anything is created and after every step, so that
-``stack_down`` can always undo a partial ``stack_up``. It holds paths, pids and names, never key
-material; the key is a random passphrase in a 0600 file in a 0700 directory under scratch_dir,
-passed to tools by file only, and removed by ``stack_down``. Standard library only.
+STATE is written before anything is created and after every step, so ``stack_down`` can always
+undo a partial ``stack_up``. It holds no key material: keys are 0600 files in a 0700 directory
+under scratch_dir, passed to tools by file only. Standard library only.
 """
 
 from __future__ import annotations
@@ -52,10 +50,8 @@ def _real_devices_used(plan: dict) -> dict[str, dict]:
 
 
 def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
-    """Check every device, bring every stack up, precondition, write STATE and DESCRIBE.
-
-    On any failure (or Ctrl-C) everything built so far is torn down before the error propagates.
-    Returns the description."""
+    """Check every device, bring every stack up, precondition, write STATE and DESCRIBE; returns
+    the description. A failure (or Ctrl-C) tears down everything built so far."""
     state_path, describe_path = Path(state_path), Path(describe_path)
     backend = _check_before_building(plan, state_path)
     scratch = safety.check_scratch_dir(plan["scratch_dir"])
@@ -244,13 +240,9 @@ def _shred_keys(key_dir: str | None, actions: list[str]) -> None:
 def stack_down(
     state_path: str | Path, record_path: str | Path | None = None, keep_lock: bool = False
 ) -> dict:
-    """Tear down everything STATE describes, verify nothing of ours is left, delete STATE.
-
-    ``keep_lock``: the test box stays taken (between two sessions of one run).
-
-    Idempotent: a missing STATE, or one whose stacks are already (partly) gone, is fine. Returns
-    the record (also written to ``record_path`` if given); ``record["ok"]`` is False when a check
-    failed, and then STATE is kept."""
+    """Tear down everything STATE describes, verify nothing of ours is left, delete STATE
+    (idempotent). Returns the record; when ``ok`` is False STATE is kept. ``keep_lock``: between
+    two sessions of one run."""
     state_path = Path(state_path)
     started = utc_now()
     if not state_path.exists():
@@ -342,8 +334,7 @@ def _our_processes(stacks: list[dict], objects: list[dict]) -> list[int]:
 
 
 def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
-    """(checks, leftovers): no mount, process, loop device, mapping, md array, key or file of
-    this run is left."""
+    """(checks, leftovers): nothing of this run is left."""
     objects = state.get("objects") or []
     mounts = set(safety.mountpoints())
     ours_mounts = [m for e in stacks if (m := _fuse_mountpoint(e)) and m in mounts]

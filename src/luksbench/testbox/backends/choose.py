@@ -1,8 +1,5 @@
 """Which backend builds the stacks on this machine (kernel or userspace), and why.
-
-The kernel backend needs loop devices, and device-mapper with the crypt target (or MD) for the
-layers a plan uses; the userspace backend needs qemu-storage-daemon with FUSE and builds only
-plain and luks arms on their own backing files. Standard library only.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -122,11 +119,8 @@ def plan_md_levels(plan: dict) -> tuple[int, ...]:
 
 
 def userspace_compatible(plan: dict) -> list[str]:
-    """Why the userspace backend cannot build this plan (empty list: it can).
-
-    It exports whole backing files through FUSE: only ``plain`` and a ``luks`` arm on its own
-    backing file are possible; layers on devices, md, filesystems and dm-linear need the kernel,
-    as do the null cipher and adiantum (qemu's luks driver has neither)."""
+    """Why the userspace backend cannot build this plan (empty: it can): it exports whole backing
+    files, plain or through qemu's luks driver (which has neither null cipher nor adiantum)."""
     why = []
     for name, stack in plan["stacks"].items():
         kind = stack.get("kind") if isinstance(stack, dict) else None
@@ -147,11 +141,7 @@ def resolve_backend(
     md_levels: tuple[int, ...] = (),
     userspace_blockers: list[str] | None = None,
 ) -> dict:
-    """Which backend will be used and why. ``selected`` is None when none can be used.
-
-    ``needs_dm``: the plan has a luks or linear layer (a plain-only plan needs loop devices only);
-    ``md_levels``: RAID levels of its md layers; ``userspace_blockers``: the stacks the userspace
-    backend cannot build (:func:`userspace_compatible`)."""
+    """Which backend will be used and why (``selected`` None: none can be)."""
     dm = dm_crypt_status(try_modprobe=try_modprobe)
     md = md_status(try_modprobe=try_modprobe, levels=md_levels) if md_levels else None
     loop = os.path.exists("/dev/loop-control") and which("losetup") is not None

@@ -1,7 +1,6 @@
-"""Userspace backend: ``qemu-storage-daemon`` exports each backing file through FUSE (plain: the
-raw driver, luks: qemu's luks driver), so both arms take the same path. For machines without
-device-mapper (CI, containers). qemu 7.2's luks driver reads LUKS1 only, so this backend forces
-luks1. Standard library only.
+"""Userspace backend for machines without device-mapper: ``qemu-storage-daemon`` exports each
+backing file through FUSE (raw or through qemu's luks driver), so both arms take the same path.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -111,8 +110,7 @@ def _start_daemon(entry: dict, state: dict) -> None:
 
 
 def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dict:
-    """Every stack as a qemu-storage-daemon FUSE export of its own backing file; STATE is saved
-    before each step. Returns the stacks' descriptions."""
+    """Every stack as a FUSE export of its own backing file; returns their descriptions."""
     if any(e["kind"] == "luks" for e in state["stacks"].values()):
         state["key_dir"] = str(private_dir(state["scratch_dir"], ".luksbench-keys-"))
     # A short directory for QMP sockets and pid files: AF_UNIX paths are limited to 107 bytes.
@@ -138,8 +136,8 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
 
 
 def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: Path) -> None:
-    """luksFormat the backing file as qemu can read it (LUKS1, 512-byte sectors); notes say
-    what of the plan's luks settings this backend cannot honour."""
+    """luksFormat the backing file as qemu reads it (LUKS1, 512-byte sectors); notes say what of
+    the plan's luks settings this backend cannot honour."""
     name, sector = entry["stack"], int(cfg.get("sector_size", 512))
     if cfg.get("luks_type", "luks2") != "luks1":
         desc["notes"].append(USERSPACE_LUKS_NOTE)
