@@ -17,9 +17,9 @@ from pathlib import Path
 
 from luksbench.testbox import lock, safety
 from luksbench.testbox.backends import kernel, userspace
-from luksbench.testbox.backends.choose import resolve_plan_backend, userspace_compatible
+from luksbench.testbox.backends.choose import resolve_plan_backend
 from luksbench.testbox.capture import tool_versions
-from luksbench.testbox.plan import baseline_first, device_uses, precondition_options
+from luksbench.testbox.plan import MIB, baseline_first, device_uses, precondition_options
 from luksbench.testbox.precondition import precondition
 from luksbench.testbox.sysutil import (
     Progress,
@@ -33,7 +33,6 @@ from luksbench.testbox.sysutil import (
 )
 
 STATE_VERSION = 1
-MIB = 1024 * 1024
 
 
 def load_state(state_path: Path) -> dict:
@@ -111,17 +110,10 @@ def _check_dm_names_free(plan: dict) -> None:
 
 def _new_entry(plan: dict, name: str, backend: str, scratch: Path, size: int) -> dict:
     """A stack's STATE entry before it is built (userspace: its backing file and mountpoint)."""
-    cfg = plan["stacks"][name]
-    kind = cfg.get("kind", "plain")
     built = dict.fromkeys(("device", "device_type", "size_bytes", "mountpoint"))  # not yet
-    entry = {"stack": name, "kind": kind, **built}
-    if backend != "userspace":
+    entry = {"stack": name, "kind": plan["stacks"][name].get("kind", "plain"), **built}
+    if backend != "userspace":  # chosen only when it can build every stack
         return entry
-    if userspace_compatible({"stacks": {name: cfg}}):
-        raise TestboxError(
-            f"stack {name}: the userspace backend builds only plain and luks arms on "
-            f"their own backing file, not {kind}: use the kernel backend"
-        )
     run = plan["run"]
     backing = safety.check_inside(scratch / f"luksbench-{run}-{name}.img", scratch)
     mountpoint = safety.check_inside(scratch / f"luksbench-{run}-{name}.fuse", scratch)

@@ -112,12 +112,6 @@ def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> di
     return status
 
 
-def plan_md_levels(plan: dict) -> tuple[int, ...]:
-    """RAID levels the plan's md layers use (empty: no MD needed)."""
-    levels = {int(lay.get("level", 0)) for lay in plan_layers(plan) if lay["kind"] == "md"}
-    return tuple(sorted(levels))
-
-
 def userspace_compatible(plan: dict) -> list[str]:
     """Why the userspace backend cannot build this plan (empty: it can): it exports whole backing
     files, plain or through qemu's luks driver (which has neither null cipher nor adiantum)."""
@@ -185,11 +179,11 @@ def resolve_backend(
     return {"requested": requested, "selected": selected, "reason": reason, **facts}
 
 
-def plan_needs_dm(plan: dict) -> bool:
-    return any(lay["kind"] in ("luks", "linear") for lay in plan_layers(plan))
-
-
 def resolve_plan_backend(plan: dict, try_modprobe: bool = True) -> dict:
     """:func:`resolve_backend` for what this plan's layers need."""
-    levels, blockers = plan_md_levels(plan), userspace_compatible(plan)
-    return resolve_backend(plan["backend"], try_modprobe, plan_needs_dm(plan), levels, blockers)
+    layers = list(plan_layers(plan))
+    needs_dm = any(lay["kind"] in ("luks", "linear") for lay in layers)
+    levels = tuple(sorted({int(lay.get("level", 0)) for lay in layers if lay["kind"] == "md"}))
+    return resolve_backend(
+        plan["backend"], try_modprobe, needs_dm, levels, userspace_compatible(plan)
+    )

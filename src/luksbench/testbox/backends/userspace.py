@@ -23,6 +23,7 @@ from luksbench.testbox.backends.kernel import (
     luks_format_argv,
     write_key,
 )
+from luksbench.testbox.plan import MIB
 from luksbench.testbox.sysutil import (
     TestboxError,
     find_our_processes,
@@ -35,7 +36,6 @@ from luksbench.testbox.sysutil import (
     write_json_atomic,
 )
 
-MIB = 1024 * 1024
 USERSPACE_LUKS_NOTE = (
     "userspace backend forces luks1: qemu-storage-daemon 7.2's luks block driver reads LUKS1 "
     "headers only (LUKS2 support arrived in later qemu versions)"
@@ -164,7 +164,6 @@ def _export(entry: dict, state: dict, state_path: Path) -> None:
     write_json_atomic(state_path, state, mode=0o600)
     _start_daemon(entry, state)
     entry.update(device=entry["mountpoint"], device_type="file")
-    write_json_atomic(state_path, state, mode=0o600)
     entry["size_bytes"] = device_size(entry["device"])
     write_json_atomic(state_path, state, mode=0o600)
 
