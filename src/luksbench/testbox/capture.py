@@ -60,13 +60,10 @@ def _cpuinfo() -> dict:
 
 def _meminfo() -> dict:
     out = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("MemTotal", "MemAvailable", "SwapTotal"):
-                out[key] = int(value.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    for line in (read_text("/proc/meminfo") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("MemTotal", "MemAvailable", "SwapTotal"):
+            out[key] = int(value.split()[0]) * 1024  # "<n> kB"
     return out
 
 

@@ -16,7 +16,7 @@ import os
 import socket
 from pathlib import Path
 
-from luksbench.testbox.sysutil import TestboxError, log, utc_now, write_json_atomic
+from luksbench.testbox.sysutil import TestboxError, log, read_text, utc_now, write_json_atomic
 
 LOCK_DIR = Path("/run/luksbench")
 LOCK_NAME = "measure.lock"
@@ -30,10 +30,8 @@ class Locked(TestboxError):
 
 def _started(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
+    stat = read_text(f"/proc/{pid}/stat")
+    return stat.rpartition(")")[2].split()[19] if stat else None
 
 
 def current_session() -> dict:

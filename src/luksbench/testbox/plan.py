@@ -631,15 +631,9 @@ def resolve_layer(spec, where: str):
 
 
 def resolve_devices(devices: dict) -> dict:
-    """The allowlist with defaults made explicit (wipe_serial, allow_unstable_path)."""
-    out = {}
-    for name, dev in (devices or {}).items():
-        dev = dict(dev)
-        if "path" in dev:
-            dev.setdefault("wipe_serial", "")
-            dev.setdefault("allow_unstable_path", False)
-        out[name] = dev
-    return out
+    """The allowlist with a real disk's defaults made explicit."""
+    disk = {"wipe_serial": "", "allow_unstable_path": False}
+    return {n: {**disk, **d} if "path" in d else dict(d) for n, d in (devices or {}).items()}
 
 
 def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
