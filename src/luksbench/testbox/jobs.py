@@ -45,11 +45,6 @@ def numa_node(sysdir: Path | None) -> int | None:
     return next((n for n in below if n is not None), None)
 
 
-def node_cpus(node: int, sys_root: Path = SYS) -> str | None:
-    """The CPU list of a NUMA node (``0-15,32-47``), None when sysfs has none."""
-    return read_text(sys_root / "devices" / "system" / "node" / f"node{node}" / "cpulist")
-
-
 def queue_facts(path: str, sys_root: Path = SYS) -> dict:
     """NUMA node, hardware queue count, scheduler and poll queues of the device under ``path``."""
     sysdir = block_dir(path, sys_root)
@@ -78,8 +73,9 @@ def job_setup(cell: dict, devices: dict, sys_root: Path = SYS) -> dict:
     cpus, skipped = cell["cpus_allowed"], {}
     if cell["numa_pin"] and not cpus:
         lacking = next((s for s, n in nodes.items() if n is None), None)
-        if lacking is None and len(set(nodes.values())) == 1:
-            cpus = node_cpus(*set(nodes.values()), sys_root) or ""
+        if lacking is None and len(set(nodes.values())) == 1:  # the node's CPU list
+            node = next(iter(nodes.values()))
+            cpus = read_text(sys_root / f"devices/system/node/node{node}/cpulist") or ""
         if not cpus:
             skipped["numa_pin"] = (
                 f"stack {lacking}: sysfs names no NUMA node of {devices[lacking]}"

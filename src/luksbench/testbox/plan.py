@@ -571,8 +571,7 @@ def precondition_options(value) -> dict:
     return merged
 
 
-# The keys each kind of layer reads; the schema's defaults fill every key into every layer, so
-# keys of other kinds are dropped when they hold the default and refused when they were set.
+# The keys each kind of layer reads; another kind's key is dropped when it holds the schema default.
 KIND_KEYS = {
     "plain": {"size_mib"},
     "loop": {"size_mib"},
@@ -665,8 +664,7 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         plan["patterns"] = patterns
     fleet = config.get("fleet") or {}
     if fleet.get("mode", "local") == "clients":
-        # fio runs on every listed server at once (fio --client); the stacks' paths must be valid
-        # on each of them (rbd images, shared devices, or servers on this machine).
+        # fio runs on every server at once (fio --client): the stacks' paths must be valid on each.
         plan["fleet"] = {"mode": "clients", "hosts": [dict(h) for h in fleet.get("hosts") or []]}
     adaptive = config.get("adaptive") or {}
     if adaptive.get("enabled"):

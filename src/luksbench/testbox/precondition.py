@@ -132,8 +132,7 @@ def discard_support(device: str | Path) -> tuple[bool, str]:
         return False, f"{device} advertises no discard (queue/discard_max_bytes is 0)"
     with_holders = sorted(os.listdir(sys_dir / "holders")) if (sys_dir / "holders").is_dir() else []
     if with_holders:
-        # Another stack's layer (dm-crypt, dm-linear) sits on this device: discarding it would
-        # erase that layer's header and data too, and blkdiscard's exclusive open fails anyway.
+        # Another stack's layer sits on it: a discard would erase that layer too.
         return False, f"{device} is held by {', '.join(with_holders)} (a layer of another stack)"
     return True, ""
 
@@ -171,8 +170,7 @@ def precondition(
     try:
         mode = os.stat(device).st_mode
     except OSError as exc:
-        # fio would create a missing file (even its directories): a mistyped /dev path would
-        # fill RAM-backed /dev instead of failing.
+        # fio would create a missing file: a mistyped /dev path would fill RAM-backed /dev.
         raise TestboxError(f"precondition: {device}: {exc.strerror}") from exc
     if not (stat.S_ISBLK(mode) or stat.S_ISREG(mode)):
         raise TestboxError(f"precondition: {device} is neither a block device nor a file")

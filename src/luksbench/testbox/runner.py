@@ -295,8 +295,7 @@ def client_argv(
             job_lines.insert(0, f"[{arg.split('=', 1)[1]}]")
         else:
             job_lines.append(arg[2:])
-    # Each --client names its own job file: with one job file after several --client options,
-    # fio 3.33 sends the job to one server only.
+    # One job file per --client: with one after several, fio 3.33 sends the job to one server.
     servers = [
         arg
         for c in clients
@@ -766,8 +765,7 @@ def _write_manifest(plan: dict, session: dict, outcome: dict) -> None:
             raise TestboxError(f"could not write the manifest {manifest_path}: {exc}") from exc
 
 
-# Room a fio run needs in the raw directory: a json+ result with its CPU sidecar is ~10-60 KiB;
-# the margin keeps the manifest writable too.
+# Room a fio run needs: its json+ result and CPU sidecar (~10-60 KiB), and the manifest.
 MIN_FREE_BYTES = 4 * 1024 * 1024
 
 

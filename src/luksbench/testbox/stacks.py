@@ -42,12 +42,6 @@ def load_state(state_path: Path) -> dict:
         raise TestboxError(f"{state_path}: cannot read stack state: {exc}") from exc
 
 
-def _real_devices_used(plan: dict) -> dict[str, dict]:
-    """The allowlisted real disks (``devices`` entries with a path) the stacks use."""
-    used = device_uses(plan)
-    return {n: spec for n, spec in plan.get("devices", {}).items() if "path" in spec and n in used}
-
-
 def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     """Check every device, bring every stack up, precondition, write STATE and DESCRIBE; returns
     the description. A failure (or Ctrl-C) tears down everything built so far."""
@@ -60,7 +54,9 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     # Everything the stacks will use, checked before anything is created.
     device_checks: dict[str, dict] = {}
     if backend["selected"] == "kernel":
-        device_checks = safety.check_devices(_real_devices_used(plan))
+        used = device_uses(plan)
+        disks = {n: d for n, d in plan.get("devices", {}).items() if "path" in d and n in used}
+        device_checks = safety.check_devices(disks)
         _check_dm_names_free(plan)
     state = _new_state(plan, backend, scratch, size)
     # Before anything is created: one benchmark per test box (the state file is the lock's proof).

@@ -24,8 +24,7 @@ class TestboxError(RuntimeError):
     __test__ = False  # not a pytest test class
 
 
-# How the test box runs every tool: output captured as text, its exit status checked by the
-# caller, and no terminal to prompt on.
+# Every tool runs with its output captured as text, no terminal, its status checked by the caller.
 QUIET = {"capture_output": True, "text": True, "check": False, "stdin": subprocess.DEVNULL}
 
 

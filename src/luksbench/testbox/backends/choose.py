@@ -70,12 +70,6 @@ def _dm_reason(dm: dict) -> str:
     return "device-mapper with dm-crypt available"
 
 
-def userspace_status() -> dict:
-    missing = [t for t in ("qemu-storage-daemon", "fusermount3", "cryptsetup") if not which(t)]
-    fuse = os.path.exists("/dev/fuse")
-    return {"available": not missing and fuse, "missing_tools": missing, "dev_fuse": fuse}
-
-
 def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> dict:
     """Is the kernel's MD (software RAID) usable here, with the personalities the plan needs?"""
     personalities, modules = {0: "raid0", 5: "raid5"}, {0: "raid0", 5: "raid456"}
@@ -139,7 +133,9 @@ def resolve_backend(
     dm = dm_crypt_status(try_modprobe=try_modprobe)
     md = md_status(try_modprobe=try_modprobe, levels=md_levels) if md_levels else None
     loop = os.path.exists("/dev/loop-control") and which("losetup") is not None
-    us = userspace_status()
+    missing = [t for t in ("qemu-storage-daemon", "fusermount3", "cryptsetup") if not which(t)]
+    fuse = os.path.exists("/dev/fuse")
+    us = {"available": not missing and fuse, "missing_tools": missing, "dev_fuse": fuse}
     if userspace_blockers:
         us = {**us, "available": False, "blocked_by": list(userspace_blockers)}
     kernel_ok = loop and (dm["available"] or not needs_dm) and (md is None or md["available"])
