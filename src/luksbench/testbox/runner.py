@@ -371,13 +371,13 @@ def _summary(doc: dict) -> str:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGINT, 10), (signal.SIGKILL, 10)):
+    for sig in (signal.SIGINT, signal.SIGKILL):
         if proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait)
+            proc.wait(10)
 
 
 def check_state_live(state: dict) -> None:
@@ -758,7 +758,8 @@ def _write_manifest(plan: dict, session: dict, outcome: dict) -> None:
     manifest = _manifest(plan, session, outcome)
     try:
         write_json_atomic(manifest_path, manifest)
-        _keep_session_record(manifest_path.parent / SESSIONS_DIR, manifest)
+        session_record = new_session_path(manifest_path.parent / SESSIONS_DIR, manifest["started"])
+        write_json_atomic(session_record, manifest, mode=0o444)
     except OSError as exc:
         log(f"luksbench testbox run-fio: could not write the manifest {manifest_path}: {exc}")
         if outcome["interrupted"] is None and not outcome["failed"]:
@@ -780,14 +781,6 @@ def check_free_space(directory: Path, min_free: int = MIN_FREE_BYTES) -> None:
             f"{min_free // 1024} KiB needed per fio run; finished repetitions are kept, "
             "free some space and run again to measure the rest"
         )
-
-
-def _keep_session_record(sessions_dir: Path, manifest: dict) -> None:
-    """A read-only copy of this session's manifest, named by its start time; never overwritten."""
-    sessions_dir.mkdir(parents=True, exist_ok=True)
-    path = new_session_path(sessions_dir, manifest["started"])
-    write_json_atomic(path, manifest)
-    path.chmod(0o444)
 
 
 def _one_run(
