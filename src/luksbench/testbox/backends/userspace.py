@@ -92,7 +92,7 @@ def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
                     break
 
 
-def _start_daemon(entry: dict, state: dict) -> None:
+def _start_daemon(entry: dict) -> None:
     mnt = Path(entry["mountpoint"])
     mnt.touch(mode=0o600)  # FUSE exports need an existing regular file as mountpoint
     daemon, who = entry["daemon"], f"stack {entry['stack']}"
@@ -162,7 +162,7 @@ def _export(entry: dict, state: dict, state_path: Path) -> None:
     paths = {"qmp_socket": str(rt / f"{name}.qmp"), "pidfile": str(rt / f"{name}.pid")}
     entry["daemon"] = {"pid": None, **paths}
     write_json_atomic(state_path, state, mode=0o600)
-    _start_daemon(entry, state)
+    _start_daemon(entry)
     entry.update(device=entry["mountpoint"], device_type="file")
     entry["size_bytes"] = device_size(entry["device"])
     write_json_atomic(state_path, state, mode=0o600)
