@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from luksbench.testbox.sysinfo import parse_scheduler
 from luksbench.testbox.sysutil import read_text
 
 SYS = Path("/sys")
@@ -24,7 +25,7 @@ def block_dir(path: str, sys_root: Path = SYS) -> Path | None:
     return where.resolve() if where.exists() else None
 
 
-def _disk(sysdir: Path) -> Path:
+def whole_disk(sysdir: Path) -> Path:
     """A partition's disk; a disk itself otherwise (queue/ and mq/ sit on the disk)."""
     return sysdir.parent if (sysdir / "partition").exists() else sysdir
 
@@ -34,7 +35,7 @@ def numa_node(sysdir: Path | None) -> int | None:
     first node found below it (``slaves``); None when sysfs names none (loop, virtual, -1)."""
     if sysdir is None:
         return None
-    disk = _disk(sysdir)
+    disk = whole_disk(sysdir)
     node = read_text(disk / "device" / "numa_node")
     if node is None:  # nvme namespaces: the controller's node is one level up
         node = read_text(disk / "device" / "device" / "numa_node")
@@ -50,15 +51,14 @@ def queue_facts(path: str, sys_root: Path = SYS) -> dict:
     sysdir = block_dir(path, sys_root)
     if sysdir is None:
         return {"device": path, "block_device": None, "numa_node": None}
-    disk = _disk(sysdir)
-    sched = (read_text(disk / "queue" / "scheduler") or "").split()
+    disk = whole_disk(sysdir)
     mq = disk / "mq"
     return {
         "device": path,
         "block_device": disk.name,
         "numa_node": numa_node(sysdir),
         "queues": len(list(mq.iterdir())) if mq.is_dir() else None,
-        "scheduler": next((s[1:-1] for s in sched if s.startswith("[")), None),
+        "scheduler": parse_scheduler(read_text(disk / "queue" / "scheduler") or "")["selected"],
         "io_poll": read_text(disk / "queue" / "io_poll") == "1",
         "nvme_poll_queues": read_text(sys_root / "module" / "nvme" / "parameters" / "poll_queues"),
     }

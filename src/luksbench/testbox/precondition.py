@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from luksbench.formats.fio import FioParseError, fio_output_document
+from luksbench.testbox.jobs import whole_disk
 from luksbench.testbox.plan import precondition_options
 from luksbench.testbox.sysutil import Progress, TestboxError, heartbeat, run_tool
 from luksbench.testbox.sysutil import log as default_log
@@ -121,9 +122,7 @@ def discard_support(device: str | Path) -> tuple[bool, str]:
     if not stat.S_ISBLK(st.st_mode):
         return False, f"{device} is not a block device"
     sys_dir = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
-    queue = sys_dir / "queue"
-    if not queue.is_dir():  # a partition: the queue belongs to its disk
-        queue = sys_dir.resolve().parent / "queue"
+    queue = whole_disk(sys_dir.resolve()) / "queue"  # a partition's queue is its disk's
     try:
         max_bytes = int((queue / "discard_max_bytes").read_text())
     except (OSError, ValueError) as exc:
