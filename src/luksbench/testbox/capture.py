@@ -29,8 +29,7 @@ TOOLS = ("fio", "cryptsetup", "qemu-storage-daemon", "losetup", "dmsetup", "fuse
 
 
 def tool_version(tool: str) -> str | None:
-    """First line of ``TOOL --version``. dmsetup is probed only where /dev/mapper/control exists:
-    libdevmapper creates that node as a side effect when it is missing."""
+    """First line of ``TOOL --version``."""
     path = which(tool)
     if path is None:
         return None
@@ -61,13 +60,10 @@ def _cpuinfo() -> dict:
 
 def _meminfo() -> dict:
     out = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("MemTotal", "MemAvailable", "SwapTotal"):
-                out[key] = int(value.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    for line in (read_text("/proc/meminfo") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("MemTotal", "MemAvailable", "SwapTotal"):
+            out[key] = int(value.split()[0]) * 1024  # "<n> kB"
     return out
 
 
@@ -117,10 +113,8 @@ def capture_env(plan: dict) -> dict:
 
 
 def benchmark_ciphers(out: Path, extra_args: list[str] | None = None) -> int:
-    """Run ``cryptsetup benchmark``; its output goes verbatim (stderr interleaved) into ``out``.
-
-    A non-zero exit (e.g. ciphers the kernel crypto API does not offer) is recorded on stderr
-    but is not a failure of this step. Returns the tool's exit code."""
+    """Run ``cryptsetup benchmark`` with its output verbatim into ``out``; returns its exit code
+    (non-zero, e.g. for ciphers the kernel lacks, is logged, not a failure)."""
     cryptsetup = which("cryptsetup")
     if cryptsetup is None:
         raise TestboxError("cryptsetup is not installed; cannot run `cryptsetup benchmark`")

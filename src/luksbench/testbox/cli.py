@@ -6,9 +6,8 @@
     luksbench testbox run-fio           --plan P --state STATE.json --raw-host-dir data/raw/<run>/<host> --manifest M.json [--targets T.json]
     luksbench testbox stack-down        [--plan P] --state STATE.json [--record teardown.json]
 
-Progress goes to stderr. Exit codes: 0 ok, 1 failure, 2 usage, 130/143 interrupted by
-SIGINT/SIGTERM (run-fio leaves the devices up: run stack-down afterwards, as the workflow's
-error handler does).
+Progress goes to stderr. Exit codes: 0 ok, 1 failure, 2 usage, 130/143 interrupted (run-fio
+leaves the devices up: run stack-down afterwards, as the workflow's error handler does).
 """
 
 from __future__ import annotations
@@ -26,12 +25,8 @@ from luksbench.testbox.stacks import stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, log, write_json_atomic
 
 
-def _plan(args):
-    return load_plan(Path(args.plan))
-
-
 def _cmd_capture_env(args) -> int:
-    plan = _plan(args)
+    plan = load_plan(Path(args.plan))
     lock.acquire(plan)
     env = capture_env(plan)
     write_json_atomic(Path(args.out), env)
@@ -42,7 +37,7 @@ def _cmd_capture_env(args) -> int:
 
 def _cmd_benchmark_ciphers(args) -> int:
     # Without a plan the lock is held while this command runs: it names no stacks.
-    plan = _plan(args) if args.plan else None
+    plan = load_plan(Path(args.plan)) if args.plan else None
     lock.acquire(plan, None if plan else Path(args.out).with_name(".benchmark-ciphers.state"))
     extra = []
     if args.cipher:
@@ -56,12 +51,12 @@ def _cmd_benchmark_ciphers(args) -> int:
 def _cmd_stack_up(args) -> int:
     # SIGTERM, like Ctrl-C, unwinds through stack_up's teardown of what was built so far.
     raise_on_stop_signals(lambda signum: KeyboardInterrupt(signal.Signals(signum).name))
-    stack_up(_plan(args), Path(args.state), Path(args.describe))
+    stack_up(load_plan(Path(args.plan)), Path(args.state), Path(args.describe))
     return 0
 
 
 def _cmd_run_fio(args) -> int:
-    plan = _plan(args)
+    plan = load_plan(Path(args.plan))
     lock.acquire(plan, Path(args.state))
     try:
         return run_fio(

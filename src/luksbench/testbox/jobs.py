@@ -1,10 +1,5 @@
 """fio's job options (numjobs, CPU pinning, io_uring extras) and the sysfs facts they rest on.
-
-:func:`job_setup` turns a cell's options into fio arguments, one set for all the cell's stacks
-(an option one stack's device lacks is skipped on every stack), and says what it did: the devices'
-NUMA nodes (read from sysfs and recorded whether pinning asked for it or not), the
-CPUs the jobs may run on, and every option skipped because the engine, kernel or device lacks it
-(with the reason). Standard library only.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -12,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from luksbench.testbox.sysinfo import parse_scheduler
 from luksbench.testbox.sysutil import read_text
 
 SYS = Path("/sys")
@@ -29,7 +25,7 @@ def block_dir(path: str, sys_root: Path = SYS) -> Path | None:
     return where.resolve() if where.exists() else None
 
 
-def _disk(sysdir: Path) -> Path:
+def whole_disk(sysdir: Path) -> Path:
     """A partition's disk; a disk itself otherwise (queue/ and mq/ sit on the disk)."""
     return sysdir.parent if (sysdir / "partition").exists() else sysdir
 
@@ -39,7 +35,7 @@ def numa_node(sysdir: Path | None) -> int | None:
     first node found below it (``slaves``); None when sysfs names none (loop, virtual, -1)."""
     if sysdir is None:
         return None
-    disk = _disk(sysdir)
+    disk = whole_disk(sysdir)
     node = read_text(disk / "device" / "numa_node")
     if node is None:  # nvme namespaces: the controller's node is one level up
         node = read_text(disk / "device" / "device" / "numa_node")
@@ -50,25 +46,19 @@ def numa_node(sysdir: Path | None) -> int | None:
     return next((n for n in below if n is not None), None)
 
 
-def node_cpus(node: int, sys_root: Path = SYS) -> str | None:
-    """The CPU list of a NUMA node (``0-15,32-47``), None when sysfs has none."""
-    return read_text(sys_root / "devices" / "system" / "node" / f"node{node}" / "cpulist")
-
-
 def queue_facts(path: str, sys_root: Path = SYS) -> dict:
     """NUMA node, hardware queue count, scheduler and poll queues of the device under ``path``."""
     sysdir = block_dir(path, sys_root)
     if sysdir is None:
         return {"device": path, "block_device": None, "numa_node": None}
-    disk = _disk(sysdir)
-    sched = (read_text(disk / "queue" / "scheduler") or "").split()
+    disk = whole_disk(sysdir)
     mq = disk / "mq"
     return {
         "device": path,
         "block_device": disk.name,
         "numa_node": numa_node(sysdir),
         "queues": len(list(mq.iterdir())) if mq.is_dir() else None,
-        "scheduler": next((s[1:-1] for s in sched if s.startswith("[")), None),
+        "scheduler": parse_scheduler(read_text(disk / "queue" / "scheduler") or "")["selected"],
         "io_poll": read_text(disk / "queue" / "io_poll") == "1",
         "nvme_poll_queues": read_text(sys_root / "module" / "nvme" / "parameters" / "poll_queues"),
     }
@@ -76,16 +66,16 @@ def queue_facts(path: str, sys_root: Path = SYS) -> dict:
 
 def job_setup(cell: dict, devices: dict, sys_root: Path = SYS) -> dict:
     """fio arguments for ``cell``'s job options (``args``), decided once for all its stacks
-    (``devices``: stack -> device or None) so both arms of a pair run alike, and the record of
-    what they did: numjobs, numa_nodes (stack -> node), cpus_allowed (the CPUs the jobs may run
-    on; "" = any), cpus_allowed_policy and ``skipped`` (option -> reason)."""
+    (``devices``: stack -> device or None) so both arms of a pair run alike (an option one
+    device lacks is skipped on all), and the record of what they did (``skipped``: why not)."""
     facts = {s: queue_facts(d, sys_root) if d else {"numa_node": None} for s, d in devices.items()}
     nodes = {s: f["numa_node"] for s, f in facts.items()}
     cpus, skipped = cell["cpus_allowed"], {}
     if cell["numa_pin"] and not cpus:
         lacking = next((s for s, n in nodes.items() if n is None), None)
-        if lacking is None and len(set(nodes.values())) == 1:
-            cpus = node_cpus(*set(nodes.values()), sys_root) or ""
+        if lacking is None and len(set(nodes.values())) == 1:  # the node's CPU list
+            node = next(iter(nodes.values()))
+            cpus = read_text(sys_root / f"devices/system/node/node{node}/cpulist") or ""
         if not cpus:
             skipped["numa_pin"] = (
                 f"stack {lacking}: sysfs names no NUMA node of {devices[lacking]}"
@@ -115,8 +105,8 @@ def job_setup(cell: dict, devices: dict, sys_root: Path = SYS) -> dict:
 
 
 def device_facts(plan: dict, cell: dict, sys_root: Path = SYS) -> list[dict]:
-    """:func:`queue_facts` of every disk the plan names (else of the scratch directory's disk),
-    each with the CPUs the main matrix's fio jobs run on there (``job_cpus``; "" = any)."""
+    """:func:`queue_facts` of every disk the plan names (else of the scratch directory's), with
+    the CPUs the main matrix's fio jobs run on there (``job_cpus``)."""
     paths = [d["path"] for d in (plan.get("devices") or {}).values() if d.get("path")]
     if not paths and plan.get("scratch_dir"):
         scratch = Path(plan["scratch_dir"])

@@ -1,16 +1,10 @@
-"""One benchmark at a time per test box.
+"""One benchmark at a time per test box: two runs at once would measure each other, or destroy
+each other's stacks. Every step that loads the machine takes the lock; stack-down gives it back.
 
-Two runs measuring at once would measure each other (CPU, memory bandwidth, page cache, disks),
-and two sharing a scratch directory or a device would destroy each other's stacks. Every step
-that loads the machine (environment capture, cipher benchmark, stack-up, fio) takes the lock
-first; stack-down gives it back; a second run meanwhile is refused with a message naming the holder.
-
-The holder is a run's stack state file in a session: the workflow process (``LUKSBENCH_SESSION``)
-or, for a step run by hand, the step's own. It holds the lock while that session lives or its
-stacks are up (the state file exists), so a crashed run keeps the box until its stacks are torn
-down; only the holding session gives it back (:func:`release`). Reading, taking and giving back
-happen under ``flock`` on a guard file that is never removed, so two processes never both win
-it, also not when they take over a stale one. Standard library only.
+The holder is a run's stack state file in a session (the workflow process, ``LUKSBENCH_SESSION``,
+or a step run by hand). It holds the lock while that session lives or its stacks are up, so a
+crashed run keeps the box until its stacks are torn down. All access happens under ``flock`` on a
+guard file that is never removed. Standard library only.
 """
 
 from __future__ import annotations
@@ -22,12 +16,11 @@ import os
 import socket
 from pathlib import Path
 
-from luksbench.testbox.sysutil import TestboxError, log, utc_now, write_json_atomic
+from luksbench.testbox.sysutil import TestboxError, log, read_text, utc_now, write_json_atomic
 
 LOCK_DIR = Path("/run/luksbench")
 LOCK_NAME = "measure.lock"
 GUARD_NAME = ".measure.lock.guard"
-#: the workflow's process id: the session every step of one workflow invocation belongs to
 SESSION_ENV = "LUKSBENCH_SESSION"
 
 
@@ -37,10 +30,8 @@ class Locked(TestboxError):
 
 def _started(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
+    stat = read_text(f"/proc/{pid}/stat")
+    return stat.rpartition(")")[2].split()[19] if stat else None
 
 
 def current_session() -> dict:
@@ -121,9 +112,7 @@ def acquire(
     lock_dir: Path = LOCK_DIR,
     session: dict | None = None,
 ) -> Path:
-    """Take the test box for this run (or keep it: a holder may take it again), or raise
-    :class:`Locked` naming the run that holds it. ``state_path``: the run's stack state file
-    (default: ``state.json`` in the plan's scratch_dir)."""
+    """Take (or keep) the test box for this run, or raise :class:`Locked` naming the holder."""
     if state_path is None:
         state_path = Path(plan["scratch_dir"]) / "state.json"
     holder = _holder(plan, state_path, session or current_session())
@@ -138,10 +127,8 @@ def acquire(
 
 
 def release(state_path: Path, lock_dir: Path = LOCK_DIR, session: dict | None = None) -> bool:
-    """Give the test box back if this state's run holds it in this session (default
-    :func:`current_session`) or in one that has ended; True when a lock was removed. The same
-    run started again elsewhere (same scratch directory) must not free the measuring session's
-    lock."""
+    """Give the test box back if this state's run holds it in this session or in one that has
+    ended (the same run started again elsewhere must not free it); True when removed."""
     if not (lock_dir / GUARD_NAME).exists():
         return False
     session = session or current_session()

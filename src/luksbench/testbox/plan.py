@@ -1,5 +1,4 @@
-"""The plan's meaning: building it from the config (:func:`plan_from_config`), checking its
-stacks, patterns and block sizes, its cells and layers, and the preconditioning options. The
+"""The plan's meaning: building it from the config, checking it, its cells and layers. The
 document itself (keys, reading, writing) is :mod:`luksbench.formats.plan`.
 """
 
@@ -28,8 +27,7 @@ def load_plan(path: Path) -> dict:
 
 
 def check_plan(plan: dict, source: str = "plan") -> None:
-    """The document's keys (:mod:`luksbench.formats.plan`), its stacks, patterns and block sizes,
-    then its fleet and adaptive sections; PlanError names the first problem."""
+    """The whole plan, document keys first; PlanError names the first problem."""
     check_document(plan, source)
     check_stacks(plan, source)
     check_patterns(plan, source)
@@ -64,11 +62,9 @@ def baseline_first(plan: dict) -> list[str]:
 
 
 def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
-    """Device name -> [(where, how)] for every reference in the stacks.
-
-    ``how`` is the consumer: ``md`` and ``fs`` claim a device exclusively — and so does anything
-    below them (a luks member of an md array is exclusive to that array's stack); ``luks``,
-    ``linear`` (dm) and ``fio`` (raw/external arms) do not."""
+    """Device name -> [(where, how)] for every reference in the stacks. ``how`` is the consumer:
+    ``md`` and ``fs`` claim a device exclusively, and so does anything below them; ``luks``,
+    ``linear`` and ``fio`` (raw/external arms) do not."""
     uses: dict[str, list[tuple[str, str]]] = {}
 
     def walk(layer, where: str, exclusive: str | None) -> None:
@@ -230,12 +226,10 @@ def workloads(plan: dict) -> list[Workload]:
 # --- patterns: families of cells with their own fio options -------------------------------------
 
 PATTERN_KEYS = ("description", "matrix", "io_bs", "fsync_per_block", "fio")
-#: optional pattern settings (plans made before they existed lack them)
-PATTERN_OPTIONAL_KEYS = ("rate_pct",)
+PATTERN_OPTIONAL_KEYS = ("rate_pct",)  # plans made before it existed lack it
 PATTERN_FIO_KEYS = ("ioengine", "direct", "sync")
 IOENGINES = ("libaio", "io_uring", "psync", "sync", "pvsync2")
-#: fio job options of the fio section and of a pattern's fio; a plan holds only those that differ
-#: from these defaults (plans of runs measured before they existed stay equal)
+# A plan holds only the job options that differ from these (earlier runs' plans stay equal).
 JOB_DEFAULTS = {"numjobs": 1, "cpus_allowed": "", "cpus_allowed_policy": "shared"}
 JOB_DEFAULTS |= {"numa_pin": False, "fixedbufs": False, "registerfiles": False, "hipri": False}
 # fio rw values that write (fsync_per_block adds fsyncs only to these) and that seek at random.
@@ -248,8 +242,8 @@ def _inherit(overrides: dict, key: str, inherited):
 
 
 def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
-    """Config ``patterns`` -> the plan's: every key present, each pattern's fio overrides resolved
-    against the top-level ``fio`` section (null inherits; sync null is false)."""
+    """Config ``patterns`` -> the plan's, fio overrides resolved against the ``fio`` section (null
+    inherits; sync null is false)."""
     out = {}
     for name, spec in (patterns or {}).items():
         where = f"patterns.{name}"
@@ -360,9 +354,7 @@ MAX_NUMJOBS = 256
 
 
 def check_job_options(fio: dict, where: str, run_fio: dict) -> None:
-    """The :data:`JOB_DEFAULTS` options of a fio section have their types; PlanError names one.
-    Several jobs need the run's (``run_fio``) json+ output: their percentiles come from merged
-    histograms, never averaged."""
+    """The :data:`JOB_DEFAULTS` options of a fio section have their types; PlanError names one."""
     for key, default in JOB_DEFAULTS.items():
         value = fio.get(key, default)
         if key == "numjobs":
@@ -387,10 +379,8 @@ def check_job_options(fio: dict, where: str, run_fio: dict) -> None:
 
 
 def cell_options(plan: dict, w: Workload) -> dict:
-    """How one cell runs: ioengine, direct, sync, io_bs_bytes (bytes per I/O), ios_per_block
-    (n: I/Os per block of the cell's bs), fsync (an fsync every that many writes; 0: none),
-    rate_pct (a fixed-rate pattern's share of the slower stack's pilot IOPS; None: unthrottled)
-    and the :data:`JOB_DEFAULTS` options (the pattern's, else the fio section's)."""
+    """How one cell runs: fio options, io_bs_bytes, ios_per_block (I/Os per block of the cell's
+    bs), fsync (every that many writes; 0: none), rate_pct (None: unthrottled), job options."""
     fio = plan["fio"]
     options = {
         **{k: fio.get(k, default) for k, default in JOB_DEFAULTS.items()},
@@ -429,8 +419,7 @@ LUKS_HEADER_BYTES = {"luks1": 2 * MIB, "luks2": 16 * MIB}
 
 
 def planned_size_bytes(plan: dict, layer) -> int | None:
-    """The size a layer's top device will at most have, as far as the plan tells (scratch files,
-    file_size_mib, RAID and LUKS arithmetic; metadata of md and filesystems not counted); None
+    """The most a layer's top device can hold by the plan (md and fs metadata not counted); None
     when it depends on a real disk or a Ceph image."""
     if isinstance(layer, str):
         dev = (plan.get("devices") or {}).get(layer) or {}
@@ -468,8 +457,8 @@ SECTOR_BYTES = 512
 
 
 def check_block_sizes(plan: dict, source: str = "plan") -> None:
-    """Every block size (matrix, patterns, preconditioning) is a whole number of sectors: a bs of
-    0 or 100 bytes would pass until the stacks are up and then fail every fio run."""
+    """Every block size (matrix, patterns, preconditioning) is a whole number of sectors, else
+    it would fail every fio run once the stacks are up."""
     sizes = [("matrix.bs", bs) for bs in plan["matrix"]["bs"]]
     for name, pattern in (plan.get("patterns") or {}).items():
         sizes += [(f"patterns.{name}.matrix.bs", bs) for bs in pattern["matrix"]["bs"]]
@@ -492,8 +481,7 @@ def check_block_sizes(plan: dict, source: str = "plan") -> None:
 
 
 def check_blocks_fit(plan: dict, source: str = "plan") -> None:
-    """Every cell's block fits every stack whose size the plan tells (fio runs on the span of the
-    smallest stack; a block larger than it cannot be done). The error names pattern, cell, stack."""
+    """Every cell's block fits the smallest stack whose size the plan tells (fio's span)."""
     sizes = {name: planned_size_bytes(plan, stack) for name, stack in plan["stacks"].items()}
     known = {n: s for n, s in sizes.items() if s is not None}
     if not known:
@@ -553,8 +541,8 @@ SS_RW = ("randwrite", "write", "randrw", "rw", "randread", "read")
 
 
 def precondition_options(value) -> dict:
-    """``precondition`` as config gives it (an object, or true/false in hand-written plans; None:
-    the defaults) -> the full, checked option set; TestboxError names a bad or unknown key."""
+    """``precondition`` (an object, true/false, or None: the defaults) -> the full, checked
+    options; TestboxError names a bad or unknown key."""
     opts = {"enabled": value} if isinstance(value, bool) else dict(value or {})
     unknown = sorted(set(opts) - set(PRECONDITION_DEFAULTS))
     if unknown:
@@ -583,8 +571,7 @@ def precondition_options(value) -> dict:
     return merged
 
 
-# The keys each kind of layer reads; the schema's defaults fill every key into every layer, so
-# keys of other kinds are dropped when they hold the default and refused when they were set.
+# The keys each kind of layer reads; another kind's key is dropped when it holds the schema default.
 KIND_KEYS = {
     "plain": {"size_mib"},
     "loop": {"size_mib"},
@@ -608,8 +595,7 @@ SCHEMA_LAYER_DEFAULTS = {
 
 
 def resolve_layer(spec, where: str):
-    """A stack's layer with defaults filled, recursively, holding only its kind's keys; device
-    references stay strings."""
+    """A stack's layer with defaults filled, recursively, holding only its kind's keys."""
     if isinstance(spec, str):
         return spec
     if not isinstance(spec, dict) or "kind" not in spec:
@@ -644,15 +630,9 @@ def resolve_layer(spec, where: str):
 
 
 def resolve_devices(devices: dict) -> dict:
-    """The allowlist with defaults made explicit (wipe_serial, allow_unstable_path)."""
-    out = {}
-    for name, dev in (devices or {}).items():
-        dev = dict(dev)
-        if "path" in dev:
-            dev.setdefault("wipe_serial", "")
-            dev.setdefault("allow_unstable_path", False)
-        out[name] = dev
-    return out
+    """The allowlist with a real disk's defaults made explicit."""
+    disk = {"wipe_serial": "", "allow_unstable_path": False}
+    return {n: {**disk, **d} if "path" in d else dict(d) for n, d in (devices or {}).items()}
 
 
 def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
@@ -684,13 +664,11 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         plan["patterns"] = patterns
     fleet = config.get("fleet") or {}
     if fleet.get("mode", "local") == "clients":
-        # fio runs on every listed server at once (fio --client); the stacks' paths must be valid
-        # on each of them (rbd images, shared devices, or servers on this machine).
+        # fio runs on every server at once (fio --client): the stacks' paths must be valid on each.
         plan["fleet"] = {"mode": "clients", "hosts": [dict(h) for h in fleet.get("hosts") or []]}
     adaptive = config.get("adaptive") or {}
     if adaptive.get("enabled"):
-        # Stage 1 measures the pilot (sequential: the first round); then run-fio --targets tops
-        # each cell up to its target.
+        # Stage 1 measures the pilot (sequential: the first round).
         sequential = adaptive.get("mode") == "sequential"
         plan["repetitions"] = adaptive["min_pairs" if sequential else "pilot_pairs"]
         plan["adaptive"] = dict(adaptive)
@@ -701,9 +679,8 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
 def write_plan(
     plan: dict, out: Path, measured_env: Path | None = None, log: Path | None = None
 ) -> None:
-    """Write the plan as JSON. When the run was already measured (``measured_env``: its env.json,
-    which embeds the plan) with other measurement keys, the run would mix incomparable data:
-    refuse, naming each changed key, and suggest a new run name."""
+    """Write the plan; refuse, naming each changed key, when ``measured_env`` (the run's env.json)
+    shows the run was measured with another plan: it would mix incomparable data."""
     lines = []
     if measured_env is not None and Path(measured_env).exists():
         measured = env_plan(read_env(measured_env))

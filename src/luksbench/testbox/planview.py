@@ -1,10 +1,6 @@
-"""What a plan will do, in words, before anything runs: ``luksbench plan`` and the dry run.
-
-Lists the matrix (every cell and stack, the number of fio runs and the time they take) and every
-destructive action in the order stack-up takes them: which scratch files and loop devices are
-created, and which allowlisted disks are written by luksFormat, mdadm, mkfs, discard, the
-preconditioning fill and fio. With ``check_devices``, each real disk is also checked now (stable
-path, mounts, holders, use, signatures), read-only. Standard library only.
+"""What a plan will do, in words, before anything runs (``luksbench plan`` and the dry run): the
+matrix, its fio runs and time, and every destructive action in the order stack-up takes them.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -88,8 +84,7 @@ def _actions(plan: dict, name: str) -> list[str]:
 
 
 def pattern_fio_text(pattern: dict) -> str:
-    """A pattern's fio options in words and as fio options, e.g. ``psync, buffered, 8k I/Os per
-    block ...``."""
+    """A pattern's fio options in words and as fio options."""
     fio = pattern["fio"]
     parts = [fio["ioengine"], "O_DIRECT" if fio["direct"] else "buffered (page cache)"]
     if fio["sync"]:

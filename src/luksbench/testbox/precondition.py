@@ -1,9 +1,6 @@
-"""Preconditioning with a steady-state gate, after the SNIA Solid State Storage Performance Test
-Specification: discard the device, fill it sequentially (128 KiB writes, twice its capacity), then
-run steady-state rounds (4 KiB random writes by default) until :func:`snia_steady_state` finds the
-last ``window`` rounds steady. The command lines are pure functions; only :func:`precondition`
-runs anything. Options are checked by :func:`luksbench.testbox.plan.precondition_options`.
-Standard library only.
+"""Preconditioning after the SNIA Solid State Storage Performance Test Specification: discard,
+fill sequentially (twice the capacity), then steady-state rounds until :func:`snia_steady_state`
+finds the last ``window`` rounds steady. Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from luksbench.formats.fio import FioParseError, fio_output_document
+from luksbench.testbox.jobs import whole_disk
 from luksbench.testbox.plan import precondition_options
 from luksbench.testbox.sysutil import Progress, TestboxError, heartbeat, run_tool
 from luksbench.testbox.sysutil import log as default_log
@@ -37,17 +35,9 @@ def _fio_argv(name, device, rw, bs, iodepth, ioengine, size_bytes, *options: str
     return [*argv, f"--size={size_bytes}", *options, "--numjobs=1", "--group_reporting"]
 
 
-def fill_argv(
-    device: str | Path,
-    size_bytes: int,
-    passes: int = 2,
-    bs: str = "128k",
-    ioengine: str = "libaio",
-    *,
-    iodepth: int = 32,
-    name: str = "precondition-fill",
-) -> list[str]:
+def fill_argv(device, size_bytes: int, passes=2, bs="128k", ioengine="libaio") -> list[str]:
     """Sequential direct writes over ``size_bytes``, ``passes`` times (SNIA: 2x capacity)."""
+    name, iodepth = "precondition-fill", 32
     return _fio_argv(name, device, "write", bs, iodepth, ioengine, size_bytes, f"--loops={passes}")
 
 
@@ -61,31 +51,24 @@ def steady_state_round_argv(
     iodepth: int = 32,
     ioengine: str = "libaio",
     deviation_pct: float = 10.0,
-    name: str = "precondition-ss",
 ) -> list[str]:
-    """One steady-state round: ``round_s`` seconds of ``rw`` over the whole device, JSON output.
+    """One steady-state round: ``round_s`` seconds of ``rw`` over the whole device.
 
-    Fio's own steady-state tracking (``--steadystate=iops:<deviation_pct>%`` over the whole round)
-    makes fio record the per-second IOPS of the round in its JSON; its window only fills at the
-    end of the round, so it never cuts a round short. The gate across rounds is
-    :func:`snia_steady_state`. Random offsets differ per round (``randrepeat=0``) and cover the
-    device uniformly (``norandommap``), as SNIA's random writes do."""
+    fio's steady-state tracking over the whole round only makes it record per-second IOPS (its
+    window fills at the round's end: it never cuts a round short). Random offsets differ per round
+    (``randrepeat=0``) and cover the device uniformly (``norandommap``), as SNIA's do."""
     seconds = max(1, round(round_s))
     timing = ["--time_based", f"--runtime={seconds}s", "--randrepeat=0", "--norandommap"]
     ss = [f"--steadystate=iops:{deviation_pct:g}%", f"--steadystate_duration={seconds}s"]
-    return _fio_argv(name, device, rw, bs, iodepth, ioengine, size_bytes, *timing, *ss)
+    return _fio_argv("precondition-ss", device, rw, bs, iodepth, ioengine, size_bytes, *timing, *ss)
 
 
 def snia_steady_state(
     values: list[float], window: int = 5, range_pct: float = 20.0, slope_pct: float = 10.0
 ) -> dict:
-    """SNIA PTS steady-state check over the last ``window`` rounds of ``values`` (e.g. IOPS).
-
-    Steady when both hold for the window:
-    - range: max - min <= ``range_pct`` % of the window mean;
-    - slope: the least-squares line through (round, value) moves by at most ``slope_pct`` % of the
-      mean across the window, i.e. ``|slope| * (window - 1) <= slope_pct/100 * mean``.
-    Returns every number used and ``steady``; fewer than ``window`` rounds is not steady."""
+    """SNIA PTS steady-state check over the last ``window`` rounds of ``values`` (e.g. IOPS):
+    max - min <= ``range_pct`` % of the window mean, and the least-squares line moves at most
+    ``slope_pct`` % of the mean across the window. Returns every number used and ``steady``."""
     if window < 2:
         raise ValueError(f"window must be at least 2, not {window}")
     values = [float(v) for v in values]
@@ -139,9 +122,7 @@ def discard_support(device: str | Path) -> tuple[bool, str]:
     if not stat.S_ISBLK(st.st_mode):
         return False, f"{device} is not a block device"
     sys_dir = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
-    queue = sys_dir / "queue"
-    if not queue.is_dir():  # a partition: the queue belongs to its disk
-        queue = sys_dir.resolve().parent / "queue"
+    queue = whole_disk(sys_dir.resolve()) / "queue"  # a partition's queue is its disk's
     try:
         max_bytes = int((queue / "discard_max_bytes").read_text())
     except (OSError, ValueError) as exc:
@@ -150,8 +131,7 @@ def discard_support(device: str | Path) -> tuple[bool, str]:
         return False, f"{device} advertises no discard (queue/discard_max_bytes is 0)"
     with_holders = sorted(os.listdir(sys_dir / "holders")) if (sys_dir / "holders").is_dir() else []
     if with_holders:
-        # Another stack's layer (dm-crypt, dm-linear) sits on this device: discarding it would
-        # erase that layer's header and data too, and blkdiscard's exclusive open fails anyway.
+        # Another stack's layer sits on it: a discard would erase that layer too.
         return False, f"{device} is held by {', '.join(with_holders)} (a layer of another stack)"
     return True, ""
 
@@ -181,21 +161,15 @@ def precondition(
     ioengine: str = "libaio",
     log: Callable[[str], None] = default_log,
 ) -> dict:
-    """Precondition ``device`` (an existing block device or file): discard, fill, steady state.
-
-    Destroys the device's contents. Discard runs when ``opts["discard"]`` and the device supports
-    it; otherwise the record says ``"discard unsupported: <why>"``. Steady-state rounds run until
-    :func:`snia_steady_state` passes or ``ss_max_rounds`` rounds ran; not reaching steady state is
-    recorded (``steady_state.steady: false``), not raised: the caller decides. Raises TestboxError
-    with the tool's stderr when a tool fails. Returns the record (options, every round's IOPS, the
-    window check, seconds per phase)."""
+    """Discard, fill and steady-state ``device`` (a block device or file; its contents are
+    destroyed); returns the record. Not reaching steady state is recorded, not raised; a failing
+    tool raises TestboxError with its stderr."""
     o = precondition_options(opts)
     device = str(device)
     try:
         mode = os.stat(device).st_mode
     except OSError as exc:
-        # fio would create a missing file (even its directories): a mistyped /dev path would
-        # fill RAM-backed /dev instead of failing.
+        # fio would create a missing file: a mistyped /dev path would fill RAM-backed /dev.
         raise TestboxError(f"precondition: {device}: {exc.strerror}") from exc
     if not (stat.S_ISBLK(mode) or stat.S_ISREG(mode)):
         raise TestboxError(f"precondition: {device} is neither a block device nor a file")

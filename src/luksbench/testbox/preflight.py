@@ -1,8 +1,5 @@
-"""Before any device is touched: are the tools this plan needs installed?
-
-The workflow calls :func:`check_tools` when it writes the plan (its first rule), so a missing tool
-stops the run with install hints before a backing file, loop device or mapping exists.
-Standard library only.
+"""Before any device is touched (the workflow's first rule): are the tools the plan needs
+installed, and does the scratch directory hold its backing files? Standard library only.
 """
 
 from __future__ import annotations
@@ -75,12 +72,11 @@ def install_hint(tools) -> str:
 
 
 def check_tools(plan: dict, path: str | None = None) -> dict:
-    """Resolve the backend and make sure every tool it needs is there; returns the resolution.
-    Raises :class:`MissingTools` naming each missing tool, why it is needed and how to install it."""
+    """Resolve the backend and check every tool it needs; :class:`MissingTools` names each
+    missing one, why it is needed and how to install it."""
     resolution = resolve_plan_backend(plan)
     backend = resolution["selected"]
-    # With no usable backend, list the tools of the one that was asked for (or userspace for auto:
-    # the backend that needs no kernel support).
+    # With no usable backend: the tools of the one asked for (auto: userspace, if it can).
     auto = "kernel" if userspace_compatible(plan) else "userspace"
     wanted = backend or (plan["backend"] if plan["backend"] != "auto" else auto)
     if missing := missing_tools(plan, wanted, path=path):
@@ -98,8 +94,7 @@ class NoSpace(RuntimeError):
 
 
 def scratch_space_needed(plan: dict) -> int:
-    """Bytes of backing files the plan creates (fully allocated): one per stack that has its own
-    (plain, loop, luks on nothing) and one per scratch-file device."""
+    """Bytes of the (fully allocated) backing files of the plan's stacks and scratch devices."""
     mib = sum(
         int(lay.get("size_mib") or plan["device_size_mib"])
         for lay in plan_layers(plan)

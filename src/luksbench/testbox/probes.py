@@ -1,12 +1,6 @@
-"""Probes beside each fio run: CPU time from ``/proc/stat`` and energy from RAPL.
-
-CPU: deltas of the aggregate ``cpu`` line of ``/proc/stat`` (busy = user + nice + system + irq +
-softirq + steal; iowait counts as idle), over a fio run and over an idle interval (the baseline the
-analysis can subtract).
-
-Energy: RAPL counters under ``/sys/class/powercap/intel-rapl:*`` (Intel, and AMD on kernels whose
-rapl driver covers it). Since Linux 5.10 ``energy_uj`` is readable by root only; when the counters
-are absent or unreadable every reading is ``None`` and nothing fails. Standard library only.
+"""Probes beside each fio run: CPU time from ``/proc/stat`` (iowait counts as idle) and energy
+from RAPL (root only since Linux 5.10; absent or unreadable counters read as None). Standard
+library only.
 """
 
 from __future__ import annotations
@@ -34,9 +28,7 @@ def read_proc_stat(path: str | Path = "/proc/stat") -> dict[str, int]:
 
 
 def cpu_delta(before: dict, after: dict, interval_s: float) -> dict:
-    """CPU time spent between two :func:`read_proc_stat` readings, in seconds (all CPUs summed).
-
-    ``busy_pct`` is busy time over all time counted (100 % = every CPU busy)."""
+    """CPU seconds (all CPUs summed) between two readings; ``busy_pct`` 100 = every CPU busy."""
     clk = os.sysconf("SC_CLK_TCK")
     delta = {k: (after[k] - before[k]) / clk for k in STAT_FIELDS}
     busy = sum(delta[k] for k in BUSY_FIELDS)
@@ -52,10 +44,8 @@ def cpu_delta(before: dict, after: dict, interval_s: float) -> dict:
 
 
 def idle_baseline(seconds: float = 2.0, rapl_root: str | Path = POWERCAP_ROOT) -> dict:
-    """CPU (and RAPL energy, when readable) over ``seconds`` of doing nothing: the box's own load.
-
-    Same fields as the per-rep CPU sidecar; taken once per run-fio session, before its first fio
-    run, so a busy box (a stray process, writeback after preconditioning) shows up in the record."""
+    """CPU and RAPL energy over ``seconds`` of doing nothing (the box's own load), with the fields
+    of the per-rep CPU sidecar."""
     before, rapl_before, t0 = read_proc_stat(), read_rapl(rapl_root), time.monotonic()
     time.sleep(seconds)
     t1, after, rapl_after = time.monotonic(), read_proc_stat(), read_rapl(rapl_root)
@@ -70,10 +60,8 @@ def idle_baseline(seconds: float = 2.0, rapl_root: str | Path = POWERCAP_ROOT) -
 
 
 def read_rapl(root: str | Path = POWERCAP_ROOT) -> list[dict] | None:
-    """One reading of every RAPL zone (``intel-rapl:N`` packages and ``intel-rapl:N:M`` subzones).
-
-    Each: zone, name (package-0, core, uncore, dram, psys), energy_uj, max_energy_range_uj.
-    None when there are no zones or none is readable (non-root on Linux >= 5.10, VMs)."""
+    """One reading of every RAPL zone and subzone: zone, name, energy_uj, max_energy_range_uj.
+    None when no zone is readable."""
     root = Path(root)
     try:
         zone_dirs = sorted(p for p in root.glob("intel-rapl:*") if p.is_dir())
@@ -110,13 +98,9 @@ def rapl_unavailable_reason(root: str | Path = POWERCAP_ROOT) -> str | None:
 def rapl_delta(
     before: list[dict] | None, after: list[dict] | None, interval_s: float
 ) -> dict | None:
-    """Energy per zone between two :func:`read_rapl` readings, in joules and watts.
-
-    A counter that went down wrapped once: ``max_energy_range_uj`` is added (``wrapped: true``).
-    More than one wrap within the interval cannot be seen (the range is ~262 kJ on most packages,
-    about 45 minutes at 100 W). ``package_joules`` sums the top-level ``package-*`` zones (their
-    core/uncore/dram subzones are parts of them, psys is the whole platform); None without any.
-    Returns None when either reading is None or they share no zone."""
+    """Energy per zone between two readings, in joules and watts; None without a common zone.
+    A counter that went down wrapped once (a second wrap, ~45 min at 100 W, cannot be seen).
+    ``package_joules`` sums the top-level package zones (subzones are parts of them)."""
     if before is None or after is None:
         return None
     previous = {z["zone"]: z for z in before}

@@ -1,18 +1,9 @@
 """Run the fio matrix over the stacks that ``stack-up`` brought up.
 
-Schedule (:func:`schedule`): rounds of shuffled cells; within a cell all stacks run back to back
-in an order balanced within the cell (:func:`stacks_in_order`). Repetition k of every stack forms
-pair k; ``position_in_cell`` in the manifest records each run's place.
-
-Raw results are immutable: each rep is written to a temp file in its directory, fsynced, renamed
-into place and made read-only (0444). An existing ``rep<k>.json`` is never overwritten, it is
-skipped, so re-running an interrupted command does only the missing repetitions.
-
-Ctrl-C / SIGTERM: the running fio is stopped, its temp output removed (no partial rep file
-remains), the manifest is written with ``complete: false`` and the command exits non-zero
-(130 / 143). The devices stay up; the caller (the workflow's error handler) runs ``stack-down``.
-
-Standard library only.
+Raw results are immutable: each rep is written to a temp file, fsynced, renamed into place and
+made read-only; an existing ``rep<k>.json`` is skipped, so a re-run does only the missing reps.
+Ctrl-C / SIGTERM stops fio, keeps no partial rep, writes the manifest with ``complete: false``
+and exits 130 / 143; the devices stay up for ``stack-down``. Standard library only.
 """
 
 from __future__ import annotations
@@ -69,9 +60,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def raise_on_stop_signals(interrupt) -> dict:
-    """Make SIGINT and SIGTERM raise ``interrupt(signum)``; returns the old handlers. The first
-    stop signal unwinds; a repeat (the workflow forwards them) is ignored: it must not cut the
-    stopping or the teardown short."""
+    """Make SIGINT and SIGTERM raise ``interrupt(signum)``; returns the old handlers. A repeated
+    signal (the workflow forwards them) is ignored: it must not cut the teardown short."""
 
     def on_signal(signum, _frame):
         for s in STOP_SIGNALS:
@@ -100,8 +90,7 @@ def stacks_in_order(stacks: list[str], round_no: int, position: int) -> list[str
 
 
 def load_targets(path: Path) -> dict[str, int]:
-    """Per-cell repetition targets (workload id -> pairs) from an adaptive targets file
-    (:mod:`luksbench.formats.targets`); TestboxError naming the file when it is malformed."""
+    """Workload id -> pairs from an adaptive targets file; TestboxError naming a malformed one."""
     try:
         return {w: design[0] for w, design in read_targets(Path(path)).items()}
     except TargetsError as exc:
@@ -122,11 +111,10 @@ def session_pairs(
 ) -> dict[str, list[int]]:
     """The pairs (rep numbers) each cell runs in ``session``, the current stack-up.
 
-    ``existing``: (cell, rep) -> {stack: session that measured it} of the results on disk. A pair
-    counts when every stack's result came from one session; a half measured in another session
-    is never completed here (its stacks were other devices, keys and preconditioning): the cell
-    gets a new pair number instead. Each session holds at most a cell's per-session pairs
-    (repetitions, or its adaptive target) and all sessions together ``sessions`` times that."""
+    ``existing``: (cell, rep) -> {stack: session that measured it}. A pair measured half in
+    another session is never completed here (other devices, keys, preconditioning): the cell gets
+    a new pair number. A session holds at most a cell's per-session pairs, all sessions together
+    ``sessions`` times that."""
     stacks = set(baseline_first(plan))
     per_session = cell_repetitions(plan, targets)
     sessions = int(plan.get("sessions", 1))
@@ -150,9 +138,8 @@ def schedule(
     """The whole matrix in run order: one entry per fio run.
 
     Round k shuffles all cells with ``random.Random(seed + k)`` and runs those that need a k-th
-    pair in this session (``pairs``, :func:`session_pairs`; default: pairs 1..n, with n the
-    cell's repetitions or its target), so the rounds of the fixed design (and of an adaptive
-    pilot) are the same with or without targets. The order within a pair follows its number."""
+    pair (``pairs``; default 1..n per cell), so the rounds of the fixed design are the same with
+    or without targets. The stack order within a pair follows its number."""
     cells = workloads(plan)
     if pairs is None:
         pairs = {w: list(range(1, n + 1)) for w, n in cell_repetitions(plan, targets).items()}
@@ -190,11 +177,9 @@ def fio_argv(
     rate_iops: int | None = None,
     devices: dict | None = None,
 ) -> list[str]:
-    """fio's command line for one run of cell ``w`` on ``stack``, over the first ``io_size`` bytes
-    of its device (0: all of it), at most ``rate_iops`` I/Os per second in all its jobs (a
-    fixed-rate cell). A pattern cell runs with its pattern's fio options, the job options decided
-    for all the cell's stacks (``devices``, :func:`jobs.job_setup`; default: this one). A cell
-    whose block does not fit ``io_size`` is refused (TestboxError) before fio starts."""
+    """fio's command line for one run of cell ``w`` on ``stack`` over the first ``io_size`` bytes
+    (0: all), at most ``rate_iops`` I/Os per second in all jobs, with the job options decided for
+    all the cell's ``devices``; TestboxError when the block does not fit ``io_size``."""
     f = plan["fio"]
     cell = cell_options(plan, w)
     if io_size and w.bs_bytes > io_size:
@@ -217,9 +202,8 @@ def fio_argv(
         target = [f"--filename={entry['device']}", f"--ioengine={cell['ioengine']}"]
     n = cell["ios_per_block"]
     if n > 1 and w.rw in RANDOM_RW:
-        # One random offset per block (aligned to the block), then n sequential I/Os of io_bs.
-        # blockalign turns fio's random map off anyway; saying so keeps fio's notice out of
-        # the output.
+        # One random offset per block, then n sequential I/Os of io_bs. blockalign turns fio's
+        # random map off anyway; saying so keeps fio's notice out of the output.
         rw = [
             f"--rw={w.rw}:{n}",
             "--rw_sequencer=sequential",
@@ -265,13 +249,9 @@ _CLOCKSOURCES = {"1": "gettimeofday", "2": "clock_gettime", "3": "cpu"}
 
 
 def fio_clocksource(timeout: float = 30, tries: int = 3) -> str | None:
-    """The clock source fio picks on this machine, or None when fio does not say.
-
-    Every fio start-up without ``--clocksource`` checks whether the TSC can be used (about 60 ms
-    of a 0.3 s start-up); ``run_fio`` asks here once per session and passes the answer to every
-    run, so all runs of a session use one clock. fio's check includes a cross-CPU monotonicity
-    test that can pass on one start-up and fail on the next (virtual machines): the TSC is used
-    only when every one of ``tries`` start-ups accepts it, else the clock fio fell back to."""
+    """The clock source fio picks here (None: fio does not say), asked once per session so all
+    its runs use one clock. fio's TSC check can pass on one start-up and fail on the next (VMs):
+    see :func:`steadiest_clock`."""
     argv = ["fio", "--debug=time", "--parse-only", "--name=clock", "--filename=/dev/null"]
     picks = []
     for _ in range(tries):
@@ -285,8 +265,8 @@ def fio_clocksource(timeout: float = 30, tries: int = 3) -> str | None:
 
 
 def steadiest_clock(picks: list[str | None]) -> str | None:
-    """One clock for a session from fio's picks at several start-ups: the TSC (``cpu``) only when
-    fio chose it every time; otherwise the first other clock fio chose (None: fio never said)."""
+    """The TSC (``cpu``) only when fio chose it every time, else the first other clock fio chose
+    (None: fio did not say every time)."""
     if not picks or None in picks:
         return None
     return next((pick for pick in picks if pick != "cpu"), "cpu")
@@ -305,10 +285,8 @@ _CLIENT_SIDE = ("--output-format=", "--output=")
 def client_argv(
     local_argv: list[str], job_path: Path, clients: list[dict]
 ) -> tuple[list[str], str]:
-    """fio's client/server form of a local fio command line: (argv, job file text).
-
-    One ``--client`` per server, so all of them run the job at the same time (many clients
-    loading one shared target); the JSON then has one ``client_stats`` entry per server."""
+    """fio's client/server form of a local command line: (argv, job file text). Every server runs
+    the job at once; the JSON has one ``client_stats`` entry per server."""
     job_lines, client_side = [], []
     for arg in local_argv[1:]:
         if arg.startswith(_CLIENT_SIDE):
@@ -317,8 +295,7 @@ def client_argv(
             job_lines.insert(0, f"[{arg.split('=', 1)[1]}]")
         else:
             job_lines.append(arg[2:])
-    # Each --client names its own job file: with one job file after several --client options,
-    # fio 3.33 sends the job to one server only.
+    # One job file per --client: with one after several, fio 3.33 sends the job to one server.
     servers = [
         arg
         for c in clients
@@ -328,8 +305,8 @@ def client_argv(
 
 
 def _session_form(plan: dict, argv: list[str], clocksource: str | None, job: Path) -> list[str]:
-    """A run's fio command line on the session's clock; in fleet mode its client form, whose job
-    file is written to ``job``."""
+    """A run's fio command line on the session's clock; in fleet mode its client form (job file
+    ``job``)."""
     if clocksource:
         argv = [*argv, f"--clocksource={clocksource}"]
     if fleet_clients(plan):
@@ -355,8 +332,8 @@ def check_servers(clients: list[dict], timeout: float = 5.0) -> None:
 
 
 def check_fio_result(path: Path) -> dict:
-    """The fio document in ``path``, accepted only as ingest accepts it (the loader and parser of
-    :mod:`luksbench.formats.fio`) and without a job error; ValueError says why not."""
+    """The fio document in ``path`` if ingest's loader accepts it and no job failed; else
+    ValueError."""
     try:
         doc = load_fio_document(path, warn=log)
         rows = parse_fio_file(path, warn=lambda _note: None)  # the loader has said it already
@@ -394,13 +371,13 @@ def _summary(doc: dict) -> str:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGINT, 10), (signal.SIGKILL, 10)):
+    for sig in (signal.SIGINT, signal.SIGKILL):
         if proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait)
+            proc.wait(10)
 
 
 def check_state_live(state: dict) -> None:
@@ -431,10 +408,8 @@ def check_state_live(state: dict) -> None:
 
 
 def _previous(manifest_path: Path) -> tuple[dict, dict, dict]:
-    """When earlier sessions measured their runs, the rates of their fixed-rate cells and the
-    session (stack-up) of every result they wrote (path in the host folder -> session; "" for a
-    run recorded before sessions were): every session's write-once record, then the manifest (an
-    interrupted session's manifest is removed before it resumes)."""
+    """From every session record, then the manifest: when earlier sessions measured their runs,
+    their fixed-rate cells' rates, and the session of every result (path -> session)."""
     sessions = sorted((manifest_path.parent / SESSIONS_DIR).glob("*.json"))
     times, rates, measured_in = {}, {}, {}
     for path in [*sessions, manifest_path]:
@@ -447,8 +422,7 @@ def _previous(manifest_path: Path) -> tuple[dict, dict, dict]:
 
 
 def _existing(session: dict) -> dict[tuple[str, int], dict[str, str]]:
-    """(cell, rep) -> {stack: its session} of every result already on disk (one no record names
-    is from an unknown session)."""
+    """(cell, rep) -> {stack: its session} of every result already on disk."""
     host_dir, existing = session["raw_host_dir"], {}
     for stack in session["measured_plan"]["stacks"]:
         for w in workloads(session["measured_plan"]):
@@ -462,9 +436,8 @@ def _existing(session: dict) -> dict[tuple[str, int], dict[str, str]]:
 
 
 def fixed_rates(plan: dict, session: dict, known: dict, clocksource: str | None) -> dict:
-    """The rate of every fixed-rate cell (pattern ``rate_pct``): as ``known`` (an earlier
-    session of the run), else from a pilot now: one unthrottled run on every stack, the rate
-    ``rate_pct`` % of the slower stack's IOPS, so all stacks run at one load."""
+    """The rate of every fixed-rate cell: as ``known`` (an earlier session), else ``rate_pct`` %
+    of the slower stack's IOPS in an unthrottled pilot run, so all stacks run at one load."""
     rates = {}
     for w in workloads(session["measured_plan"]):
         cell = cell_options(plan, w)
@@ -505,9 +478,8 @@ def _pilot_iops(plan: dict, session: dict, stack: str, w: Workload, clocksource)
 
 
 def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bool = False) -> bool:
-    """Whether ``manifest_path`` records a finished measurement of this very plan: complete, every
-    cell on every stack to its repetitions, nothing in how it measures changed since (env.json's
-    plan). Then that run's raw files are final, and no workflow step may rewrite them."""
+    """Whether ``manifest_path`` records a complete measurement of this very plan (env.json's plan
+    unchanged): then its raw files are final and no workflow step may rewrite them."""
     try:
         manifest, measured = read_manifest(manifest_path), read_manifest(env_path)["plan"]
         changed = plan_changes(measured, plan)
@@ -536,12 +508,9 @@ def run_fio(
     describe_path: Path | None = None,
     targets_path: Path | None = None,
 ) -> int:
-    """Run the matrix, session by session; returns 0 when every rep exists at the end. Raises
-    Interrupted on signals. ``targets_path``: per-cell repetition targets (adaptive stage 2).
-
-    The manifest is the index of the run as it stands (rewritten by every session); each session
-    also leaves a write-once copy in ``fio/sessions/`` so no session's record is ever lost. Both
-    carry the stack descriptions (``describe_path``, written by stack-up: no key material)."""
+    """Run the matrix, session by session; 0 when every rep exists at the end; Interrupted on
+    signals. The manifest is rewritten by every session, which also leaves a write-once copy in
+    ``fio/sessions/``; both carry the stack descriptions (``describe_path``)."""
     state_path, manifest_path = Path(state_path), Path(manifest_path)
     describe_path = Path(describe_path or state_path.with_name("stacks.json"))
     while True:
@@ -578,8 +547,7 @@ def _another_session(session: dict, outcome: dict) -> bool:
 
 
 def _restack(plan: dict, state_path: Path, describe_path: Path) -> None:
-    """End this session and begin the next: tear every stack down (checked clean), then build
-    them afresh: a new LUKS format and key, new arrays, preconditioning."""
+    """Tear every stack down (checked clean) and build them afresh for the next session."""
     log("luksbench testbox run-fio: session done; tearing down and building the stacks afresh")
     record = stack_down(state_path, keep_lock=True)
     if not record["ok"]:
@@ -669,8 +637,7 @@ def _announce(plan: dict, session: dict, targets: dict | None) -> None:
 
 
 def _measure(plan: dict, session: dict, outcome: dict) -> None:
-    """Every scheduled run into ``outcome``, under SIGINT/SIGTERM handlers that stop the
-    running fio."""
+    """Every scheduled run into ``outcome``, under handlers that stop fio on SIGINT/SIGTERM."""
     old_handlers = raise_on_stop_signals(Interrupted)
     try:
         # fio servers pick their own clock; here one probe per session instead of one per fio start.
@@ -785,21 +752,21 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
 
 
 def _write_manifest(plan: dict, session: dict, outcome: dict) -> None:
-    """The manifest and this session's write-once copy; a failure to write them is an error
-    only when the session itself went well (the rep files are the data and are already safe)."""
+    """The manifest and this session's write-once copy; failing to write them is an error only
+    when the session itself went well (the rep files are already safe)."""
     manifest_path = session["manifest_path"]
     manifest = _manifest(plan, session, outcome)
     try:
         write_json_atomic(manifest_path, manifest)
-        _keep_session_record(manifest_path.parent / SESSIONS_DIR, manifest)
+        session_record = new_session_path(manifest_path.parent / SESSIONS_DIR, manifest["started"])
+        write_json_atomic(session_record, manifest, mode=0o444)
     except OSError as exc:
         log(f"luksbench testbox run-fio: could not write the manifest {manifest_path}: {exc}")
         if outcome["interrupted"] is None and not outcome["failed"]:
             raise TestboxError(f"could not write the manifest {manifest_path}: {exc}") from exc
 
 
-# Room a fio run needs in the raw directory: a json+ result with its CPU sidecar is ~10-60 KiB;
-# the margin keeps the manifest writable too.
+# Room a fio run needs: its json+ result and CPU sidecar (~10-60 KiB), and the manifest.
 MIN_FREE_BYTES = 4 * 1024 * 1024
 
 
@@ -816,14 +783,6 @@ def check_free_space(directory: Path, min_free: int = MIN_FREE_BYTES) -> None:
         )
 
 
-def _keep_session_record(sessions_dir: Path, manifest: dict) -> None:
-    """A read-only copy of this session's manifest, named by its start time; never overwritten."""
-    sessions_dir.mkdir(parents=True, exist_ok=True)
-    path = new_session_path(sessions_dir, manifest["started"])
-    write_json_atomic(path, manifest)
-    path.chmod(0o444)
-
-
 def _one_run(
     plan: dict,
     entry: dict,
@@ -835,9 +794,7 @@ def _one_run(
     rate_iops: int | None = None,
     devices: dict | None = None,
 ) -> tuple[bool, str]:
-    """One fio run into ``path`` (+ cpu sidecar) on the session's clock (:func:`fio_clocksource`),
-    at a fixed-rate cell's ``rate_iops``, with the job options of all the cell's stacks
-    (``devices``). Returns (ok, progress message)."""
+    """One fio run into ``path`` and its cpu sidecar; returns (ok, progress message)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)  # left by a SIGKILLed earlier attempt

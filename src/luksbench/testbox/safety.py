@@ -1,15 +1,8 @@
 """Guards before the test box touches anything: names, paths, and what is already in use.
 
-Scratch files: every backing file lives directly in the plan's scratch_dir, every loop device /
-mapper name / FUSE mountpoint we create is named after the run and stack, and we refuse to start
-when one of those names or files is already in use.
-
-Real disks (``devices:`` entries with a ``path``): ``check_devices`` is the allowlist's gate. A
-disk is written to only when its path is stable (``/dev/disk/by-id/...``; ``allow_unstable_path``
-for VMs and loop test disks), it is a block device, nothing has it mounted, held (dm/md/bcache),
-claimed (``O_EXCL``) or open, and it is blank or its serial is named in ``wipe_serial``.
-
-Standard library and util-linux (wipefs, blkid, lsblk, losetup) only.
+Scratch files live directly in scratch_dir, named after the run and stack. A real disk is written
+to only when its path is stable, nothing has it mounted, held, claimed or open, and it is blank or
+its serial is named in ``wipe_serial`` (:func:`check_devices`). Standard library and util-linux.
 """
 
 from __future__ import annotations
@@ -111,8 +104,8 @@ def mapper_names_with_prefix(prefix: str) -> list[str]:
 
 
 def _open_fds():
-    """(pid, /proc/<pid>/fd/<n>, link target) of every open file descriptor of every other
-    process (needs root to see other users' processes)."""
+    """(pid, /proc/<pid>/fd/<n>, link target) of every other process's open files (root sees
+    all users')."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -250,11 +243,8 @@ def _lsblk_field(node: str, column: str) -> str | None:
 
 
 def device_serial(resolved: str) -> str | None:
-    """What ``wipe_serial`` must name: the disk's serial (a partition's is its disk's).
-
-    Loop devices have none; their backing file's path stands in for it. For other disks the sysfs
-    serial (NVMe, virtio), then lsblk's SERIAL (what users see, from udev for SATA/SAS), then the
-    WWID; None when there is none."""
+    """What ``wipe_serial`` must name: the disk's serial (sysfs, else lsblk's, else the WWID; a
+    loop device's backing file); None when there is none."""
     disk = _whole_disk(_sysfs_dir(resolved))
     if (disk / "loop").is_dir():
         return read_text(disk / "loop" / "backing_file") or None
@@ -303,9 +293,7 @@ def _signatures_of(node: str) -> list[dict]:
 
 
 def device_signatures(resolved: str) -> list[dict]:
-    """Filesystem, RAID, LUKS and partition-table signatures (``wipefs --no-act``): a list of
-    ``{"type", "offset"[, "uuid", "label"]}``, empty when blank. For a whole disk, its
-    partitions' signatures follow, with a ``"partition"`` key."""
+    """Signatures of the device and, with a ``partition`` key, of its partitions (empty: blank)."""
     sysdir = _sysfs_dir(resolved)
     found = _signatures_of(resolved)
     for part in _partitions(sysdir):
@@ -322,9 +310,7 @@ def _is_one_of(path: str, rdevs: set[int]) -> bool:
 
 
 def device_mounts(resolved: str) -> list[str]:
-    """Mount points of the device or its partitions in this mount namespace, and ``[swap]`` when
-    one of them is active swap. (Mounts in other namespaces still claim the device: see
-    device_in_use.)"""
+    """Mount points of the device or its partitions in this namespace, ``[swap]`` for swap."""
     family = _family(_sysfs_dir(resolved))
     rdevs = {r for r in map(_rdev_of, family) if r is not None}
     numbers = {_major_minor(r) for r in rdevs}
@@ -345,8 +331,7 @@ def device_mounts(resolved: str) -> list[str]:
 
 
 def device_holders(resolved: str) -> list[str]:
-    """Kernel devices stacked on the device or its partitions (dm-N, mdN, bcacheN), from sysfs
-    ``holders/``; a dm holder is shown with its name, ``dm-0 (luks-root)``."""
+    """Kernel devices stacked on the device or its partitions, dm ones with their name."""
     found = set()
     for member in _family(_sysfs_dir(resolved)):
         try:
@@ -360,8 +345,7 @@ def device_holders(resolved: str) -> list[str]:
 
 
 def processes_using_device(resolved: str) -> list[int]:
-    """PIDs with the device or one of its partitions open, by device number (whatever node name
-    they opened). Scans /proc/*/fd; needs root to see other users' processes."""
+    """PIDs with the device or one of its partitions open, by device number."""
     rdevs = {r for r in map(_rdev_of, _family(_sysfs_dir(resolved))) if r is not None}
     # a link without a path is a socket, pipe or anon inode
     fds = _open_fds()
@@ -369,9 +353,7 @@ def processes_using_device(resolved: str) -> list[int]:
 
 
 def device_in_use(resolved: str) -> str | None:
-    """Why the device is busy, or None. The kernel's exclusive claim (``open(O_EXCL)`` fails with
-    EBUSY: mounted anywhere, swap, dm/md member, another O_EXCL opener), then processes that
-    have it or a partition open."""
+    """Why the device is busy (the kernel's O_EXCL claim, or open by a process), or None."""
     reasons = []
     try:
         fd = os.open(resolved, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC)
@@ -405,12 +387,8 @@ def _describe_signatures(signatures: list[dict]) -> str:
 
 
 def check_device(name: str, spec: dict) -> dict:
-    """Refuse (SafetyError, message starting ``devices.<name>``) unless the ``devices:`` entry
-    may be written to; return what it is.
-
-    ``spec`` is ``{"path": ..., "wipe_serial": "", "allow_unstable_path": False}``. The checks
-    read only (``O_RDONLY``, ``wipefs --no-act``). They hold at the time of the check: callers
-    write to ``resolved`` and compare its ``major_minor`` right before they do."""
+    """Refuse (SafetyError naming ``devices.<name>``) unless the entry may be written to; return
+    what it is. The checks only read, and hold when made: callers write to ``resolved``."""
     where = f"devices.{name}"
     path = spec.get("path")
     wipe_serial = spec.get("wipe_serial") or ""
@@ -538,9 +516,8 @@ def _check_wipe_confirmed(
 
 
 def check_devices(devices: dict[str, dict]) -> dict[str, dict]:
-    """check_device for every entry with a ``path`` (``size_mib`` entries are scratch files,
-    made by luksbench itself), then refuse two names for one disk, or a disk and its partition.
-    Returns name -> description."""
+    """check_device for every entry with a ``path``, refusing two names for one disk or a disk
+    and its partition; returns name -> description."""
     described: dict[str, dict] = {}
     for name, spec in devices.items():
         if not isinstance(spec, dict) or ("path" in spec) == ("size_mib" in spec):

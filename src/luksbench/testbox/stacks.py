@@ -1,11 +1,9 @@
-"""Stack-up and stack-down: check devices, build every stack with the chosen backend
-(:mod:`~luksbench.testbox.backends.kernel` or :mod:`~luksbench.testbox.backends.userspace`,
-chosen by :mod:`~luksbench.testbox.backends.choose`), precondition; tear down, verify clean, record.
+"""Stack-up (check devices, build every stack with the chosen backend, precondition) and
+stack-down (tear down, verify clean, record).
 
-STATE (``--state``) is written before anything is created and after every step, so that
-``stack_down`` can always undo a partial ``stack_up``. It holds paths, pids and names, never key
-material; the key is a random passphrase in a 0600 file in a 0700 directory under scratch_dir,
-passed to tools by file only, and removed by ``stack_down``. Standard library only.
+STATE is written before anything is created and after every step, so ``stack_down`` can always
+undo a partial ``stack_up``. It holds no key material: keys are 0600 files in a 0700 directory
+under scratch_dir, passed to tools by file only. Standard library only.
 """
 
 from __future__ import annotations
@@ -19,9 +17,9 @@ from pathlib import Path
 
 from luksbench.testbox import lock, safety
 from luksbench.testbox.backends import kernel, userspace
-from luksbench.testbox.backends.choose import resolve_plan_backend, userspace_compatible
+from luksbench.testbox.backends.choose import resolve_plan_backend
 from luksbench.testbox.capture import tool_versions
-from luksbench.testbox.plan import baseline_first, device_uses, precondition_options
+from luksbench.testbox.plan import MIB, baseline_first, device_uses, precondition_options
 from luksbench.testbox.precondition import precondition
 from luksbench.testbox.sysutil import (
     Progress,
@@ -35,7 +33,6 @@ from luksbench.testbox.sysutil import (
 )
 
 STATE_VERSION = 1
-MIB = 1024 * 1024
 
 
 def load_state(state_path: Path) -> dict:
@@ -45,17 +42,9 @@ def load_state(state_path: Path) -> dict:
         raise TestboxError(f"{state_path}: cannot read stack state: {exc}") from exc
 
 
-def _real_devices_used(plan: dict) -> dict[str, dict]:
-    """The allowlisted real disks (``devices`` entries with a path) the stacks use."""
-    used = device_uses(plan)
-    return {n: spec for n, spec in plan.get("devices", {}).items() if "path" in spec and n in used}
-
-
 def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
-    """Check every device, bring every stack up, precondition, write STATE and DESCRIBE.
-
-    On any failure (or Ctrl-C) everything built so far is torn down before the error propagates.
-    Returns the description."""
+    """Check every device, bring every stack up, precondition, write STATE and DESCRIBE; returns
+    the description. A failure (or Ctrl-C) tears down everything built so far."""
     state_path, describe_path = Path(state_path), Path(describe_path)
     backend = _check_before_building(plan, state_path)
     scratch = safety.check_scratch_dir(plan["scratch_dir"])
@@ -65,7 +54,9 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     # Everything the stacks will use, checked before anything is created.
     device_checks: dict[str, dict] = {}
     if backend["selected"] == "kernel":
-        device_checks = safety.check_devices(_real_devices_used(plan))
+        used = device_uses(plan)
+        disks = {n: d for n, d in plan.get("devices", {}).items() if "path" in d and n in used}
+        device_checks = safety.check_devices(disks)
         _check_dm_names_free(plan)
     state = _new_state(plan, backend, scratch, size)
     # Before anything is created: one benchmark per test box (the state file is the lock's proof).
@@ -115,17 +106,10 @@ def _check_dm_names_free(plan: dict) -> None:
 
 def _new_entry(plan: dict, name: str, backend: str, scratch: Path, size: int) -> dict:
     """A stack's STATE entry before it is built (userspace: its backing file and mountpoint)."""
-    cfg = plan["stacks"][name]
-    kind = cfg.get("kind", "plain")
     built = dict.fromkeys(("device", "device_type", "size_bytes", "mountpoint"))  # not yet
-    entry = {"stack": name, "kind": kind, **built}
-    if backend != "userspace":
+    entry = {"stack": name, "kind": plan["stacks"][name].get("kind", "plain"), **built}
+    if backend != "userspace":  # chosen only when it can build every stack
         return entry
-    if userspace_compatible({"stacks": {name: cfg}}):
-        raise TestboxError(
-            f"stack {name}: the userspace backend builds only plain and luks arms on "
-            f"their own backing file, not {kind}: use the kernel backend"
-        )
     run = plan["run"]
     backing = safety.check_inside(scratch / f"luksbench-{run}-{name}.img", scratch)
     mountpoint = safety.check_inside(scratch / f"luksbench-{run}-{name}.fuse", scratch)
@@ -244,13 +228,9 @@ def _shred_keys(key_dir: str | None, actions: list[str]) -> None:
 def stack_down(
     state_path: str | Path, record_path: str | Path | None = None, keep_lock: bool = False
 ) -> dict:
-    """Tear down everything STATE describes, verify nothing of ours is left, delete STATE.
-
-    ``keep_lock``: the test box stays taken (between two sessions of one run).
-
-    Idempotent: a missing STATE, or one whose stacks are already (partly) gone, is fine. Returns
-    the record (also written to ``record_path`` if given); ``record["ok"]`` is False when a check
-    failed, and then STATE is kept."""
+    """Tear down everything STATE describes, verify nothing of ours is left, delete STATE
+    (idempotent). Returns the record; when ``ok`` is False STATE is kept. ``keep_lock``: between
+    two sessions of one run."""
     state_path = Path(state_path)
     started = utc_now()
     if not state_path.exists():
@@ -342,8 +322,7 @@ def _our_processes(stacks: list[dict], objects: list[dict]) -> list[int]:
 
 
 def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
-    """(checks, leftovers): no mount, process, loop device, mapping, md array, key or file of
-    this run is left."""
+    """(checks, leftovers): nothing of this run is left."""
     objects = state.get("objects") or []
     mounts = set(safety.mountpoints())
     ours_mounts = [m for e in stacks if (m := _fuse_mountpoint(e)) and m in mounts]

@@ -1,11 +1,8 @@
-"""The storage and system facts a result depends on (block devices and their queues, disk
-identity, CPU frequency and mitigations, MD and device-mapper state), captured into env.json.
+"""The storage and system facts a result depends on (block devices and queues, disk identity,
+CPU frequency and mitigations, MD and device-mapper state), captured into env.json.
 
-A missing tool or file is recorded with the reason (``{"status": "absent", "reason": ...}``),
-never an error: this runs on whatever box it is given. Nothing here writes to a device, and
-nothing here may put key material into env.json (see :func:`strip_dm_table_keys`).
-
-Standard library only.
+A missing tool or file is recorded with the reason, never an error. Nothing here writes to a
+device or puts key material into env.json. Standard library only.
 """
 
 from __future__ import annotations
@@ -53,23 +50,14 @@ def _strip_line(line: str) -> str:
     if target == "integrity":
         return " ".join(_INTEGRITY_KEY_ARG.sub(rf"\1:{KEY_STRIPPED}", t) for t in tokens)
     if target is None and "crypt" in line:
-        # A line we cannot parse that mentions crypt could hold a key: keep only that it existed.
         return "<line withheld: mentions crypt but is not a parsable table line>"
     return line
 
 
 def strip_dm_table_keys(text: str) -> str:
-    """``dmsetup table`` output with every key removed.
-
-    In a ``crypt`` target line (``<start> <len> crypt <cipher> <key> <iv_offset> <dev> <offset>
-    [<#opts> <opts>...]``, optionally prefixed ``<name>: ``) the key field becomes
-    ``<key stripped>`` whatever its form: a hex key, ``-`` (empty key), and keyring references
-    such as ``:64:logon:cryptsetup:<uuid>-d0`` alike (a keyring reference is not the key, but it
-    names where the key lives; env.json needs neither). In ``integrity`` target lines the key
-    part of ``internal_hash``, ``journal_crypt`` and ``journal_mac`` arguments is stripped too.
-    Other targets are kept as they are; a line that mentions crypt but does not parse as a table
-    line is withheld entirely. Line structure is preserved; whitespace within a changed line is
-    normalised to single spaces."""
+    """``dmsetup table`` output with every key removed: a crypt line's key field whatever its form
+    (hex, ``-``, or a keyring reference, which names where the key lives), the key part of
+    integrity's hash/journal arguments; a line mentioning crypt that does not parse is withheld."""
     stripped = "\n".join(_strip_line(line) for line in text.splitlines())
     return stripped + ("\n" if text.endswith("\n") else "")
 
@@ -194,8 +182,8 @@ def cpu_vulnerabilities(vuln_dir: str | Path = VULNERABILITIES) -> dict:
 
 
 def dm_table() -> dict:
-    """``dmsetup table`` with keys stripped. Only where /dev/mapper/control exists: dmsetup would
-    otherwise create the node as a side effect."""
+    """``dmsetup table`` with keys stripped (only where /dev/mapper/control exists: dmsetup would
+    create it)."""
     if not os.path.exists("/dev/mapper/control"):
         return _absent("no /dev/mapper/control (no device-mapper in this kernel)")
     rec = _tool(["dmsetup", "table"])
@@ -219,11 +207,8 @@ def capture_system(
     paths: list[str] | None = None,
     powercap_root: str | Path = POWERCAP_ROOT,
 ) -> dict:
-    """Storage and system facts of this machine (no key material; read-only).
-
-    ``devices``: block devices to identify with nvme-cli/smartctl (the disks under test); None
-    identifies every whole disk lsblk lists. ``paths``: directories (e.g. the scratch directory
-    holding loop-device backing files) whose underlying disk is recorded."""
+    """Storage and system facts of this machine. ``devices``: the disks to identify (None: every
+    disk lsblk lists); ``paths``: directories whose underlying disk is recorded."""
     lsblk = _tool(["lsblk", "-J", "-O"], parse_json=True)
     if devices is None:
         devices = _disks_from_lsblk(lsblk)

@@ -1,7 +1,5 @@
-"""Helpers every test-box module shares: errors, progress on stderr, timestamps, atomic writes,
-running tools and probes, and looking at processes. A leaf: imports no other luksbench module.
-
-Standard library only.
+"""Helpers every test-box module shares: errors, progress, timestamps, atomic writes, running
+tools, looking at processes. A leaf: imports no other luksbench module. Standard library only.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ class TestboxError(RuntimeError):
     __test__ = False  # not a pytest test class
 
 
-# How the test box runs every tool: output captured as text, its exit status checked by the
-# caller, and no terminal to prompt on.
+# Every tool runs with its output captured as text, no terminal, its status checked by the caller.
 QUIET = {"capture_output": True, "text": True, "check": False, "stdin": subprocess.DEVNULL}
 
 
@@ -44,9 +41,8 @@ def duration(seconds: float) -> str:
 
 
 def eta_seconds(remaining: int, step_s: float | None, timed: int, timed_s: float) -> float | None:
-    """Time left for ``remaining`` steps of nominally ``step_s`` seconds, plus the overhead per step
-    measured over the ``timed`` steps that took ``timed_s`` in all (without a nominal length, their
-    mean alone); None when there is nothing to go on yet."""
+    """Time left for ``remaining`` steps of nominally ``step_s`` seconds, or as long as the
+    ``timed`` steps took on average (``timed_s`` in all) when longer; None without either."""
     if timed == 0 and step_s is None:
         return None
     per_step = max(step_s or 0.0, timed_s / timed if timed else 0.0)
@@ -72,8 +68,7 @@ class Progress:
 
 @contextlib.contextmanager
 def heartbeat(what: str, every: float, say=log):
-    """``say`` ``what`` with the time elapsed every ``every`` seconds while the block runs (a long
-    tool run that reports nothing until it ends)."""
+    """``say`` ``what`` with the time elapsed every ``every`` seconds while the block runs."""
     t0, stop = time.monotonic(), threading.Event()
 
     def beat():
@@ -192,10 +187,8 @@ def cmdline(pid: int) -> list[str]:
 def find_our_processes(
     markers: list[str], names=("qemu-storage-daemon", "fio"), exact: bool = False
 ) -> list[int]:
-    """PIDs of qemu-storage-daemon / fio processes whose command line mentions one of ``markers``
-    (our mountpoints, backing files; with ``exact``, whole arguments such as
-    ``--filename=/dev/loop3``). Catches daemons whose pid never reached STATE and fio processes
-    left by a killed run-fio."""
+    """PIDs of ``names`` processes whose command line mentions one of ``markers`` (with
+    ``exact``: as a whole argument), e.g. daemons whose pid never reached STATE."""
     found = []
     markers = [m for m in markers if m]
     for entry in os.listdir("/proc"):

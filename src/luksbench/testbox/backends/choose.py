@@ -1,8 +1,5 @@
 """Which backend builds the stacks on this machine (kernel or userspace), and why.
-
-The kernel backend needs loop devices, and device-mapper with the crypt target (or MD) for the
-layers a plan uses; the userspace backend needs qemu-storage-daemon with FUSE and builds only
-plain and luks arms on their own backing files. Standard library only.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -73,12 +70,6 @@ def _dm_reason(dm: dict) -> str:
     return "device-mapper with dm-crypt available"
 
 
-def userspace_status() -> dict:
-    missing = [t for t in ("qemu-storage-daemon", "fusermount3", "cryptsetup") if not which(t)]
-    fuse = os.path.exists("/dev/fuse")
-    return {"available": not missing and fuse, "missing_tools": missing, "dev_fuse": fuse}
-
-
 def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> dict:
     """Is the kernel's MD (software RAID) usable here, with the personalities the plan needs?"""
     personalities, modules = {0: "raid0", 5: "raid5"}, {0: "raid0", 5: "raid456"}
@@ -115,18 +106,9 @@ def md_status(try_modprobe: bool = True, levels: tuple[int, ...] = (0, 5)) -> di
     return status
 
 
-def plan_md_levels(plan: dict) -> tuple[int, ...]:
-    """RAID levels the plan's md layers use (empty: no MD needed)."""
-    levels = {int(lay.get("level", 0)) for lay in plan_layers(plan) if lay["kind"] == "md"}
-    return tuple(sorted(levels))
-
-
 def userspace_compatible(plan: dict) -> list[str]:
-    """Why the userspace backend cannot build this plan (empty list: it can).
-
-    It exports whole backing files through FUSE: only ``plain`` and a ``luks`` arm on its own
-    backing file are possible; layers on devices, md, filesystems and dm-linear need the kernel,
-    as do the null cipher and adiantum (qemu's luks driver has neither)."""
+    """Why the userspace backend cannot build this plan (empty: it can): it exports whole backing
+    files, plain or through qemu's luks driver (which has neither null cipher nor adiantum)."""
     why = []
     for name, stack in plan["stacks"].items():
         kind = stack.get("kind") if isinstance(stack, dict) else None
@@ -147,15 +129,13 @@ def resolve_backend(
     md_levels: tuple[int, ...] = (),
     userspace_blockers: list[str] | None = None,
 ) -> dict:
-    """Which backend will be used and why. ``selected`` is None when none can be used.
-
-    ``needs_dm``: the plan has a luks or linear layer (a plain-only plan needs loop devices only);
-    ``md_levels``: RAID levels of its md layers; ``userspace_blockers``: the stacks the userspace
-    backend cannot build (:func:`userspace_compatible`)."""
+    """Which backend will be used and why (``selected`` None: none can be)."""
     dm = dm_crypt_status(try_modprobe=try_modprobe)
     md = md_status(try_modprobe=try_modprobe, levels=md_levels) if md_levels else None
     loop = os.path.exists("/dev/loop-control") and which("losetup") is not None
-    us = userspace_status()
+    missing = [t for t in ("qemu-storage-daemon", "fusermount3", "cryptsetup") if not which(t)]
+    fuse = os.path.exists("/dev/fuse")
+    us = {"available": not missing and fuse, "missing_tools": missing, "dev_fuse": fuse}
     if userspace_blockers:
         us = {**us, "available": False, "blocked_by": list(userspace_blockers)}
     kernel_ok = loop and (dm["available"] or not needs_dm) and (md is None or md["available"])
@@ -195,11 +175,11 @@ def resolve_backend(
     return {"requested": requested, "selected": selected, "reason": reason, **facts}
 
 
-def plan_needs_dm(plan: dict) -> bool:
-    return any(lay["kind"] in ("luks", "linear") for lay in plan_layers(plan))
-
-
 def resolve_plan_backend(plan: dict, try_modprobe: bool = True) -> dict:
     """:func:`resolve_backend` for what this plan's layers need."""
-    levels, blockers = plan_md_levels(plan), userspace_compatible(plan)
-    return resolve_backend(plan["backend"], try_modprobe, plan_needs_dm(plan), levels, blockers)
+    layers = list(plan_layers(plan))
+    needs_dm = any(lay["kind"] in ("luks", "linear") for lay in layers)
+    levels = tuple(sorted({int(lay.get("level", 0)) for lay in layers if lay["kind"] == "md"}))
+    return resolve_backend(
+        plan["backend"], try_modprobe, needs_dm, levels, userspace_compatible(plan)
+    )

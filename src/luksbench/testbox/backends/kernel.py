@@ -12,9 +12,9 @@ Layers (``kind``), top first in the config, built bottom-up here:
 ``fs``                mkfs (ext4/xfs) + mount; fio's target is a preallocated file on it
 ``rbd``               nothing to build: fio's rbd engine talks to the cluster
 
-Every object is appended to the state's undo log (``state["objects"]``) *before* it is created,
-so :func:`undo` can reverse a partial build after a failure or a signal. A device named in
-``devices`` is built once and shared by every stack that names it. Standard library only.
+Every object enters the undo log (``state["objects"]``) *before* it is created, so :func:`undo`
+can reverse a partial build. A device in ``devices`` is built once and shared by every stack that
+names it. Standard library only.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from luksbench.testbox import safety
-from luksbench.testbox.plan import NULL_CIPHERS, baseline_first, luks_layer, plan_layers
+from luksbench.testbox.plan import MIB, NULL_CIPHERS, baseline_first, luks_layer, plan_layers
 from luksbench.testbox.sysinfo import strip_dm_table_keys
 from luksbench.testbox.sysutil import (
     QUIET,
@@ -43,7 +43,6 @@ from luksbench.testbox.sysutil import (
     write_json_atomic,
 )
 
-MIB = 1024 * 1024
 BLKGETSIZE64 = 0x80081272
 # dm-crypt target versions that brought the optional parameters (kernel 4.0, 5.9 and 6.10).
 PERF_FLAG_MIN_CRYPT_VERSION = {
@@ -105,10 +104,6 @@ def losetup_argv(backing: str | Path) -> list[str]:
     return ["losetup", "--direct-io=on", "--show", "-f", str(backing)]
 
 
-def is_null_cipher(cipher: str) -> bool:
-    return str(cipher) in NULL_CIPHERS
-
-
 def luks_facts(cfg: dict, luks_type: str, sector: int) -> dict:
     """How a luks layer is formatted, as its description records it."""
     return {
@@ -132,7 +127,7 @@ def luks_format_argv(
     argv += ["--key-size", str(facts["key_bits"]), "--hash", str(facts["hash"])]
     if luks_type == "luks2":
         argv += ["--sector-size", str(facts["sector_size"])]
-        if is_null_cipher(cipher):
+        if cipher in NULL_CIPHERS:
             # The null arm encrypts nothing; its key slot still needs a real cipher.
             argv += ["--keyslot-cipher", "aes-xts-plain64", "--keyslot-key-size", "512"]
     argv += ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", str(facts["pbkdf_iterations"])]
@@ -261,8 +256,8 @@ def _block_layer(device: str, **description) -> dict:
 
 
 def planned_dm_names(plan: dict, stacks: list[str]) -> list[str]:
-    """The device-mapper names :class:`KernelBuilder` will give the plan's luks and linear layers
-    (in build order), so that a name already in use is refused before anything is created."""
+    """The device-mapper names :class:`KernelBuilder` will give (refused before building when one
+    is in use)."""
     names = []
     for stack in stacks:
         base = safety.mapper_name(plan["run"], stack)
@@ -375,8 +370,7 @@ class KernelBuilder:
         return _block_layer(loop, kind="loop", **facts, loop_direct_io=dio, notes=notes)
 
     def _wipe_later(self, built: dict) -> None:
-        """Layers we write onto a real disk are wiped again at teardown (wipefs -a), so the next
-        run finds it blank; scratch files are simply deleted."""
+        """A real disk we write a layer onto is wiped again at teardown, for the next run."""
         if built.get("real_device"):
             self.record({"type": "wipe", "device": built["device"]})
 
@@ -421,7 +415,7 @@ class KernelBuilder:
             device,
             kind="luks",
             **luks_facts(layer, luks_type, sector),
-            null_cipher=is_null_cipher(cipher),
+            null_cipher=str(cipher) in NULL_CIPHERS,
             perf_flags_requested=list(layer.get("perf_flags") or []),
             perf_flags_applied=applied,
             perf_flags_skipped=skipped,

@@ -1,7 +1,6 @@
-"""Userspace backend: ``qemu-storage-daemon`` exports each backing file through FUSE (plain: the
-raw driver, luks: qemu's luks driver), so both arms take the same path. For machines without
-device-mapper (CI, containers). qemu 7.2's luks driver reads LUKS1 only, so this backend forces
-luks1. Standard library only.
+"""Userspace backend for machines without device-mapper: ``qemu-storage-daemon`` exports each
+backing file through FUSE (raw or through qemu's luks driver), so both arms take the same path.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from luksbench.testbox.backends.kernel import (
     luks_format_argv,
     write_key,
 )
+from luksbench.testbox.plan import MIB
 from luksbench.testbox.sysutil import (
     TestboxError,
     find_our_processes,
@@ -36,7 +36,6 @@ from luksbench.testbox.sysutil import (
     write_json_atomic,
 )
 
-MIB = 1024 * 1024
 USERSPACE_LUKS_NOTE = (
     "userspace backend forces luks1: qemu-storage-daemon 7.2's luks block driver reads LUKS1 "
     "headers only (LUKS2 support arrived in later qemu versions)"
@@ -93,7 +92,7 @@ def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
                     break
 
 
-def _start_daemon(entry: dict, state: dict) -> None:
+def _start_daemon(entry: dict) -> None:
     mnt = Path(entry["mountpoint"])
     mnt.touch(mode=0o600)  # FUSE exports need an existing regular file as mountpoint
     daemon, who = entry["daemon"], f"stack {entry['stack']}"
@@ -111,8 +110,7 @@ def _start_daemon(entry: dict, state: dict) -> None:
 
 
 def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dict:
-    """Every stack as a qemu-storage-daemon FUSE export of its own backing file; STATE is saved
-    before each step. Returns the stacks' descriptions."""
+    """Every stack as a FUSE export of its own backing file; returns their descriptions."""
     if any(e["kind"] == "luks" for e in state["stacks"].values()):
         state["key_dir"] = str(private_dir(state["scratch_dir"], ".luksbench-keys-"))
     # A short directory for QMP sockets and pid files: AF_UNIX paths are limited to 107 bytes.
@@ -138,8 +136,8 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
 
 
 def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: Path) -> None:
-    """luksFormat the backing file as qemu can read it (LUKS1, 512-byte sectors); notes say
-    what of the plan's luks settings this backend cannot honour."""
+    """luksFormat the backing file as qemu reads it (LUKS1, 512-byte sectors); notes say what of
+    the plan's luks settings this backend cannot honour."""
     name, sector = entry["stack"], int(cfg.get("sector_size", 512))
     if cfg.get("luks_type", "luks2") != "luks1":
         desc["notes"].append(USERSPACE_LUKS_NOTE)
@@ -164,9 +162,8 @@ def _export(entry: dict, state: dict, state_path: Path) -> None:
     paths = {"qmp_socket": str(rt / f"{name}.qmp"), "pidfile": str(rt / f"{name}.pid")}
     entry["daemon"] = {"pid": None, **paths}
     write_json_atomic(state_path, state, mode=0o600)
-    _start_daemon(entry, state)
+    _start_daemon(entry)
     entry.update(device=entry["mountpoint"], device_type="file")
-    write_json_atomic(state_path, state, mode=0o600)
     entry["size_bytes"] = device_size(entry["device"])
     write_json_atomic(state_path, state, mode=0o600)
 
