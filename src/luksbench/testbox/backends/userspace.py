@@ -164,6 +164,7 @@ def _export(entry: dict, state: dict, state_path: Path) -> None:
     write_json_atomic(state_path, state, mode=0o600)
     _start_daemon(entry)
     entry.update(device=entry["mountpoint"], device_type="file")
+    write_json_atomic(state_path, state, mode=0o600)  # the daemon's pid, before anything can fail
     entry["size_bytes"] = device_size(entry["device"])
     write_json_atomic(state_path, state, mode=0o600)
 
