@@ -194,15 +194,14 @@ def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> li
     lat = lat[lat["host"] == host]
     cells = fio[["rw", "pattern"]].drop_duplicates().dropna().itertuples(index=False, name=None)
     specs = []
+    retitle = (f"{host}: " if scope else "", "")
     for rw, pat in sorted(cells, key=lambda c: (c[1], c[0])):
         where = {"rw": rw, **({"pattern": pat} if pat else {})}
         for metric in ("bw_bytes", "iops"):
             kwargs = {"rw": rw, "metric": metric, "stacks": stacks, "host": host, "pattern": pat}
             params = {"host": host, **where, "metric": metric}
-            retitle = (f"{host}: " if scope else "", "")
-            specs.append(
-                _spec(_name("throughput", scope, rw, pat, metric), kwargs, params, retitle)
-            )
+            name = _name("throughput", scope, rw, pat, metric)
+            specs.append(_spec(name, kwargs, params, retitle))
         if ((lat["rw"] == rw) & (lat["pattern"] == pat)).any():
             kwargs = {"rw": rw, "stacks": stacks, "pattern": pat, "host": scope}
             specs.append(_spec(_name("latency", scope, rw, pat), kwargs, where))

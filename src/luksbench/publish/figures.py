@@ -93,9 +93,8 @@ def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0, reps=
             pos = pos + offset + width / 4
             ax.scatter(pos, r["value"] / scale, s=10, color="black", zorder=3, edgecolors="white")
     long_labels = max((len(o) for o in order), default=0) > 8
-    ax.set_xticks(
-        x, order, rotation=30 if long_labels else 0, ha="right" if long_labels else "center"
-    )
+    rotation, ha = (30, "right") if long_labels else (0, "center")
+    ax.set_xticks(x, order, rotation=rotation, ha=ha)
     log_y(ax)
 
 

@@ -89,18 +89,12 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
             per_stack = stacks[stacks["host"] == row["host"]]["backend"].dropna().unique()
             backend = per_stack[0] if len(per_stack) == 1 else backend
         short, long = BACKEND_TEXT.get(backend, (f"unknown backend ({backend})", _UNKNOWN))
+        # a fio server of a fleet run: results, but no environment capture of its own
+        coordinator = parse_env_json(row["env_json"]).get("coordinator")
         hosts.append(
-            {
-                "host": row["host"],
-                **{k: fmt_text(row.get(k)) for k in _HOST_TEXT},
-                "aes": fmt_bool(row["aes"]),
-                "vaes": fmt_bool(row["vaes"]),
-                "backend": backend,
-                "backend_short": short,
-                "backend_long": long,
-                # a fio server of a fleet run: results, but no environment capture of its own
-                "coordinator": parse_env_json(row["env_json"]).get("coordinator"),
-            }
+            {"host": row["host"], **{k: fmt_text(row.get(k)) for k in _HOST_TEXT}}
+            | {"aes": fmt_bool(row["aes"]), "vaes": fmt_bool(row["vaes"]), "backend": backend}
+            | {"backend_short": short, "backend_long": long, "coordinator": coordinator}
         )
     return hosts
 
