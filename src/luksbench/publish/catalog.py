@@ -1,13 +1,9 @@
 """Which figures a run gets, as data: a catalog of figure specs, drawn and indexed.
 
-``figure_specs(run)`` lists one :class:`FigureSpec` per figure (name, family, drawing function,
-the processed tables it draws, caption); ``make_figures`` draws them (in parallel worker
-processes), saves each as PNG + SVG with its provenance and writes the figure index
-``figures/<run>/index.json`` (name, family, files, caption, inputs) that the paper and notebook
-03 read. ``FIGURE_FAMILIES`` gives each family's heading and introduction in paper order.
-
-Every figure carries its provenance: run, figure name, drawing function, SHA-256 of the run's
-tables, git commit, config hash (of the plan in env.json), fio and cryptsetup versions, notebook.
+``figure_specs(run)`` lists one :class:`FigureSpec` per figure; ``make_figures`` draws them, saves
+each as PNG + SVG with its provenance and writes the figure index ``figures/<run>/index.json``
+that the paper and notebook 03 read. ``FIGURE_FAMILIES``: each family's heading and introduction
+in paper order.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ import multiprocessing
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -27,17 +23,15 @@ from luksbench.analysis.contrasts import Pair, label
 from luksbench.analysis.loss import CPU_METRICS
 from luksbench.analysis.tails import MIN_BEYOND
 from luksbench.publish import figures
-from luksbench.publish.ceilings import crypto_ceilings, undescribed
+from luksbench.publish.ceilings import available_ciphers, crypto_ceilings, undescribed
 from luksbench.publish.run import Run, load_run, package_version, provenance_facts
 from luksbench.publish.style import figure_paths, save_figure
 from luksbench.publish.text import cpu_net, metric_heading, rw_words
 
 INDEX = "index.json"
-#: metrics that get a heatmap (IOPS repeats bandwidth at a fixed block size; every metric is in
-#: the loss chart and the paper's tables)
-HEATMAP_METRICS = ("bw_bytes", "clat_p99_ns")
-#: metrics that get a hosts-side-by-side figure in a run with several hosts
-HOSTS_METRICS = ("bw_bytes", "clat_p99_ns")
+#: metrics that get a heatmap and, with several hosts, a hosts-side-by-side figure (IOPS repeats
+#: bandwidth at a fixed block size; every metric is in the loss chart and the paper's tables)
+SUMMARY_METRICS = ("bw_bytes", "clat_p99_ns")
 
 
 @dataclass(frozen=True)
@@ -50,15 +44,11 @@ class FigureSpec:
     family: str
     draw: Callable
     tables: tuple[str, ...]
+    sources: tuple[str, ...]
     caption: str
-    kwargs: dict = field(default_factory=dict)
-    sources: tuple[str, ...] = ()
-    params: dict = field(default_factory=dict)
-    retitle: tuple[str, str] = ("", "")
-
-    @property
-    def inputs(self) -> list[str]:
-        return [*self.tables, *self.sources]
+    kwargs: dict
+    params: dict
+    retitle: tuple[str, str]
 
     def render(self, run: Run):
         fig = self.draw(*(_table(run, t) for t in self.tables), **self.kwargs)
@@ -190,21 +180,10 @@ _DRAWN = {
 
 
 def _spec(name: str, kwargs=None, params=None, retitle=("", ""), headline=None) -> FigureSpec:
-    """A figure of the family its name starts with, drawn as :data:`_DRAWN` says, captioned by
-    :func:`caption`."""
+    """A figure of the family its name starts with, drawn as :data:`_DRAWN` says."""
     family = name.partition("-")[0]
-    draw, tables, sources = _DRAWN[family]
-    return FigureSpec(
-        name,
-        family,
-        draw,
-        tables,
-        caption(name, headline),
-        kwargs or {},
-        sources,
-        params or {},
-        retitle,
-    )
+    caption_ = caption(name, headline)
+    return FigureSpec(name, family, *_DRAWN[family], caption_, kwargs or {}, params or {}, retitle)
 
 
 def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> list[FigureSpec]:
@@ -215,15 +194,14 @@ def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> li
     lat = lat[lat["host"] == host]
     cells = fio[["rw", "pattern"]].drop_duplicates().dropna().itertuples(index=False, name=None)
     specs = []
+    retitle = (f"{host}: " if scope else "", "")
     for rw, pat in sorted(cells, key=lambda c: (c[1], c[0])):
         where = {"rw": rw, **({"pattern": pat} if pat else {})}
         for metric in ("bw_bytes", "iops"):
             kwargs = {"rw": rw, "metric": metric, "stacks": stacks, "host": host, "pattern": pat}
             params = {"host": host, **where, "metric": metric}
-            retitle = (f"{host}: " if scope else "", "")
-            specs.append(
-                _spec(_name("throughput", scope, rw, pat, metric), kwargs, params, retitle)
-            )
+            name = _name("throughput", scope, rw, pat, metric)
+            specs.append(_spec(name, kwargs, params, retitle))
         if ((lat["rw"] == rw) & (lat["pattern"] == pat)).any():
             kwargs = {"rw": rw, "stacks": stacks, "pattern": pat, "host": scope}
             specs.append(_spec(_name("latency", scope, rw, pat), kwargs, where))
@@ -236,7 +214,7 @@ def _host_specs(run: Run, host: str, scope: str | None, stacks, ceilings) -> lis
     retitle = ("", "" if scope else f"{host}: ")
     specs = [
         _spec(_name("heatmap", scope, m), {"metric": m, "host": host}, {"metric": m}, retitle)
-        for m in HEATMAP_METRICS
+        for m in SUMMARY_METRICS
         if m in set(run.loss["metric"])
     ]
     arms = run.tables["arms"][run.tables["arms"]["host"] == host]
@@ -259,11 +237,11 @@ def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
     comparison (the headline's is ``loss``)."""
     specs = [
         _spec(f"hosts-{m}", {"metric": m}, {"metric": m, "hosts": run.hosts})
-        for m in (HOSTS_METRICS if multi else ())
+        for m in (SUMMARY_METRICS if multi else ())
         if m in set(run.loss["metric"])
     ]
     cs = run.cryptsetup
-    if len(cs) and ((cs["kind"] == "cipher") & cs["available"].fillna(False).astype(bool)).any():
+    if len(cs) and len(available_ciphers(cs)):
         specs.append(_spec("ciphers"))
     for k, (baseline, variant) in enumerate(run.pairs):
         name = "loss" if k == 0 else f"loss-{variant}-vs-{baseline}"
@@ -282,10 +260,8 @@ def make_figures(
     workers: int | None = None,
 ) -> dict[str, list[Path]]:
     """Draw every figure of :func:`figure_specs` for the processed run in ``processed_dir`` into
-    ``figures_dir`` and write its index; returns {name: [png, svg]}.
-
-    ``notebook`` names the notebook that made them, for the provenance. ``workers``: processes
-    drawing in parallel (default: the CPUs available; 1 = here)."""
+    ``figures_dir`` and write its index; returns {name: [png, svg]}. ``notebook`` (the notebook
+    that made them) goes into the provenance; ``workers``: see :func:`_draw_all`."""
     data, figures_dir = load_run(processed_dir), Path(figures_dir)
     specs = figure_specs(data)
     facts = {
@@ -319,8 +295,8 @@ def _provenance(run: str, spec: FigureSpec, facts: dict) -> dict:
 
 def _draw_all(specs: list[FigureSpec], draw, workers: int | None) -> list[tuple[str, list[Path]]]:
     """Draw and save every figure, split over ``workers`` forked processes (default: the CPUs
-    available; 1 = here). Saving (layout, PNG and SVG rendering) is most of the time and each
-    figure is independent, so two cores halve it. A failure names the figure and the error."""
+    available; 1 = here): saving is most of the time and each figure is independent. A failure
+    names the figure and the error."""
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     workers = max(1, min(int(workers), len(specs)))
@@ -362,7 +338,7 @@ def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:
             "family": spec.family,
             "files": [p.name for p in figure_paths(Path(figures_dir) / spec.name)],
             "caption": spec.caption,
-            "inputs": [f"{t}.parquet" for t in spec.inputs],
+            "inputs": [f"{t}.parquet" for t in (*spec.tables, *spec.sources)],
         }
         for spec in specs
     ]

@@ -20,6 +20,12 @@ def cipher_key(cipher: str | None) -> str | None:
     return "-".join(parts[:2]) if len(parts) >= 2 else parts[0]
 
 
+def available_ciphers(cryptsetup: pd.DataFrame) -> pd.DataFrame:
+    """The cipher rows of ``cryptsetup benchmark`` that have a result."""
+    cipher = cryptsetup["kind"] == "cipher"
+    return cryptsetup[cipher & cryptsetup["available"].fillna(False).astype(bool)]
+
+
 def _cpus(env: pd.DataFrame, host: str) -> int | None:
     counts = env.loc[env["host"] == host, "cpu_count"]
     return int(counts.iloc[0]) if len(counts) and pd.notna(counts.iloc[0]) else None
@@ -43,8 +49,7 @@ def _ceiling(rec: dict, cryptsetup: pd.DataFrame) -> dict:
     cs = cryptsetup[cryptsetup["host"] == host] if len(cryptsetup) else cryptsetup
     if cs is None or cs.empty:
         return rec | {"reason": f"no `cryptsetup benchmark` output was recorded on {host}"}
-    ciphers = cs[cs["kind"] == "cipher"]
-    available = ciphers[ciphers["available"].fillna(False).astype(bool)]
+    ciphers, available = cs[cs["kind"] == "cipher"], available_ciphers(cs)
     match = available[
         (available["algorithm"].str.lower() == (rec["algorithm"] or ""))
         & (available["key_bits"].astype(float) == float(rec["key_bits"] or -1))

@@ -1,7 +1,5 @@
-"""``luksbench compare`` published: the run-A-vs-run-B table as Markdown, table files and a figure.
-
-The comparison itself (intervals, verdicts, outcomes) is :mod:`luksbench.analysis.crossrun`.
-"""
+"""``luksbench compare`` published: the run-A-vs-run-B table (computed by
+:mod:`luksbench.analysis.crossrun`) as Markdown, table files and a figure."""
 
 from __future__ import annotations
 
@@ -39,10 +37,6 @@ OUTCOME_COLORS = {
 _RATIO_TICKS = (0.01, 0.1, 0.25, 0.5, 0.8, 1.0, 1.25, 2.0, 4.0, 10.0, 100.0)
 
 
-def _pct_label(ratio: float) -> str:
-    return "0" if ratio == 1 else f"{100 * (ratio - 1):+.0f} %"
-
-
 def _cell_labels(df: pd.DataFrame) -> pd.Series:
     """Cell names, with the stack and host pair where the table has several."""
     multi_host = df[["host_a", "host_b"]].drop_duplicates().shape[0] > 1
@@ -70,7 +64,8 @@ def _ratio_axis(ax, sub: pd.DataFrame) -> None:
     ticks = [t for t in _RATIO_TICKS if lo / 1.05 <= t <= hi * 1.05]
     if len(ticks) > 5:  # wide intervals: every other tick, always keeping "no change"
         ticks = sorted({1.0, *ticks[::2]})
-    ax.set_xticks(ticks, [_pct_label(t) for t in ticks], rotation=45, ha="right")
+    labels = ["0" if t == 1 else f"{100 * (t - 1):+.0f} %" for t in ticks]
+    ax.set_xticks(ticks, labels, rotation=45, ha="right")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlim(lo / 1.1, hi * 1.1)
 

@@ -1,14 +1,12 @@
 """Figure families: functions that take processed tables and return matplotlib figures.
 
-One function per family of :data:`luksbench.publish.catalog.FIGURE_FAMILIES` (which describes
-each): ``throughput_figure``, ``loss_figure``, ``loss_heatmap``, ``hosts_figure``,
-``latency_figure``, ``cpu_figure``, ``cipher_figure``, ``ceiling_figure``. Every number drawn comes
-from a processed table (loss, cpu_loss, arms, latency, cryptsetup); which figures a run gets is
-:mod:`luksbench.publish.catalog`.
+One function per family of :data:`luksbench.publish.catalog.FIGURE_FAMILIES`; every number drawn
+comes from a processed table (loss, arms, reps, latency, cryptsetup).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 
@@ -19,8 +17,10 @@ import pandas as pd
 import seaborn as sns
 
 from luksbench.analysis.cells import with_pattern
+from luksbench.analysis.contrasts import comparison_pairs
 from luksbench.analysis.tails import MIN_BEYOND, PERCENTILES, TOO_FEW
 from luksbench.formats.layout import bs_label
+from luksbench.publish.ceilings import available_ciphers
 from luksbench.publish.style import (
     VERDICT_COLORS,
     house_style,
@@ -31,7 +31,6 @@ from luksbench.publish.style import (
     wrap,
 )
 from luksbench.publish.text import (
-    RW_ORDER,
     cell_name,
     cpu_basis,
     decision_kind,
@@ -40,6 +39,7 @@ from luksbench.publish.text import (
     metric_heading,
     metric_label,
     multi_job,
+    rw_rank,
 )
 
 
@@ -49,6 +49,11 @@ def _arm_rows(arms: pd.DataFrame, metric: str, host: str | None = None) -> pd.Da
     if host is not None:
         rows = rows[rows["host"] == host]
     return with_pattern(rows[np.isfinite(rows["mean"].astype(float))])
+
+
+def _in_order(df: pd.DataFrame, by: list[str], column: str = "cell") -> list:
+    """The distinct values of ``column``, ``df`` sorted by ``by``."""
+    return list(dict.fromkeys(df.sort_values(by)[column]))
 
 
 def _bar_groups(summ: pd.DataFrame, several: pd.DataFrame | None = None) -> pd.Series:
@@ -88,9 +93,8 @@ def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0, reps=
             pos = pos + offset + width / 4
             ax.scatter(pos, r["value"] / scale, s=10, color="black", zorder=3, edgecolors="white")
     long_labels = max((len(o) for o in order), default=0) > 8
-    ax.set_xticks(
-        x, order, rotation=30 if long_labels else 0, ha="right" if long_labels else "center"
-    )
+    rotation, ha = (30, "right") if long_labels else (0, "center")
+    ax.set_xticks(x, order, rotation=rotation, ha=ha)
     log_y(ax)
 
 
@@ -104,12 +108,9 @@ def throughput_figure(
     pattern: str | None = None,
 ) -> matplotlib.figure.Figure:
     """Grouped bars for one rw pattern: block size on x, stacks side by side, log y, one panel per
-    iodepth; bar = mean over repetitions, error bar = its interval (arms.parquet; lower end
-    clipped for the log axis): per arm and unpaired, so it is wider than the paired interval on
-    the loss; dots = the repetitions themselves (``reps.parquet``).
-
-    ``pattern``: only the cells of that config pattern ("" = the main matrix); None = all, cells of
-    different patterns kept apart as separate bar groups."""
+    iodepth; bar = mean over repetitions, error bar = its per-arm unpaired interval (arms), dots
+    = the repetitions (reps). ``pattern``: only that config pattern's cells ("" = the main
+    matrix); None = all, each pattern's cells in bar groups of their own."""
     house_style()
     summ = _arm_rows(arms, metric, host)
     summ = summ[summ["rw"] == rw]
@@ -172,10 +173,7 @@ def loss_figure(
     df["cell"] = df.apply(lambda r: cell_name(r, several_jobs), axis=1)
     if df["host"].nunique() > 1:
         df["cell"] = df["host"] + ": " + df["cell"]
-    cells = df.sort_values(
-        ["host", "pattern", "rw", "bs_bytes", "iodepth", "job_slot", "direction"]
-    )["cell"]
-    cells = list(dict.fromkeys(cells))
+    cells = _in_order(df, ["host", "pattern", "rw", "bs_bytes", "iodepth", "job_slot", "direction"])
     y = {c: i for i, c in enumerate(cells)}
     # at most LOSS_PANELS_PER_ROW panels side by side: the figure stays legible at page width
     ncols = min(LOSS_PANELS_PER_ROW, len(metrics))
@@ -238,10 +236,9 @@ def _row_label(row, several_jobs: bool, multi_pattern: bool = False) -> str:
 def loss_heatmap(
     losses: pd.DataFrame, metric: str = "bw_bytes", host: str | None = None
 ) -> matplotlib.figure.Figure:
-    """Block size (x) x rw pattern (y), one panel per comparison (rows: variant against its
-    baseline) and iodepth (columns); colour = effect in %, each cell annotated with effect,
-    interval and decision (the loss table's ``decision``). Cells of different config patterns
-    get rows of their own."""
+    """Block size (x) x rw pattern (y), one panel per comparison (rows) and iodepth (columns);
+    colour = effect in %, each cell annotated with effect, interval and decision. Cells of
+    different config patterns get rows of their own."""
     house_style()
     df = with_pattern(losses[losses["metric"] == metric])
     if host is not None:
@@ -249,15 +246,13 @@ def loss_heatmap(
     if df.empty:
         raise ValueError(f"no {metric} rows to draw")
     several = (multi_job(df), df["pattern"].nunique() > 1)
-    df = df.assign(row=df.apply(lambda r: _row_label(r, *several), axis=1))
-    comparisons = list(dict.fromkeys(zip(df["baseline"], df["variant"], strict=True)))
+    df = df.assign(
+        row=df.apply(lambda r: _row_label(r, *several), axis=1), _o=df["rw"].map(rw_rank)
+    )
+    comparisons = comparison_pairs(df)
     depths = sorted(df["iodepth"].unique())
     bss = sorted(df["bs_bytes"].unique())
-    order = {rw: i for i, rw in enumerate(RW_ORDER)}
-    df = df.assign(_o=df["rw"].map(lambda r: order.get(r, len(order))))
-    rows = list(
-        dict.fromkeys(df.sort_values(["pattern", "_o", "rw", "direction", "job_slot"])["row"])
-    )
+    rows = _in_order(df, ["pattern", "_o", "rw", "direction", "job_slot"], "row")
     effects = np.abs(df["effect_pct"].to_numpy(float))
     # every cell withheld (too few I/Os): an empty colour scale, not an all-NaN maximum
     lim = float(np.nanmax(effects)) if np.isfinite(effects).any() else 1.0
@@ -270,31 +265,11 @@ def loss_heatmap(
         0.8 + 0.75 * len(rows) * len(comparisons) + 1,
     )
     kind = str(df["effect"].iloc[0])
-    mesh = None
     for i, (base, var) in enumerate(comparisons):
         for j, qd in enumerate(depths):
             ax = axes[i][j]
             sub = df[(df["baseline"] == base) & (df["variant"] == var) & (df["iodepth"] == qd)]
-            sub = sub.set_index(["row", "bs_bytes"])
-            grid = np.full((len(rows), len(bss)), np.nan)
-            for a, r in enumerate(rows):
-                for b, bs in enumerate(bss):
-                    if (r, bs) in sub.index:
-                        cell = sub.loc[(r, bs)]
-                        cell = cell.iloc[0] if isinstance(cell, pd.DataFrame) else cell
-                        grid[a, b] = cell["effect_pct"]
-                        text = (
-                            f"{fmt_pct(cell['effect_pct'])}\n"
-                            f"[{fmt_num(cell['ci_low'])}, {fmt_num(cell['ci_high'])}]\n"
-                            f"{decision_kind(cell['decision'])}"
-                        )
-                        if str(cell.get("note", "")).startswith(TOO_FEW):
-                            text = TOO_FEW.replace(" I/Os", "\nI/Os")  # as the tables say
-                        # black on a light box: the same mark on every cell, pale or dark
-                        box = {"boxstyle": "round,pad=0.25", "fc": "white", "alpha": 0.8, "lw": 0}
-                        ax.text(b, a, text, ha="center", va="center", fontsize="small", bbox=box)
-                    else:
-                        ax.text(b, a, "not measured", ha="center", va="center", fontsize="x-small")
+            grid = _annotate_cells(ax, sub, rows, bss)
             mesh = ax.imshow(grid, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
             ax.set_xticks(range(len(bss)), [bs_label(int(b)) for b in bss])
             ax.set_yticks(range(len(rows)), rows)
@@ -309,13 +284,36 @@ def loss_heatmap(
         f"moderate {lower} to {upper} %, material beyond {upper} %",
         fontsize="medium",
     )
-    if mesh is not None:
-        fig.colorbar(mesh, ax=axes, label=f"{kind} (%)", shrink=0.8)
+    fig.colorbar(mesh, ax=axes, label=f"{kind} (%)", shrink=0.8)
     return fig
+
+
+def _annotate_cells(ax, sub: pd.DataFrame, rows: list[str], bss: list) -> np.ndarray:
+    """Write each (row, block size) cell's effect, interval and decision on a heatmap panel;
+    returns the effects as a rows x block sizes grid (NaN: not measured)."""
+    at = sub.drop_duplicates(["row", "bs_bytes"]).set_index(["row", "bs_bytes"])
+    grid = np.full((len(rows), len(bss)), np.nan)
+    # black on a light box: the same mark on every cell, pale or dark
+    box = {"boxstyle": "round,pad=0.25", "fc": "white", "alpha": 0.8, "lw": 0}
+    for (a, r), (b, bs) in itertools.product(enumerate(rows), enumerate(bss)):
+        if (r, bs) not in at.index:
+            ax.text(b, a, "not measured", ha="center", va="center", fontsize="x-small")
+            continue
+        cell = at.loc[(r, bs)]
+        grid[a, b] = cell["effect_pct"]
+        text = (
+            f"{fmt_pct(cell['effect_pct'])}\n[{fmt_num(cell['ci_low'])}, {fmt_num(cell['ci_high'])}]"
+            f"\n{decision_kind(cell['decision'])}"
+        )
+        if str(cell.get("note", "")).startswith(TOO_FEW):
+            text = TOO_FEW.replace(" I/Os", "\nI/Os")  # as the tables say
+        ax.text(b, a, text, ha="center", va="center", fontsize="small", bbox=box)
+    return grid
 
 
 #: the hosts figure's axis stops at -this % (intervals reaching further are labelled at the edge)
 HOSTS_AXIS_MIN_PCT = 100.0
+_EDGE_LABEL = dict(xytext=(2, 0), textcoords="offset points", va="center", fontsize="x-small")
 
 
 def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.figure.Figure:
@@ -328,17 +326,10 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
         raise ValueError(f"need {metric} rows of at least two hosts")
     several_jobs = multi_job(df)
     df["cell"] = df.apply(lambda r: cell_name(r, several_jobs), axis=1)
-    order = {rw: i for i, rw in enumerate(RW_ORDER)}
-    df["_o"] = df["rw"].map(lambda r: order.get(r, len(order)))
-    cells = list(
-        dict.fromkeys(
-            df.sort_values(["pattern", "_o", "bs_bytes", "iodepth", "job_slot", "direction"])[
-                "cell"
-            ]
-        )
-    )
+    df["_o"] = df["rw"].map(rw_rank)
+    cells = _in_order(df, ["pattern", "_o", "bs_bytes", "iodepth", "job_slot", "direction"])
     hosts = sorted(df["host"].unique())
-    comparisons = list(dict.fromkeys(zip(df["baseline"], df["variant"], strict=True)))
+    comparisons = comparison_pairs(df)
     colors = dict(zip(hosts, sns.color_palette(n_colors=len(hosts)), strict=True))
     step = 0.7 / len(hosts)
     fig, axes = panels(
@@ -358,15 +349,8 @@ def hosts_figure(losses: pd.DataFrame, metric: str = "bw_bytes") -> matplotlib.f
             # every other cell: cut the axis there and write the bound at the edge
             for yy, lo in zip(y, h["ci_low"].to_numpy(float), strict=True):
                 if np.isfinite(lo) and lo < -HOSTS_AXIS_MIN_PCT:
-                    ax.annotate(
-                        f"\u25c0 {lo:,.0f}",
-                        (-HOSTS_AXIS_MIN_PCT, yy),
-                        xytext=(2, 0),
-                        textcoords="offset points",
-                        va="center",
-                        fontsize="x-small",
-                        color=colors[host],
-                    )
+                    at = (-HOSTS_AXIS_MIN_PCT, yy)
+                    ax.annotate(f"\u25c0 {lo:,.0f}", at, color=colors[host], **_EDGE_LABEL)
         bounds = sub[["ci_low", "ci_high", "effect_pct"]].to_numpy(float)
         bounds = bounds[np.isfinite(bounds)] if np.isfinite(bounds).any() else np.array([-1.0, 1.0])
         low, high = float(bounds.min()), float(bounds.max())  # all withheld: an axis around 0
@@ -406,10 +390,8 @@ def percentile_curve(hist: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rows(table: pd.DataFrame, where: dict) -> pd.DataFrame:
-    mask = np.ones(len(table), dtype=bool)
-    for column, value in where.items():
-        mask &= (table[column] == value).to_numpy(dtype=bool)
-    return table[mask]
+    """The rows of ``table`` whose columns hold ``where``'s values."""
+    return table[(table[list(where)] == pd.Series(where)).all(axis=1)]
 
 
 def _latency_curves(ax, hist: pd.DataFrame, label: str, style: dict) -> float:
@@ -515,9 +497,7 @@ def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
     """``cryptsetup benchmark`` cipher rows: encryption and decryption MiB/s per cipher and key
     size (one panel per host); raises ValueError when no cipher row is available."""
     house_style()
-    cs = cryptsetup[
-        (cryptsetup["kind"] == "cipher") & cryptsetup["available"].fillna(False).astype(bool)
-    ]
+    cs = available_ciphers(cryptsetup)
     if cs.empty:
         raise ValueError("no cipher benchmark rows")
     hosts = sorted(cs["host"].unique())
@@ -602,15 +582,10 @@ def _ceiling_note(ax, ceilings: list[dict]) -> None:
     notes = [f"{c['stack']}: no ceiling, {c['reason']}" for c in ceilings if c["reason"]]
     if not notes:
         return
+    box = {"boxstyle": "round", "facecolor": "#fdf2e9", "edgecolor": "#c0392b"}
+    text = "\n".join(wrap(n, 90) for n in notes)
     ax.text(
-        0.5,
-        0.97,
-        "\n".join(wrap(n, 90) for n in notes),
-        transform=ax.transAxes,
-        ha="center",
-        va="top",
-        fontsize="small",
-        bbox={"boxstyle": "round", "facecolor": "#fdf2e9", "edgecolor": "#c0392b"},
+        0.5, 0.97, text, transform=ax.transAxes, ha="center", va="top", fontsize="small", bbox=box
     )
     ax.set_ylim(top=ax.get_ylim()[1] * 30)  # room for the note above the bars
 

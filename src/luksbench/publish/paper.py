@@ -1,15 +1,8 @@
-"""The paper: one blog-style post per run (``paper/<run>/index.md`` + a self-contained
-``index.html``), rendered from the processed tables with a Jinja2 template.
+"""The paper's context: everything ``templates/paper.md.j2`` prints, as formatted strings.
 
-No number is typed by hand: every number in the text comes from ``data/processed/<run>/*.parquet``
-or from the transcribed published results in ``data/reference/*.csv``; formatting happens here,
-wording in ``templates/paper.md.j2``. Missing values print as "n/a", never as "nan".
-
-The post has one section per comparison of loss.parquet (``"`raid0-luks` against `raid0`"``) in the
-loss tables and the results, the headline (the first comparison) first; cells of a config pattern
-are labelled with it and never share a row with main-matrix cells; the patterns are described from
-the plan in env.json and the results' job options; optional stacks that could not be built are
-listed under "Not in this run" with the reason.
+No number is typed by hand: every number comes from ``data/processed/<run>/*.parquet`` or the
+transcribed published results in ``data/reference/*.csv``; formatting happens here, wording in the
+template. One section per comparison of loss.parquet, the headline first.
 """
 
 from __future__ import annotations
@@ -17,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -26,19 +20,14 @@ from luksbench.analysis.contrasts import Pair, comparison_pairs, label
 from luksbench.analysis.saturation import BUSY_LIMIT_PCT, JOB_CPU_LIMIT_PCT
 from luksbench.analysis.tails import TOO_FEW
 from luksbench.formats.envdoc import parse_env_json
-from luksbench.formats.layout import bs_label
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
-from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
+from luksbench.publish.ceilings import available_ciphers, ceiling_text, crypto_ceilings
 from luksbench.publish.recommend import recommendations
-from luksbench.publish.references import (
-    compare_ceph,
-    compare_raid5,
-    compare_scs,
-    read_references,
-)
+from luksbench.publish.references import compare_ceph, compare_raid5, compare_scs, read_references
 from luksbench.publish.run import (
     Run,
     load_run,
+    measured_matrix,
     package_version,
     pattern_facts,
     planned_stacks,
@@ -47,8 +36,8 @@ from luksbench.publish.run import (
     unavailable_stacks,
 )
 from luksbench.publish.text import (
+    LIMITS,
     METRIC_UNITS,
-    RW_ORDER,
     bs_human,
     cell_name,
     cell_words,
@@ -61,9 +50,11 @@ from luksbench.publish.text import (
     fmt_num,
     fmt_pct,
     fmt_text,
+    limits,
     metric_heading,
     missing,
     multi_job,
+    rw_rank,
     rw_words,
     sorted_metrics,
     sorted_rw,
@@ -98,18 +89,12 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
             per_stack = stacks[stacks["host"] == row["host"]]["backend"].dropna().unique()
             backend = per_stack[0] if len(per_stack) == 1 else backend
         short, long = BACKEND_TEXT.get(backend, (f"unknown backend ({backend})", _UNKNOWN))
+        # a fio server of a fleet run: results, but no environment capture of its own
+        coordinator = parse_env_json(row["env_json"]).get("coordinator")
         hosts.append(
-            {
-                "host": row["host"],
-                **{k: fmt_text(row.get(k)) for k in _HOST_TEXT},
-                "aes": fmt_bool(row["aes"]),
-                "vaes": fmt_bool(row["vaes"]),
-                "backend": backend,
-                "backend_short": short,
-                "backend_long": long,
-                # a fio server of a fleet run: results, but no environment capture of its own
-                "coordinator": parse_env_json(row["env_json"]).get("coordinator"),
-            }
+            {"host": row["host"], **{k: fmt_text(row.get(k)) for k in _HOST_TEXT}}
+            | {"aes": fmt_bool(row["aes"]), "vaes": fmt_bool(row["vaes"]), "backend": backend}
+            | {"backend_short": short, "backend_long": long, "coordinator": coordinator}
         )
     return hosts
 
@@ -149,16 +134,9 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
             if any(pair[side] == row["stack"] for pair in pairs)
         ]
         rows.append(
-            {
-                "host": row["host"],
-                "stack": row["stack"],
-                "role": ", ".join(roles),
-                "kind": fmt_text(row["kind"]),
-                "backend": fmt_text(row["backend"]),
-                "cipher": fmt_text(row["cipher"]),
-                "key_bits": fmt_text(row["key_bits"]),
-                "details": "; ".join(settings) or "n/a",
-            }
+            {"host": row["host"], "stack": row["stack"], "role": ", ".join(roles)}
+            | {k: fmt_text(row[k]) for k in ("kind", "backend", "cipher", "key_bits")}
+            | {"details": "; ".join(settings) or "n/a"}
         )
     return rows
 
@@ -171,17 +149,12 @@ def _matrix(fio: pd.DataFrame, env: pd.DataFrame) -> dict:
     plan_fio = {}
     for env_json in env["env_json"]:
         plan_fio = parse_env_json(env_json).get("plan", {}).get("fio", {}) or plan_fio
-    cells = fio[["workload"]].drop_duplicates()
     reps_min, reps_max = (int(reps.min()), int(reps.max())) if len(reps) else (0, 0)
     return {
-        "rw": ", ".join(f"`{x}`" for x in sorted(fio["rw"].dropna().unique())),
-        "bs": ", ".join(bs_label(int(b)) for b in sorted(fio["bs_bytes"].dropna().unique())),
-        "iodepth": ", ".join(str(int(q)) for q in sorted(fio["iodepth"].dropna().unique())),
-        "n_cells": len(cells),
+        **measured_matrix(fio),
+        "n_cells": fio["workload"].nunique(),
         "n_stacks": fio["stack"].nunique(),
         "stacks": ", ".join(f"`{s}`" for s in sorted(fio["stack"].unique())),
-        "reps_min": reps_min,
-        "reps_max": reps_max,
         "reps_text": str(reps_min) if reps_min == reps_max else f"{reps_min} to {reps_max}",
         "n_results": int(fio[["host", "stack", "workload", "rep"]].drop_duplicates().shape[0]),
         "runtime_s": fmt_num(runtime_s.median(), 1),
@@ -232,38 +205,35 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
     return sections
 
 
-_LIMITS = {"fio_bound": "fio-bound", "cpu_saturated": "CPU saturated"}
-
-
 def _limited_mark(row) -> str:
     """' (fio-bound)' / ' (CPU saturated)' after a decision whose baseline was limited."""
-    marks = [text for flag, text in _LIMITS.items() if bool(row.get(flag) or False)]
-    return f" ({', '.join(marks)})" if marks else ""
+    return f" ({limits(row)})" if limits(row) else ""
+
+
+_CELL_KEYS = ["host", "baseline", "variant", "workload", "direction"]
 
 
 def limited_cells(losses: pd.DataFrame) -> list[dict]:
     """Cells whose baseline was fio-bound or ran on a saturated CPU (loss.parquet's flags)."""
-    flags = [f for f in _LIMITS if f in losses]
+    flags = [f for f in LIMITS if f in losses]
     rows = losses[losses[flags].any(axis=1)] if flags else losses.iloc[:0]
-    keys = ["host", "baseline", "variant", "workload", "direction"]
     return [
         {
             "host": r["host"],
             "comparison": f"`{r['variant']}` vs `{r['baseline']}`",
             "cell": f"{r['workload']} {r['direction']}".strip(),
-            "limit": _limited_mark(r).strip(" ()"),
+            "limit": limits(r),
             "job_cpu": fmt_num(r["baseline_job_cpu_pct"], 0),
             "busy": fmt_num(r["baseline_busy_pct"], 0),
         }
-        for _, r in rows.drop_duplicates(keys).iterrows()
+        for _, r in rows.drop_duplicates(_CELL_KEYS).iterrows()
     ]
 
 
 def unchecked_cells(losses: pd.DataFrame) -> int:
     """Cells whose baseline recorded neither fio's CPU per job nor the machine's busy share."""
     values = losses.reindex(columns=["baseline_job_cpu_pct", "baseline_busy_pct"])
-    keys = ["host", "baseline", "variant", "workload", "direction"]
-    return len(losses[values.isna().all(axis=1)].drop_duplicates(keys))
+    return len(losses[values.isna().all(axis=1)].drop_duplicates(_CELL_KEYS))
 
 
 def comparison_sections(losses: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
@@ -302,23 +272,16 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
     )
     for (host, baseline, variant), g in groups:
         material = g[g["decision"] == "material"]
-        worst = material.loc[material["effect_pct"].idxmax()] if len(material) else None
+        worst = "none material"
+        if len(material):
+            w = material.loc[material["effect_pct"].idxmax()]
+            worst = f"{cell_words(w)}: {effect_ci(w)}"
         h = facts.get(host, {})
         rows.append(
-            {
-                "host": host,
-                "variant": variant,
-                "compared": label((baseline, variant)),
-                "backend": h.get("backend", "n/a"),
-                "kernel": h.get("kernel", "n/a"),
-                "cpu": h.get("cpu_model", "n/a"),
-                "cells": len(g),
-                "material": len(material),
-                "median": fmt_pct(g["effect_pct"].median()),
-                "worst": f"{cell_words(worst, False)}: {effect_ci(worst)}"
-                if worst is not None
-                else "none material",
-            }
+            {"host": host, "compared": label((baseline, variant)), "cells": len(g)}
+            | {"backend": h.get("backend", "n/a"), "kernel": h.get("kernel", "n/a")}
+            | {"cpu": h.get("cpu_model", "n/a"), "material": len(material)}
+            | {"median": fmt_pct(g["effect_pct"].median()), "worst": worst}
         )
     pair = f"`luksbench compare {run} {run} --host {names[0]}={names[1]} --out DIR`"
     coordinators = sorted({h["coordinator"] for h in hosts if h.get("coordinator")})
@@ -344,10 +307,18 @@ def host_summary(losses: pd.DataFrame, hosts: list[dict], run: str) -> dict:
     }
 
 
+def _pbkdf_result(row) -> str:
+    if row["kind"] == "pbkdf2":
+        return f"{fmt_num(row['iterations_per_s'], 0)} iterations/s"
+    return (
+        f"{fmt_num(row['time_cost'], 0)} iterations, {fmt_num(row['memory_kib'], 0)} KiB, "
+        f"{fmt_num(row['threads'], 0)} threads"
+    )
+
+
 def _cryptsetup(cs: pd.DataFrame) -> dict:
     if cs.empty:
         return {"present": False, "ciphers": [], "pbkdf": [], "failures": []}
-    ciphers = cs[(cs["kind"] == "cipher") & cs["available"].fillna(False).astype(bool)]
     failures = cs[~cs["available"].fillna(True).astype(bool)]
     pbkdf = cs[cs["kind"].isin(["pbkdf2", "argon2"])]
     return {
@@ -360,26 +331,14 @@ def _cryptsetup(cs: pd.DataFrame) -> dict:
                 "enc": fmt_num(r["encryption_mib_s"], 1),
                 "dec": fmt_num(r["decryption_mib_s"], 1),
             }
-            for _, r in ciphers.iterrows()
+            for _, r in available_ciphers(cs).iterrows()
         ],
         "pbkdf": [
-            {
-                "host": r["host"],
-                "algorithm": fmt_text(r["algorithm"]),
-                "value": (
-                    f"{fmt_num(r['iterations_per_s'], 0)} iterations/s"
-                    if r["kind"] == "pbkdf2"
-                    else f"{fmt_num(r['time_cost'], 0)} iterations, {fmt_num(r['memory_kib'], 0)} KiB, "
-                    f"{fmt_num(r['threads'], 0)} threads"
-                ),
-            }
+            {"host": r["host"], "algorithm": fmt_text(r["algorithm"]), "value": _pbkdf_result(r)}
             for _, r in pbkdf.iterrows()
         ],
         "failures": sorted(
-            {
-                (r["host"], fmt_text(r["algorithm"]), fmt_text(r["note"]))
-                for _, r in failures.iterrows()
-            }
+            {(r.host, fmt_text(r.algorithm), fmt_text(r.note)) for r in failures.itertuples()}
         ),
     }
 
@@ -388,7 +347,6 @@ def _cryptsetup(cs: pd.DataFrame) -> dict:
 SCS_TABLE_METRICS = ("bw_bytes", "iops", "clat_p99_ns")
 #: the decided regions, worst first (the loss table's ``decision``; "undecided: ..." apart)
 DECIDED = ("material", "moderate", "negligible", "moderate gain", "material gain")
-#: a latency percentile withheld in a cell, counted beside the decisions
 
 
 def _margins(rows: pd.DataFrame) -> str:
@@ -397,20 +355,18 @@ def _margins(rows: pd.DataFrame) -> str:
     return f"{fmt_num(lower, 0)} / {fmt_num(upper, 0)} %"
 
 
-def _withheld(rows: pd.DataFrame) -> pd.Series:
-    """Rows withheld with a reason (loss.parquet's ``note``: too few I/Os beyond a percentile,
-    net CPU within idle noise, no usable pilot)."""
-    if "note" not in rows:
-        return pd.Series(False, index=rows.index)
-    return rows["note"].fillna("").astype(str).ne("")
+def _notes(rows: pd.DataFrame) -> pd.Series:
+    """loss.parquet's ``note`` ("" when none): why a row is withheld (too few I/Os beyond a
+    percentile, net CPU within idle noise, no usable pilot)."""
+    return rows.get("note", pd.Series("", index=rows.index)).fillna("").astype(str)
 
 
 def decision_counts(rows: pd.DataFrame) -> str:
-    """``2 material, 1 moderate, 3 undecided, 2 withheld (too few I/Os)`` (of the rows'
-    decisions, worst first)."""
-    notes = rows.get("note", pd.Series("", index=rows.index)).fillna("").astype(str)
+    """``2 material, 1 moderate, 3 undecided, 2 withheld (too few I/Os)``: the rows' decisions,
+    worst first."""
+    notes = _notes(rows)
     reasons = "withheld (" + notes.str.split(":").str[0] + ")"
-    withheld = _withheld(rows)
+    withheld = notes.ne("")
     kinds = rows["decision"].map(decision_kind).mask(withheld, reasons).value_counts()
     order = [*DECIDED, "undecided", "insufficient", *sorted(set(reasons[withheld]))]
     return ", ".join(f"{kinds[k]} {k}" for k in order if k in kinds)
@@ -438,15 +394,12 @@ def tldr_sentences(losses: pd.DataFrame, hosts: list[dict], matrix: dict) -> lis
     bandwidth at a fixed block size are left out: the same test)."""
     conf = fmt_num(100 * float(losses["confidence"].iloc[0]), 0)
     multi_host, several_jobs = losses["host"].nunique() > 1, multi_job(losses)
+    describe = partial(cell_words, multi_host=multi_host, with_job=several_jobs)
     backends = sorted({h["backend_short"] for h in hosts}) or ["an unknown backend"]
-
-    def describe(row) -> str:
-        return cell_words(row, multi_host, several_jobs)
-
     out = []
     for baseline, variant in comparison_pairs(losses):
         lv = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
-        lv = lv[(lv["derived_from"].fillna("") == "") & ((lv["n"] > 0) | _withheld(lv))]
+        lv = lv[(lv["derived_from"].fillna("") == "") & ((lv["n"] > 0) | _notes(lv).ne(""))]
         host_names = ", ".join(f"`{h}`" for h in sorted(lv["host"].dropna().unique()))
         cells = lv.drop_duplicates(["host", "workload", "job_slot", "direction"])
         out.append(
@@ -538,25 +491,20 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
             cols = sorted(sub["bs_bytes"].unique())
             rows = []
             keys = ["host", "baseline", "variant", "iodepth", "job_slot"]
-            several = sub[["baseline", "variant"]].drop_duplicates().shape[0] > 1
-            for key, g in sub.groupby(keys, sort=True):
-                host, base, variant, qd, slot = key
-                label = f"{variant}, QD{int(qd)}"
-                if several and sub["baseline"].nunique() > 1:
-                    label = f"{variant} vs {base}, QD{int(qd)}"
-                if multi_host:
-                    label = f"{host}: {label}"
+            for (host, base, variant, qd, _), g in sub.groupby(keys, sort=True):
+                versus = f" vs {base}" if sub["baseline"].nunique() > 1 else ""
+                label = f"{host}: " if multi_host else ""
+                label += f"{variant}{versus}, QD{int(qd)}"
                 if several_jobs:
                     label += f", job `{g['job'].iloc[0]}`"
-                cells = []
-                for b in cols:
-                    c = g[g["bs_bytes"] == b]
-                    if c.empty:
-                        cells.append("not measured")
-                        continue
-                    r = c.iloc[0]
-                    cells.append(f"{effect_ci(r)} {decision_kind(r['decision'])}")
-                rows.append({"label": label, "cells": cells, "_key": (host, variant, qd, slot)})
+                at = g.drop_duplicates("bs_bytes").set_index("bs_bytes")
+                cells = [
+                    f"{effect_ci(at.loc[b])} {decision_kind(at.loc[b, 'decision'])}"
+                    if b in at.index
+                    else "not measured"
+                    for b in cols
+                ]
+                rows.append({"label": label, "cells": cells, "_key": (host, variant)})
             rows.sort(key=lambda r: (r["_key"][0], r["_key"][1] != sub["variant"].iloc[0]))
             tables.append(
                 {
@@ -635,13 +583,12 @@ def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[
     linked relative to the Markdown file (none when no figures were drawn). ``net``: the CPU
     values are net of the idle baseline (:func:`~luksbench.publish.text.cpu_net`)."""
     entries = read_index(figures_dir) if (Path(figures_dir) / INDEX).exists() else []
-    rank = {rw: i for i, rw in enumerate(RW_ORDER)}
     sections = []
     for kind, (heading, intro) in FIGURE_FAMILIES.items():
         found = sorted(  # the SCS post's order: read, write, randread, randwrite; bandwidth first
             (e for e in entries if e["family"] == kind),
             key=lambda e: (
-                min((rank[w] for w in e["name"].split("-") if w in rank), default=len(rank)),
+                min(rw_rank(w) for w in e["name"].split("-")),
                 e["name"].endswith("iops"),
                 e["name"],
             ),
@@ -751,6 +698,7 @@ def sequential_design(run: Run, pairs: list[Pair]) -> dict | None:
     rows = rows[rows["metric"].eq(rows["metric"].iloc[0])]
     cells = rows.groupby("workload")
     seconds, fixed_s = cells["device_seconds"].first(), cells["fixed3_seconds"].first()
+    decided = rows[["decision", "fixed3_decision"]].isin(DECIDED).groupby(rows["workload"]).all()
     return {
         "level_pct": fmt_num(100 * pd.to_numeric(run.fio["look_confidence"]).max(), 2),
         "metric": metric_heading(rows["metric"].iloc[0]),
@@ -766,12 +714,10 @@ def sequential_design(run: Run, pairs: list[Pair]) -> dict | None:
             for _, r in rows.iterrows()
         ],
         "n_cells": len(cells),
-        "n_decided": int(rows["decision"].isin(DECIDED).groupby(rows["workload"]).all().sum()),
+        "n_decided": int(decided["decision"].sum()),
         "seconds": fmt_num(seconds.sum(), 0),
         "per_cell": fmt_num(seconds.mean(), 0),
-        "fixed_decided": int(
-            rows["fixed3_decision"].isin(DECIDED).groupby(rows["workload"]).all().sum()
-        ),
+        "fixed_decided": int(decided["fixed3_decision"].sum()),
         "fixed_seconds": fmt_num(fixed_s.sum(), 0),
         "fixed_per_cell": fmt_num(fixed_s.mean(), 0),
     }
@@ -807,13 +753,7 @@ def _machine(run: Run, figure_secs: list[dict]) -> dict:
     return {
         "cryptsetup": _cryptsetup(run.cryptsetup),
         "ceilings": [
-            {
-                "host": c["host"],
-                "stack": c["stack"],
-                "text": ceiling_text(c),
-                "available": c["reason"] is None,
-            }
-            for c in ceilings
+            c | {"text": ceiling_text(c), "available": c["reason"] is None} for c in ceilings
         ],
         "gaps": gaps(run, {s["kind"] for s in figure_secs}),
     }
@@ -844,10 +784,9 @@ def paper_context(
     """Everything the template needs, as formatted strings (no raw floats reach the template).
 
     Figure links are relative to ``out_md``'s folder. The headline is loss.parquet's first
-    comparison, unless ``baseline``/``variant`` name one of the others; ``title`` empty = generated
-    from run and variant; ``reference_dir`` holds the transcribed published results (default: the
-    repository's ``data/reference``); ``front_matter``: more front matter fields (config
-    ``paper.front_matter``: layout, image, tags, author as a list ...), replacing generated ones."""
+    comparison unless ``baseline``/``variant`` name another; ``title`` "" = generated;
+    ``reference_dir`` default: the repository's ``data/reference``; ``front_matter`` (config
+    ``paper.front_matter``) replaces generated front matter fields."""
     data = load_run(processed_dir)
     pairs = data.headline_first(baseline, variant)
     hosts = _hosts(data.env, data.stacks)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from luksbench.analysis.tuning import plans as run_plans
-from luksbench.publish.text import effect_ci, fmt_text
+from luksbench.publish.text import effect_ci, fmt_text, limits
 
 # systemd crypttab(5) names of the perf flags (high_priority has none: --persistent covers it)
 CRYPTTAB = {f: f.replace("_", "-") for f in ("same_cpu_crypt", "submit_from_crypt_cpus")}
@@ -51,12 +51,6 @@ def _family(tuning: pd.DataFrame) -> dict:
     return {"n_decisions": int(first["n_decisions"]), **level}
 
 
-def _limited(row) -> str:
-    """What limited the reference arm in a row's cell ("" when nothing did)."""
-    flags = {"fio_bound": "fio-bound", "cpu_saturated": "CPU saturated"}
-    return ", ".join(text for flag, text in flags.items() if getattr(row, flag))
-
-
 def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) -> dict:
     """The section's context: the measured settings (recommended ones first) with their rows, the
     settings not measured, the family of decisions, the versions measured; ``present`` False when
@@ -80,7 +74,7 @@ def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) 
             {
                 "metric": r.metric_label,
                 "cell": f"{r.workload} ({r.direction})",
-                "limited": _limited(r),
+                "limited": limits(r._asdict()),
                 "effect": effect_ci(r._asdict()),
                 "decision": r.decision,
                 "ceiling": effect_ci(

@@ -10,7 +10,6 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.publish.text import (
-    RW_ORDER,
     bs_human,
     cell_words,
     effect_ci,
@@ -18,6 +17,7 @@ from luksbench.publish.text import (
     metric_heading,
     missing,
     pattern_name,
+    rw_rank,
     rw_words,
 )
 
@@ -28,19 +28,12 @@ REFERENCE_FILES = {
 }
 
 
-def reference_dir_default() -> Path:
-    return Path(__file__).resolve().parents[3] / "data" / "reference"
-
-
 def read_references(reference_dir: Path | None = None) -> dict[str, pd.DataFrame]:
-    """The transcribed published results (``data/reference/*.csv``); missing files are left out."""
-    reference_dir = Path(reference_dir) if reference_dir else reference_dir_default()
-    out = {}
-    for key, name in REFERENCE_FILES.items():
-        path = reference_dir / name
-        if path.exists():
-            out[key] = pd.read_csv(path)
-    return out
+    """The transcribed published results (default: the repository's ``data/reference/*.csv``);
+    missing files are left out."""
+    folder = Path(reference_dir or Path(__file__).resolve().parents[3] / "data" / "reference")
+    paths = {key: folder / name for key, name in REFERENCE_FILES.items()}
+    return {key: pd.read_csv(path) for key, path in paths.items() if path.exists()}
 
 
 #: the SCS tables' metric names ("random read IOPS") -> (rw, metric)
@@ -84,9 +77,9 @@ def compare_scs(losses: pd.DataFrame, scs: pd.DataFrame | None) -> dict:
     rows = []
     losses = with_pattern(losses)
     ours = losses[losses["metric"].isin(["bw_bytes", "iops"]) & (losses["pattern"] == "")]
-    rw_rank = {rw: i for i, rw in enumerate(RW_ORDER)}
-    ours = ours.assign(_rw=ours["rw"].map(lambda r: rw_rank.get(r, len(rw_rank))))
-    ours = ours.assign(_m=ours["metric"].map({"bw_bytes": 0, "iops": 1}))
+    ours = ours.assign(
+        _rw=ours["rw"].map(rw_rank), _m=ours["metric"].map({"bw_bytes": 0, "iops": 1})
+    )
     for _, r in ours.sort_values(["host", "_rw", "_m", "iodepth", "bs_bytes"]).iterrows():
         m = ref[
             (ref["rw"] == r["rw"])

@@ -34,10 +34,9 @@ def _environment() -> jinja2.Environment:
 
 
 def render_paper(processed_dir: Path, figures_dir: Path, out_md: Path, run: str, **options) -> Path:
-    """Render ``templates/paper.md.j2`` with the processed tables of ``run`` into ``out_md``
-    (normally ``paper/<run>/index.md``): YAML front matter (title, date, author ...) and the post,
-    with the figures copied beside it (``figures/``, linked relative: the folder is the post);
-    ``options`` are :func:`~luksbench.publish.paper.paper_context`'s. Returns ``out_md``."""
+    """Render the post of ``run`` into ``out_md`` (normally ``paper/<run>/index.md``), the figures
+    copied beside it (``figures/``, linked relative: the folder is the post); ``options`` are
+    :func:`~luksbench.publish.paper.paper_context`'s. Returns ``out_md``."""
     out_md = Path(out_md)
     out_md.parent.mkdir(parents=True, exist_ok=True)
     post_figures = out_md.parent / "figures"
@@ -109,11 +108,8 @@ blockquote{border-left:4px solid #c0392b;margin:1rem 0;padding:.2rem 1rem;backgr
 
 
 def render_html(md_path: Path, html_path: Path | None = None) -> Path:
-    """Markdown -> one self-contained HTML file (markdown-it-py, CommonMark + tables).
-
-    Images are embedded as data URIs, so the file works when opened alone; the front matter
-    becomes the title and byline.
-    """
+    """Markdown -> one self-contained HTML file (CommonMark + tables): images embedded as data
+    URIs, the front matter as title and byline."""
     md_path = Path(md_path)
     html_path = Path(html_path) if html_path else md_path.with_suffix(".html")
     meta, body_md = split_front_matter(md_path.read_text())

@@ -1,10 +1,8 @@
 """One processed run as figures, paper and notebooks see it: ``load_run(processed_dir)``.
 
-A :class:`Run` holds every table of ``data/processed/<run>/`` (by file name: ``fio``, ``loss``,
-``cpu_loss``, ``arms``, ``latency``, ``env``, ``stacks``, ``cryptsetup``, ``problems`` ...) and
-the facts read from them: the comparisons (headline first), hosts, stacks in legend order,
-provenance (git commit, config hash, tool versions), patterns, stacks that could not be built.
-Nothing here computes a statistic: those are in the tables.
+A :class:`Run` holds every table of ``data/processed/<run>/`` by file name (``fio``, ``loss``,
+``arms``, ``env`` ...) and the facts read from them. Nothing here computes a statistic: those are
+in the tables.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs
+from luksbench.analysis.tuning import plans as run_plans
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.text import missing
@@ -80,11 +79,11 @@ class Run:
         headline = next((p for p in pairs if p == (baseline or p[0], variant or p[1])), pairs[0])
         return [headline, *[p for p in pairs if p != headline]]
 
-    def stack_order(self, pair: Pair | None = None) -> list[str]:
-        """Stacks with results, the comparison's (default: the headline's) first, then the others
-        alphabetically: the order of every legend."""
+    def stack_order(self) -> list[str]:
+        """Stacks with results, the headline comparison's first, then the others alphabetically:
+        the order of every legend."""
         stacks = set(self.fio["stack"].dropna().unique())
-        first = [s for s in (pair or self.pairs[0]) if s in stacks]
+        first = [s for s in self.pairs[0] if s in stacks]
         return first + sorted(stacks - set(first))
 
     def digests(self) -> dict[str, str]:
@@ -122,27 +121,26 @@ def unavailable_stacks(stacks: pd.DataFrame) -> list[dict]:
             reason = parse_env_json(row.get("description_json")).get("unavailable")
         has_reason = isinstance(reason, str) and bool(reason.strip())
         if has_reason or (not missing(row.get("available")) and not bool(row.get("available"))):
-            out.append(
-                {
-                    "host": str(row["host"]),
-                    "stack": str(row["stack"]),
-                    "kind": None if missing(row.get("kind")) else str(row.get("kind")),
-                    "reason": str(reason).strip().rstrip(".")
-                    if has_reason
-                    else "no reason recorded",
-                }
-            )
+            kind = None if missing(row.get("kind")) else str(row.get("kind"))
+            why = str(reason).strip().rstrip(".") if has_reason else "no reason recorded"
+            host, stack = str(row["host"]), str(row["stack"])
+            out.append({"host": host, "stack": stack, "kind": kind, "reason": why})
     return out
 
 
 def planned_stacks(env: pd.DataFrame) -> dict[str, list[str]]:
     """Stacks each host's plan (env.json) asked for: {host: [stack, ...]}."""
-    out = {}
-    for _, row in env.iterrows():
-        stacks = (parse_env_json(row.get("env_json")).get("plan") or {}).get("stacks") or {}
-        if isinstance(stacks, dict) and stacks:
-            out[str(row["host"])] = sorted(stacks)
-    return out
+    stacks = {str(host): plan.get("stacks") for host, plan in run_plans(env).items()}
+    return {host: sorted(s) for host, s in stacks.items() if isinstance(s, dict) and s}
+
+
+def measured_matrix(fio: pd.DataFrame) -> dict[str, str]:
+    """The access patterns, block sizes and queue depths of ``fio``'s results, as listed."""
+    return {
+        "rw": ", ".join(f"`{x}`" for x in sorted(fio["rw"].dropna().unique())),
+        "bs": ", ".join(bs_label(int(b)) for b in sorted(fio["bs_bytes"].dropna().unique())),
+        "iodepth": ", ".join(str(int(q)) for q in sorted(fio["iodepth"].dropna().unique())),
+    }
 
 
 def _pattern_options(rows: pd.DataFrame, spec: dict) -> list[str]:
@@ -171,10 +169,8 @@ def _pattern_options(rows: pd.DataFrame, spec: dict) -> list[str]:
 
 
 def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
-    """Each pattern of the run ("" = the main matrix first), as a dict: name, description, cells,
-    rw, bs, iodepth (as measured) and ``options``: the fio options its cells ran with, from the
-    results' job options (ioengine, direct, I/O size) and the plan recorded in env.json
-    (io_bs, fsync_per_block, sync); nothing is typed."""
+    """Each pattern of the run ("" = the main matrix first): name, description, cells, rw, bs,
+    iodepth (as measured) and ``options``: the fio options its cells ran with."""
     if fio is None or fio.empty:
         return []
     fio = with_pattern(fio)
@@ -190,13 +186,7 @@ def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
                 "name": name,
                 "description": str(spec.get("description") or "").strip(),
                 "cells": int(rows["workload"].nunique()),
-                "rw": ", ".join(f"`{x}`" for x in sorted(rows["rw"].dropna().unique())),
-                "bs": ", ".join(
-                    bs_label(int(b)) for b in sorted(rows["bs_bytes"].dropna().unique())
-                ),
-                "iodepth": ", ".join(
-                    str(int(q)) for q in sorted(rows["iodepth"].dropna().unique())
-                ),
+                **measured_matrix(rows),
                 "options": "; ".join(_pattern_options(rows, spec)) or "n/a",
             }
         )
@@ -205,48 +195,32 @@ def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
 
 def run_date(env: pd.DataFrame, fio: pd.DataFrame) -> str:
     """Date of the measurement: the latest env.json capture, else the latest fio timestamp."""
-    dates = []
-    for env_json in env.get("env_json", []):
-        captured = parse_env_json(env_json).get("captured")
-        if isinstance(captured, str) and len(captured) >= 10:
-            dates.append(captured[:10])
+    captured = [parse_env_json(e).get("captured") for e in env.get("env_json", [])]
+    dates = [c[:10] for c in captured if isinstance(c, str) and len(c) >= 10]
     if dates:
         return max(dates)
-    if "timestamp" in fio and pd.to_numeric(fio["timestamp"], errors="coerce").notna().any():
-        ts = pd.to_numeric(fio["timestamp"], errors="coerce").max()
-        return pd.Timestamp(ts, unit="s").strftime("%Y-%m-%d")
-    return "unknown"
+    ts = pd.to_numeric(fio.get("timestamp", pd.Series(dtype=float)), errors="coerce").max()
+    return "unknown" if pd.isna(ts) else pd.Timestamp(ts, unit="s").strftime("%Y-%m-%d")
 
 
-def git_commit(path: Path | None = None) -> str:
-    """``git rev-parse HEAD`` of the checkout holding ``path`` (default: this package), else "unknown"."""
-    where = Path(path) if path else Path(__file__).resolve().parent
+def git_commit() -> str:
+    """``git rev-parse HEAD`` of the checkout holding this package, else "unknown"."""
+    argv = ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"]
     try:
-        result = subprocess.run(
-            ["git", "-C", str(where), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     out = result.stdout.strip()
     return out if result.returncode == 0 and len(out) == 40 else "unknown"
 
 
-def plan_hash(plan: dict) -> str:
-    """First 16 hex digits of SHA-256 over the plan as canonical JSON."""
-    text = json.dumps(plan, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def config_hashes(env: pd.DataFrame) -> dict[str, str]:
-    """{host: hash of the plan recorded in its env.json} ("unknown" when env.json has no plan)."""
+    """{host: first 16 hex digits of SHA-256 over its env.json plan as canonical JSON} ("unknown"
+    when env.json has no plan)."""
     out = {}
-    for _, row in env.iterrows():
-        plan = parse_env_json(row.get("env_json")).get("plan")
-        out[str(row["host"])] = plan_hash(plan) if isinstance(plan, dict) and plan else "unknown"
+    for host, plan in run_plans(env).items():
+        text = json.dumps(plan, sort_keys=True, separators=(",", ":"), default=str)
+        out[str(host)] = hashlib.sha256(text.encode()).hexdigest()[:16] if plan else "unknown"
     return out
 
 
@@ -266,15 +240,12 @@ def provenance_facts(env: pd.DataFrame, notebook: str | None = None) -> dict[str
             for _, r in env.iterrows()
         }
 
-    facts = {
+    return {
         "git_commit": git_commit(),
         "config_hash": _joined(config_hashes(env)),
         "fio_version": _joined(versions("fio_version")),
         "cryptsetup_version": _joined(versions("cryptsetup_version")),
-    }
-    if notebook:
-        facts["notebook"] = notebook
-    return facts
+    } | ({"notebook": notebook} if notebook else {})
 
 
 def package_version() -> str:

@@ -1,10 +1,5 @@
-"""House style of the figures and how they are saved.
-
-``house_style`` seaborn whitegrid, paper context, colorblind palette; ``log_y`` plain numbers on
-log axes; ``interval_bars`` bars with their intervals (clipped for a log axis); ``save_figure``
-PNG (provenance as text chunks) + SVG (provenance in the metadata), both free of timestamps so
-re-renders are byte-stable.
-"""
+"""House style of the figures and how they are saved: PNG + SVG with their provenance, free of
+timestamps so re-renders are byte-stable."""
 
 from __future__ import annotations
 
@@ -108,27 +103,17 @@ def figure_paths(path: Path) -> list[Path]:
 
 
 def save_figure(fig: matplotlib.figure.Figure, path: Path, provenance: dict) -> list[Path]:
-    """Write ``<path>.png`` and ``<path>.svg`` (``path`` without suffix); returns both paths.
-
-    PNG: every provenance key becomes a tEXt chunk (plus ``Software``/``Title``). SVG: the provenance
-    as JSON in ``Description``, no date, fixed hash salt.
-    """
+    """Write ``<path>.png`` (every provenance key a tEXt chunk) and ``<path>.svg`` (the provenance
+    as JSON in ``Description``, no date, fixed hash salt); returns both paths."""
     png, svg = figure_paths(path)
     png.parent.mkdir(parents=True, exist_ok=True)
     text = {
-        str(k): v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-        for k, v in provenance.items()
+        k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in provenance.items()
     }
     title = text.get("title", png.stem)
+    description = json.dumps(provenance, sort_keys=True, default=str)
     with plt.rc_context({"svg.hashsalt": "luksbench"}):
         fig.savefig(png, dpi=DPI, bbox_inches="tight", metadata={**text, "Title": title})
-        fig.savefig(
-            svg,
-            bbox_inches="tight",
-            metadata={
-                "Title": title,
-                "Description": json.dumps(provenance, sort_keys=True, default=str),
-                "Date": None,
-            },
-        )
+        svg_meta = {"Title": title, "Description": description, "Date": None}
+        fig.savefig(svg, bbox_inches="tight", metadata=svg_meta)
     return [png, svg]

@@ -41,6 +41,8 @@ RW_ORDER = ("read", "write", "randread", "randwrite", "rw", "readwrite", "randrw
 #: fio rw patterns with two directions: their cells name the direction
 MIXED_RW = ("rw", "readwrite", "randrw")
 METRIC_ORDER = ("bw_bytes", "iops", "clat_p99_ns", "clat_p50_ns", "clat_p999_ns", "clat_mean_ns")
+#: loss.parquet's flags of a baseline that could not go faster, as the paper names them
+LIMITS = {"fio_bound": "fio-bound", "cpu_saturated": "CPU saturated"}
 
 
 def decision_kind(decision) -> str:
@@ -72,9 +74,13 @@ def rw_words(rw: str) -> str:
     return RW_WORDS.get(str(rw), str(rw))
 
 
+def rw_rank(rw: str) -> int:
+    """Position of ``rw`` in :data:`RW_ORDER` (other patterns after it)."""
+    return RW_ORDER.index(rw) if rw in RW_ORDER else len(RW_ORDER)
+
+
 def sorted_rw(values) -> list[str]:
-    order = {rw: i for i, rw in enumerate(RW_ORDER)}
-    return sorted(values, key=lambda r: (order.get(r, len(order)), r))
+    return sorted(values, key=lambda r: (rw_rank(r), r))
 
 
 def sorted_metrics(values) -> list[str]:
@@ -149,7 +155,7 @@ def cell_name(row, with_job: bool = False) -> str:
     return name + _direction_and_job(row, with_job) + pattern
 
 
-def cell_words(row, multi_host: bool, with_job: bool = False) -> str:
+def cell_words(row, multi_host: bool = False, with_job: bool = False) -> str:
     """``sequential write, 1 MiB, QD32`` (+ direction of mixed patterns, host, job)."""
     words = f"{rw_words(row['rw'])}, {bs_human(row['bs_bytes'])}, QD{int(row['iodepth'])}"
     pattern = f", pattern `{pattern_name(row)}`" if pattern_name(row) else ""
@@ -160,6 +166,11 @@ def cell_words(row, multi_host: bool, with_job: bool = False) -> str:
 def effect_ci(row) -> str:
     """``12.3 % [10.1, 14.4]``: a loss row's effect with its interval."""
     return f"{fmt_pct(row['effect_pct'])} {fmt_ci(row['ci_low'], row['ci_high'])}"
+
+
+def limits(row) -> str:
+    """``fio-bound, CPU saturated``: what limited a loss row's baseline ("" when nothing did)."""
+    return ", ".join(text for flag, text in LIMITS.items() if bool(row.get(flag) or False))
 
 
 def multi_job(table: pd.DataFrame, host: str = "host") -> bool:
