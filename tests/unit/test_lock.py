@@ -158,3 +158,13 @@ def test_only_the_holding_session_releases_its_run(tmp_path):
         workflow.kill()
         workflow.wait()
     assert _release_from(elsewhere, state, locks, None)  # the session ended: a stale lock
+
+
+def test_unreadable_proc_facts_are_left_out_not_fatal(monkeypatch):
+    from luksbench.testbox import capture
+
+    monkeypatch.setattr(lock, "read_text", lambda _path: "1 (x) S 1 2")
+    assert lock._started(1) is None
+    meminfo = "MemTotal:\nMemAvailable: lots kB\nSwapTotal:       2048 kB\n"
+    monkeypatch.setattr(capture, "read_text", lambda _path: meminfo)
+    assert capture._meminfo() == {"SwapTotal": 2048 * 1024}

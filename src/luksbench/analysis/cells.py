@@ -1,4 +1,5 @@
-"""Cells of a run: the keys one comparison lives in, config patterns, and which rows measure I/O."""
+"""Cells of a run: the keys one comparison lives in, config patterns, and which rows measure I/O
+(no statistics here: the publishing side may use it)."""
 
 from __future__ import annotations
 

@@ -1043,7 +1043,7 @@ def write_processed(
         print(f"ingest: {row.severity}: {raw_dir / row.file}: {row.reason}", file=sys.stderr)
     processed_dir.mkdir(parents=True, exist_ok=True)
     for name in PROCESSED_TABLES:
-        tables[name].attrs = {}  # pandas would write them into the file
+        tables[name].attrs = {}  # the problems and notes, reported above; not table data
     return dictionary.write_tables(processed_dir, {name: tables[name] for name in PROCESSED_TABLES})
 
 

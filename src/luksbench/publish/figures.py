@@ -391,7 +391,7 @@ def percentile_curve(hist: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 def _rows(table: pd.DataFrame, where: dict) -> pd.DataFrame:
     """The rows of ``table`` whose columns hold ``where``'s values."""
-    return table[(table[list(where)] == pd.Series(where)).all(axis=1)]
+    return table[(table[list(where)] == pd.Series(where)).fillna(False).all(axis=1)]
 
 
 def _latency_curves(ax, hist: pd.DataFrame, label: str, style: dict) -> float:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -63,7 +64,8 @@ def _meminfo() -> dict:
     for line in (read_text("/proc/meminfo") or "").splitlines():
         key, _, value = line.partition(":")
         if key in ("MemTotal", "MemAvailable", "SwapTotal"):
-            out[key] = int(value.split()[0]) * 1024  # "<n> kB"
+            with contextlib.suppress(ValueError, IndexError):  # a bad line: not recorded
+                out[key] = int(value.split()[0]) * 1024  # "<n> kB"
     return out
 
 

@@ -3,8 +3,9 @@ each other's stacks. Every step that loads the machine takes the lock; stack-dow
 
 The holder is a run's stack state file in a session (the workflow process, ``LUKSBENCH_SESSION``,
 or a step run by hand). It holds the lock while that session lives or its stacks are up, so a
-crashed run keeps the box until its stacks are torn down. All access happens under ``flock`` on a
-guard file that is never removed. Standard library only.
+crashed run keeps the box until its stacks are torn down; only the holding session gives it back.
+All access happens under ``flock`` on a guard file that is never removed, so two processes never
+both win, even when taking over a stale lock. Standard library only.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class Locked(TestboxError):
 def _started(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (tells a reused pid apart)."""
     stat = read_text(f"/proc/{pid}/stat")
-    return stat.rpartition(")")[2].split()[19] if stat else None
+    fields = stat.rpartition(")")[2].split() if stat else []
+    return fields[19] if len(fields) > 19 else None
 
 
 def current_session() -> dict:

@@ -808,14 +808,21 @@ def _one_run(
         argv = _session_form(plan, argv, clocksource, tmp.with_suffix(".job.tmp"))
         before, rapl_before, t0 = probes.read_proc_stat(), probes.read_rapl(), time.monotonic()
         # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        # A stop signal waits until Popen returns (else fio would run on unknown and write its
+        # output after the cleanup); fio itself starts with the signals unblocked.
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, unblocked),
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         _, err = proc.communicate()
         t1, after, rapl_after = time.monotonic(), probes.read_proc_stat(), probes.read_rapl()
         for line in err.strip().splitlines():
@@ -849,6 +856,7 @@ def _one_run(
     except BaseException:
         if proc is not None:
             _stop(proc)
+            proc.stderr.close()
         raise
     finally:
         tmp.unlink(missing_ok=True)

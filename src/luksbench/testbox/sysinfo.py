@@ -50,6 +50,7 @@ def _strip_line(line: str) -> str:
     if target == "integrity":
         return " ".join(_INTEGRITY_KEY_ARG.sub(rf"\1:{KEY_STRIPPED}", t) for t in tokens)
     if target is None and "crypt" in line:
+        # A line we cannot parse that mentions crypt could hold a key: keep only that it existed.
         return "<line withheld: mentions crypt but is not a parsable table line>"
     return line
 

@@ -1,0 +1,50 @@
+"""A stop signal that arrives while fio is being started: the runner still knows its fio, stops
+it and keeps no partial output (an orphaned fio would write its temp file after the cleanup)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import loop_plan
+
+from luksbench.testbox import runner
+from luksbench.testbox.plan import check_plan, workloads
+from luksbench.testbox.sysutil import find_our_processes
+
+pytestmark = pytest.mark.device
+
+
+def test_a_signal_during_fio_start_stops_that_fio_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    plan = loop_plan("startsignal", tmp_path / "scratch")
+    plan["fio"]["runtime_s"] = 2
+    check_plan(plan)
+    target = tmp_path / "target.img"
+    with open(target, "wb") as f:
+        f.truncate(16 * 2**20)
+    rep = tmp_path / "raw" / "rep1.json"
+    real_popen = subprocess.Popen
+
+    def popen_then_signal(argv, *args, **kwargs):
+        proc = real_popen(argv, *args, **kwargs)
+        if os.path.basename(argv[0]) == "fio":
+            os.kill(os.getpid(), signal.SIGTERM)  # the stop arrives before Popen has returned
+        return proc
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen_then_signal)
+    old = runner.raise_on_stop_signals(runner.Interrupted)
+    try:
+        with pytest.raises(runner.Interrupted):
+            runner._one_run(plan, {"device": str(target)}, "plain", workloads(plan)[0], rep, 2**24)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    orphans = find_our_processes([str(rep.parent)], names=("fio",))
+    for pid in orphans:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(3)  # an orphaned fio would write its output by now
+    assert orphans == []
+    assert list(rep.parent.iterdir()) == []
