@@ -33,6 +33,7 @@ import pandas as pd
 
 from luksbench.analysis import cpucost, dictionary, saturation, tails
 from luksbench.analysis.stats import active_rows, with_dtypes, with_pattern
+from luksbench.formats import cryptsetup
 from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import (
     FIO_COLUMNS,
@@ -788,12 +789,6 @@ def _typed(df: pd.DataFrame, text_cols=(), bool_cols=()) -> pd.DataFrame:
 def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     """``<host>/cryptsetup-benchmark.txt`` of every host (none: no rows), parsed; ``run`` and
     ``host`` in front."""
-    from luksbench.formats.cryptsetup import (
-        CRYPTSETUP_COLUMNS,
-        CryptsetupParseError,
-        parse_cryptsetup_file,
-    )
-
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
     records, problems = [], []
@@ -802,13 +797,13 @@ def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
         if not path.exists():
             continue
         try:
-            rows = parse_cryptsetup_file(path)
-        except (CryptsetupParseError, OSError, ValueError) as exc:
+            rows = cryptsetup.parse_cryptsetup_file(path)
+        except (cryptsetup.CryptsetupParseError, OSError, ValueError) as exc:
             problems.append((path, str(exc)))
             continue
         rel = _relative(path, raw_dir)
         records += [{"run": run, "host": host.name, **r, "file": rel} for r in rows]
-    df = pd.DataFrame.from_records(records, columns=["run", "host", *CRYPTSETUP_COLUMNS])
+    df = pd.DataFrame.from_records(records, columns=["run", "host", *cryptsetup.CRYPTSETUP_COLUMNS])
     return _checked(_typed(df, bool_cols=("available",)), raw_dir, problems, strict)
 
 
@@ -1043,10 +1038,5 @@ def write_processed(
 
 def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:
     """The parquet files written by :func:`write_processed` (plus loss.parquet when present)."""
-    processed_dir = Path(processed_dir)
-    out = {}
-    for name in (*PROCESSED_TABLES, "loss"):
-        path = processed_dir / f"{name}.parquet"
-        if path.exists():
-            out[name] = pd.read_parquet(path)
-    return out
+    paths = {name: Path(processed_dir) / f"{name}.parquet" for name in (*PROCESSED_TABLES, "loss")}
+    return {name: pd.read_parquet(path) for name, path in paths.items() if path.exists()}
