@@ -34,6 +34,7 @@ COMPARE_COLUMNS = [
     *stats.TEST_COLUMNS,
     *("verdict", "outcome", "pattern"),
 ]
+#: the comparison table's text, integer and bool columns (the others are float64)
 COMPARE_DTYPES = {
     "string": [
         *("run_a", "run_b", "host_a", "host_b", "stack", "workload", "rw", "direction", "job"),
