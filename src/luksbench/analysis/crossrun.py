@@ -34,9 +34,15 @@ COMPARE_COLUMNS = [
     *stats.TEST_COLUMNS,
     *("verdict", "outcome", "pattern"),
 ]
-COMPARE_TEXT = ("run_a", "run_b", "host_a", "host_b", "stack", "workload", "rw", "direction")
-COMPARE_TEXT += ("job", "pattern", "metric", "design", "verdict", "outcome")
-COMPARE_INTS = ("bs_bytes", "iodepth", "job_slot", "n_a", "n_b", "n")
+#: the comparison table's text, integer and bool columns (the others are float64)
+COMPARE_DTYPES = {
+    "string": [
+        *("run_a", "run_b", "host_a", "host_b", "stack", "workload", "rw", "direction", "job"),
+        *("pattern", "metric", "design", "verdict", "outcome"),
+    ],
+    "int64": ("bs_bytes", "iodepth", "job_slot", "n_a", "n_b", "n"),
+    "bool": ("higher_is_better", "equivalent"),
+}
 
 #: env facts whose difference between A and B is worth saying (a kernel change is the usual point)
 ENV_FACTS = ("kernel", "cpu_model", "cpu_count", "aes", "vaes", "backend", "fio_version")
@@ -301,8 +307,7 @@ def compare_runs(
         ["host_a", "host_b", "stack", "rw", "bs_bytes", "iodepth", "job_slot"]
     )
     table = table.sort_values("_m", kind="stable").reset_index(drop=True)[COMPARE_COLUMNS]
-    bools = ("higher_is_better", "equivalent")
-    table = stats.with_dtypes(table, COMPARE_COLUMNS, COMPARE_TEXT, COMPARE_INTS, bools)
+    table = stats.with_dtypes(table, COMPARE_DTYPES)
     table.attrs["designs"] = designs
     table.attrs["skipped_metrics"] = [m for m in metrics if m not in present]
     return table

@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from luksbench.analysis import cpucost, dictionary, saturation, tails
-from luksbench.analysis.stats import active_rows, with_pattern
+from luksbench.analysis.stats import active_rows, with_dtypes, with_pattern
+from luksbench.formats import cryptsetup
 from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import (
     FIO_COLUMNS,
@@ -75,11 +76,13 @@ ENV_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "run host hostname kernel cpu_model cpu_count aes vaes backend backend_reason fio_version "
     "cryptsetup_version qemu_version env_json"
 ).split()
+ENV_DTYPES = {"boolean": ("aes", "vaes"), "Int64": ("cpu_count",)}  # the others: string
 
 #: an optional stack that could not be built has a row too: available false, with the reason
 STACKS_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "run host stack kind backend cipher key_bits description_json available reason"
 ).split()
+STACKS_DTYPES = {"Int64": ("key_bits",), "boolean": ("available",)}  # the others: string
 
 #: completion-latency histograms from the json+ ``bins``, one row per bin of an active row
 LATENCY_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
@@ -786,12 +789,6 @@ def _typed(df: pd.DataFrame, text_cols=(), bool_cols=()) -> pd.DataFrame:
 def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     """``<host>/cryptsetup-benchmark.txt`` of every host (none: no rows), parsed; ``run`` and
     ``host`` in front."""
-    from luksbench.formats.cryptsetup import (
-        CRYPTSETUP_COLUMNS,
-        CryptsetupParseError,
-        parse_cryptsetup_file,
-    )
-
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
     records, problems = [], []
@@ -800,15 +797,13 @@ def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
         if not path.exists():
             continue
         try:
-            rows = parse_cryptsetup_file(path)
-        except (CryptsetupParseError, OSError, ValueError) as exc:
+            rows = cryptsetup.parse_cryptsetup_file(path)
+        except (cryptsetup.CryptsetupParseError, OSError, ValueError) as exc:
             problems.append((path, str(exc)))
             continue
         rel = _relative(path, raw_dir)
         records += [{"run": run, "host": host.name, **r, "file": rel} for r in rows]
-    columns = ["run", "host", *CRYPTSETUP_COLUMNS]
-    extra = sorted({k for rec in records for k in rec} - set(columns))
-    df = pd.DataFrame.from_records(records, columns=columns + extra)
+    df = pd.DataFrame.from_records(records, columns=["run", "host", *cryptsetup.CRYPTSETUP_COLUMNS])
     return _checked(_typed(df, bool_cols=("available",)), raw_dir, problems, strict)
 
 
@@ -842,6 +837,16 @@ def _read_json(path: Path, problems: list) -> dict | None:
         return None
 
 
+def _host_documents(raw_dir: Path, name: str, problems: list, missing: dict | None = None):
+    """(host folder, document) of every host's JSON document ``name``; an unreadable one is left
+    out (its problem added), a missing one is ``missing`` (None: left out)."""
+    for host in host_dirs(raw_dir):
+        path = host / name
+        doc = _read_json(path, problems) if path.exists() else missing
+        if doc is not None:
+            yield host, doc
+
+
 def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     """One row per host: key facts of ``env.json`` flattened (columns :data:`ENV_COLUMNS`), the
     whole document in ``env_json`` (no env.json: NaNs). Each fio server of a fleet run gets a row
@@ -850,11 +855,7 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
     records, problems = [], []
-    for host in host_dirs(raw_dir):
-        path = host / "env.json"
-        env = _read_json(path, problems) if path.exists() else {}
-        if env is None:
-            continue
+    for host, env in _host_documents(raw_dir, "env.json", problems, missing={}):
         facts = env_facts(env)
         records.append(
             {"run": run, "host": host.name, **facts, "env_json": json.dumps(env, sort_keys=True)}
@@ -866,10 +867,8 @@ def env_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                 | {"hostname": f"{server.get('address')}:{server.get('port', 8765)}"}
                 | {k: facts[k] for k in ("backend", "backend_reason")}
             )
-    kinds = {"aes": "boolean", "vaes": "boolean", "cpu_count": "Int64"}
     df = pd.DataFrame.from_records(records, columns=ENV_COLUMNS)
-    df = df.astype({col: kinds.get(col, "string") for col in ENV_COLUMNS})
-    return _checked(df, raw_dir, problems, strict)
+    return _checked(with_dtypes(df, ENV_DTYPES, "string"), raw_dir, problems, strict)
 
 
 def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
@@ -878,13 +877,7 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
     records, problems = [], []
-    for host in host_dirs(raw_dir):
-        path = host / "fio" / "manifest.json"
-        if not path.exists():
-            continue
-        manifest = _read_json(path, problems)
-        if manifest is None:
-            continue
+    for host, manifest in _host_documents(raw_dir, "fio/manifest.json", problems):
         stacks, unavailable = stack_descriptions(manifest)
         for name, desc in sorted(stacks.items()):
             desc = desc if isinstance(desc, dict) else {"value": desc}
@@ -895,10 +888,8 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             described = (*map(desc.get, ("kind", "backend", "cipher")), key_bits)
             text = json.dumps(desc, sort_keys=True)
             records.append((run, host.name, name, *described, text, not reason, reason))
-    kinds = {"key_bits": "Int64", "available": "boolean"}
     df = pd.DataFrame.from_records(records, columns=STACKS_COLUMNS)
-    df = df.astype({col: kinds.get(col, "string") for col in STACKS_COLUMNS})
-    return _checked(df, raw_dir, problems, strict)
+    return _checked(with_dtypes(df, STACKS_DTYPES, "string"), raw_dir, problems, strict)
 
 
 # --------------------------------------------------------------------------------------- schedule
@@ -919,6 +910,13 @@ def _utc_times(values: list) -> pd.DatetimeIndex:
     text = [v if isinstance(v, str) and v else None for v in values]
     times = pd.to_datetime(text, utc=True, format="ISO8601", errors="coerce")
     return times.astype("datetime64[ns, UTC]")
+
+
+_SCHEDULE_DTYPES = {
+    _utc_times: ("session_started", "session_ended", "started", "ended"),
+    "Int64": ("seed", "index", "round", "rep", "position_in_cell"),
+    "float64": cpucost.IDLE_COLUMNS,
+}
 
 
 def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
@@ -946,16 +944,7 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                 if isinstance(entry, dict) and not entry.get("skipped_existing")
             ]
     df = pd.DataFrame.from_records(records, columns=SCHEDULE_COLUMNS)
-    for col in SCHEDULE_COLUMNS:
-        if col in ("session_started", "session_ended", "started", "ended"):
-            df[col] = _utc_times(df[col].tolist())
-        elif col in ("seed", "index", "round", "rep", "position_in_cell"):
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
-        elif col in cpucost.IDLE_COLUMNS:
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-        else:
-            df[col] = df[col].astype("string")
-    return _checked(df, raw_dir, problems, strict)
+    return _checked(with_dtypes(df, _SCHEDULE_DTYPES, "string"), raw_dir, problems, strict)
 
 
 # ------------------------------------------------------------------------------------- processed
@@ -1049,10 +1038,5 @@ def write_processed(
 
 def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:
     """The parquet files written by :func:`write_processed` (plus loss.parquet when present)."""
-    processed_dir = Path(processed_dir)
-    out = {}
-    for name in (*PROCESSED_TABLES, "loss"):
-        path = processed_dir / f"{name}.parquet"
-        if path.exists():
-            out[name] = pd.read_parquet(path)
-    return out
+    paths = {name: Path(processed_dir) / f"{name}.parquet" for name in (*PROCESSED_TABLES, "loss")}
+    return {name: pd.read_parquet(path) for name, path in paths.items() if path.exists()}

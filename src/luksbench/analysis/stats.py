@@ -72,11 +72,15 @@ LOSS_COLUMNS = [
     *("sd_between_sessions",),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
-LOSS_TEXT = ("host", "workload", "rw", "direction", "job", "pattern", "metric", "baseline")
-LOSS_TEXT += ("variant", "effect", "verdict", "outlier_reps", "decision", "interval")
-LOSS_TEXT += ("derived_from", "covers")
-LOSS_INTS = ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers", "sessions")
-LOSS_BOOLS = ("higher_is_better", "equivalent", "outliers_excluded", "noisy")
+LOSS_DTYPES = {
+    "string": [
+        *("host", "workload", "rw", "direction", "job", "pattern", "metric", "baseline"),
+        *("variant", "effect", "verdict", "outlier_reps", "decision", "interval", "derived_from"),
+        "covers",
+    ],
+    "int64": ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers", "sessions"),
+    "bool": ("higher_is_better", "equivalent", "outliers_excluded", "noisy"),
+}
 
 VERDICTS = ("significant", "equivalent", "inconclusive", "insufficient")
 #: the note of a row with ``interval`` "none"
@@ -636,8 +640,7 @@ def _design(fio: pd.DataFrame) -> pd.DataFrame:
         pilot_pairs=pd.to_numeric(fio.get("pilot_pairs", missing), errors="coerce"),
         look_confidence=pd.to_numeric(fio.get("look_confidence", missing), errors="coerce"),
     )
-    aggregate = {"target_pairs": "max", "noisy": "any", "pilot_pairs": "max"}
-    aggregate["look_confidence"] = "max"
+    aggregate = dict.fromkeys([*DESIGN_COLUMNS, "look_confidence"], "max") | {"noisy": "any"}
     return df.groupby(keys, as_index=False).agg(aggregate)
 
 
@@ -712,7 +715,7 @@ def loss_table(
         keys = ["host", "pattern", "rw", "bs_bytes", "iodepth", "job_slot", "direction", "_m"]
         table = table.assign(_m=table["metric"].map({m: i for i, m in enumerate(metrics)}))
         table = table.sort_values(keys).drop(columns="_m").reset_index(drop=True)
-    return with_dtypes(table, LOSS_COLUMNS, LOSS_TEXT, LOSS_INTS, LOSS_BOOLS)
+    return with_dtypes(table, LOSS_DTYPES)
 
 
 def _with_decisions(table: pd.DataFrame, regions: dict) -> pd.DataFrame:
@@ -730,18 +733,18 @@ def _with_decisions(table: pd.DataFrame, regions: dict) -> pd.DataFrame:
     return table
 
 
-def with_dtypes(table: pd.DataFrame, columns, text, ints, bools) -> pd.DataFrame:
-    """``table`` with its ``text`` columns as pandas strings, ``ints`` as int64, ``bools`` as
-    bool and the other ``columns`` as float64: the same schema however the rows came about."""
-    for col in columns:
-        if col in text:
-            table[col] = table[col].astype("string")
-        elif col in ints:
-            table[col] = pd.to_numeric(table[col]).astype("int64")
-        elif col in bools:
-            table[col] = table[col].astype(bool)
+def with_dtypes(table: pd.DataFrame, dtypes: dict, default: str = "float64") -> pd.DataFrame:
+    """``table`` typed by ``dtypes`` ({type, or function of a column's values: columns}), the other
+    columns as ``default``, unreadable numbers missing: one schema however the rows came about."""
+    types = {col: dtype for dtype, cols in dtypes.items() for col in cols}
+    for col in table.columns:
+        dtype = types.get(col, default)
+        if callable(dtype):
+            table[col] = dtype(table[col].tolist())
+        elif dtype in ("int64", "Int64", "float64"):
+            table[col] = pd.to_numeric(table[col], errors="coerce").astype(dtype)
         else:
-            table[col] = pd.to_numeric(table[col]).astype("float64")
+            table[col] = table[col].astype(dtype)
     return table
 
 
@@ -752,7 +755,7 @@ def loss_tables(fio: pd.DataFrame, comparisons, *args, **kwargs) -> pd.DataFrame
     if not parts:
         raise ValueError("no comparisons given")
     table = pd.concat(parts, ignore_index=True)[LOSS_COLUMNS]
-    return with_dtypes(table, LOSS_COLUMNS, LOSS_TEXT, LOSS_INTS, LOSS_BOOLS)
+    return with_dtypes(table, LOSS_DTYPES)
 
 
 #: the columns that identify one arm's cell in :func:`arm_summary`
