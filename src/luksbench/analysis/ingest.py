@@ -944,7 +944,8 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
                 if isinstance(entry, dict) and not entry.get("skipped_existing")
             ]
     df = pd.DataFrame.from_records(records, columns=SCHEDULE_COLUMNS)
-    return _checked(with_dtypes(df, _SCHEDULE_DTYPES, "string"), raw_dir, problems, strict)
+    df = with_dtypes(df, _SCHEDULE_DTYPES, "string", errors="coerce")
+    return _checked(df, raw_dir, problems, strict)
 
 
 # ------------------------------------------------------------------------------------- processed

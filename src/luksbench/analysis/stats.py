@@ -733,16 +733,19 @@ def _with_decisions(table: pd.DataFrame, regions: dict) -> pd.DataFrame:
     return table
 
 
-def with_dtypes(table: pd.DataFrame, dtypes: dict, default: str = "float64") -> pd.DataFrame:
+def with_dtypes(
+    table: pd.DataFrame, dtypes: dict, default: str = "float64", errors: str = "raise"
+) -> pd.DataFrame:
     """``table`` typed by ``dtypes`` ({type, or function of a column's values: columns}), the other
-    columns as ``default``, unreadable numbers missing: one schema however the rows came about."""
+    columns as ``default``: one schema however the rows came about. ``errors="coerce"`` (tables
+    of raw documents): an unreadable number is missing; else it raises (a bug in our own rows)."""
     types = {col: dtype for dtype, cols in dtypes.items() for col in cols}
     for col in table.columns:
         dtype = types.get(col, default)
         if callable(dtype):
             table[col] = dtype(table[col].tolist())
         elif dtype in ("int64", "Int64", "float64"):
-            table[col] = pd.to_numeric(table[col], errors="coerce").astype(dtype)
+            table[col] = pd.to_numeric(table[col], errors=errors).astype(dtype)
         else:
             table[col] = table[col].astype(dtype)
     return table
