@@ -25,7 +25,7 @@ import math
 import os
 import re
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -545,20 +545,26 @@ def fio_and_latency_tables(
         frames = [pd.concat(frames, ignore_index=True)]
     bins = [bins, *new_bins]
     results.update(new_results)
-    if cache is not None and (todo or set(cache.keys) != set(keys)):
-        cache.save({k: results[k]["stat"] for k in keys}, frames, bins, results)
-
     for key in keys:
         res = results[key]
         if res["problems"] or res["notes"]:  # most files have neither
             problems += [(raw_dir / k, why) for k, why in res["problems"]]
             notes += [(f"{raw_dir}/{k}", why) for k, why in res["notes"]]  # thousands: no Path
-    if problems and strict:
-        raise IngestError(raw_dir, problems)
-    df = _assemble(frames, keys, targets, fleets, sessions)
-    latency = _latency_table(df, bins)
-    # attrs last: pandas deep-copies them on every operation
-    df = tails.with_histogram_percentiles(df, latency)
+    # the cache is written while the tables are made (Arrow's writer releases the GIL); it reads
+    # the parsed frames, which nothing below changes
+    with ThreadPoolExecutor(1) as background:
+        saved = None
+        if cache is not None and (todo or set(cache.keys) != set(keys)):
+            stats = {k: results[k]["stat"] for k in keys}
+            saved = background.submit(cache.save, stats, frames, bins, results)
+        if problems and strict:
+            raise IngestError(raw_dir, problems)
+        df = _assemble(frames, keys, targets, fleets, sessions)
+        latency = _latency_table(df, bins)
+        # attrs last: pandas deep-copies them on every operation
+        df = tails.with_histogram_percentiles(df, latency)
+        if saved is not None:
+            saved.result()  # what writing the cache raised
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
     df.attrs["notes"] = [(str(p), why) for p, why in notes]
     # how the table was made: files parsed now vs rows reused from the cache
@@ -605,11 +611,13 @@ def _assemble(
     design = [cells.get(cell, (None,) * 4) for cell in hosts_cells] if cells else []
     for i, col in enumerate(("target_pairs", "hit_cap", "pilot_pairs", "look_confidence")):
         values = [d[i] for d in design] if design else [None] * len(df)
-        df[col] = pd.Series(values, dtype="object", index=df.index)
+        # read_targets checked the types: a flag, else numbers (None: not in the design)
+        df[col] = pd.array(values, dtype="boolean" if col == "hit_cap" else "float64")
     df["host_dir"] = df["host"]
     # the stack-up that measured each result ("" before sessions were recorded)
     sessions = sessions or {"results": {}, "planned": {}}
-    df["session"] = [sessions["results"].get(f, "") for f in df["file"].tolist()]
+    session = [sessions["results"].get(f, "") for f in df["file"].tolist()]
+    df["session"] = pd.array(session, dtype="string")
     df["sessions_planned"] = [sessions["planned"].get(h, 1) for h in df["host_dir"].tolist()]
     # fio client/server output: every server's entry is its own host (the parser names it);
     # the CPU sidecar measured the client here, not the servers doing the I/O: no CPU values
