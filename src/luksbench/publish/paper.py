@@ -134,7 +134,7 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
             if any(pair[side] == row["stack"] for pair in pairs)
         ]
         rows.append(
-            {"host": row["host"], "stack": row["stack"], "role": ", ".join(roles)}
+            {"host": row["host"], "stack": f"`{row['stack']}`", "role": ", ".join(roles)}
             | {k: fmt_text(row[k]) for k in ("kind", "backend", "cipher", "key_bits")}
             | {"details": "; ".join(settings) or "n/a"}
         )
