@@ -38,6 +38,7 @@ from luksbench.publish.run import (
 from luksbench.publish.text import (
     LIMITS,
     METRIC_UNITS,
+    MIXED_RW,
     bs_human,
     cell_name,
     cell_words,
@@ -57,7 +58,6 @@ from luksbench.publish.text import (
     rw_rank,
     rw_words,
     sorted_metrics,
-    sorted_rw,
 )
 
 BACKEND_TEXT = {
@@ -479,14 +479,13 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
     several_jobs = multi_job(losses)
     tables = []
     shapes = losses.groupby(["pattern", "rw", "direction"], sort=False)
-    rw_rank = {rw: i for i, rw in enumerate(sorted_rw(losses["rw"].dropna().unique()))}
     for (pattern, rw, direction), sub_rw in sorted(
-        shapes, key=lambda s: (s[0][0], rw_rank[s[0][1]], s[0][2])
+        shapes, key=lambda s: (s[0][0], rw_rank(s[0][1]), s[0][1], s[0][2])
     ):
-        mixed = rw in ("rw", "readwrite", "randrw")
+        mixed = rw in MIXED_RW
         for metric in sorted_metrics(set(sub_rw["metric"]) & set(SCS_TABLE_METRICS)):
             sub = sub_rw[sub_rw["metric"] == metric]
-            heading = METRIC_UNITS.get(metric, (metric,))[0]
+            heading = metric_heading(metric)
             kind = str(sub["effect"].iloc[0])
             cols = sorted(sub["bs_bytes"].unique())
             rows = []

@@ -79,10 +79,6 @@ def rw_rank(rw: str) -> int:
     return RW_ORDER.index(rw) if rw in RW_ORDER else len(RW_ORDER)
 
 
-def sorted_rw(values) -> list[str]:
-    return sorted(values, key=lambda r: (rw_rank(r), r))
-
-
 def sorted_metrics(values) -> list[str]:
     order = {m: i for i, m in enumerate(METRIC_ORDER)}
     return sorted(values, key=lambda m: (order.get(m, len(order)), m))
