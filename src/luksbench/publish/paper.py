@@ -503,16 +503,16 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
                     else "not measured"
                     for b in cols
                 ]
-                rows.append({"label": label, "cells": cells, "_key": (host, variant)})
-            rows.sort(key=lambda r: (r["_key"][0], r["_key"][1] != sub["variant"].iloc[0]))
+                rows.append(((host, variant != sub["variant"].iloc[0]), [label, *cells]))
+            rows.sort(key=lambda r: r[0])
             tables.append(
                 {
                     "title": f"{rw_words(rw).capitalize()}"
                     + (f" ({direction})" if mixed else "")
                     + (f", pattern `{pattern}`" if pattern else "")
                     + f": {heading.lower() if heading != 'IOPS' else 'IOPS'} {kind}",
-                    "columns": [f"{bs_human(b)} % {kind}" for b in cols],
-                    "rows": rows,
+                    "header": ["stack", *(f"{bs_human(b)} % {kind}" for b in cols)],
+                    "rows": [row for _, row in rows],
                 }
             )
     return tables
