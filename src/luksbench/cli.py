@@ -102,12 +102,6 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_region_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
-    parser.add_argument(
-        "--region", action="append", type=_region, metavar="FAMILY=LOWER,UPPER", help=help_text
-    )
-
-
 def _region(text: str) -> tuple[str, tuple[float, float]]:
     """``FAMILY=LOWER,UPPER`` (e.g. ``throughput=5,20``) for ``--region``."""
     family, _, margins = text.partition("=")
@@ -179,9 +173,32 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 1 if any(line.startswith("  REFUSED ") for line in lines) else 0
 
 
-BASELINE_HELP = "the reference stack (default: plain)"
-VARIANT_HELP = "the stack compared with it (default: luks)"
-CONFIDENCE_HELP = "confidence level of the intervals (default 0.95)"
+#: options several commands share, as argparse keywords (a command may give its own help)
+OPTIONS = {
+    "--baseline": {"default": "plain", "help": "the reference stack (default: plain)"},
+    "--variant": {"default": "luks", "help": "the stack compared with it (default: luks)"},
+    "--confidence": {
+        "type": float,
+        "default": 0.95,
+        "help": "confidence level of the intervals (default 0.95)",
+    },
+    "--equivalence-margin": {
+        "type": float,
+        "default": 2.0,
+        "metavar": "PCT",
+        "help": "equivalence margin in percentage points (default 2)",
+    },
+    "--metric": {"default": "bw_bytes"},
+    "--max-pairs": {"type": int, "default": 12, "metavar": "CAP"},
+    "--out": {"required": True, "metavar": "FILE", "help": "the targets file to write"},
+    "--region": {"action": "append", "type": _region, "metavar": "FAMILY=LOWER,UPPER"},
+}
+
+
+def _options(parser: argparse.ArgumentParser, *flags: str, **changes) -> None:
+    """Add the shared options ``flags`` (:data:`OPTIONS`), with this command's ``changes``."""
+    for flag in flags:
+        parser.add_argument(flag, **OPTIONS[flag] | changes)
 
 
 def _add_loss_commands(commands) -> None:
@@ -194,15 +211,16 @@ def _add_loss_commands(commands) -> None:
         help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, busy_cpu_s_per_gib, "
         "sys_cpu_s_per_gib ... (repeatable; default: those seven)",
     )
-    _add_test_arguments(loss)
+    _options(loss, "--confidence", "--equivalence-margin")
     loss.add_argument(
         "--exclude-outliers",
         action="store_true",
         help="leave flagged pairs out of the estimates (they are always counted in n_outliers)",
     )
-    _add_region_argument(
+    _options(
         loss,
-        "decision margins in %% of a metric family (throughput, latency, cpu; default "
+        "--region",
+        help="decision margins in %% of a metric family (throughput, latency, cpu; default "
         "throughput=5,20 latency=10,50 cpu=10,50): negligible within +-LOWER, moderate up to "
         "UPPER, material beyond",
     )
@@ -227,29 +245,10 @@ def _add_loss_commands(commands) -> None:
         metavar="PCT",
         help="interval half-width to aim for, in %% (default 2)",
     )
-    targets.add_argument(
-        "--max-pairs",
-        type=int,
-        default=12,
-        metavar="CAP",
-        help="most pairs a cell gets (default 12)",
-    )
-    targets.add_argument("--metric", default="bw_bytes", help="the metric whose pilot noise counts")
-    targets.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
-    targets.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
+    _options(targets, "--max-pairs", help="most pairs a cell gets (default 12)")
+    _options(targets, "--metric", help="the metric whose pilot noise counts")
+    _options(targets, "--confidence", "--out")
     targets.set_defaults(func=_cmd_targets)
-
-
-def _add_test_arguments(parser: argparse.ArgumentParser) -> None:
-    """--confidence and --equivalence-margin: the level of the intervals and of the TOST check."""
-    parser.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
-    parser.add_argument(
-        "--equivalence-margin",
-        type=float,
-        default=2.0,
-        metavar="PCT",
-        help="equivalence margin in percentage points (default 2)",
-    )
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser, host_help: str | None = None) -> None:
@@ -257,8 +256,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser, host_help: str | None = 
     parser.add_argument("raw_dir", metavar="RAW_DIR", help="one run's folder: data/raw/<run>")
     if host_help:
         parser.add_argument("--host", required=True, help=host_help)
-    parser.add_argument("--baseline", default="plain", help=BASELINE_HELP)
-    parser.add_argument("--variant", default="luks", help=VARIANT_HELP)
+    _options(parser, "--baseline", "--variant")
 
 
 def _cmd_next(args: argparse.Namespace) -> int:
@@ -301,14 +299,14 @@ def _add_next_command(commands) -> None:
     nxt.add_argument(
         "--min-pairs", type=int, default=3, metavar="N", help="pairs before the first look"
     )
-    nxt.add_argument(
-        "--max-pairs", type=int, default=12, metavar="CAP", help="pairs at most per cell"
-    )
+    _options(nxt, "--max-pairs", help="pairs at most per cell")
     nxt.add_argument("--budget-h", type=float, default=0.0, help="device hours (0: no budget)")
-    nxt.add_argument("--metric", default="bw_bytes", help="the metric whose decisions count")
-    nxt.add_argument("--confidence", type=float, default=0.95, help=CONFIDENCE_HELP)
-    _add_region_argument(nxt, "decision margins in %% of a metric family, as for `luksbench loss`")
-    nxt.add_argument("--out", required=True, metavar="FILE", help="the targets file to write")
+    _options(nxt, "--metric", help="the metric whose decisions count")
+    _options(nxt, "--confidence")
+    _options(
+        nxt, "--region", help="decision margins in %% of a metric family, as for `luksbench loss`"
+    )
+    _options(nxt, "--out")
     nxt.set_defaults(func=_cmd_next)
 
 
@@ -356,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="bw_bytes, iops, clat_p99_ns, busy_cpu_s_per_gib (default) or any loss-table metric",
     )
-    _add_test_arguments(comp)
+    _options(comp, "--confidence", "--equivalence-margin")
     comp.add_argument(
         "--unpaired",
         action="store_true",

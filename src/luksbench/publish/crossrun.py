@@ -19,6 +19,7 @@ from luksbench.publish.text import (
     fmt_ci,
     fmt_num,
     fmt_pct,
+    md_table,
     metric_heading,
     multi_job,
 )
@@ -159,25 +160,19 @@ def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: l
     for metric in dict.fromkeys(table["metric"]):
         sub = table[table["metric"] == metric]
         heading, unit, div, dec = METRIC_UNITS.get(metric, (metric, "", 1, 2))
-        lines += [
-            f"## {heading}",
-            "",
-            f"| cell | stack | A ({unit}) | B ({unit}) | change | {conf} % CI | verdict | "
-            "outcome | n A / B |",
-            "|---|---|---:|---:|---:|---|---|---|---|",
-        ]
+        header = ["cell", "stack", f"A ({unit}):", f"B ({unit}):", "change:", f"{conf} % CI"]
+        header += ["verdict", "outcome", "n A / B"]
+        rows = []
         for _, r in sub.iterrows():
             cell = cell_name(r)
             if multi_host:
                 host = r["host_a"] if r["host_a"] == r["host_b"] else f"{r['host_a']}/{r['host_b']}"
                 cell = f"{host}: {cell}"
-            lines.append(
-                f"| {cell} | `{r['stack']}` | {fmt_num(r['a_mean'] / div, dec)} | "
-                f"{fmt_num(r['b_mean'] / div, dec)} | {fmt_pct(r['change_pct'])} | "
-                f"{fmt_ci(r['ci_low'], r['ci_high'])} | {r['verdict']} | {r['outcome']} | "
-                f"{int(r['n_a'])} / {int(r['n_b'])} |"
-            )
-        lines.append("")
+            means = [fmt_num(r["a_mean"] / div, dec), fmt_num(r["b_mean"] / div, dec)]
+            change = [fmt_pct(r["change_pct"]), fmt_ci(r["ci_low"], r["ci_high"])]
+            verdict = [r["verdict"], r["outcome"], f"{int(r['n_a'])} / {int(r['n_b'])}"]
+            rows.append([cell, f"`{r['stack']}`", *means, *change, *verdict])
+        lines += [f"## {heading}", "", md_table(header, rows), ""]
     counts = table["outcome"].value_counts()
     outcomes = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
     lines.append(f"Outcomes: {outcomes}." if len(counts) else "No cell in common.")

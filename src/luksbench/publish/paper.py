@@ -38,6 +38,7 @@ from luksbench.publish.run import (
 from luksbench.publish.text import (
     LIMITS,
     METRIC_UNITS,
+    MIXED_RW,
     bs_human,
     cell_name,
     cell_words,
@@ -57,7 +58,6 @@ from luksbench.publish.text import (
     rw_rank,
     rw_words,
     sorted_metrics,
-    sorted_rw,
 )
 
 BACKEND_TEXT = {
@@ -134,7 +134,7 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
             if any(pair[side] == row["stack"] for pair in pairs)
         ]
         rows.append(
-            {"host": row["host"], "stack": row["stack"], "role": ", ".join(roles)}
+            {"host": row["host"], "stack": f"`{row['stack']}`", "role": ", ".join(roles)}
             | {k: fmt_text(row[k]) for k in ("kind", "backend", "cipher", "key_bits")}
             | {"details": "; ".join(settings) or "n/a"}
         )
@@ -479,14 +479,13 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
     several_jobs = multi_job(losses)
     tables = []
     shapes = losses.groupby(["pattern", "rw", "direction"], sort=False)
-    rw_rank = {rw: i for i, rw in enumerate(sorted_rw(losses["rw"].dropna().unique()))}
     for (pattern, rw, direction), sub_rw in sorted(
-        shapes, key=lambda s: (s[0][0], rw_rank[s[0][1]], s[0][2])
+        shapes, key=lambda s: (s[0][0], rw_rank(s[0][1]), s[0][1], s[0][2])
     ):
-        mixed = rw in ("rw", "readwrite", "randrw")
+        mixed = rw in MIXED_RW
         for metric in sorted_metrics(set(sub_rw["metric"]) & set(SCS_TABLE_METRICS)):
             sub = sub_rw[sub_rw["metric"] == metric]
-            heading = METRIC_UNITS.get(metric, (metric,))[0]
+            heading = metric_heading(metric)
             kind = str(sub["effect"].iloc[0])
             cols = sorted(sub["bs_bytes"].unique())
             rows = []
@@ -504,16 +503,16 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
                     else "not measured"
                     for b in cols
                 ]
-                rows.append({"label": label, "cells": cells, "_key": (host, variant)})
-            rows.sort(key=lambda r: (r["_key"][0], r["_key"][1] != sub["variant"].iloc[0]))
+                rows.append(((host, variant != sub["variant"].iloc[0]), [label, *cells]))
+            rows.sort(key=lambda r: r[0])
             tables.append(
                 {
                     "title": f"{rw_words(rw).capitalize()}"
                     + (f" ({direction})" if mixed else "")
                     + (f", pattern `{pattern}`" if pattern else "")
                     + f": {heading.lower() if heading != 'IOPS' else 'IOPS'} {kind}",
-                    "columns": [f"{bs_human(b)} % {kind}" for b in cols],
-                    "rows": rows,
+                    "header": ["stack", *(f"{bs_human(b)} % {kind}" for b in cols)],
+                    "rows": [row for _, row in rows],
                 }
             )
     return tables

@@ -18,12 +18,13 @@ from markdown_it import MarkdownIt
 
 from luksbench.publish.catalog import INDEX
 from luksbench.publish.paper import paper_context
+from luksbench.publish.text import md_table
 
 TEMPLATE = "paper.md.j2"
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    environment = jinja2.Environment(
         loader=jinja2.PackageLoader("luksbench.publish", "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -31,6 +32,8 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+    environment.globals["md_table"] = md_table
+    return environment
 
 
 def render_paper(processed_dir: Path, figures_dir: Path, out_md: Path, run: str, **options) -> Path:

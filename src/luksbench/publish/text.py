@@ -79,10 +79,6 @@ def rw_rank(rw: str) -> int:
     return RW_ORDER.index(rw) if rw in RW_ORDER else len(RW_ORDER)
 
 
-def sorted_rw(values) -> list[str]:
-    return sorted(values, key=lambda r: (rw_rank(r), r))
-
-
 def sorted_metrics(values) -> list[str]:
     order = {m: i for i, m in enumerate(METRIC_ORDER)}
     return sorted(values, key=lambda m: (order.get(m, len(order)), m))
@@ -178,3 +174,14 @@ def multi_job(table: pd.DataFrame, host: str = "host") -> bool:
     return bool(len(table)) and bool(
         table.groupby([host, "workload"])["job_slot"].nunique().max() > 1
     )
+
+
+def md_table(header: list[str], rows, fields: list[str] | None = None) -> str:
+    """A Markdown table. A ``header`` title ending in ":" heads a right-aligned column (printed
+    without the ":", as Markdown's ``---:``); ``rows`` are lists of values or, with ``fields``,
+    mappings whose values at those keys fill the columns."""
+    if fields:
+        rows = [[row[f] for f in fields] for row in rows]
+    lines = ["| " + " | ".join(title.removesuffix(":") for title in header) + " |"]
+    lines.append("|" + "".join("---:|" if title.endswith(":") else "---|" for title in header))
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
