@@ -66,24 +66,19 @@ def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
     ``md`` and ``fs`` claim a device exclusively, and so does anything below them; ``luks``,
     ``linear`` and ``fio`` (raw/external arms) do not."""
     uses: dict[str, list[tuple[str, str]]] = {}
-
-    def walk(layer, where: str, exclusive: str | None) -> None:
-        if not isinstance(layer, dict):
-            return
-        kind = layer["kind"]
-        below_exclusive = exclusive or (kind if kind in ("md", "fs") else None)
-        if kind in ("raw", "external") and "device" in layer:
-            uses.setdefault(layer["device"], []).append((where, exclusive or "fio"))
-        children = [(layer["over"], f"{where}.over")] if "over" in layer else []
-        children += [(m, f"{where}.members[{i}]") for i, m in enumerate(layer.get("members") or [])]
-        for child, child_where in children:
-            if isinstance(child, str):
-                uses.setdefault(child, []).append((child_where, below_exclusive or kind))
-            else:
-                walk(child, child_where, below_exclusive)
-
     for name, stack in plan["stacks"].items():
-        walk(stack, f"stacks.{name}", None)
+        # where -> (the exclusive claimer at or above that layer, its kind); a child's ``where``
+        # is its parent's plus ".over" or ".members[i]"
+        claims: dict[str, tuple[str | None, str]] = {}
+        for where, layer in walk_layers(stack, f"stacks.{name}"):
+            exclusive, parent_kind = claims.get(where.rpartition(".")[0], (None, ""))
+            if isinstance(layer, str):
+                uses.setdefault(layer, []).append((where, exclusive or parent_kind))
+                continue
+            kind = layer["kind"]
+            if kind in ("raw", "external") and "device" in layer:
+                uses.setdefault(layer["device"], []).append((where, exclusive or "fio"))
+            claims[where] = (exclusive or (kind if kind in ("md", "fs") else None), kind)
     return uses
 
 
