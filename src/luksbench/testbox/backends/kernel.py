@@ -31,14 +31,7 @@ import time
 from pathlib import Path
 
 from luksbench.testbox import safety
-from luksbench.testbox.plan import (
-    MIB,
-    NULL_CIPHERS,
-    baseline_first,
-    luks_layer,
-    plan_layers,
-    walk_layers,
-)
+from luksbench.testbox.plan import MIB, NULL_CIPHERS, baseline_first, first_layer, plan_layers
 from luksbench.testbox.sysinfo import strip_dm_table_keys
 from luksbench.testbox.sysutil import (
     QUIET,
@@ -676,9 +669,8 @@ def build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict)
 def _describe(kind: str, backend: str, built: dict) -> dict:
     """A built stack's description: its layer tree, and the facts of its luks and loop layers."""
     tree = built["description"]
-    layers = [d for _, d in walk_layers(tree, "") if isinstance(d, dict)]
-    luks = next((d for d in layers if d.get("kind") == "luks"), {})
-    loop = next((d for d in layers if d.get("kind") == "loop"), {})
+    luks = first_layer(tree, "luks") or {}
+    loop = first_layer(tree, "loop") or {}
     notes = [n for d in (tree, luks, loop) for n in d.get("notes", [])]
     return {
         "kind": kind,
@@ -712,6 +704,6 @@ def _unavailable(name: str, plan: dict, state: dict, builder, mark: int, exc: Ex
         "kind": plan["stacks"][name]["kind"],
         "backend": state["backend"],
         "unavailable": reason,
-        "cipher": (luks_layer(plan, name) or {}).get("cipher"),
+        "cipher": (first_layer(plan["stacks"][name], "luks") or {}).get("cipher"),
         "notes": [f"optional stack not built here: {reason}"],
     }
