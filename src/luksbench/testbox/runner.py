@@ -333,8 +333,7 @@ def check_servers(clients: list[dict], timeout: float = 5.0) -> None:
 
 
 def check_fio_result(path: Path) -> dict:
-    """The fio document in ``path`` if ingest's loader accepts it and no job failed; else
-    ValueError."""
+    """The fio document in ``path`` if ingest's loader takes it and no job failed, else ValueError."""
     try:
         doc = load_fio_document(path, warn=log)
         rows = document_tuples(path, doc)
