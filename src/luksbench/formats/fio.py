@@ -238,7 +238,7 @@ def _scanned_fio_documents(path: Path, raw: bytes) -> list[dict]:
 # --------------------------------------------------------------------------- options and units
 
 
-def _job_entries(doc: dict) -> list[tuple[int, dict, str]]:
+def job_entries(doc: dict) -> list[tuple[int, dict, str]]:
     """(index in the document's list, job entry, host) for every per-job entry of a fio document."""
     if not isinstance(doc.get("client_stats"), list):
         return [(i, entry, "") for i, entry in enumerate(doc["jobs"]) if isinstance(entry, dict)]
@@ -417,7 +417,7 @@ def parse_fio_file(path: Path, warn: Warn = _warn_on_stderr) -> list[dict]:
 def document_tuples(path: Path | str, doc: dict) -> list[tuple]:
     """:func:`parse_fio_file`'s rows, as tuples in :data:`FIO_COLUMNS` order, of a document
     :func:`load_fio_document` returned for ``path`` (the ``file`` column; messages name it)."""
-    entries = _job_entries(doc)
+    entries = job_entries(doc)
     if not entries:
         raise FioParseError(f"{path}: fio JSON document lists no job entries")
 
@@ -510,7 +510,7 @@ def clat_histogram(
 def document_histograms(doc: dict) -> dict[tuple[int, str], list[tuple[int, int]]]:
     """:func:`clat_histogram` of a document :func:`load_fio_document` returned."""
     histograms = {}
-    for index, entry, _host in _job_entries(doc):
+    for index, entry, _host in job_entries(doc):
         for direction in DIRECTIONS:
             stats = entry.get(direction)
             if not isinstance(stats, dict):

@@ -77,10 +77,9 @@ def check_document(plan: dict, source: str = "plan") -> None:
         raise PlanError(
             f"{source}: baseline {plan['baseline']!r} is not one of the stacks {sorted(plan['stacks'])}"
         )
-    if int(plan["repetitions"]) < 1:
-        raise PlanError(f"{source}: repetitions must be >= 1")
-    if int(plan.get("sessions", 1)) < 1:
-        raise PlanError(f"{source}: sessions must be >= 1")
+    for key in ("repetitions", "sessions"):  # sessions is optional
+        if int(plan.get(key, 1)) < 1:
+            raise PlanError(f"{source}: {key} must be >= 1")
     for key in ("rw", "bs", "iodepth"):
         if not plan["matrix"].get(key):
             raise PlanError(f"{source}: matrix.{key} must be a non-empty list")

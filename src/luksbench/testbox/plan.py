@@ -47,6 +47,12 @@ def walk_layers(layer, where: str):
             yield from walk_layers(member, f"{where}.members[{i}]")
 
 
+def first_layer(tree, kind: str) -> dict | None:
+    """The first layer of ``kind`` in a layer tree (top first), or None."""
+    layers = (lay for _, lay in walk_layers(tree, "") if isinstance(lay, dict))
+    return next((lay for lay in layers if lay.get("kind") == kind), None)
+
+
 def plan_layers(plan: dict):
     """Every layer (a dict) of every stack of the plan."""
     for name, stack in plan["stacks"].items():
@@ -66,31 +72,20 @@ def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
     ``md`` and ``fs`` claim a device exclusively, and so does anything below them; ``luks``,
     ``linear`` and ``fio`` (raw/external arms) do not."""
     uses: dict[str, list[tuple[str, str]]] = {}
-
-    def walk(layer, where: str, exclusive: str | None) -> None:
-        if not isinstance(layer, dict):
-            return
-        kind = layer["kind"]
-        below_exclusive = exclusive or (kind if kind in ("md", "fs") else None)
-        if kind in ("raw", "external") and "device" in layer:
-            uses.setdefault(layer["device"], []).append((where, exclusive or "fio"))
-        children = [(layer["over"], f"{where}.over")] if "over" in layer else []
-        children += [(m, f"{where}.members[{i}]") for i, m in enumerate(layer.get("members") or [])]
-        for child, child_where in children:
-            if isinstance(child, str):
-                uses.setdefault(child, []).append((child_where, below_exclusive or kind))
-            else:
-                walk(child, child_where, below_exclusive)
-
     for name, stack in plan["stacks"].items():
-        walk(stack, f"stacks.{name}", None)
+        # where -> (the exclusive claimer at or above that layer, its kind); a child's ``where``
+        # is its parent's plus ".over" or ".members[i]"
+        claims: dict[str, tuple[str | None, str]] = {}
+        for where, layer in walk_layers(stack, f"stacks.{name}"):
+            exclusive, parent_kind = claims.get(where.rpartition(".")[0], (None, ""))
+            if isinstance(layer, str):
+                uses.setdefault(layer, []).append((where, exclusive or parent_kind))
+                continue
+            kind = layer["kind"]
+            if kind in ("raw", "external") and "device" in layer:
+                uses.setdefault(layer["device"], []).append((where, exclusive or "fio"))
+            claims[where] = (exclusive or (kind if kind in ("md", "fs") else None), kind)
     return uses
-
-
-def luks_layer(plan: dict, stack: str) -> dict | None:
-    """The first luks layer of a stack (top first), or None."""
-    layers = (lay for _, lay in walk_layers(plan["stacks"][stack], stack) if isinstance(lay, dict))
-    return next((lay for lay in layers if lay["kind"] == "luks"), None)
 
 
 def _check_devices(plan: dict, source: str) -> None:
@@ -159,15 +154,12 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
         need("luks_type", ("luks1", "luks2"), LUKS_DEFAULTS["luks_type"])
     elif kind == "linear":
         need("like", sorted(plan["stacks"]))
-        if luks_layer(plan, layer["like"]) is None:
+        if first_layer(plan["stacks"][layer["like"]], "luks") is None:
             raise PlanError(
                 f"{source}: {where}.like: stack {layer['like']!r} has no luks layer whose "
                 "payload region a linear arm could cover"
             )
-        if any(
-            isinstance(lay, dict) and lay["kind"] == "linear"
-            for _, lay in walk_layers(plan["stacks"][layer["like"]], "")
-        ):
+        if first_layer(plan["stacks"][layer["like"]], "linear"):
             raise PlanError(f"{source}: {where}.like: {layer['like']!r} is itself a linear arm")
     elif kind == "rbd":
         need("pool")
@@ -448,7 +440,7 @@ def planned_size_bytes(plan: dict, layer) -> int | None:
         return None if below is None else int(below * 0.9) // MIB * MIB  # 90 % of the space
     if kind == "linear":
         like = plan["stacks"].get(layer["like"])
-        return planned_size_bytes(plan, luks_layer(plan, layer["like"])) if like else None
+        return planned_size_bytes(plan, first_layer(like, "luks")) if like else None
     return None
 
 

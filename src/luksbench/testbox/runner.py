@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 from luksbench.formats.fio import (
-    ALL_CLIENTS_JOBNAME,
+    FIO_COLUMNS,
     FioParseError,
+    document_tuples,
+    job_entries,
     load_fio_document,
-    parse_fio_file,
 )
 from luksbench.formats.layout import REP_NAME, Workload, cpu_rep_path, fio_rep_path
 from luksbench.formats.manifest import (
@@ -332,24 +333,17 @@ def check_servers(clients: list[dict], timeout: float = 5.0) -> None:
 
 
 def check_fio_result(path: Path) -> dict:
-    """The fio document in ``path`` if ingest's loader accepts it and no job failed; else
-    ValueError."""
+    """The fio document in ``path`` if ingest's loader takes it and no job failed, else ValueError."""
     try:
         doc = load_fio_document(path, warn=log)
-        rows = parse_fio_file(path, warn=lambda _note: None)  # the loader has said it already
+        rows = document_tuples(path, doc)
     except FioParseError as exc:
         raise ValueError(f"fio output unreadable ({exc})") from exc
-    errors = [e for e in dict.fromkeys(r["error"] for r in rows) if e]
+    error_column = FIO_COLUMNS.index("error")
+    errors = [e for e in dict.fromkeys(r[error_column] for r in rows) if e]
     if errors:
         raise ValueError(f"fio job error {errors}")
     return doc
-
-
-def _job_entries(doc: dict) -> list[dict]:
-    """Per-job entries: ``jobs``, or in client/server output every server's (not the sum)."""
-    if doc.get("client_stats"):
-        return [e for e in doc["client_stats"] if e.get("jobname") != ALL_CLIENTS_JOBNAME]
-    return doc["jobs"]
 
 
 def _total(entry: dict, key: str) -> float:
@@ -358,7 +352,7 @@ def _total(entry: dict, key: str) -> float:
 
 
 def _summary(doc: dict) -> str:
-    entries = _job_entries(doc)
+    entries = [e for _, e, _ in job_entries(doc)]
     if len(entries) > 1 and doc.get("client_stats"):
         per_host = ", ".join(
             f"{e.get('hostname')}:{e.get('port')} {_total(e, 'bw_bytes') / 2**20:.1f}"
@@ -474,7 +468,7 @@ def _pilot_iops(plan: dict, session: dict, stack: str, w: Workload, clocksource)
             doc = check_fio_result(out)
         except ValueError as exc:
             raise TestboxError(f"pilot of fixed-rate cell {w.id} on {stack} failed: {exc}") from exc
-    return sum(_total(e, "iops") for e in _job_entries(doc))
+    return sum(_total(e, "iops") for _, e, _ in job_entries(doc))
 
 
 def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bool = False) -> bool:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from luksbench.testbox import safety
-from luksbench.testbox.plan import MIB, NULL_CIPHERS, baseline_first, luks_layer, plan_layers
+from luksbench.testbox.plan import MIB, NULL_CIPHERS, baseline_first, first_layer, plan_layers
 from luksbench.testbox.sysinfo import strip_dm_table_keys
 from luksbench.testbox.sysutil import (
     QUIET,
@@ -639,17 +639,6 @@ def _layer_summary(desc: dict) -> str:
     return head
 
 
-def _first_of(desc: dict, kind: str) -> dict | None:
-    """The first layer of ``kind`` in the described tree, depth first."""
-    if desc.get("kind") == kind:
-        return desc
-    over = [desc["over"]] if isinstance(desc.get("over"), dict) else []
-    for child in over + list(desc.get("members") or []):
-        if found := _first_of(child, kind):
-            return found
-    return None
-
-
 def build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict) -> dict:
     if any(layer["kind"] == "luks" for layer in plan_layers(plan)):
         state["key_dir"] = str(private_dir(Path(state["scratch_dir"]), ".luksbench-keys-"))
@@ -680,8 +669,8 @@ def build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict)
 def _describe(kind: str, backend: str, built: dict) -> dict:
     """A built stack's description: its layer tree, and the facts of its luks and loop layers."""
     tree = built["description"]
-    luks = _first_of(tree, "luks") or {}
-    loop = _first_of(tree, "loop") or {}
+    luks = first_layer(tree, "luks") or {}
+    loop = first_layer(tree, "loop") or {}
     notes = [n for d in (tree, luks, loop) for n in d.get("notes", [])]
     return {
         "kind": kind,
@@ -715,6 +704,6 @@ def _unavailable(name: str, plan: dict, state: dict, builder, mark: int, exc: Ex
         "kind": plan["stacks"][name]["kind"],
         "backend": state["backend"],
         "unavailable": reason,
-        "cipher": (luks_layer(plan, name) or {}).get("cipher"),
+        "cipher": (first_layer(plan["stacks"][name], "luks") or {}).get("cipher"),
         "notes": [f"optional stack not built here: {reason}"],
     }
