@@ -364,14 +364,23 @@ def _summary(doc: dict) -> str:
     return f"{bw / 2**20:.1f} MiB/s, {iops_s} IOPS"
 
 
+#: seconds fio gets to stop its jobs after SIGINT before it is killed
+STOP_GRACE_S = 10
+
+
 def _stop(proc: subprocess.Popen) -> None:
+    """SIGINT to fio (it stops its jobs), then SIGKILL to its process group (its own session):
+    a killed fio's forked job processes would run on and write its output."""
     for sig in (signal.SIGINT, signal.SIGKILL):
         if proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
+            if sig == signal.SIGKILL:  # fio not reaped yet: its pid still names its group
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
+            proc.wait(STOP_GRACE_S)
 
 
 def check_state_live(state: dict) -> None:
