@@ -25,7 +25,7 @@ import math
 import os
 import re
 import sys
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -550,21 +550,14 @@ def fio_and_latency_tables(
         if res["problems"] or res["notes"]:  # most files have neither
             problems += [(raw_dir / k, why) for k, why in res["problems"]]
             notes += [(f"{raw_dir}/{k}", why) for k, why in res["notes"]]  # thousands: no Path
-    # the cache is written while the tables are made (Arrow's writer releases the GIL); it reads
-    # the parsed frames, which nothing below changes
-    with ThreadPoolExecutor(1) as background:
-        saved = None
-        if cache is not None and (todo or set(cache.keys) != set(keys)):
-            stats = {k: results[k]["stat"] for k in keys}
-            saved = background.submit(cache.save, stats, frames, bins, results)
-        if problems and strict:
-            raise IngestError(raw_dir, problems)
-        df = _assemble(frames, keys, targets, fleets, sessions)
-        latency = _latency_table(df, bins)
-        # attrs last: pandas deep-copies them on every operation
-        df = tails.with_histogram_percentiles(df, latency)
-        if saved is not None:
-            saved.result()  # what writing the cache raised
+    if cache is not None and (todo or set(cache.keys) != set(keys)):
+        cache.save({k: results[k]["stat"] for k in keys}, frames, bins, results)
+    if problems and strict:
+        raise IngestError(raw_dir, problems)
+    df = _assemble(frames, keys, targets, fleets, sessions)
+    latency = _latency_table(df, bins)
+    # attrs last: pandas deep-copies them on every operation
+    df = tails.with_histogram_percentiles(df, latency)
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
     df.attrs["notes"] = [(str(p), why) for p, why in notes]
     # how the table was made: files parsed now vs rows reused from the cache
