@@ -591,10 +591,14 @@ def _assemble(
     if not frames:
         return _fio_dtypes(pd.DataFrame.from_records([], columns=columns))
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    # position of each row's file in the listing (every row's file is listed: the cache gives
-    # rows of unchanged listed files only); hash lookups on plain objects, not on Arrow strings
+    # position of each row's file in the listing (-1: no longer there); hash lookups on plain
+    # objects, not element-wise over Arrow strings
     pos = pd.Index(keys).get_indexer(df["_key"].to_numpy(dtype=object))
-    df = df.assign(_pos=pos).sort_values(["_pos", "_row"], kind="stable").reset_index(drop=True)
+    df = (
+        df.assign(_pos=pos)[pos >= 0]
+        .sort_values(["_pos", "_row"], kind="stable")
+        .reset_index(drop=True)
+    )
     cells = {(host, w): design for host, ts in targets.items() for w, design in ts.items()}
     hosts_cells = zip(df["host"].tolist(), df["workload"].tolist(), strict=True)
     design = [cells.get(cell, (None,) * 4) for cell in hosts_cells] if cells else []
@@ -728,7 +732,7 @@ class _IngestCache:
         table = pd.DataFrame({"key": keys, **dict(zip(self.STAT_COLUMNS, numbers, strict=True))})
         for column in ("problems", "notes"):
             table[column] = [json.dumps(r) if (r := results[k][column]) else "[]" for k in keys]
-        rows, bins = (self._joined(parts) for parts in (frames, bins))
+        rows, bins = (self._kept(parts, keys) for parts in (frames, bins))
         rows = None if rows is None else _fio_dtypes(rows)
         for name, df in (*zip(self.TABLES, (rows, bins), strict=True), ("files.parquet", table)):
             tmp = self.path / f".{name}.tmp"
@@ -744,12 +748,14 @@ class _IngestCache:
         self.keys = keys
 
     @staticmethod
-    def _joined(parts: list[pd.DataFrame]) -> pd.DataFrame | None:
-        """The parts' rows as one frame (None: there are none); they are of listed files only."""
+    def _kept(parts: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame | None:
+        """The parts' rows of files still in ``keys``, as one frame (None: there are none)."""
         parts = [f for f in parts if len(f)]
         if not parts:
             return None
-        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].copy(deep=False)
+        df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+        keep = pd.Index(keys).get_indexer(df["_key"].to_numpy(dtype=object)) >= 0
+        return df.copy(deep=False) if keep.all() else df[keep].reset_index(drop=True)
 
 
 def _fio_dtypes(df: pd.DataFrame) -> pd.DataFrame:
