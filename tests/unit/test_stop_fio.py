@@ -7,37 +7,39 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from luksbench.testbox import runner
 
 
-def _group_alive(pgid: int) -> bool:
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a killed orphan stays a zombie until something reaps it)."""
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return True
+    return state != "Z"
 
 
 def test_a_fio_deaf_to_sigint_is_killed_with_its_job_processes(monkeypatch):
     monkeypatch.setattr(runner, "STOP_GRACE_S", 0.5)
     # a stand-in with fio's shape: a leader that ignores SIGINT and a forked job process
     proc = subprocess.Popen(
-        ["sh", "-c", 'trap "" INT; sleep 300 & echo started; wait'],
+        ["sh", "-c", 'trap "" INT; sleep 300 & echo $!; wait'],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+    job = int(proc.stdout.readline())
     try:
-        assert proc.stdout.readline().strip() == "started"
         runner._stop(proc)
         assert proc.poll() is not None
         deadline = time.monotonic() + 5
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
+        while _running(job) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _group_alive(proc.pid), "a job process of the stopped fio runs on"
+        assert not _running(job), "a job process of the stopped fio runs on"
     finally:
-        if _group_alive(proc.pid):
-            os.killpg(proc.pid, signal.SIGKILL)
+        if _running(job):
+            os.kill(job, signal.SIGKILL)
         proc.stdout.close()
         proc.wait()

@@ -737,8 +737,8 @@ def with_dtypes(
     table: pd.DataFrame, dtypes: dict, default: str = "float64", errors: str = "raise"
 ) -> pd.DataFrame:
     """``table`` typed by ``dtypes`` ({type, or function of a column's values: columns}), the other
-    columns as ``default``: one schema however the rows came about. ``errors="coerce"`` (tables
-    of raw documents): an unreadable number is missing; else it raises (a bug in our own rows)."""
+    columns as ``default``: one schema however the rows came about. ``errors="coerce"``: an
+    unreadable number is missing (values as a raw document holds them); else it raises."""
     types = {col: dtype for dtype, cols in dtypes.items() for col in cols}
     for col in table.columns:
         dtype = types.get(col, default)
