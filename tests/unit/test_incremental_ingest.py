@@ -130,6 +130,28 @@ def test_a_parser_change_invalidates_the_cache(raw, tmp_path):
     assert df.attrs["ingest"]["parsed"] == 192
 
 
+def test_a_cache_save_cut_short_is_not_read(raw, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    ingest.ingest_run(raw, cache_dir=cache, workers=1)
+    for stack in ("plain", "luks"):  # a new pair of results, then a save that stops half way
+        cell = raw / "vm" / "fio" / stack / "randread-4k-qd32"
+        shutil.copyfile(cell / "rep3.json", cell / "rep4.json")
+        shutil.copyfile(cell / "rep3.cpu.json", cell / "rep4.cpu.json")
+    rerecord(raw / "vm")
+    write = pd.DataFrame.to_parquet
+
+    def stop_at_the_files_table(df, path, *args, **kwargs):
+        if "files" in Path(path).name:
+            raise KeyboardInterrupt  # rows.parquet is new, files.parquet still the old one
+        return write(df, path, *args, **kwargs)
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", stop_at_the_files_table)
+    with pytest.raises(KeyboardInterrupt):
+        ingest.ingest_run(raw, cache_dir=cache, workers=1)
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", write)
+    assert_same_tables(ingest.ingest_run(raw, cache_dir=cache, workers=1), full_ingest(raw))
+
+
 def test_write_processed_is_incremental_and_leaves_raw_alone(raw, tmp_path, capsys):
     before = {p: p.read_bytes() for p in raw.rglob("*") if p.is_file()}
     processed = tmp_path / "processed" / "inc"

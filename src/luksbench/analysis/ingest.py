@@ -725,6 +725,8 @@ class _IngestCache:
     ) -> None:
         """Write the cache for the files of ``stats`` (replacing it atomically, file by file)."""
         self.path.mkdir(parents=True, exist_ok=True)
+        # no meta.json (written last) until the files agree: a save cut short is never read
+        (self.path / "meta.json").unlink(missing_ok=True)
         keys = list(stats)
         numbers = (
             np.array(list(stats.values()), dtype="int64").reshape(-1, len(self.STAT_COLUMNS)).T
