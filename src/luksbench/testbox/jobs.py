@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from luksbench.testbox.sysinfo import parse_scheduler
-from luksbench.testbox.sysutil import read_text
+from luksbench.testbox.sysutil import read_text, whole_disk
 
 SYS = Path("/sys")
 IO_URING_ONLY = ("fixedbufs", "registerfiles", "hipri")
@@ -23,11 +23,6 @@ def block_dir(path: str, sys_root: Path = SYS) -> Path | None:
     dev = st.st_rdev if Path(path).is_block_device() else st.st_dev
     where = sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
     return where.resolve() if where.exists() else None
-
-
-def whole_disk(sysdir: Path) -> Path:
-    """A partition's disk; a disk itself otherwise (queue/ and mq/ sit on the disk)."""
-    return sysdir.parent if (sysdir / "partition").exists() else sysdir
 
 
 def numa_node(sysdir: Path | None) -> int | None:

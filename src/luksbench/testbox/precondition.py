@@ -13,9 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from luksbench.formats.fio import FioParseError, fio_output_document
-from luksbench.testbox.jobs import whole_disk
 from luksbench.testbox.plan import precondition_options
-from luksbench.testbox.sysutil import Progress, TestboxError, heartbeat, run_tool
+from luksbench.testbox.sysutil import Progress, TestboxError, heartbeat, run_tool, whole_disk
 from luksbench.testbox.sysutil import log as default_log
 
 # A fill of a large disk takes hours and fio says nothing until it ends: how often to say it runs.

@@ -16,7 +16,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from luksbench.testbox.sysutil import QUIET, read_text, run_quiet
+from luksbench.testbox.sysutil import QUIET, read_text, run_quiet, whole_disk
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 MAPPER_PREFIX = "luksbench-"
@@ -206,10 +206,6 @@ def _is_partition(sysdir: Path) -> bool:
     return (sysdir / "partition").is_file()
 
 
-def _whole_disk(sysdir: Path) -> Path:
-    return sysdir.parent if _is_partition(sysdir) else sysdir
-
-
 def _partitions(sysdir: Path) -> list[Path]:
     if _is_partition(sysdir):
         return []
@@ -245,7 +241,7 @@ def _lsblk_field(node: str, column: str) -> str | None:
 def device_serial(resolved: str) -> str | None:
     """What ``wipe_serial`` must name: the disk's serial (sysfs, else lsblk's, else the WWID; a
     loop device's backing file); None when there is none."""
-    disk = _whole_disk(_sysfs_dir(resolved))
+    disk = whole_disk(_sysfs_dir(resolved))
     if (disk / "loop").is_dir():
         return read_text(disk / "loop" / "backing_file") or None
     for candidate in (disk / "device" / "serial", disk / "serial"):
@@ -257,7 +253,7 @@ def device_serial(resolved: str) -> str | None:
 
 
 def device_model(resolved: str) -> str | None:
-    disk = _whole_disk(_sysfs_dir(resolved))
+    disk = whole_disk(_sysfs_dir(resolved))
     if (disk / "loop").is_dir():
         return None
     return read_text(disk / "device" / "model") or _lsblk_field(_dev_node(disk), "MODEL")
@@ -372,7 +368,7 @@ def device_in_use(resolved: str) -> str | None:
 
 def _queue_value(sysdir: Path, name: str) -> int | None:
     # Partitions have no queue/: it is their disk's.
-    text = read_text(_whole_disk(sysdir) / "queue" / name)
+    text = read_text(whole_disk(sysdir) / "queue" / name)
     return int(text) if text and text.isdigit() else None
 
 
@@ -403,7 +399,7 @@ def check_device(name: str, spec: dict) -> dict:
         "kernel_name": sysdir.name,
         "major_minor": _major_minor(_block_rdev(resolved)),
         "is_partition": _is_partition(sysdir),
-        "whole_disk": _whole_disk(sysdir).name,
+        "whole_disk": whole_disk(sysdir).name,
         "size_bytes": size_bytes,
         "serial": serial,
         "model": device_model(resolved),

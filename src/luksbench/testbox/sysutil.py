@@ -1,5 +1,6 @@
 """Helpers every test-box module shares: errors, progress, timestamps, atomic writes, running
-tools, looking at processes. A leaf: imports no other luksbench module. Standard library only.
+tools, looking at processes, reading sysfs. A leaf: imports no other luksbench module. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -122,6 +123,11 @@ def read_text(path: str | Path) -> str | None:
         return Path(path).read_text().strip()
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def whole_disk(sysdir: Path) -> Path:
+    """The sysfs directory of a partition's disk; a disk's own otherwise (queue/ sits on it)."""
+    return sysdir.parent if (sysdir / "partition").is_file() else sysdir
 
 
 def run_quiet(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
