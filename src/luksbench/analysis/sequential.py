@@ -21,8 +21,7 @@ import pandas as pd
 
 from luksbench.analysis import stats
 from luksbench.analysis.cells import CELL_KEYS
-from luksbench.formats.layout import read_json_object
-from luksbench.formats.targets import write_targets
+from luksbench.formats.targets import read_looks, write_targets
 
 KIND = "luksbench sequential targets v1"
 #: the decisions that settle a cell (the others: undecided, insufficient)
@@ -187,10 +186,7 @@ def _document(host, metric, comparisons, confidence, level, min_pairs, max_pairs
 
 def _history(out: Path, per_cell: dict) -> list[dict]:
     """The looks so far (from the previous targets file) and this one, when it saw new pairs."""
-    try:
-        looks = list(read_json_object(out).get("looks") or []) if out.exists() else []
-    except ValueError:
-        looks = []
+    looks = read_looks(out)
     seen = {w: c["n"] for w, c in per_cell.items()}
     if not looks or {w: c["n"] for w, c in looks[-1]["cells"].items()} != seen:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -4,10 +4,12 @@ Raw layout (one run's folder is ``RAW_DIR = data/raw/<run>``)::
 
     <RAW_DIR>/<host>/env.json
     <RAW_DIR>/<host>/cryptsetup-benchmark.txt
-    <RAW_DIR>/<host>/stacks.json                       # stack descriptions, no key material
     <RAW_DIR>/<host>/fio/<stack>/<workload>/rep<k>.json
     <RAW_DIR>/<host>/fio/<stack>/<workload>/rep<k>.cpu.json
-    <RAW_DIR>/<host>/fio/manifest.json                 # the schedule as it was run
+    <RAW_DIR>/<host>/fio/manifest.json                 # the schedule as it was run, the stacks'
+                                                       # descriptions (no key material)
+    <RAW_DIR>/<host>/fio/sessions/                     # each session's write-once manifest
+    <RAW_DIR>/<host>/fio/targets.json                  # adaptive or sequential designs only
 
 A workload id is ``<rw>-<bs>-qd<iodepth>`` for a cell of the main matrix and
 ``<rw>-<bs>-qd<iodepth>-<pattern>`` for a cell of a named pattern (config ``patterns:``, e.g. the

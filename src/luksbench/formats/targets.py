@@ -6,7 +6,8 @@ runner (``run-fio --targets``) and by ingest (the design columns). The document:
      "noisy": ["<workload id>", ...],                       # cells whose target hit the cap
      "pilot_pairs": n0, "confidence": ...,                  # what Stein's interval needs,
      "cells": {"<workload id>": {"pilot_sd_log_ratio": ..., "required_pairs": ...,
-                                 "pairs": ..., "capped": ...}, ...}, ...}
+                                 "pairs": ..., "capped": ...}, ...},
+     "looks": [{"at": <UTC time>, "cells": {...}}, ...], ...}   # a sequential design's history
 
 Standard library only: the test box imports this.
 """
@@ -51,6 +52,15 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | N
         n0_cell = n0 if isinstance(sd, (int, float)) and sd == sd else None
         out[w] = (n, w in noisy, n0_cell, level)
     return out
+
+
+def read_looks(path: Path) -> list[dict]:
+    """A sequential design's looks so far; none without a targets file or from one that cannot
+    be read (the next look starts the history again)."""
+    try:
+        return list(read_json_object(path).get("looks") or []) if Path(path).exists() else []
+    except ValueError:
+        return []
 
 
 def write_targets(path: Path, doc: dict) -> None:
