@@ -9,6 +9,7 @@ Raw layout (one run's folder is ``RAW_DIR = data/raw/<run>``)::
     <RAW_DIR>/<host>/fio/manifest.json                 # the schedule as it was run, the stacks'
                                                        # descriptions (no key material)
     <RAW_DIR>/<host>/fio/sessions/                     # each session's write-once manifest
+    <RAW_DIR>/<host>/fio/pilot-manifest.json           # the adaptive design's pilot
     <RAW_DIR>/<host>/fio/targets.json                  # adaptive or sequential designs only
 
 A workload id is ``<rw>-<bs>-qd<iodepth>`` for a cell of the main matrix and

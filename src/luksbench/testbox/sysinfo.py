@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from luksbench.testbox.probes import POWERCAP_ROOT, rapl_unavailable_reason, read_rapl
-from luksbench.testbox.sysutil import QUIET, read_text, which
+from luksbench.testbox.sysutil import QUIET, read_text, which, whole_disk
 
 KEY_STRIPPED = "<key stripped>"
 TOOL_TIMEOUT_S = 30
@@ -124,7 +124,7 @@ def disk_of_path(path: str | Path) -> dict:
     if not sys_dir.exists():
         return {"path": str(path), "dev": majmin, "block_device": None, "disk": None}
     real = sys_dir.resolve()
-    disk = real.parent.name if (real / "partition").exists() else real.name
+    disk = whole_disk(real).name
     return {"path": str(path), "dev": majmin, "block_device": real.name, "disk": disk}
 
 
