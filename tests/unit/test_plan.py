@@ -68,6 +68,26 @@ def test_check_plan_refuses_a_baseline_that_is_not_a_stack():
         check_plan(plan)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("repetitions", "three"), ("repetitions", 0), ("repetitions", None), ("sessions", [2])],
+)
+def test_check_plan_names_a_count_that_is_not_a_positive_integer(key, value):
+    plan = plan_from_config(CONFIG, "box1", "/tmp")
+    plan[key] = value
+    with pytest.raises(
+        PlanError, match=f"{key} must be an integer >= 1, not {re.escape(repr(value))}"
+    ):
+        check_plan(plan)
+
+
+def test_check_plan_names_a_matrix_that_is_not_an_object():
+    plan = plan_from_config(CONFIG, "box1", "/tmp")
+    plan["matrix"] = ["randread"]
+    with pytest.raises(PlanError, match="matrix must be an object"):
+        check_plan(plan)
+
+
 def test_resuming_with_more_repetitions_is_allowed(tmp_path):
     measured = plan_from_config(CONFIG, "box1", tmp_path)
     env = tmp_path / "env.json"

@@ -20,6 +20,7 @@ from test_certainty import covers, wrong_decision
 
 from luksbench.analysis.sequential import look_confidence
 from luksbench.cli import main
+from luksbench.formats.targets import read_looks
 
 BOUNDARIES = np.array([-20.0, -5.0, 5.0, 20.0])
 
@@ -245,3 +246,26 @@ def test_a_sequential_row_tests_and_cross_checks_at_the_look_level():
     assert (
         (seq["equiv_high"] - seq["equiv_low"]) > (fixed["equiv_high"] - fixed["equiv_low"])
     ).all()
+
+
+LOOK = {"at": "2026-11-25T00:00:00Z", "cells": {"randread-4k-qd1": {"n": 3, "decision": "open"}}}
+
+
+@pytest.mark.parametrize(
+    ("text", "looks"),
+    [
+        (json.dumps({"looks": [LOOK]}), [LOOK]),
+        (json.dumps({"pairs": {}}), []),
+        ("{not json", []),
+        (json.dumps({"looks": 5}), []),
+        (json.dumps({"looks": [LOOK, {"cells": {"randread-4k-qd1": 3}}]}), []),
+        (json.dumps({"looks": [{"at": "x"}]}), []),
+    ],
+)
+def test_the_looks_read_back_are_the_written_history_or_none(tmp_path, text, looks):
+    """A targets file whose looks a next round could not compare with starts the history again
+    instead of stopping the design with a TypeError."""
+    path = tmp_path / "targets.json"
+    path.write_text(text)
+    assert read_looks(path) == looks
+    assert read_looks(tmp_path / "missing.json") == []

@@ -78,8 +78,11 @@ def check_document(plan: dict, source: str = "plan") -> None:
             f"{source}: baseline {plan['baseline']!r} is not one of the stacks {sorted(plan['stacks'])}"
         )
     for key in ("repetitions", "sessions"):  # sessions is optional
-        if int(plan.get(key, 1)) < 1:
-            raise PlanError(f"{source}: {key} must be >= 1")
+        value = plan.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"{source}: {key} must be an integer >= 1, not {value!r}")
+    if not isinstance(plan["matrix"], dict):
+        raise PlanError(f"{source}: matrix must be an object with rw, bs and iodepth lists")
     for key in ("rw", "bs", "iodepth"):
         if not plan["matrix"].get(key):
             raise PlanError(f"{source}: matrix.{key} must be a non-empty list")

@@ -55,12 +55,20 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | N
 
 
 def read_looks(path: Path) -> list[dict]:
-    """A sequential design's looks so far; none without a targets file or from one that cannot
-    be read (the next look starts the history again)."""
+    """A sequential design's looks so far; none without a targets file, or from one that cannot
+    be read or whose looks are not a list of {"cells": {...}} (the next look starts the history
+    again: the looks are a record, no decision rests on them)."""
     try:
-        return list(read_json_object(path).get("looks") or []) if Path(path).exists() else []
+        looks = read_json_object(path).get("looks") if Path(path).exists() else None
     except ValueError:
         return []
+    return looks if isinstance(looks, list) and all(map(_is_look, looks)) else []
+
+
+def _is_look(look) -> bool:
+    """{"at": ..., "cells": {workload id: {"n": pairs, ...}}}: what a look needs to be compared."""
+    cells = look.get("cells") if isinstance(look, dict) else None
+    return isinstance(cells, dict) and all(isinstance(c, dict) and "n" in c for c in cells.values())
 
 
 def write_targets(path: Path, doc: dict) -> None:
