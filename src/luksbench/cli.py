@@ -275,6 +275,7 @@ def _cmd_next(args: argparse.Namespace) -> int:
             metric=args.metric,
             confidence=args.confidence,
             decision_regions=dict(args.region or []),
+            boundary=args.boundary,
         )
     except (IngestError, ValueError, OSError) as exc:
         return _fail("next", exc)
@@ -290,7 +291,8 @@ def _add_next_command(commands) -> None:
         "next",
         help="sequential design: decide every cell, write the next round's targets file",
         description="Decide every cell of one host from its pairs so far (intervals valid at any "
-        "look: Bonferroni over the looks min_pairs..max_pairs) and write the next round's "
+        "look: the boundary's level at each of the looks min_pairs..max_pairs) and write the "
+        "next round's "
         "targets (workload id -> pairs wanted so far; a decided cell keeps its count). The "
         "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
         "reads it.",
@@ -305,6 +307,12 @@ def _add_next_command(commands) -> None:
     _options(nxt, "--confidence")
     _options(
         nxt, "--region", help="decision margins in %% of a metric family, as for `luksbench loss`"
+    )
+    nxt.add_argument(
+        "--boundary",
+        default="pocock",  # analysis.boundary.DEFAULT_BOUNDARY (not imported: scipy)
+        help="level of each look: pocock (one level, calibrated to the looks; default), "
+        "obrien-fleming (Lan-DeMets spending: wide early, narrow late) or bonferroni",
     )
     _options(nxt, "--out")
     nxt.set_defaults(func=_cmd_next)
