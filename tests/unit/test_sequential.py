@@ -327,3 +327,36 @@ def test_the_calibrated_boundary_decides_with_fewer_pairs_than_bonferroni(tmp_pa
         )
         assert wrong <= 0.05
     assert found["pocock"] <= 0.85 * found["bonferroni"], found
+
+
+def test_each_cell_is_read_at_its_own_looks_level_under_obrien_fleming(tmp_path):
+    """O'Brien-Fleming's level changes from look to look: targets.json gives every cell the level
+    of the look its pairs are read at, and `luksbench loss` gives each cell that interval."""
+    from luksbench.analysis import boundary, stats
+    from luksbench.cli import build_parser
+
+    parsed = build_parser().parse_args(["next", "r", "--host", "h", "--out", "t.json"])
+    assert parsed.boundary == boundary.DEFAULT_BOUNDARY
+    rng = np.random.default_rng(6)
+    sd_d, true_loss = np.array([0.002, 0.05, 0.05]), np.array([40.0, 5.0, 5.0])
+    args = ("--boundary", "obrien-fleming")
+    loss, doc, _ = sequential_run(tmp_path, rng, sd_d, true_loss, *args, cap=6)
+    levels = boundary.look_levels("obrien-fleming", 0.95, 3, 6)
+    assert doc["look_levels"] == {str(n): v for n, v in levels.items()}
+    assert [c["look_confidence"] for c in doc["cells"].values()] == [levels[3], *[levels[6]] * 2]
+    assert loss["n"].tolist() == [3, 6, 6] and loss["decision"][0] == "material"
+    raw = tmp_path / "seq" / "sim" / "fio"
+    for row, n in zip(loss.itertuples(), (3, 6, 6), strict=True):
+        bw = {
+            stack: [
+                json.loads((raw / stack / row.workload / f"rep{k}.json").read_text())["jobs"][0]
+                for k in range(1, n + 1)
+            ]
+            for stack in ("plain", "luks")
+        }
+        b, v = (np.array([job["read"]["bw_bytes"] for job in bw[s]]) for s in ("plain", "luks"))
+        ci = stats.paired_log_ratio_ci(np.log(v / b), levels[n])
+        half = (np.log1p(-row.ci_low / 100) - np.log1p(-row.ci_high / 100)) / 2
+        assert half == pytest.approx((ci.high - ci.low) / 2 * np.sqrt(row.drift_inflation))
+    stop = ["next", tmp_path / "seq", "--host", "sim", "--boundary", "wald", "--out", "t.json"]
+    assert main([str(a) for a in stop]) == 1
