@@ -109,7 +109,7 @@ outlier_reps, outliers_excluded | | flagged pairs and whether they were left out
 decision | | negligible, moderate, material (gain), undecided or insufficient
 decision_lower_pct, decision_upper_pct | % | the decision's margins
 interval | | t, stein, sequential or none
-look_confidence | | sequential design: level of each look's interval (targets.json)
+look_confidence | | sequential design: level of the interval at the look the cell is read at, from its boundary (targets.json)
 device_seconds, fixed3_seconds | s | sequential design: the cell's device time (fio's runtimes of every stack); that of its first 3 pairs
 fixed3_decision, fixed3_pairs | | sequential design: what the fixed 3-pair design would have decided on the cell's first 3 pairs at the nominal confidence; pairs it used
 job_cpu_pct, baseline_job_cpu_pct | % of a core | fio job's usr + sys CPU (the baseline's largest)
