@@ -6,20 +6,25 @@ text carry a ceiling labelled as a userspace estimate. Without the file they car
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import matplotlib.collections
 import pytest
+from conftest import testbox
 
 from luksbench.analysis import ingest
 from luksbench.analysis.loss import write_loss
+from luksbench.formats.cryptsetup import parse_cryptsetup_file
 from luksbench.formats.opensslspeed import OPENSSL_SPEED_FILE, SOURCE, parse_openssl_speed_file
 from luksbench.publish import figures
 from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
 from luksbench.publish.run import load_run
+from luksbench.testbox import lock
 from luksbench.testbox.capture import benchmark_ciphers_userspace
+from luksbench.testbox.plan import plan_from_config
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "raw" / "sample"
@@ -92,3 +97,42 @@ def test_without_the_estimate_no_ceiling_is_drawn(tmp_path):
     stacks, env = ingest.stacks_table(raw), ingest.env_table(raw)
     ceilings = crypto_ceilings(cs, stacks, env)
     assert ceilings and all(c["reason"] and c["read_ceiling_mib_s"] is None for c in ceilings)
+
+
+@pytest.mark.device
+def test_the_workflows_command_writes_the_estimate_beside_the_kernels(tmp_path):
+    """`luksbench testbox benchmark-ciphers --plan P` (the benchmark_ciphers rule's command) on
+    this machine: cryptsetup's output verbatim, and where it has no row for the plan's cipher,
+    openssl-speed.txt beside it for that cipher; without --plan no estimate is made."""
+    config = {
+        "run": f"ossl{os.getpid()}",
+        "backend": "auto",
+        "device_size_mib": 64,
+        "precondition": False,
+        "baseline": "plain",
+        "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}},
+        "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
+        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+        "repetitions": 1,
+        "seed": 1,
+    }
+    plan = plan_from_config(config, "box", tmp_path / "scratch")
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = tmp_path / "host" / "cryptsetup-benchmark.txt"
+    try:
+        testbox("benchmark-ciphers", "--plan", tmp_path / "plan.json", "--out", out)
+    finally:
+        lock.release(Path(plan["scratch_dir"]) / "state.json")
+    estimate = out.with_name(OPENSSL_SPEED_FILE)
+    kernel = [r for r in parse_cryptsetup_file(out) if r["kind"] == "cipher"]
+    if any(r["available"] and r["algorithm"] == "aes-xts" and r["key_bits"] == 256 for r in kernel):
+        assert not estimate.exists()  # the kernel's own benchmark measured it: no estimate
+    else:
+        rows = parse_openssl_speed_file(estimate)
+        assert {(r["evp"], r["direction"]) for r in rows} == {
+            ("aes-128-xts", "encryption"),
+            ("aes-128-xts", "decryption"),
+        }
+    bare = tmp_path / "bare" / "cryptsetup-benchmark.txt"
+    testbox("benchmark-ciphers", "--out", bare, "--cipher", "aes-xts-plain64", "--key-size", "256")
+    assert not bare.with_name(OPENSSL_SPEED_FILE).exists()
