@@ -13,7 +13,7 @@ from pathlib import Path
 
 import matplotlib.collections
 import pytest
-from conftest import testbox
+from conftest import testbox as run_testbox
 
 from luksbench.analysis import ingest
 from luksbench.analysis.loss import write_loss
@@ -120,7 +120,7 @@ def test_the_workflows_command_writes_the_estimate_beside_the_kernels(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     out = tmp_path / "host" / "cryptsetup-benchmark.txt"
     try:
-        testbox("benchmark-ciphers", "--plan", tmp_path / "plan.json", "--out", out)
+        run_testbox("benchmark-ciphers", "--plan", tmp_path / "plan.json", "--out", out)
     finally:
         lock.release(Path(plan["scratch_dir"]) / "state.json")
     estimate = out.with_name(OPENSSL_SPEED_FILE)
@@ -134,5 +134,9 @@ def test_the_workflows_command_writes_the_estimate_beside_the_kernels(tmp_path):
             ("aes-128-xts", "decryption"),
         }
     bare = tmp_path / "bare" / "cryptsetup-benchmark.txt"
-    testbox("benchmark-ciphers", "--out", bare, "--cipher", "aes-xts-plain64", "--key-size", "256")
+    try:
+        args = ("--cipher", "aes-xts-plain64", "--key-size", "256")
+        run_testbox("benchmark-ciphers", "--out", bare, *args)
+    finally:
+        lock.release(bare.with_name(".benchmark-ciphers.state"))
     assert not bare.with_name(OPENSSL_SPEED_FILE).exists()
