@@ -205,3 +205,5 @@ def test_a_bad_estimate_file_is_a_named_problem(tmp_path, fixtures_dir):
         ingest.cryptsetup_table(raw, strict=True)
     cs = ingest.cryptsetup_table(raw, strict=False)
     assert SOURCE not in set(cs["source"])
+    ((path, why),) = cs.attrs["problems"]  # listed in problems.parquet by write_processed
+    assert path.endswith(OPENSSL_SPEED_FILE) and "no header" in why
