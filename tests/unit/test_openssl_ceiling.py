@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from luksbench.analysis import ingest
 from luksbench.formats.opensslspeed import (
@@ -207,3 +209,23 @@ def test_a_bad_estimate_file_is_a_named_problem(tmp_path, fixtures_dir):
     assert SOURCE not in set(cs["source"])
     ((path, why),) = cs.attrs["problems"]  # listed in problems.parquet by write_processed
     assert path.endswith(OPENSSL_SPEED_FILE) and "no header" in why
+
+
+_HEAD = "# luksbench openssl-speed 1\n## cipher=aes-xts-plain64 key_bits=512 evp=aes-256-xts "
+_LINE = st.one_of(
+    st.text(max_size=40),
+    st.builds(lambda t: "+H:" + t, st.text(alphabet="0123456789:.-e", max_size=30)),
+    st.builds(lambda t: "+F:1:X:" + t, st.text(alphabet="0123456789:.-eEnaif", max_size=30)),
+    st.builds(lambda t: "## " + t, st.text(alphabet="abcdeikrsy_=0123 ", max_size=40)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_LINE, max_size=8), st.sampled_from(["direction=encryption exit=0\n", ""]))
+def test_corrupted_output_gives_rows_or_the_parsers_own_error(lines, tail):
+    try:
+        rows = parse_openssl_speed_text(_HEAD + tail + "\n".join(lines), "f.txt")
+    except OpensslSpeedParseError as exc:
+        assert str(exc).startswith("f.txt: ")
+    else:
+        assert all(list(r) == OPENSSL_SPEED_COLUMNS for r in rows)

@@ -114,6 +114,8 @@ def _section_rows(path, fields: dict, body: list[str], version: str) -> list[dic
     for key in ("cipher", "key_bits", "evp", "direction", "exit"):
         if key not in fields:
             raise OpensslSpeedParseError(f"{path}: a section without {key}= ({fields})")
+    if not fields["key_bits"].isdigit():
+        raise OpensslSpeedParseError(f"{path}: key_bits={fields['key_bits']} is not a number")
     base = dict.fromkeys(OPENSSL_SPEED_COLUMNS)
     base.update(file=str(path), cipher=fields["cipher"], evp=fields["evp"])
     base.update(algorithm=benchmark_algorithm(fields["cipher"]), key_bits=int(fields["key_bits"]))
