@@ -19,7 +19,7 @@ from luksbench.analysis import ingest
 from luksbench.analysis.loss import write_loss
 from luksbench.formats.cryptsetup import parse_cryptsetup_file
 from luksbench.formats.opensslspeed import OPENSSL_SPEED_FILE, SOURCE, parse_openssl_speed_file
-from luksbench.publish import figures
+from luksbench.publish import catalog, figures, render
 from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
 from luksbench.publish.run import load_run
 from luksbench.testbox import lock
@@ -61,7 +61,13 @@ def measured(tmp_path_factory) -> dict:
     processed = raw.parent.parent / "processed" / "sample"
     ingest.write_processed(raw, processed)
     write_loss(processed)
-    return {"raw": raw, "host": host, "evps": evps, "run": load_run(processed)}
+    return {
+        "raw": raw,
+        "host": host,
+        "evps": evps,
+        "run": load_run(processed),
+        "processed": processed,
+    }
 
 
 def test_the_estimate_is_a_real_openssl_run(measured):
@@ -89,6 +95,18 @@ def test_ceiling_figure_and_text_say_userspace_estimate(measured):
     cipher_fig = figures.cipher_figure(run.cryptsetup)
     ticks = [t.get_text() for ax in cipher_fig.axes for t in ax.get_yticklabels()]
     assert any(SOURCE in t for t in ticks)
+
+
+def test_the_paper_labels_the_ceiling_and_the_cipher_row(measured, tmp_path):
+    processed = measured["processed"]
+    figures_dir = tmp_path / "figures" / "sample"
+    catalog.make_figures(processed, figures_dir, "sample")
+    md = render.render_paper(processed, figures_dir, tmp_path / "paper" / "index.md", "sample")
+    text = md.read_text()
+    ceiling = next(ln for ln in text.splitlines() if ln.startswith("- `") and "/ `luks`" in ln)
+    assert "**no crypto ceiling**" not in ceiling
+    assert "read ceiling" in ceiling and "userspace estimate (openssl)" in ceiling
+    assert "aes-xts (userspace estimate (openssl))" in text  # the cipher table's row
 
 
 def test_without_the_estimate_no_ceiling_is_drawn(tmp_path):
