@@ -163,6 +163,7 @@ def estimate_note(c: dict) -> str:
         return ""
     block = f" on {c['block_bytes']}-byte buffers" if c.get("block_bytes") else ""
     return (
-        f" ({c['source']}: `openssl speed -evp` of the same cipher{block}; the kernel's "
-        "cipher could not be benchmarked here (no AF_ALG), so this is not dm-crypt's own speed)"
+        f" ({c['source']}: `openssl speed -evp` of the same cipher{block}, since "
+        "`cryptsetup benchmark` could not run the kernel's (no AF_ALG, or no such row); "
+        "this is OpenSSL's speed on this CPU, not dm-crypt's)"
     )
