@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from luksbench.analysis.contrasts import comparison_pairs, label
+from luksbench.analysis.tuning import TUNING_METRICS
 from luksbench.analysis.tuning import plans as run_plans
 from luksbench.publish.text import (
     decision_kind,
@@ -61,6 +62,30 @@ def _family(tuning: pd.DataFrame) -> dict:
     return {"n_decisions": int(first["n_decisions"]), **level}
 
 
+def _every_family(rows: pd.DataFrame) -> dict:
+    """A setting tuning.parquet recommends (a gain, no decided cost), held to the paper's rule:
+    still recommended only when no row is undecided with its interval reaching the material
+    margin (then *undecided*, unranked, saying where); the metrics with rows not decided or not
+    measured are named, as they are no evidence that it is free."""
+    measured = rows[rows["metric"].notna()]
+    where = standing(measured)
+    label = dict(zip(measured["metric"], measured["metric_label"], strict=True))
+    maybe = measured[where.eq("maybe material")]
+    open_ = sorted(set(measured.loc[where.eq("withheld"), "metric_label"]))
+    absent = [name for metric, name in TUNING_METRICS.items() if metric not in label]
+    notes = [f"not decided in every cell: {_words(open_)}"] if open_ else []
+    notes += [f"not measured: {_words(absent)}"] if absent else []
+    if maybe.empty:
+        text = "recommended" + (f" ({'; '.join(notes)})" if notes else "")
+        return {"recommendation": text}
+    blocked = ", ".join(
+        f"{name} in {n} cell{'s' if n > 1 else ''}"
+        for name, n in maybe["metric_label"].value_counts(sort=False).items()
+    )
+    notes.insert(0, f"a gain, but undecided toward a material cost: {blocked}")
+    return {"recommendation": f"undecided ({'; '.join(notes)})", "rank": None}
+
+
 def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) -> dict:
     """The section's context: the measured settings (recommended ones first) with their rows, the
     settings not measured, the family of decisions, the versions measured; ``present`` False when
@@ -80,6 +105,8 @@ def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) 
         entry |= {k: int(first[k]) for k in ("n_gains", "n_costs", "n_undecided")}
         rank = None if pd.isna(first["rank"]) else int(first["rank"])
         entry |= {"recommendation": first["recommendation"], "rank": rank}
+        if first["recommendation"] == "recommended":
+            entry |= _every_family(rows)
         entry["rows"] = [
             {
                 "metric": r.metric_label,
@@ -103,7 +130,7 @@ def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) 
         "multi_host": tuning["host"].nunique() > 1,
         "no_equal_load": not tuning["metric"].eq("busy_cpu_us_per_io").any(),
         "measured": measured,
-        "n_recommended": sum(s["recommendation"] == "recommended" for s in measured),
+        "n_recommended": sum(s["recommendation"].startswith("recommended") for s in measured),
         "any_limited": any(r["limited"] for s in measured for r in s["rows"]),
         "family": _family(tuning[tuning["not_applied"].eq("")]),
         "not_measured": not_measured,
@@ -204,7 +231,9 @@ def family_line(rows: pd.DataFrame, describe) -> str:
             largest = _largest(cells, describe) if what == "material" else ""
             parts.append(f"{text} in {len(cells)} of {len(rows)} cells ({_span(cells)}){largest}")
     if no_cost := int((where == "no cost").sum()):
-        parts.append(f"no cost (negligible, a gain, or undecided short of {lower} %) in {no_cost} of {len(rows)} cells")
+        parts.append(
+            f"no cost (negligible, a gain, or undecided short of {lower} %) in {no_cost} of {len(rows)} cells"
+        )
     withheld = rows[where == "withheld"]
     if len(withheld):
         reasons = _notes(withheld).str.split(":").str[0].replace("", "no interval")
