@@ -192,7 +192,7 @@ def decided_rows(losses: pd.DataFrame, baseline: str, variant: str) -> pd.DataFr
 def _span(rows: pd.DataFrame) -> str:
     """``74.1 to 85.3 %`` (one cell: ``85.3 %``): the effects of ``rows``."""
     low, high = rows["effect_pct"].min(), rows["effect_pct"].max()
-    return fmt_pct(high) if len(rows) == 1 else f"{fmt_num(low)} to {fmt_pct(high)}"
+    return fmt_pct(high) if fmt_num(low) == fmt_num(high) else f"{fmt_num(low)} to {fmt_pct(high)}"
 
 
 def _largest(rows: pd.DataFrame, describe) -> str:
