@@ -75,7 +75,7 @@ def test_the_largest_cell_is_quoted_at_the_bonferroni_level_of_its_family():
     assert withheld["selection_decision"] == "insufficient" and not withheld["largest"]
     assert math.isnan(withheld["selection_ci_low"]) and not withheld["material_listed"]
     # every (baseline, variant, metric) is its own family
-    two = selection_columns(pd.DataFrame(rows[:2] + [row(D["c"], variant="other")]))
+    two = selection_columns(pd.DataFrame([*rows[:2], row(D["c"], variant="other")]))
     assert two["family_cells"].tolist() == [2, 2, 1]
     assert two["largest"].tolist() == [False, True, True]
 

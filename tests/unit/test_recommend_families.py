@@ -55,6 +55,7 @@ def test_latency_material_with_bandwidth_negligible_is_no_turn_it_on(tmp_path):
     assert p99.startswith("p99 completion latency increase (10 / 50 % margins): material (listed")
     assert "Benjamini-Hochberg" in p99 and "in 16 of 16 cells" in p99
     assert "adjusted for picking it from 16 cells" in p99
+    assert p999.startswith("p99.9 completion latency increase") and "in 16 of 16 cells" in p999
     assert verdict["not_measured"] == "Busy CPU time per GiB and Busy CPU time per I/O"
     section = _section(md)
     assert verdict["text"] in section and f"- {p99}" in section
@@ -75,6 +76,7 @@ def test_nothing_in_the_way_is_turn_it_on_and_a_withheld_metric_is_named(tmp_pat
     assert "not decided in 16 of 16 cells (too few I/Os: 16)" in p999
     assert "Bandwidth" in verdict["text"].split("Not decided")[0]
     assert "p99.9" not in verdict["text"].split("Not decided")[0]
+    assert verdict["text"] in _section(md) and f"- {p999}" in _section(md)
 
 
 @pytest.mark.slow
