@@ -227,8 +227,27 @@ SIM_HOST = "sim"
 SIM_BS = 4096
 
 
-def _fio_job(name: str, bw: float, iodepth: int) -> dict:
-    """One job entry of a fio JSON result: ``bw`` bytes/s at 4 KiB, latency 1/IOPS (queue 1)."""
+#: the simulated json+ histogram: share of a run's completions at 1, 1.5 and 2 x its mean latency
+#: (the tail buckets times the run's tail factor): p50 at 1 x, p99 at 1.5 x, p99.9 at 2 x
+SIM_TAIL_SHARES = (0.98, 0.015, 0.005)
+
+
+def _histogram(clat: float, tail: float, ios: int) -> dict:
+    """json+ ``bins`` (ns -> completions) of ``ios`` completions: :data:`SIM_TAIL_SHARES` at
+    clat, 1.5 clat e^tail and 2 clat e^tail."""
+    at = (clat, 1.5 * clat * np.exp(tail), 2 * clat * np.exp(tail))
+    counts = np.round(np.asarray(SIM_TAIL_SHARES) * ios).astype(int)
+    bins: dict[str, int] = {}
+    for ns, count in zip(at, counts, strict=True):
+        key = str(round(ns))
+        bins[key] = bins.get(key, 0) + int(count)
+    return bins
+
+
+def _fio_job(name: str, bw: float, iodepth: int, tail=None, ios=None) -> dict:
+    """One job entry of a fio JSON result: ``bw`` bytes/s at 4 KiB, latency 1/IOPS (queue 1).
+    With ``tail`` (log factor of the tail latency), a json+ histogram of ``ios`` completions
+    (default: the run's I/Os) with the tail buckets of :func:`_histogram`."""
     iops = bw / SIM_BS
     clat = 1e9 / iops
     stats = {
@@ -240,21 +259,26 @@ def _fio_job(name: str, bw: float, iodepth: int) -> dict:
         "clat_ns": {"mean": clat, "percentile": {"50.000000": clat, "99.000000": 2 * clat}},
         "lat_ns": {"mean": clat},
     }
+    if tail is not None:
+        stats["clat_ns"]["bins"] = _histogram(clat, tail, ios or int(bw * 6 / SIM_BS))
     options = {"rw": "randread", "bs": "4k", "iodepth": str(iodepth)}
     return {"jobname": name, "groupid": 0, "error": 0, "job options": options, "read": stats}
 
 
-def write_raw_reps(raw, logs: dict, reps, jobs: int = 1) -> None:
+def write_raw_reps(raw, logs: dict, reps, jobs: int = 1, tails=None, ios=None) -> None:
     """Write fio results in the raw layout ``<raw>/sim/fio/<stack>/<workload>/rep<k>.json``.
 
     ``logs``: stack -> log bandwidth, shape (cells, pairs); cell c is job slot ``c % jobs`` of
     workload ``randread-4k-qd<w + 1>``, w = c // jobs (``jobs`` = cells per workload: one fio file holds the
     jobs of one workload). ``reps[w]``: the repetitions (1-based) of workload w to write.
+    ``tails``: stack -> log tail factor, same shape: json+ histograms whose p99 and p99.9 move
+    by it (:func:`_histogram`), of ``ios`` completions per run (default: the run's I/Os).
     Existing files are kept (the raw record is never overwritten)."""
     import json
     from pathlib import Path
 
     for stack, lg in logs.items():
+        tail = None if tails is None else tails[stack]
         for w, cell_reps in enumerate(reps):
             folder = Path(raw) / SIM_HOST / "fio" / stack / sim_workload(w)
             folder.mkdir(parents=True, exist_ok=True)
@@ -262,8 +286,17 @@ def write_raw_reps(raw, logs: dict, reps, jobs: int = 1) -> None:
                 path = folder / f"rep{k}.json"
                 if path.exists():
                     continue
-                bw = np.exp(lg[w * jobs : (w + 1) * jobs, k - 1])
-                entries = [_fio_job(f"j{j}", float(bw[j]), w + 1) for j in range(jobs)]
+                cells = range(w * jobs, (w + 1) * jobs)
+                entries = [
+                    _fio_job(
+                        f"j{j}",
+                        float(np.exp(lg[c, k - 1])),
+                        w + 1,
+                        None if tail is None else float(tail[c, k - 1]),
+                        ios,
+                    )
+                    for j, c in enumerate(cells)
+                ]
                 path.write_text(json.dumps({"fio version": "fio-3.36", "jobs": entries}))
 
 

@@ -145,13 +145,11 @@ def test_paper_numbers_come_from_the_tables(processed, figures, tmp_path):
     rows = loss[(loss["n"] > 0) & (loss["derived_from"].fillna("") == "")]
     for metric, g in rows.groupby("metric"):
         assert f"{paper.decision_counts(g)} of {len(g)} cells" in tldr, metric
-        costly = g[g["decision"].isin(["material", "moderate"])]
-        if len(costly):
-            worst = costly.loc[costly["ci_low"].idxmax()]
-            assert (
-                f"{fmt_pct(worst['effect_pct'])} {fmt_ci(worst['ci_low'], worst['ci_high'])}"
-                in tldr
-            )
+        if g["decision"].isin(["material", "moderate"]).any():  # the largest, adjusted
+            w = g[g["largest"]].iloc[0]
+            ci = fmt_ci(w["selection_ci_low"], w["selection_ci_high"])
+            assert f"{fmt_pct(w['effect_pct'])} {ci} ({int(w['n'])} pairs)" in tldr
+            assert f"adjusted for picking the largest of {int(w['family_cells'])} cells" in tldr
 
 
 def test_userspace_backend_is_named(processed, figures, tmp_path):
@@ -241,34 +239,39 @@ def test_recommendation_follows_the_stated_thresholds():
         ]
     )
     rec = paper.recommendation(small, hosts)
-    assert "within ±5 %" in rec["thresholds"] and "above 20 %" in rec["thresholds"]
-    assert "2 negligible of 2 cells" in rec["verdicts"][0]
-    assert "Turn it on" in rec["verdicts"][0]
-    assert rec["caveats"] == []
-    big = pd.concat(
-        [
-            small,
-            pd.DataFrame(
-                [_loss_row(rw="write", bs="4k", eff=30, lo=20.5, hi=40, verdict="significant")]
-            ),
-        ]
+    assert "Bandwidth ±5 / 20 %" in rec["thresholds"]
+    (verdict,) = rec["verdicts"]
+    assert verdict["turn_on"] and "turn it on: no cell of Bandwidth" in verdict["text"]
+    assert (
+        "no cost (negligible, a gain, or undecided short of 5 %) in 2 of 2" in verdict["metrics"][0]
     )
+    assert rec["caveats"] == []
+    material = _loss_row(rw="write", bs="4k", eff=30, lo=20.5, hi=40, verdict="significant")
+    big = pd.concat([small, pd.DataFrame([material | {"material_listed": True}])])
     rec = paper.recommendation(big, [{"backend": "userspace"}])
-    assert "1 material, 2 negligible of 3 cells" in rec["verdicts"][0]
-    assert "Turn it on" not in rec["verdicts"][0]
-    assert "30.0 % [20.5, 40.0]" in rec["verdicts"][0]
+    (verdict,) = rec["verdicts"]
+    assert not verdict["turn_on"] and "do not turn it on" in verdict["text"]
+    assert "material (listed after Benjamini-Hochberg" in verdict["metrics"][0]
+    assert "in 1 of 3 cells (30.0 %)" in verdict["metrics"][0]
     assert "not the kernel's dm-crypt" in rec["caveats"][0]
-    # a cell whose interval straddles 20 % is undecided, not material
+    # material on its own interval but not after the adjustment: still in the way, said so
+    alone = paper.recommendation(big.assign(material_listed=False), hosts)["verdicts"][0]
+    assert "do not turn it on" in alone["text"]
+    assert "material on its own interval, not after adjusting" in alone["metrics"][0]
+    # a cell whose interval straddles 20 % is undecided, not material, and in the way
     edge = pd.DataFrame(
         [_loss_row(rw="read", bs="1m", eff=30, lo=19.9, hi=40, verdict="significant")]
     )
-    text = paper.recommendation(edge, hosts)["verdicts"][0]
-    assert "1 undecided of 1 cells" in text and "straddle a boundary" in text
+    verdict = paper.recommendation(edge, hosts)["verdicts"][0]
+    assert (
+        "undecided, the interval reaching past 20 % (material) in 1 of 1" in verdict["metrics"][0]
+    )
+    assert "stands in the way" in verdict["text"]
     # a 0.6 % loss with a tight interval is negligible, not a headline: significant or not
     tight = pd.DataFrame(
         [_loss_row(rw="read", bs="4k", eff=0.6, lo=0.4, hi=0.8, verdict="significant")]
     )
-    assert "1 negligible of 1 cells" in paper.recommendation(tight, hosts)["verdicts"][0]
+    assert paper.recommendation(tight, hosts)["verdicts"][0]["turn_on"]
     # and three cells wholly between 5 and 20 % are decided: moderate, not "need more pairs"
     moderate = pd.DataFrame(
         [
@@ -276,8 +279,10 @@ def test_recommendation_follows_the_stated_thresholds():
             for rw in ("read", "write", "randread")
         ]
     )
-    text = paper.recommendation(moderate, hosts)["verdicts"][0]
-    assert "3 moderate of 3 cells" in text and "undecided" not in text
+    verdict = paper.recommendation(moderate, hosts)["verdicts"][0]
+    assert "only where a moderate cost is acceptable" in verdict["text"]
+    assert "moderate in 3 of 3 cells (10.0 %)" in verdict["metrics"][0]
+    assert "undecided" not in verdict["metrics"][0]
 
 
 # ------------------------------------------------------------------ the shipped sample, end to end
@@ -350,19 +355,20 @@ def test_sample_paper_is_computed_from_the_tables(sample):
     assert meta["title"] == "What does luks cost? luksbench run sample"
     assert meta["author"] == "luksbench" and meta["date"] == "2026-11-21"  # env.json "captured"
     loss = pd.read_parquet(sample["processed"] / "loss.parquet")
-    bw = loss[(loss["metric"] == "bw_bytes") & loss["decision"].isin(["material", "moderate"])]
-    worst = bw.loc[bw["ci_low"].idxmax()]
+    bw = loss[loss["metric"] == "bw_bytes"]
+    assert bw["decision"].isin(["material", "moderate"]).any()
+    worst = bw[bw["largest"]].iloc[0]  # quoted with its interval adjusted for picking it
     tldr = body.split("**TL;DR.**")[1].split("\n")[0]
     rw = {"read": "sequential read", "write": "sequential write"}.get(worst["rw"], "")
     rw = rw or {"randread": "random read", "randwrite": "random write"}[worst["rw"]]
     expected = (
-        f"Largest {worst['decision']} loss: {rw}, {bs_human(worst['bs_bytes'])}, "
+        f"Largest loss: {rw}, {bs_human(worst['bs_bytes'])}, "
         f"QD{int(worst['iodepth'])}, {fmt_pct(worst['effect_pct'])} "
-        f"{fmt_ci(worst['ci_low'], worst['ci_high'])}"
+        f"{fmt_ci(worst['selection_ci_low'], worst['selection_ci_high'])}"
     )
     assert expected in tldr
     assert "not dm-crypt" in tldr  # the backend, in the first sentence
-    assert "**Recommendation.**" in body and "within ±5 %" in body and "above 20 %" in body
+    assert "**Recommendation.**" in body and "Bandwidth, IOPS ±5 / 20 %" in body
     assert "**no crypto ceiling**" in body and "Required kernel crypto interface" in body
     # SCS-shaped tables: stack rows x block-size columns
     assert "### Sequential write: bandwidth loss" in body

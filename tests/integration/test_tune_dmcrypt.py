@@ -105,8 +105,12 @@ def test_the_study_on_the_userspace_backend_recommends_from_measured_data(tmp_pa
     section = paper.split("## Recommended settings for this box")[1].split("\n## ")[0]
     recommendation = per.loc["luks-key256", "recommendation"]
     assert recommendation in ("recommended", "undecided", "no measured benefit", "costs")
-    rank = "1. " if recommendation == "recommended" else ""
-    assert f"### {rank}`luks-key256`: {recommendation}" in section
+    if recommendation == "recommended":  # the paper holds it to every metric (publish.recommend)
+        ranked = "### 1. `luks-key256`: recommended"
+        held = "### `luks-key256`: undecided (a gain, but undecided toward a material cost"
+        assert ranked in section or held in section
+    else:
+        assert f"### `luks-key256`: {recommendation}" in section
     assert f"{row['ci_low']:,.1f}, {row['ci_high']:,.1f}]" in section  # tuning.parquet's interval
     assert f"These are {m} decisions" in section
     level = f"{100 * row['row_confidence']:.4g}"

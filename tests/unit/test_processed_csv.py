@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from luksbench.analysis import dictionary, ingest, loss, saturation, tuning
+from luksbench.analysis import dictionary, headline, ingest, loss, saturation, tuning
 from luksbench.analysis.stats import LOSS_COLUMNS, ORDER_COLUMNS
 from luksbench.formats.cryptsetup import CRYPTSETUP_COLUMNS
 from luksbench.formats.fio import FIO_COLUMNS
@@ -52,7 +52,7 @@ def test_the_column_lists_of_the_code_are_all_documented():
     lists = [FIO_COLUMNS, ingest.FIO_LAYOUT_COLUMNS, ingest.FIO_DERIVED_COLUMNS, LOSS_COLUMNS]
     lists += [ingest.ENV_COLUMNS, ingest.STACKS_COLUMNS, ingest.LATENCY_COLUMNS, ORDER_COLUMNS]
     lists += [ingest.SCHEDULE_COLUMNS, ingest.PROBLEMS_COLUMNS, CRYPTSETUP_COLUMNS]
-    lists += [tuning.TUNING_COLUMNS, saturation.LOSS_FLAG_COLUMNS]
+    lists += [tuning.TUNING_COLUMNS, saturation.LOSS_FLAG_COLUMNS, headline.HEADLINE_COLUMNS]
     missing = sorted({c for columns in lists for c in columns} - set(dictionary.COLUMNS))
     assert not missing
 

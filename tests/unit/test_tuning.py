@@ -334,7 +334,7 @@ def test_the_recommendation_lists_the_measured_settings_and_states_the_others():
     ]
     rec = recommendations(table, env, hosts)
     assert [(s["rank"], s["setting"], s["recommendation"]) for s in rec["measured"]] == [
-        (1, "fast", "recommended"),
+        (1, "fast", "recommended (not measured: p99 latency)"),  # no evidence it is free
         (None, "lucky", "undecided"),
         (None, "flat", "no measured benefit"),
         (None, "mixed", "costs"),
@@ -371,3 +371,40 @@ def test_the_userspace_backend_refuses_the_dm_crypt_only_ciphers_naming_them():
         "driver lacks it)",
         "stack null-cipher (cipher cipher_null-ecb: dm-crypt only, qemu's luks driver lacks it)",
     ]
+
+
+def test_a_gain_with_a_row_undecided_toward_a_material_cost_is_not_recommended():
+    """The paper's rule for every metric: tuning.parquet recommends `fast` (a gain, no decided
+    cost); a p99 latency row whose interval reaches past the 50 % margin holds it back."""
+    from luksbench.publish.recommend import recommendations
+
+    table = tuning_of_synthetic_run()
+    fast = table[(table["setting"] == "fast") & (table["metric"] == TPUT)].iloc[0]
+    p99 = fast.copy()
+    p99[["metric", "metric_label", "effect_pct", "ci_low", "ci_high"]] = (
+        "clat_p99_ns",
+        "p99 latency",
+        20.0,
+        -5.0,
+        60.0,
+    )
+    p99[["decision", "decision_lower_pct", "decision_upper_pct"]] = (
+        "undecided: straddles 10 %, 50 %",
+        10.0,
+        50.0,
+    )
+    p99["higher_is_better"] = False
+    held = pd.concat([table, p99.to_frame().T], ignore_index=True)
+    rec = recommendations(held, synthetic_run()[2], [])
+    entry = next(s for s in rec["measured"] if s["setting"] == "fast")
+    assert entry["recommendation"] == (
+        "undecided (a gain, but undecided toward a material cost: p99 latency in 1 cell)"
+    )
+    assert entry["rank"] is None and rec["n_recommended"] == 0
+    # short of the material margin it does not stand in the way
+    p99["ci_high"], p99["decision"] = 45.0, "undecided: straddles 10 %"
+    rec = recommendations(
+        pd.concat([table, p99.to_frame().T], ignore_index=True), synthetic_run()[2], []
+    )
+    entry = next(s for s in rec["measured"] if s["setting"] == "fast")
+    assert entry["recommendation"] == "recommended" and entry["rank"] == 1

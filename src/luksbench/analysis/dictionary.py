@@ -111,6 +111,13 @@ outlier_reps, outliers_excluded | | flagged pairs and whether they were left out
 decision | | negligible, moderate, material (gain), undecided or insufficient
 decision_lower_pct, decision_upper_pct | % | the decision's margins
 interval | | t, stein, sequential or none
+family_cells | | cells with an interval in the row's family (its metric in its comparison): the m the selection adjustment divides by
+selection_confidence | | level of the selection-adjusted interval: 1 - alpha / family_cells (alpha: the row's own, a sequential look's)
+selection_ci_low, selection_ci_high | % | the effect's interval at selection_confidence: holds for every cell of the family at once, so for the one picked as the largest
+selection_decision | | the decision by magnitude on the selection-adjusted interval
+largest | | the family's cell whose own interval has the highest lower end (the largest effect the paper quotes, with the selection-adjusted interval)
+p_material, q_material | | one-sided test of "effect > the upper margin" (sequential: times the looks); Benjamini-Hochberg q over the family
+material_listed | | material, and q_material <= alpha / 2: listed as material after adjusting for the family's other cells
 look_confidence | | sequential design: level of the interval at the look the cell is read at, from its boundary (targets.json)
 device_seconds, fixed3_seconds | s | sequential design: the cell's device time (fio's runtimes of every stack); that of its first 3 pairs
 fixed3_decision, fixed3_pairs | | sequential design: what the fixed 3-pair design would have decided on the cell's first 3 pairs at the nominal confidence; pairs it used

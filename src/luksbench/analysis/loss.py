@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import cpucost, dictionary, saturation, sequential, stats, tails, tuning
+from luksbench.analysis import (
+    cpucost,
+    dictionary,
+    headline,
+    saturation,
+    sequential,
+    stats,
+    tails,
+    tuning,
+)
 from luksbench.analysis.contrasts import resolve
 from luksbench.analysis.ingest import PROCESSED_TABLES, raw_run_dir, write_processed
 
@@ -49,6 +58,7 @@ def write_loss(
         f"{n}; {stats.NO_PILOT_NOTE}" if n else stats.NO_PILOT_NOTE for n in notes[no_pilot]
     ]
     table["note"] = notes
+    table[headline.HEADLINE_COLUMNS] = headline.selection_columns(table)
     table[saturation.LOSS_FLAG_COLUMNS] = saturation.loss_flags(table, fio)
     settings = (metrics, confidence, margin)
     fixed = sequential.fixed_design(table, fio, *settings, decision_regions=regions)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import saturation
+from luksbench.analysis import headline, saturation
 from luksbench.analysis.ingest import fio_table
 from luksbench.analysis.stats import loss_table
 
@@ -22,4 +22,5 @@ def loss_table_from_raw(raw_dir: Path, *args, **kwargs) -> pd.DataFrame:
         )
     table = loss_table(fio, *args, **kwargs)
     table[saturation.LOSS_FLAG_COLUMNS] = saturation.loss_flags(table, fio)
+    table[headline.HEADLINE_COLUMNS] = headline.selection_columns(table)
     return table

@@ -867,3 +867,28 @@ def order_effect(
         rows.append([baseline, variant, metric, ci.n, int(first.sum()), int((~first).sum())])
         rows[-1] += [ci.mean, *pct, paired_t_pvalue(o), confidence]
     return pd.DataFrame(rows, columns=ORDER_COLUMNS)
+
+
+def interval_scales(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per loss row, what its interval rests on (:func:`_cell_stats`): ``sign`` (-1 where the
+    effect is a loss: effect % = 100 sign (ratio - 1)), ``mean`` (mean d), ``half`` (the
+    interval's half-width on d, from ``ci_low``/``ci_high``), ``se`` and ``df`` (sessions: the
+    session means; Stein: the pilot's SD and n0 - 1; else the pairs'). NaN without an interval."""
+    stein, two_level = rows["interval"].eq("stein"), rows["interval"].eq("sessions")
+    n_eff = rows["sessions"].where(two_level, rows["n"]).astype(float)
+    sd = rows["pilot_sd_log_ratio"].where(stein, rows["sd_log_ratio"]).astype(float)
+    df = rows["pilot_pairs"].where(stein, n_eff).astype(float) - 1
+    sign = np.where(rows["higher_is_better"].astype(bool), -1.0, 1.0)
+    bounds = np.log1p(sign[:, None] * rows[["ci_low", "ci_high"]].to_numpy(float) / 100)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        se = (sd / np.sqrt(n_eff)).to_numpy(float)
+    return pd.DataFrame(
+        {
+            "sign": sign,
+            "mean": rows["mean_log_ratio"].to_numpy(float),
+            "half": np.abs(bounds[:, 1] - bounds[:, 0]) / 2,
+            "se": se,
+            "df": df.to_numpy(float),
+        },
+        index=rows.index,
+    )

@@ -33,6 +33,7 @@ TUNING_COLUMNS = ["host", "setting", "reference", "ceiling", "recommendation", "
 TUNING_COLUMNS += ["n_costs", "n_undecided", "not_applied", "metric", "metric_label", "workload"]
 TUNING_COLUMNS += ["direction", "pattern", "effect_pct", "ci_low", "ci_high", "decision"]
 TUNING_COLUMNS += ["n_decisions", "row_confidence", "family_confidence"]
+TUNING_COLUMNS += ["decision_lower_pct", "decision_upper_pct"]
 TUNING_COLUMNS += ["fio_bound", "cpu_saturated", *(f"ceiling_{c}" for c in _SHOWN)]
 
 
@@ -94,18 +95,10 @@ def _rows(loss: pd.DataFrame, plans: dict[str, dict]) -> pd.DataFrame:
 def family_decisions(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` of the loss table with their intervals at the Bonferroni level of their family
     (the rows with an interval) and decided on them; the point estimates stay."""
-    stein, two_level = rows["interval"].eq("stein"), rows["interval"].eq("sessions")
-    n_eff = rows["sessions"].where(two_level, rows["n"]).astype(float)
-    sd = rows["pilot_sd_log_ratio"].where(stein, rows["sd_log_ratio"]).astype(float)
-    df = rows["pilot_pairs"].where(stein, n_eff).astype(float) - 1  # Stein: the pilot's n0 - 1
-    # effect % = sign * (ratio - 1) * 100: a loss for throughput, an increase otherwise
-    sign = np.where(rows["higher_is_better"].astype(bool), -1.0, 1.0)
-    bounds = np.log1p(sign[:, None] * rows[["ci_low", "ci_high"]].to_numpy(float) / 100)
-    decided = np.isfinite(bounds).all(axis=1)
-    half, level = stats.bonferroni(
-        np.abs(bounds[:, 1] - bounds[:, 0]) / 2, sd / np.sqrt(n_eff), df, int(decided.sum())
-    )
-    mean = rows["mean_log_ratio"].to_numpy(float)
+    scales = stats.interval_scales(rows)
+    decided = np.isfinite(scales["half"]).to_numpy()
+    half, level = stats.bonferroni(scales["half"], scales["se"], scales["df"], int(decided.sum()))
+    mean, sign = scales["mean"].to_numpy(float), scales["sign"].to_numpy(float)
     ends = sign[:, None] * np.expm1(np.stack([mean - half, mean + half], axis=1)) * 100
     out = rows.assign(ci_low=ends.min(axis=1), ci_high=ends.max(axis=1), row_confidence=level)
     margins = out[["ci_low", "ci_high", "decision_lower_pct", "decision_upper_pct"]]

@@ -27,7 +27,7 @@ from luksbench.publish.ceilings import (
     crypto_ceilings,
     estimate_mark,
 )
-from luksbench.publish.recommend import recommendations
+from luksbench.publish.recommend import paper_recommendation, recommendations
 from luksbench.publish.references import compare_ceph, compare_raid5, compare_scs, read_references
 from luksbench.publish.run import (
     Run,
@@ -378,17 +378,22 @@ def decision_counts(rows: pd.DataFrame) -> str:
 
 
 def _decision_sentence(rows: pd.DataFrame, describe) -> str:
-    """How a metric's cells fall into its regions, and the worst decided cost with its interval."""
+    """How a metric's cells fall into its regions and, where some cost, the largest effect with
+    its selection-adjusted interval (loss.parquet's ``largest``, ``selection_ci_*``)."""
     name = metric_heading(str(rows["metric"].iloc[0]))
     kind = str(rows["effect"].iloc[0])
     text = (
         f"{name} {kind} ({_margins(rows)} margins): {decision_counts(rows)} of {len(rows)} cells."
     )
-    costly = rows[rows["decision"].isin(["material", "moderate"])]
-    if len(costly):
-        w = costly.loc[costly["ci_low"].idxmax()]
+    picked = rows[rows.get("largest", pd.Series(False, index=rows.index)).eq(True)]
+    if rows["decision"].isin(["material", "moderate"]).any() and len(picked):
+        w = picked.iloc[0]
+        ci = fmt_ci(w["selection_ci_low"], w["selection_ci_high"])
         text += (
-            f" Largest {w['decision']} {kind}: {describe(w)}, {effect_ci(w)} ({int(w['n'])} pairs)."
+            f" Largest {kind}: {describe(w)}, {fmt_pct(w['effect_pct'])} {ci} "
+            f"({int(w['n'])} pairs), an interval at "
+            f"{fmt_num(100 * w['selection_confidence'], 2)} %: adjusted for picking the largest "
+            f"of {int(w['family_cells'])} cells, {w['selection_decision']} on it."
         )
     return text
 
@@ -419,60 +424,11 @@ def tldr_sentences(losses: pd.DataFrame, hosts: list[dict], matrix: dict) -> lis
 
 
 def recommendation(losses: pd.DataFrame, hosts: list[dict]) -> dict:
-    """The recommendation, from the bandwidth rows' decisions (loss.parquet)."""
-    conf = fmt_num(100 * float(losses["confidence"].iloc[0]), 0)
-    bw_all = losses[losses["metric"] == "bw_bytes"]
-    neg, mat = (
-        (fmt_num(bw_all[c].iloc[0], 0) for c in ("decision_lower_pct", "decision_upper_pct"))
-        if len(bw_all)
-        else ("n/a", "n/a")
-    )
-    multi_host = losses["host"].nunique() > 1
-    thresholds = (
-        f"Decided by magnitude on bandwidth: a cell's loss is *negligible* when its whole {conf} % "
-        f"interval lies within ±{neg} %, *moderate* when it lies between {neg} and {mat} %, "
-        f"*material* when it lies above {mat} % (*gains* likewise where the variant is faster), "
-        "and *undecided* when it straddles one of these boundaries."
-    )
-    pairs = comparison_pairs(losses)
-    parts = []
-    for baseline, variant in pairs:
-        bw = bw_all[(bw_all["baseline"] == baseline) & (bw_all["variant"] == variant)]
-        if bw.empty:
-            continue
-        kinds = bw["decision"].map(decision_kind)
-        name = f"`{variant}`" if len(pairs) == 1 else label((baseline, variant))
-        text = f"{name}: {decision_counts(bw)} of {len(bw)} cells."
-        material = bw[kinds == "material"].sort_values("ci_low", ascending=False)
-        if len(material):
-            listed = ", ".join(
-                f"{cell_words(r, multi_host)} ({effect_ci(r)})"
-                for _, r in material.head(4).iterrows()
-            )
-            more = f" and {len(material) - 4} more" if len(material) > 4 else ""
-            text += (
-                f" Encryption costs materially in {listed}{more}: budget for that throughput, "
-                "or keep those workloads on unencrypted storage."
-            )
-        elif kinds.isin(["negligible", "moderate gain", "material gain"]).all():
-            text += f" Turn it on: no cell lost {neg} % or more at {conf} % confidence."
-        undecided = int((kinds == "undecided").sum())
-        if undecided:
-            text += (
-                f" The {undecided} undecided cells straddle a boundary: more pairs would "
-                "narrow their intervals enough to decide them."
-            )
-        parts.append(text)
-    caveats = []
-    if any(h["backend"] == "userspace" for h in hosts):
-        caveats.append(
-            "This run measured qemu's userspace LUKS driver, not the kernel's dm-crypt: it does "
-            "not settle the dm-crypt question. Repeat it with the kernel backend on the hardware "
-            "you mean to deploy."
-        )
-    if any(h["backend"] not in ("userspace", "kernel") for h in hosts):
-        caveats.append("The backend of some hosts is unknown; treat their numbers with care.")
-    return {"thresholds": thresholds, "verdicts": parts, "caveats": caveats}
+    """The recommendation over every metric an operator pays for
+    (:func:`luksbench.publish.recommend.paper_recommendation`)."""
+    multi_host, several_jobs = losses["host"].nunique() > 1, multi_job(losses)
+    describe = partial(cell_words, multi_host=multi_host, with_job=several_jobs)
+    return paper_recommendation(losses, hosts, describe)
 
 
 def scs_tables(losses: pd.DataFrame) -> list[dict]:
