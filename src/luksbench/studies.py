@@ -181,12 +181,16 @@ def _check_value(value, path: str, sizes: dict, open_values: set, depth: int) ->
 
 def _names(config: dict):
     """(config key, name) of every name the config gives."""
-    for key in ("run", "host", "study"):
+    for key in ("run", "host", "study", "baseline"):
         if key in config:
             yield key, config[key]
     for section in ("stacks", "devices", "patterns"):
         if isinstance(config.get(section), dict):
             yield from ((f"{section}.{name}", name) for name in config[section])
+    fleet = config.get("fleet")
+    for i, server in enumerate(fleet.get("hosts") or [] if isinstance(fleet, dict) else []):
+        if isinstance(server, dict) and "name" in server:
+            yield f"fleet.hosts[{i}].name", server["name"]
     analysis = config.get("analysis")
     if isinstance(analysis, dict):
         for key in ("baseline", "variant"):

@@ -7,6 +7,7 @@ The subprocess timeouts are hang guards (an alias bomb ran for 15 minutes before
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -191,3 +192,25 @@ def test_the_seed_studies_and_the_default_pass_the_strict_reading():
     studies = sorted((REPO / "config" / "studies").glob("*.yaml"))
     for path in [REPO / "config" / "config.yaml", *studies]:
         check_config_data(load_yaml_strictly(path.read_text(), str(path)))
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"baseline": "nan"}, "config key 'baseline'"),
+        ({"fleet": {"hosts": [{"name": 7, "address": "10.0.0.1"}]}}, "'fleet.hosts[0].name'"),
+        ({"analysis": {"comparisons": [{"baseline": "plain", "variant": "True"}]}}, "variant'"),
+        ({"devices": {"null": {"size_mib": 64}}}, "config key 'devices.null'"),
+        ({"patterns": {"inf": {}}}, "config key 'patterns.inf'"),
+    ],
+)
+def test_every_name_of_the_config_is_checked(config, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        check_config_data(config)
+
+
+def test_a_deeply_nested_or_huge_file_is_refused():
+    with pytest.raises(ConfigError, match="nested deeper than 64 levels"):
+        load_yaml_strictly("paper: {front_matter: {tags: " + "[" * 80 + "]" * 80 + "}}", "f.yaml")
+    with pytest.raises(ConfigError, match="more than a config may have"):
+        load_yaml_strictly("# " + "x" * (2 << 20), "f.yaml")
