@@ -15,6 +15,7 @@ numbers, booleans or nulls; non-finite numbers) before the schema sees the confi
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import sys
@@ -136,13 +137,36 @@ def _check_duplicate_keys(node, path: str, source: str) -> None:
 
 
 def load_config_file(path: Path) -> dict:
-    """A config file read strictly (:func:`load_yaml_strictly`); it must hold a mapping."""
-    data = load_yaml_strictly(Path(path).read_text(), str(path))
+    """A config file read strictly (:func:`load_yaml_strictly`, or as JSON first, like
+    Snakemake: duplicate keys and NaN/Infinity refused there too); it must hold a mapping."""
+    text = Path(path).read_text()
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_pairs(path), parse_constant=_no_nan(path))
+    except json.JSONDecodeError:
+        data = load_yaml_strictly(text, str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of config keys")
     return data
+
+
+def _unique_pairs(path: Path):
+    def pairs(items: list) -> dict:
+        keys = [key for key, _ in items]
+        twice = next((key for key in keys if keys.count(key) > 1), None)
+        if twice is not None:
+            raise ConfigError(f"{path}: config key {twice!r} is given twice in one object")
+        return dict(items)
+
+    return pairs
+
+
+def _no_nan(path: Path):
+    def refuse(constant: str):
+        raise ConfigError(f"{path}: {constant} is not a finite number")
+
+    return refuse
 
 
 def check_config_data(config: dict) -> None:

@@ -21,6 +21,7 @@ from luksbench.studies import (
     MAX_CONFIG_VALUES,
     ConfigError,
     check_config_data,
+    load_config_file,
     load_yaml_strictly,
 )
 
@@ -214,3 +215,16 @@ def test_a_deeply_nested_or_huge_file_is_refused():
         load_yaml_strictly("paper: {front_matter: {tags: " + "[" * 80 + "]" * 80 + "}}", "f.yaml")
     with pytest.raises(ConfigError, match="more than a config may have"):
         load_yaml_strictly("# " + "x" * (2 << 20), "f.yaml")
+
+
+def test_a_json_config_file_is_read_as_json_and_as_strictly(tmp_path):
+    """Snakemake reads a --configfile as JSON first: tabs are fine, duplicates and NaN are not."""
+    good = tmp_path / "good.json"
+    good.write_text('{\n\t"run": "json-run",\n\t"repetitions": 4\n}\n')
+    assert load_config_file(good) == {"run": "json-run", "repetitions": 4}
+    (tmp_path / "twice.json").write_text('{"run": "a", "run": "b"}')
+    with pytest.raises(ConfigError, match="'run' is given twice"):
+        load_config_file(tmp_path / "twice.json")
+    (tmp_path / "nan.json").write_text('{"analysis": {"confidence": NaN}}')
+    with pytest.raises(ConfigError, match="NaN is not a finite number"):
+        load_config_file(tmp_path / "nan.json")
