@@ -223,8 +223,9 @@ def _fio_job(name: str, bw: float, iodepth: int) -> dict:
     """One job entry of a fio JSON result: ``bw`` bytes/s at 4 KiB, latency 1/IOPS (queue 1)."""
     iops = bw / SIM_BS
     clat = 1e9 / iops
-    stats = {
+    stats = {  # fio 3's keys: io_bytes in bytes beside io_kbytes, bw_bytes beside bw in KiB/s
         "io_bytes": int(bw * 6),
+        "io_kbytes": int(bw * 6) // 1024,
         "bw_bytes": bw,
         "bw": bw / 1024,
         "iops": iops,
