@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from luksbench.testbox.plan import PlanError
+from luksbench.testbox.safety import MAPPER_PREFIX
 
 STUDIES_DIR = Path("config/studies")
 # where to find config/, workflow/ when not in the workflow directory: the source tree this module
@@ -47,6 +48,7 @@ MAX_CONFIG_VALUES = 100_000
 MAX_CONFIG_DEPTH = 64
 #: a name is a path component, a device-mapper name part and a table value
 MAX_NAME_CHARS = 64
+DM_NAME_MAX = 127  # the kernel's DM_NAME_LEN without its NUL
 #: names that YAML 1.1/1.2, Python's float(), papermill or pandas read as a number, boolean or null
 #: (the schema's $defs/retyped_name says the same)
 RETYPED_NAME = re.compile(
@@ -177,6 +179,22 @@ def check_config_data(config: dict) -> None:
     _check_value(config, "", {}, set(), 0)
     for key, name in _names(config):
         _check_name(key, name)
+    _check_mapper_names(config)
+
+
+def _check_mapper_names(config: dict) -> None:
+    """A stack's device-mapper name (luksbench-<run>-<stack>, a -<n> suffix for a second layer)
+    must fit the kernel's 127 characters: refused now, not at stack-up."""
+    run, stacks = config.get("run"), config.get("stacks")
+    if not isinstance(run, str) or not isinstance(stacks, dict):
+        return
+    for stack in stacks:
+        name = f"{MAPPER_PREFIX}{run}-{stack}"
+        if len(name) + len("-99") > DM_NAME_MAX:
+            raise ConfigError(
+                f"config keys 'run' and 'stacks.{stack}': the device-mapper name {name} would "
+                f"be {len(name)} characters (at most {DM_NAME_MAX - 3}); shorten either name"
+            )
 
 
 def _check_value(value, path: str, sizes: dict, open_values: set, depth: int) -> int:

@@ -228,3 +228,9 @@ def test_a_json_config_file_is_read_as_json_and_as_strictly(tmp_path):
     (tmp_path / "nan.json").write_text('{"analysis": {"confidence": NaN}}')
     with pytest.raises(ConfigError, match="NaN is not a finite number"):
         load_config_file(tmp_path / "nan.json")
+
+
+def test_a_device_mapper_name_past_the_kernel_limit_is_refused():
+    check_config_data({"run": "r" * 64, "stacks": {"plain": {}, "l" * 49: {}}})
+    with pytest.raises(ConfigError, match=r"config keys 'run' and 'stacks\.l+': the device-mapper"):
+        check_config_data({"run": "r" * 64, "stacks": {"plain": {}, "l" * 50: {}}})
