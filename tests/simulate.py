@@ -103,8 +103,10 @@ def two_stage(rng, n_cells, sigma, log_ratio, n0=4, half_width_pct=2.0, cap=12):
 
 
 def _scale_fio_json(path, factor: float, options: dict | None = None) -> None:
-    """Multiply a fio result's throughput (bw, bw_bytes, iops of every direction) by ``factor``;
-    ``options`` replace job options (e.g. the ioengine a pattern ran with)."""
+    """Multiply a fio result's throughput (bw, bw_bytes, iops of every direction) and the bytes
+    it moved in its runtime (io_bytes, io_kbytes: ingest refuses bandwidth that io_bytes / runtime
+    contradicts) by ``factor``; ``options`` replace job options (e.g. the ioengine a pattern ran
+    with)."""
     import json
 
     doc = json.loads(path.read_text())
@@ -114,6 +116,9 @@ def _scale_fio_json(path, factor: float, options: dict | None = None) -> None:
             for key in ("bw_bytes", "bw", "iops"):
                 if key in side:
                     side[key] *= factor
+            for key in ("io_bytes", "io_kbytes"):
+                if key in side:
+                    side[key] = round(side[key] * factor)
         if options:
             job.setdefault("job options", {}).update(options)
     path.write_text(json.dumps(doc))
@@ -250,8 +255,9 @@ def _fio_job(name: str, bw: float, iodepth: int, tail=None, ios=None) -> dict:
     (default: the run's I/Os) with the tail buckets of :func:`_histogram`."""
     iops = bw / SIM_BS
     clat = 1e9 / iops
-    stats = {
+    stats = {  # fio 3's keys: io_bytes in bytes beside io_kbytes, bw_bytes beside bw in KiB/s
         "io_bytes": int(bw * 6),
+        "io_kbytes": int(bw * 6) // 1024,
         "bw_bytes": bw,
         "bw": bw / 1024,
         "iops": iops,

@@ -48,7 +48,7 @@ rule ingest_raw:
         raw_files=lambda wildcards: raw_digest(abs_raw_dir(wildcards)),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
-        " -p run {wildcards.run:q} -p raw_dir {params.raw_dir:q}"
+        " -r run {wildcards.run:q} -p raw_dir {params.raw_dir:q}"
         " -p processed_dir {params.processed_dir:q}"
         " -p strict {params.strict:q} -p workers {threads:q} > {log:q} 2>&1"
 
@@ -81,8 +81,8 @@ rule compute_loss:
         min_pairs=min_pairs,
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
-        " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
-        " -p baseline {params.baseline:q} -p variant {params.variant:q}"
+        " -r run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
+        " -r baseline {params.baseline:q} -r variant {params.variant:q}"
         " -r comparisons {params.comparisons:q}"
         " -p confidence {params.confidence:q} -p equivalence_margin_pct {params.margin:q}"
         " -r decision_regions {params.regions:q} -p min_pairs {params.min_pairs:q} > {log:q} 2>&1"
@@ -117,7 +117,7 @@ rule plot_figures:
         figure_index=lambda wildcards: FigureIndex(abs_figures_dir(wildcards)),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
-        " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
+        " -r run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
         " -p figures_dir {params.figures_dir:q} -p workers {threads:q} > {log:q} 2>&1"
 
 
@@ -152,7 +152,7 @@ rule render_paper:
         front_matter=json.dumps({"front_matter": config["paper"]["front_matter"]}),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
-        " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
+        " -r run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
         " -p figures_dir {params.figures_dir:q} -p paper_dir {params.paper_dir:q}"
         " -p reference_dir {params.reference_dir:q} -y {params.front_matter:q}"
         " -r title {params.title} -r author {params.author} > {log:q} 2>&1"

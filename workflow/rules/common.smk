@@ -17,7 +17,12 @@ from luksbench.analysis.contrasts import check_config as check_comparisons
 from luksbench.analysis.ingest import PROCESSED_TABLES
 from luksbench.analysis.loss import LOSS_TABLES
 from luksbench.analysis.stats import check_regions
-from luksbench.studies import STUDIES_DIR, apply_study
+from luksbench.studies import (
+    STUDIES_DIR,
+    apply_study,
+    check_config_data,
+    load_config_file,
+)
 from luksbench.testbox import lock
 from luksbench.testbox.plan import plan_from_config, workloads, write_plan
 from luksbench.testbox.planview import describe_plan
@@ -30,10 +35,17 @@ min_version("8.0")
 
 # --- config: a study (config key `study`) replaces config/config.yaml as the base; the user's own
 # --configfile/--config keys (Snakemake's overwrite_config) go on top of it.
+# Snakemake's loader keeps the last of two equal keys and expands aliases: every config file is read
+# again strictly (duplicates, alias bombs, NaN refused naming the key and line), then the merged
+# values (--config retypes run=007 to 7) before anything walks them.
+for _configfile in workflow.configfiles:
+    load_config_file(_configfile)
+check_config_data(config)
 _studied = apply_study(config, workflow.config_settings.overwrite_config, STUDIES_DIR)
 if _studied is not config:
     config.clear()
     config.update(_studied)
+    check_config_data(config)
 validate(config, schema="../schemas/config.schema.yaml")
 # (baseline, variant) pairs the analysis reports, headline first; an error names the key.
 COMPARISONS = check_comparisons(config)

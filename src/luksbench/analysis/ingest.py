@@ -40,6 +40,7 @@ from luksbench.formats.fio import (
     FioParseError,
     document_histograms,
     document_tuples,
+    implausible_numbers,
     load_fio_document,
 )
 from luksbench.formats.layout import (
@@ -252,6 +253,8 @@ def _ingest_rep_file(root: str, key: str, run: str, stats: list) -> tuple[list, 
     except (OSError, ValueError) as exc:  # parser bug or unreadable file: still name the file
         return [], [], [(key, f"{type(exc).__name__}: {exc}")], notes
     reason = _check_rows(rows, rep)
+    if not reason and (impossible := implausible_numbers(doc, rows)):
+        reason = f"numbers that cannot be true, left out: {impossible}"
     if reason:
         return [], [], [(key, reason)], notes
     cpu_key = f"{key[: -len('.json')]}.cpu.json"

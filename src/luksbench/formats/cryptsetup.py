@@ -7,6 +7,11 @@ wider (``-c <cipher>``), decimal commas, ``N/A`` rows, interleaved kernel messag
 cipher part fails as a whole (``Required kernel crypto interface not available.``: no AF_ALG),
 the PBKDF rows are kept and ONE row of kind "cipher", ``available`` False, has the error as
 ``note``.
+
+The test box runs cryptsetup with ``LC_ALL=C``. A capture made in another locale is read when it
+is German (cryptsetup 2.x's own de translation: "Iterationen pro Sekunde", decimal commas) and
+refused as a whole otherwise: a PBKDF or cipher line in a language this parser does not know
+raises :class:`CryptsetupParseError` naming the line, so no row is silently left out.
 """
 
 from __future__ import annotations
@@ -35,28 +40,39 @@ CRYPTSETUP_COLUMNS = [
 
 NOT_AVAILABLE = "N/A"
 
+# English (LC_ALL=C) or cryptsetup's German catalogue (de.po: "für 256-Bit-Schlüssel", ...)
+_FOR_KEY = r"(?: (?:for|für) (?P<key_bits>\d+)-(?:bit key|Bit-Schlüssel))?"
+_NA = r"(?P<na>N/A|\(nicht zutreffend\))"
 _PBKDF2 = re.compile(
     r"^(?P<algorithm>PBKDF2-\S+)\s+"
-    r"(?:(?P<iterations>\d+) iterations per second(?: for (?P<key_bits>\d+)-bit key)?"
-    r"|(?P<na>N/A))\s*$"
+    rf"(?:(?P<iterations>\d+) (?:iterations per second|Iterationen pro Sekunde){_FOR_KEY}"
+    rf"|{_NA})\s*$"
 )
 _ARGON2 = re.compile(
     r"^(?P<algorithm>argon2\w*)\s+"
-    r"(?:(?P<time_cost>\d+) iterations, (?P<memory>\d+) memory, "
-    r"(?P<threads>\d+) parallel threads? \(CPUs\)"
-    r"(?: for (?P<key_bits>\d+)-bit key)?(?: \(requested (?P<requested_ms>\d+) ms time\))?"
-    r"|(?P<na>N/A))\s*$"
+    r"(?:(?P<time_cost>\d+) (?:iterations|Iterationen), (?P<memory>\d+) (?:memory|Speicher), "
+    r"(?P<threads>\d+) (?:parallel threads?|parallele Threads?) \(CPUs\)"
+    rf"{_FOR_KEY}(?: \((?:requested (?P<requested_ms>\d+) ms time"
+    r"|Zieldauer (?P<requested_ms_de>\d+) Millisekunden)\))?"
+    rf"|{_NA})\s*$"
 )
+# A line that carries a result in a language (or layout) the patterns above do not read.
+_UNREAD_RESULT = re.compile(r"^(?:PBKDF2-\S+|argon2\w*)\s|^\s*\S+\s+\d+\s?b\s+\d")
 _SPEED = r"(?:\d+(?:[.,]\d+)? MiB/s|N/A)"  # one decimal mark: "1234.5" or "1234,5"
 _CIPHER_ROW = re.compile(
     rf"^\s*(?P<algorithm>\S+)\s+(?P<key_bits>\d+)b\s+(?P<enc>{_SPEED})\s+(?P<dec>{_SPEED})\s*$"
 )
-_CIPHER_HEADER = re.compile(r"^\s*#?\s*Algorithm\s*\|.*Encryption\s*\|\s*Decryption\s*$")
+_CIPHER_HEADER = re.compile(
+    r"^\s*#?\s*Algorithm(?:us)?\s*\|.*(?:Encryption|Verschlüsselung)\s*\|"
+    r"\s*(?:Decryption|Entschlüsselung)\s*$"
+)
 # Lines that carry no result: the "# Tests are approximate..." banner, kernel log lines.
 _IGNORED = re.compile(r"^\s*(?:#.*|\[\s*\d+\.\d+\].*)?$")
 # cryptsetup's message when the kernel crypto API (AF_ALG skcipher) cannot be used; cryptsetup
 # follows it with hints ("Ensure you have algif_skcipher kernel module loaded.").
-_CIPHER_FAILURE = re.compile(r"not available|kernel module|algif_", re.IGNORECASE)
+_CIPHER_FAILURE = re.compile(
+    r"not available|kernel module|algif_|nicht verfügbar|Kernelmodul", re.IGNORECASE
+)
 
 
 class CryptsetupParseError(ValueError):
@@ -96,7 +112,7 @@ def _argon2_row(path: Path, match: re.Match) -> dict:
         return row
     row.update(key_bits=_int_or_none(match["key_bits"]), time_cost=int(match["time_cost"]))
     row.update(memory_kib=int(match["memory"]), threads=int(match["threads"]))
-    row["requested_ms"] = _int_or_none(match["requested_ms"])
+    row["requested_ms"] = _int_or_none(match["requested_ms"] or match["requested_ms_de"])
     return row
 
 
@@ -115,7 +131,7 @@ def parse_cryptsetup_text(text: str, path: Path | str = "<text>") -> list[dict]:
     rows: list[dict] = []
     failure_lines: list[str] = []
     saw_cipher_header = False
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         if match := _PBKDF2.match(stripped):
             rows.append(_pbkdf2_row(path, match))
@@ -129,6 +145,12 @@ def parse_cryptsetup_text(text: str, path: Path | str = "<text>") -> list[dict]:
             continue
         elif _CIPHER_FAILURE.search(stripped):
             failure_lines.append(stripped)
+        elif _UNREAD_RESULT.match(line):
+            raise CryptsetupParseError(
+                f"{path}: line {number} is a result this parser cannot read ({stripped[:80]!r}): "
+                "captured in a locale other than English or German? The test box runs "
+                "cryptsetup with LC_ALL=C; the file is left out rather than read in part"
+            )
         # Anything else (prose left around a pasted output) carries no result: skip it.
 
     if failure_lines:

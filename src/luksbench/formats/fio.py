@@ -519,3 +519,77 @@ def document_histograms(doc: dict) -> dict[tuple[int, str], list[tuple[int, int]
             if clat and isinstance(clat.get("bins"), dict):
                 histograms[(index, direction)] = _bins_to_ns(clat["bins"], to_ns)
     return histograms
+
+
+# --------------------------------------------------------------------------- impossible numbers
+
+#: a fio timestamp is a date between 1970 and 2100 (unix seconds)
+LAST_PLAUSIBLE_TIMESTAMP = 4_102_444_800
+#: bandwidth may differ from io_bytes / runtime by fio's rounding: bw in whole KiB/s (per job of
+#: a group: up to this many jobs' KiB), runtime in whole ms, and jobs of one group ending apart
+_BW_ROUNDING_BYTES = 1024
+_BW_GROUP_SLACK = 0.05
+# json+ bins may count the I/Os still in flight when the counters were read, beyond total_ios
+_BINS_IN_FLIGHT = 4096
+
+
+def implausible_numbers(doc: dict, rows: list[tuple]) -> str | None:
+    """Why a fio document's numbers cannot all be true, or None: a timestamp that is no date,
+    bandwidth that ``io_bytes / runtime`` contradicts beyond fio's rounding, json+ bins with
+    negative, fractional or more counts than the I/Os the job did. ``rows`` are
+    :func:`document_tuples` of ``doc``; the file should be left out of every statistic."""
+    return _implausible_timestamp(doc) or _implausible_bandwidth(rows) or _implausible_bins(doc)
+
+
+def _implausible_timestamp(doc: dict) -> str | None:
+    for key, scale in (("timestamp", 1), ("timestamp_ms", 1000)):
+        value = doc.get(key)
+        if value is None:
+            continue
+        if type(value) is not int or not 0 <= value < LAST_PLAUSIBLE_TIMESTAMP * scale:
+            return f"{key} is {value!r}, not a date (unix time between 1970 and 2100)"
+    return None
+
+
+def _implausible_bandwidth(rows: list[tuple]) -> str | None:
+    at = {name: FIO_COLUMNS.index(name) for name in ("io_bytes", "bw_bytes", "runtime_ms")}
+    for row in rows:
+        io_bytes, bw, runtime_ms = (
+            row[at[name]] for name in ("io_bytes", "bw_bytes", "runtime_ms")
+        )
+        if not io_bytes or not runtime_ms or bw is None:
+            continue
+        expected = io_bytes * 1000 / runtime_ms
+        jobs = row[FIO_COLUMNS.index("numjobs")]
+        jobs = jobs if type(jobs) is int and 0 < jobs <= 4096 else 1
+        allowed = _BW_ROUNDING_BYTES * jobs + expected * (2 / runtime_ms + _BW_GROUP_SLACK)
+        if abs(bw - expected) > allowed:
+            return (
+                f"job {row[3]} ({row[2]}) {row[4]}: bandwidth {bw:.0f} B/s, but io_bytes / "
+                f"runtime is {expected:.0f} B/s ({io_bytes} B in {runtime_ms} ms)"
+            )
+    return None
+
+
+def _implausible_bins(doc: dict) -> str | None:
+    for index, entry, _host in job_entries(doc):
+        for direction in DIRECTIONS:
+            stats = entry.get(direction)
+            clat = _latency_stats(stats, "clat")[0] if isinstance(stats, dict) else None
+            bins = clat.get("bins") if clat else None
+            if not isinstance(bins, dict):
+                continue
+            counts = [n for key, n in bins.items() if not key.startswith("FIO_IO_U_")]
+            where = f"job {index} ({str(entry.get('jobname', '')).strip()}) {direction}"
+            bad = next((n for n in counts if type(n) is not int or n < 0), None)
+            if bad is not None:
+                return f"{where}: json+ histogram bin count {bad!r}, not a count of I/Os"
+            done = stats.get("total_ios")
+            io_bytes = _io_bytes(stats)
+            most = done if type(done) is int and done > 0 else io_bytes // 512
+            if sum(counts) > 2 * most + _BINS_IN_FLIGHT:
+                return (
+                    f"{where}: json+ histogram counts {sum(counts)} I/Os, more than the "
+                    f"{most} {'the job completed' if most == done else 'its bytes allow'}"
+                )
+    return None

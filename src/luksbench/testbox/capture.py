@@ -24,6 +24,7 @@ from luksbench.testbox.sysutil import (
     log,
     read_text,
     run_quiet,
+    tool_env,
     utc_now,
     which,
     write_atomic,
@@ -125,7 +126,9 @@ def benchmark_ciphers(out: Path, extra_args: list[str] | None = None) -> int:
         raise TestboxError("cryptsetup is not installed; cannot run `cryptsetup benchmark`")
     argv = [cryptsetup, "benchmark", *(extra_args or [])]
     log(f"luksbench testbox: running {' '.join(argv[1:])} (takes ~15 s) ...")
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    proc = subprocess.run(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False, env=tool_env()
+    )
     write_atomic(Path(out), proc.stdout)
     log(f"luksbench testbox: cryptsetup benchmark exit code {proc.returncode}; output in {out}")
     return proc.returncode

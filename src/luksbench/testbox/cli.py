@@ -23,7 +23,7 @@ from luksbench.testbox.plan import PlanError, load_plan
 from luksbench.testbox.runner import Interrupted, raise_on_stop_signals, run_fio
 from luksbench.testbox.safety import SafetyError
 from luksbench.testbox.stacks import stack_down, stack_up
-from luksbench.testbox.sysutil import TestboxError, log, write_json_atomic
+from luksbench.testbox.sysutil import TestboxError, log, use_c_locale, write_json_atomic
 
 
 def _cmd_capture_env(args) -> int:
@@ -83,6 +83,7 @@ def _cmd_stack_down(args) -> int:
 
 def _run(func):
     def wrapper(args) -> int:
+        use_c_locale()  # every tool it starts prints what the parsers read
         try:
             return func(args)
         except (TestboxError, PlanError, SafetyError) as exc:

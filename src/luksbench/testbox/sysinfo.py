@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from luksbench.testbox.probes import POWERCAP_ROOT, rapl_unavailable_reason, read_rapl
-from luksbench.testbox.sysutil import QUIET, read_text, which, whole_disk
+from luksbench.testbox.sysutil import QUIET, read_text, tool_env, which, whole_disk
 
 KEY_STRIPPED = "<key stripped>"
 TOOL_TIMEOUT_S = 30
@@ -73,7 +73,7 @@ def _tool(argv: list[str], parse_json: bool = False, ok_codes: tuple[int, ...] =
     if path is None:
         return _absent(f"{argv[0]} not installed")
     try:
-        proc = subprocess.run([path, *argv[1:]], timeout=TOOL_TIMEOUT_S, **QUIET)
+        proc = subprocess.run([path, *argv[1:]], timeout=TOOL_TIMEOUT_S, env=tool_env(), **QUIET)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"status": "failed", "argv": argv, "error": str(exc)}
     rec: dict = {"status": "ok", "argv": argv, "exit": proc.returncode}

@@ -29,6 +29,22 @@ class TestboxError(RuntimeError):
 QUIET = {"capture_output": True, "text": True, "check": False, "stdin": subprocess.DEVNULL}
 
 
+def tool_env() -> dict[str, str]:
+    """This process' environment in the C locale, for every tool whose output is parsed: English
+    messages and decimal points whatever the operator's locale (a German `cryptsetup benchmark`
+    prints "Iterationen pro Sekunde" and decimal commas). LANGUAGE goes too: gettext reads it
+    before LC_ALL in any locale but C."""
+    env = {key: value for key, value in os.environ.items() if key != "LANGUAGE"}
+    env["LC_ALL"] = "C"
+    return env
+
+
+def use_c_locale() -> None:
+    """Every child of this process (fio, cryptsetup, lsblk, ...) runs in the C locale."""
+    os.environ.pop("LANGUAGE", None)
+    os.environ["LC_ALL"] = "C"
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -136,7 +152,7 @@ def run_quiet(argv: list[str], timeout: float = 30) -> subprocess.CompletedProce
     if tool is None:
         return None
     try:
-        return subprocess.run([tool, *argv[1:]], timeout=timeout, **QUIET)
+        return subprocess.run([tool, *argv[1:]], timeout=timeout, env=tool_env(), **QUIET)
     except (OSError, subprocess.TimeoutExpired):
         return None
 
@@ -145,7 +161,7 @@ def run_tool(argv: list[str], what: str, timeout: float = 120) -> subprocess.Com
     """Run a tool; raise TestboxError with its stderr on failure. Never logs key material:
     keys only ever travel in files, so argv is safe to print."""
     try:
-        proc = subprocess.run(argv, timeout=timeout, **QUIET)
+        proc = subprocess.run(argv, timeout=timeout, env=tool_env(), **QUIET)
     except FileNotFoundError as exc:
         raise TestboxError(f"{what}: {argv[0]} not installed") from exc
     except subprocess.TimeoutExpired as exc:
