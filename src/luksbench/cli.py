@@ -44,11 +44,45 @@ def _cmd_parse(args: argparse.Namespace) -> int:
     return status
 
 
+#: the columns of ``luksbench loss --format table``: the decision first, then what it is about
+TABLE_COLUMNS = ["decision", "host", "workload", "direction", "metric", "n", "effect"]
+TABLE_COLUMNS += ["effect_pct", "ci_low", "ci_high"]
+#: ``luksbench loss``'s default metrics (analysis.stats.DEFAULT_METRICS, checked by a unit test;
+#: named here so that the help needs no pandas)
+LOSS_DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
+LOSS_DEFAULT_METRICS += ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
+LOSS_DEFAULT_METRICS += ("busy_cpu_us_per_io",)
+
+
+def loss_readable(table, confidence: float):
+    """The loss table as a person reads it: decision first, a few columns, effects rounded to
+    0.1 percentage point (the full table is ``--format csv``)."""
+    shown = table[TABLE_COLUMNS].copy()
+    for column in ("effect_pct", "ci_low", "ci_high"):
+        shown[column] = shown[column].round(1)
+    level = f"{100 * confidence:g}"
+    return shown.rename(
+        columns={"effect_pct": "effect %", "ci_low": f"{level}% CI low", "ci_high": "high"}
+    )
+
+
+def _write_loss(table, fmt: str, out, confidence: float) -> None:
+    from luksbench.analysis.saturation import LOSS_FLAG_COLUMNS
+    from luksbench.analysis.stats import LOSS_COLUMNS
+
+    if fmt == "csv":
+        table.to_csv(out, index=False, columns=[*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS])
+    elif fmt == "json":
+        columns = [*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS]
+        out.write(table[columns].to_json(orient="records", indent=1) + "\n")
+    else:
+        readable = loss_readable(table, confidence)
+        out.write(readable.to_string(index=False, na_rep="-") + "\n")
+
+
 def _cmd_loss(args: argparse.Namespace) -> int:
     from luksbench.analysis.ingest import IngestError
     from luksbench.analysis.rawloss import loss_table_from_raw
-    from luksbench.analysis.saturation import LOSS_FLAG_COLUMNS
-    from luksbench.analysis.stats import LOSS_COLUMNS
 
     try:
         table = loss_table_from_raw(
@@ -63,13 +97,23 @@ def _cmd_loss(args: argparse.Namespace) -> int:
         )
     except (IngestError, FileNotFoundError, ValueError) as exc:
         return _fail("loss", exc)
-    table.to_csv(sys.stdout, index=False, columns=[*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS])
+    to_terminal = args.out is None and sys.stdout.isatty()
+    fmt = args.format or ("table" if to_terminal else "csv")
+    if args.out is None:
+        _write_loss(table, fmt, sys.stdout, args.confidence)
+    else:
+        try:
+            with open(args.out, "w", encoding="utf-8", newline="") as out:
+                _write_loss(table, fmt, out, args.confidence)
+        except OSError as exc:
+            return _fail("loss", f"--out {args.out}: {exc.strerror or exc}")
     counts = table["decision"].str.split(":").str[0].value_counts()
     summary = ", ".join(f"{counts[v]} {v}" for v in counts.index)
     noisy = int(table["noisy"].sum())
     print(
         f"luksbench loss: {len(table)} rows (cell x metric): {summary}"
-        + (f"; {noisy} noisy (adaptive cap)" if noisy else ""),
+        + (f"; {noisy} noisy (adaptive cap)" if noisy else "")
+        + (f"; wrote {args.out} ({fmt})" if args.out else ""),
         file=sys.stderr,
     )
     return 0
@@ -166,11 +210,39 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             plan = plan_from_config(config, host, scratch)
     except (PlanError, OSError) as exc:
         return _fail("plan", exc)
+    except ModuleNotFoundError:
+        raise  # main() names the extra to install
     except Exception as exc:  # schema validation errors name the key
         return _fail("plan", f"invalid config: {exc}")
     lines = describe_plan(plan, check_devices=args.check_devices)
+    lines.append(backend_line(plan))
     print("\n".join(lines))
     return 1 if any(line.startswith("  REFUSED ") for line in lines) else 0
+
+
+def backend_line(plan: dict) -> str:
+    """Which backend the plan's ``backend`` (auto, kernel, userspace) selects on this machine and
+    why, checked read-only (no modprobe)."""
+    from luksbench.testbox.backends.choose import resolve_plan_backend
+
+    chosen = resolve_plan_backend(plan, try_modprobe=False)
+    if chosen["selected"] is None:
+        return f"  backend here: none can run this plan ({chosen['reason']})"
+    what = {"kernel": "dm-crypt in the kernel", "userspace": "qemu-storage-daemon, not dm-crypt"}
+    return f"  backend here: {chosen['selected']} ({what[chosen['selected']]}): {chosen['reason']}"
+
+
+DESCRIPTION = """\
+What does disk encryption (LUKS/dm-crypt) cost on this machine, and how sure is that?
+The workflow (snakemake) measures and publishes a run; these commands plan a run, drive the
+test box and compute a run's statistics from its raw results by hand."""
+EXAMPLES = """\
+examples:
+  luksbench plan                           what the configured run will do, before it runs
+  luksbench loss data/raw/sample           the loss per cell and metric, decision first
+  luksbench loss data/raw/sample --format json --out loss.json
+  luksbench compare data/raw/a data/raw/b --out compare/a-vs-b
+  luksbench COMMAND --help                 a command's options and examples"""
 
 
 #: options several commands share, as argparse keywords (a command may give its own help)
@@ -195,6 +267,14 @@ OPTIONS = {
 }
 
 
+def _paragraphs(text: str) -> str:
+    """``text`` wrapped to the terminal's usual width, paragraph by paragraph: the description
+    of a command whose epilog holds examples (RawDescriptionHelpFormatter keeps both as written)."""
+    import textwrap
+
+    return "\n\n".join(textwrap.fill(part, 79) for part in text.split("\n\n"))
+
+
 def _options(parser: argparse.ArgumentParser, *flags: str, **changes) -> None:
     """Add the shared options ``flags`` (:data:`OPTIONS`), with this command's ``changes``."""
     for flag in flags:
@@ -203,13 +283,40 @@ def _options(parser: argparse.ArgumentParser, *flags: str, **changes) -> None:
 
 def _add_loss_commands(commands) -> None:
     """``luksbench loss`` and ``luksbench targets``: one run's statistics straight from raw."""
-    loss = commands.add_parser("loss", help="loss table with confidence intervals for one run")
+    loss = commands.add_parser(
+        "loss",
+        help="loss table with confidence intervals for one run",
+        description=_paragraphs(
+            "The cost of VARIANT against BASELINE in every cell (workload) and metric of "
+            "one raw run, with paired confidence intervals and a decision by magnitude (negligible, "
+            "moderate, material, undecided, insufficient).\n\n"
+            "Output: a readable table (decision first, effects rounded) when stdout is a terminal; "
+            "the full table as CSV when stdout is a pipe or file or with --out, unless --format "
+            "says otherwise. A one-line summary goes to stderr."
+        ),
+        epilog="examples:\n"
+        "  luksbench loss data/raw/sample                     # table in a terminal\n"
+        "  luksbench loss data/raw/sample --format csv > loss.csv\n"
+        "  luksbench loss data/raw/sample --format json --out loss.json\n"
+        "  luksbench loss data/raw/sample --metric bw_bytes --region throughput=3,10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_run_arguments(loss)
     loss.add_argument(
         "--metric",
         action="append",
-        help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, busy_cpu_s_per_gib, "
-        "sys_cpu_s_per_gib ... (repeatable; default: those seven)",
+        help="a metric to compute, repeatable; default: "
+        f"{', '.join(LOSS_DEFAULT_METRICS)} (all {len(LOSS_DEFAULT_METRICS)}; the mean latencies "
+        "lat_mean_ns and clat_mean_ns on request)",
+    )
+    loss.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        help="table: decision, cell, metric, n, effect and interval, rounded; csv: every column "
+        "of the loss table; json: the same as records (default: table on a terminal, else csv)",
+    )
+    loss.add_argument(
+        "--out", metavar="FILE", help="write to FILE instead of stdout (default format: csv)"
     )
     _options(loss, "--confidence", "--equivalence-margin")
     loss.add_argument(
@@ -311,7 +418,12 @@ def _add_next_command(commands) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="luksbench",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -370,10 +482,19 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser(
         "plan",
         help="print what a run will do (matrix, every destructive action) before anything runs",
-        description="Print the plan of a run: stacks and their layers, every destructive action "
-        "in order (which scratch files and which allowlisted disks are written), the matrix and "
-        "the fio time. Reads the workflow config like `snakemake --configfile F` would, or a "
-        "plan.json written by the workflow. Touches nothing.",
+        description=_paragraphs(
+            "Print the plan of a run: stacks and their layers, every destructive action "
+            "in order (which scratch files and which allowlisted disks are written), the matrix and "
+            "the fio time, and the backend `auto` selects on this machine and why (checked "
+            "read-only). Reads the workflow config like `snakemake --configfile F` would, or a "
+            "plan.json written by the workflow. Touches nothing. Reading a config needs the "
+            "workflow extra (pip install 'luksbench[workflow]'); a plan.json does not."
+        ),
+        epilog="examples:\n"
+        "  luksbench plan                                  # config/config.yaml of this checkout\n"
+        "  luksbench plan --configfile config/mybox.yaml --check-devices\n"
+        "  luksbench plan --plan data/raw/myrun/myhost/plan.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument("--configfile", action="append", type=Path, help="as for snakemake")
     plan.add_argument("--plan", help="a plan.json instead of the config")
