@@ -46,7 +46,6 @@ def _cmd_parse(args: argparse.Namespace) -> int:
 
 #: the columns of ``luksbench loss --format table``: the decision first, then what it is about
 TABLE_COLUMNS = ["decision", "host", "workload", "direction", "metric", "n", "effect"]
-TABLE_COLUMNS += ["effect_pct", "ci_low", "ci_high"]
 #: ``luksbench loss``'s default metrics (analysis.stats.DEFAULT_METRICS, checked by a unit test;
 #: named here so that the help needs no pandas)
 LOSS_DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
@@ -54,16 +53,34 @@ LOSS_DEFAULT_METRICS += ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pc
 LOSS_DEFAULT_METRICS += ("busy_cpu_us_per_io",)
 
 
-def loss_readable(table, confidence: float):
-    """The loss table as a person reads it: decision first, a few columns, effects rounded to
-    0.1 percentage point (the full table is ``--format csv``)."""
-    shown = table[TABLE_COLUMNS].copy()
-    for column in ("effect_pct", "ci_low", "ci_high"):
-        shown[column] = shown[column].round(1)
-    level = f"{100 * confidence:g}"
-    return shown.rename(
-        columns={"effect_pct": "effect %", "ci_low": f"{level}% CI low", "ci_high": "high"}
-    )
+def loss_readable(table, confidence: float) -> list[list[str]]:
+    """The loss table as a person reads it, as rows of cells (the header first): decision first,
+    a few columns, the effect and its interval in % rounded to 0.1 (the full table is
+    ``--format csv``); the host column only when the run has several."""
+    columns = [c for c in TABLE_COLUMNS if c != "host" or table["host"].nunique() > 1]
+
+    def pct(x) -> str:
+        return "-" if x != x else f"{x:.1f}"  # NaN: no interval (too few pairs or withheld)
+
+    rows = [[*columns, "effect %", f"{100 * confidence:g}% interval"]]
+    for row in table.to_dict("records"):
+        interval = f"{pct(row['ci_low'])} .. {pct(row['ci_high'])}"
+        interval = "-" if interval == "- .. -" else interval
+        rows.append([str(row[c]) for c in columns] + [pct(row["effect_pct"]), interval])
+    return rows
+
+
+def aligned(rows: list[list[str]], right: set[int]) -> str:
+    """``rows`` as text columns, those at ``right`` right-aligned (numbers), the others left."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    cells = [
+        [
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        for row in rows
+    ]
+    return "\n".join("  ".join(row).rstrip() for row in cells) + "\n"
 
 
 def _write_loss(table, fmt: str, out, confidence: float) -> None:
@@ -76,8 +93,9 @@ def _write_loss(table, fmt: str, out, confidence: float) -> None:
         columns = [*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS]
         out.write(table[columns].to_json(orient="records", indent=1) + "\n")
     else:
-        readable = loss_readable(table, confidence)
-        out.write(readable.to_string(index=False, na_rep="-") + "\n")
+        rows = loss_readable(table, confidence)
+        numbers = {rows[0].index("n"), len(rows[0]) - 2, len(rows[0]) - 1}
+        out.write(aligned(rows, numbers))
 
 
 def _cmd_loss(args: argparse.Namespace) -> int:
