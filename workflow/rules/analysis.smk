@@ -56,7 +56,8 @@ rule ingest_raw:
 
 rule compute_loss:
     """Loss per cell and metric with paired confidence intervals, for every comparison
-    (analysis.comparisons: variant vs its baseline; the headline first)."""
+    (analysis.comparisons: variant vs its baseline; the headline first). The notebook writes the
+    run's loss tables only when told to (loss_dir); opened by hand it writes to its own folder."""
     input:
         **processed(*PROCESSED_TABLES),
         notebook=f"{NOTEBOOKS}/02-loss.ipynb",
@@ -83,6 +84,7 @@ rule compute_loss:
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -p run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
+        " -p loss_dir {params.processed_dir:q}"
         " -p baseline {params.baseline:q} -p variant {params.variant:q}"
         " -r comparisons {params.comparisons:q}"
         " -p confidence {params.confidence:q} -p equivalence_margin_pct {params.margin:q}"
