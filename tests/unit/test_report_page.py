@@ -1,4 +1,4 @@
-"""The report's copy of the paper (publish/reportpage.py): same text and figures, within the size
+"""The report's copy of the paper (publish/render.py: report_page): same text and figures, within the size
 a browser opens from the report's data: URI."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from luksbench.publish.reportpage import report_page
+from luksbench.publish.render import report_page
 
 
 def noisy_png(seed: int, size=(300, 200)) -> bytes:

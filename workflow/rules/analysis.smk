@@ -165,7 +165,9 @@ rule render_paper:
         " -p figures_dir {params.figures_dir:q} -p paper_dir {params.paper_dir:q}"
         " -p reference_dir {params.reference_dir:q} -y {params.front_matter:q}"
         " -r title {params.title} -r author {params.author} > {log:q} 2>&1"
-        " && python -m luksbench.publish.reportpage {output.html:q} {output.report_page:q}"
+        # the report's copy of the paper: figures downscaled to what a browser opens from it
+        " && python -c 'import sys; from luksbench.publish.render import write_report_page as w;"
+        " print(w(*sys.argv[1:]))' {output.html:q} {output.report_page:q}"
         " >> {log:q} 2>&1"
 
 
