@@ -354,10 +354,17 @@ def _add_loss_commands(commands) -> None:
     targets = commands.add_parser(
         "targets",
         help="adaptive design: each cell's pairs from the pilot (Stein), as the targets file",
-        description="Read the pilot pairs (reps 1..N0) of one host of a raw run and write each "
-        "cell's target pairs (Stein's two-stage rule) as the run's targets file: the workflow "
-        "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
-        "finds it and gives the cells it lists Stein's interval.",
+        description=_paragraphs(
+            "Read the pilot pairs (reps 1..N0) of one host of a raw run and write each "
+            "cell's target pairs (Stein's two-stage rule) as the run's targets file: the workflow "
+            "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
+            "finds it and gives the cells it lists Stein's interval."
+        ),
+        epilog="examples:\n"
+        "  luksbench targets data/raw/myrun --host mybox --out targets.json\n"
+        "  luksbench targets data/raw/myrun --host mybox --target-half-width 3 --max-pairs 20 \\\n"
+        "    --out targets.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_run_arguments(targets, "the host whose pilot pairs count")
     targets.add_argument(
@@ -414,11 +421,18 @@ def _add_next_command(commands) -> None:
     nxt = commands.add_parser(
         "next",
         help="sequential design: decide every cell, write the next round's targets file",
-        description="Decide every cell of one host from its pairs so far (intervals valid at any "
-        "look: Bonferroni over the looks min_pairs..max_pairs) and write the next round's "
-        "targets (workload id -> pairs wanted so far; a decided cell keeps its count). The "
-        "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
-        "reads it.",
+        description=_paragraphs(
+            "Decide every cell of one host from its pairs so far (intervals valid at any "
+            "look: Bonferroni over the looks min_pairs..max_pairs) and write the next round's "
+            "targets (workload id -> pairs wanted so far; a decided cell keeps its count). The "
+            "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
+            "reads it."
+        ),
+        epilog="examples:\n"
+        "  luksbench next data/raw/myrun --host mybox --out data/raw/myrun/mybox/fio/targets.json\n"
+        "  luksbench next data/raw/myrun --host mybox --budget-h 6 --region throughput=3,10 "
+        "--out next.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_run_arguments(nxt, "the host whose cells are decided")
     nxt.add_argument(
@@ -461,11 +475,17 @@ def build_parser() -> argparse.ArgumentParser:
     comp = commands.add_parser(
         "compare",
         help="change per cell and stack from run A to run B (two kernels, hosts, settings)",
-        description="Change of bandwidth, IOPS, p99 latency and CPU per GiB from run A to run B, "
-        "per cell and stack, with confidence intervals (paired by repetition only when the runs "
-        "were measured side by side, else Welch over each run's sessions) and Benjamini-Hochberg "
-        "verdicts. Writes "
-        "compare.parquet, .csv, .md and a figure to --out; prints the Markdown.",
+        description=_paragraphs(
+            "Change of bandwidth, IOPS, p99 latency and CPU per GiB from run A to run B, "
+            "per cell and stack, with confidence intervals (paired by repetition only when the runs "
+            "were measured side by side, else Welch over each run's sessions) and Benjamini-Hochberg "
+            "verdicts. Writes "
+            "compare.parquet, .csv, .md and a figure to --out; prints the Markdown."
+        ),
+        epilog="examples:\n"
+        "  luksbench compare data/raw/kernel-6.1 data/raw/kernel-6.8 --out compare/kernels\n"
+        "  luksbench compare runA runB --host boxA=boxB --stack luks --metric bw_bytes --out cmp",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     comp.add_argument(
         "run_a", metavar="RUN_A", help="data/processed/<run>, data/raw/<run> or a name"

@@ -55,7 +55,7 @@ def test_the_loss_help_names_the_default_metrics_it_computes():
     assert f"{', '.join(DEFAULT_METRICS)} (all {len(DEFAULT_METRICS)};" in flat
 
 
-@pytest.mark.parametrize("command", [[], ["loss"], ["plan"]])
+@pytest.mark.parametrize("command", [[], ["loss"], ["plan"], ["targets"], ["next"], ["compare"]])
 def test_help_is_for_users_with_examples(command):
     done = luksbench(*command, "--help")
     assert done.returncode == 0
