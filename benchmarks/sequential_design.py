@@ -20,6 +20,12 @@ plain -> luks):
 Per design: device-seconds per cell (fio's runtimes of both arms), cells decided (by magnitude,
 throughput regions 5 / 20 %), median half-width (loss points), and coverage: the share of cells
 whose interval holds the long-sequence estimate (mean of all LONG_PAIRS pairs).
+
+Then the sequential design's boundaries (bonferroni, pocock, obrien-fleming), each replayed
+through ``next_round`` on the measured run (at most as many pairs as it has) and on SIM_CELLS
+simulated cells per noise level sd(d) in SIM_SDS (what real NVMe shows; true losses uniform in
+SIM_LOSS %, seeded): pairs per decided cell, share decided, and wrong decisions against the
+simulated truth.
 """
 
 from __future__ import annotations
@@ -42,6 +48,11 @@ sys.path.insert(0, str(REPO / "src"))
 from luksbench.analysis import ingest, sequential, stats  # noqa: E402
 
 LONG_PAIRS = 20
+SIM_SDS = (0.01, 0.02, 0.03, 0.05)
+SIM_CELLS = 200
+SIM_LOSS = (-5.0, 30.0)
+SIM_SEED = 20261128
+BOUNDARY_NAMES = ("bonferroni", "pocock", "obrien-fleming")
 MATRIX = {"rw": ["read", "write", "randread", "randwrite"], "bs": ["4k", "1m"], "iodepth": [32]}
 
 
@@ -103,8 +114,9 @@ def pts(d, logs, start=3, cv=0.035):
     return n, interval(d[:n])
 
 
-def sequential_replay(fio: pd.DataFrame, min_pairs=3, max_pairs=12) -> dict:
-    """(pairs, (low, high)) per cell from next_round's own decisions, round by round."""
+def sequential_replay(fio: pd.DataFrame, min_pairs=3, max_pairs=12, boundary="pocock") -> dict:
+    """(pairs, (low, high)) per cell from next_round's own decisions, round by round (``fio``
+    holds at least max_pairs pairs of every cell)."""
     wanted = dict.fromkeys(fio["workload"].unique(), min_pairs)
     with tempfile.TemporaryDirectory() as tmp:
         while True:
@@ -116,6 +128,7 @@ def sequential_replay(fio: pd.DataFrame, min_pairs=3, max_pairs=12) -> dict:
                 comparisons=[("plain", "luks")],
                 min_pairs=min_pairs,
                 max_pairs=max_pairs,
+                boundary=boundary,
             )
             if doc["done"]:
                 break
@@ -125,6 +138,66 @@ def sequential_replay(fio: pd.DataFrame, min_pairs=3, max_pairs=12) -> dict:
 
 def decided(low, high) -> bool:
     return not stats.decision(low, high, 5.0, 20.0).startswith(("undecided", "insufficient"))
+
+
+def simulated_run(sd: float, rng: np.random.Generator, pairs: int = 12):
+    """SIM_CELLS cells of ``pairs`` pairs (6-s runs): d = ln(1 - loss/100) + N(0, sd), the
+    loss uniform in SIM_LOSS; the level both arms share walks. Returns (fio table, true loss
+    per workload)."""
+    loss = rng.uniform(*SIM_LOSS, SIM_CELLS)
+    d = np.log1p(-loss / 100)[:, None] + rng.normal(0, sd, (SIM_CELLS, pairs))
+    level = 18 + np.cumsum(rng.normal(0, 0.3, (SIM_CELLS, pairs)), axis=1)
+    cell, rep = np.indices((SIM_CELLS, pairs)).reshape(2, -1)
+    workloads = np.array([f"randread-4k-qd{c + 1}" for c in range(SIM_CELLS)])
+    frames = [
+        pd.DataFrame(
+            {
+                **{"host": "sim", "stack": stack, "workload": workloads[cell], "rep": rep + 1},
+                **{"job_slot": 0, "job": "sim", "direction": "read", "rw": "randread"},
+                **{"bs_bytes": 4096, "iodepth": cell + 1, "runtime_ms": 6000.0, "io_bytes": 1e9},
+                "bw_bytes": np.exp(logs[cell, rep]),
+            }
+        )
+        for stack, logs in (("plain", level), ("luks", level + d))
+    ]
+    return pd.concat(frames, ignore_index=True), dict(zip(workloads, loss, strict=True))
+
+
+def wrong(low, high, truth) -> bool:
+    """A decided region that does not hold the true loss."""
+    verdict = stats.decision(low, high, 5.0, 20.0)
+    return decided(low, high) and stats.decision(truth, truth, 5.0, 20.0) != verdict
+
+
+def boundary_rows(fio: pd.DataFrame, truth: dict | None, max_pairs: int) -> list[str]:
+    """One line per boundary: pairs per decided cell, share decided (wrong, given a truth)."""
+    lines = []
+    for name in BOUNDARY_NAMES:
+        cells = sequential_replay(fio, max_pairs=max_pairs, boundary=name)
+        ok = [decided(*ci) for _, ci in cells.values()]
+        pairs = sum(n for n, _ in cells.values())
+        per = f"{pairs / sum(ok):.1f}" if any(ok) else "none"
+        line = f"  {name:<16}{per:>12}{100 * np.mean(ok):>9.0f} %{pairs / len(cells):>12.1f}"
+        if truth is not None:
+            errs = [wrong(*ci, truth[w]) for w, (_, ci) in cells.items()]
+            line += f"{100 * np.mean(errs):>9.1f} %"
+        lines.append(line)
+    return lines
+
+
+def print_boundaries(fio: pd.DataFrame, long_n: int) -> None:
+    """The boundaries replayed on the measured run and on simulated cells."""
+    head = f"  {'boundary':<16}{'pairs/decided':>12}{'decided':>11}{'pairs/cell':>12}"
+    cap = min(12, long_n)
+    print(f"\nsequential boundaries, 3..{cap} pairs, on the measured run (truth unknown)")
+    print(head)
+    print("\n".join(boundary_rows(fio, None, cap)))
+    rng = np.random.default_rng(SIM_SEED)
+    for sd in SIM_SDS:
+        sim, truth = simulated_run(sd, rng)
+        print(f"\nsimulated: {SIM_CELLS} cells, sd(d) {sd}, loss uniform {SIM_LOSS} %, 3..12 pairs")
+        print(f"{head}{'wrong':>11}")
+        print("\n".join(boundary_rows(sim, truth, 12)))
 
 
 def main(argv=None) -> int:
@@ -147,7 +220,7 @@ def main(argv=None) -> int:
     }
     long_n = min(len(x) for x in d.values())
     truth = {w: 100 * (1 - math.exp(x.mean())) for w, x in d.items()}
-    seq = sequential_replay(fio)
+    seq = sequential_replay(fio, max_pairs=min(12, long_n))
     designs = {
         "fixed 3 pairs": {w: fixed(x) for w, x in d.items()},
         "Stein two-stage (+-2, cap 12)": {w: stein(x) for w, x in d.items()},
@@ -176,6 +249,7 @@ def main(argv=None) -> int:
         f"goal (>= 90 % decided, <= 120 device-s per cell): {'met' if met else 'not met'} "
         f"({100 * share:.0f} %, {seq_cost:.0f} s)"
     )
+    print_boundaries(fio, long_n)
     return 0
 
 

@@ -33,6 +33,19 @@ def simulate_logs(rng, n_cells, n_pairs, sigma, log_ratio, order_drift=0.01, pai
     return lb, lv
 
 
+def drifting_logs(rng, n_cells, n_pairs, sd_d, log_ratio, rho):
+    """(log baseline, log variant) whose log ratios d drift: d_k = log_ratio + sd_d u_k, u a
+    stationary AR(1) series with coefficient ``rho`` and unit variance across a cell's pairs (the
+    order measured), so the pairing does not cancel it; the level both arms share walks too."""
+    u = np.empty((n_cells, n_pairs))
+    u[:, 0] = rng.standard_normal(n_cells)
+    for k in range(1, n_pairs):
+        u[:, k] = rho * u[:, k - 1] + np.sqrt(1 - rho**2) * rng.standard_normal(n_cells)
+    lb = 18 + np.cumsum(rng.normal(0, 0.3, (n_cells, n_pairs)), axis=1)
+    lv = lb + np.reshape(log_ratio, (-1, 1)) + np.asarray(sd_d, float)[:, None] * u
+    return lb, lv
+
+
 def fio_frame(lb, lv, n_pairs=None, metric="bw_bytes", capped=None) -> pd.DataFrame:
     """A tidy fio-like table from log values; ``n_pairs[c]`` pairs of cell c are kept (default all).
 

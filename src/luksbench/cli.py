@@ -407,6 +407,7 @@ def _cmd_next(args: argparse.Namespace) -> int:
             metric=args.metric,
             confidence=args.confidence,
             decision_regions=dict(args.region or []),
+            boundary=args.boundary,
         )
     except (IngestError, ValueError, OSError) as exc:
         return _fail("next", exc)
@@ -423,14 +424,14 @@ def _add_next_command(commands) -> None:
         help="sequential design: decide every cell, write the next round's targets file",
         description=_paragraphs(
             "Decide every cell of one host from its pairs so far (intervals valid at any "
-            "look: Bonferroni over the looks min_pairs..max_pairs) and write the next round's "
-            "targets (workload id -> pairs wanted so far; a decided cell keeps its count). The "
-            "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
-            "reads it."
+            "look: the boundary's level at each of the looks min_pairs..max_pairs) and write the "
+            "next round's targets (workload id -> pairs wanted so far; a decided cell keeps its "
+            "count). The workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where "
+            "`luksbench loss` reads it."
         ),
         epilog="examples:\n"
         "  luksbench next data/raw/myrun --host mybox --out data/raw/myrun/mybox/fio/targets.json\n"
-        "  luksbench next data/raw/myrun --host mybox --budget-h 6 --region throughput=3,10 "
+        "  luksbench next data/raw/myrun --host mybox --budget-h 6 --boundary obrien-fleming "
         "--out next.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -444,6 +445,12 @@ def _add_next_command(commands) -> None:
     _options(nxt, "--confidence")
     _options(
         nxt, "--region", help="decision margins in %% of a metric family, as for `luksbench loss`"
+    )
+    nxt.add_argument(
+        "--boundary",
+        default="pocock",  # analysis.boundary.DEFAULT_BOUNDARY (not imported: scipy)
+        help="level of each look: pocock (one level, calibrated to the looks; default), "
+        "obrien-fleming (Lan-DeMets spending: wide early, narrow late) or bonferroni",
     )
     _options(nxt, "--out")
     nxt.set_defaults(func=_cmd_next)

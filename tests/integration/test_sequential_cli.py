@@ -11,6 +11,8 @@ import pytest
 from test_certainty import covers, wrong_decision
 from test_sequential import BOUNDARIES, sequential_run
 
+from luksbench.analysis.boundary import look_levels
+
 
 def test_sequential_coverage_and_decisions_at_the_stopping_time(tmp_path):
     """600 cells, sd(d) log-uniform from 0.005 to 0.1, true losses on a region boundary (a sixth)
@@ -23,7 +25,8 @@ def test_sequential_coverage_and_decisions_at_the_stopping_time(tmp_path):
     )
     loss, doc, rounds = sequential_run(tmp_path, rng, sd_d, true_loss)
     assert (loss["interval"] == "sequential").all()
-    assert doc["look_confidence"] == pytest.approx(1 - 0.05 / 10)
+    assert doc["boundary"] == "pocock"  # the default
+    assert doc["look_confidence"] == pytest.approx(look_levels("pocock", 0.95, 3, 12)[12])
     n = loss["n"].to_numpy()
     assert n.min() == 3 and n.max() == 12 and len(set(n)) >= 6  # cells stop at different looks
     assert rounds == 10 and len(doc["looks"]) == 10

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as sps
-from simulate import simulate_logs, write_raw_reps
+from simulate import drifting_logs, simulate_logs, write_raw_reps
 from test_certainty import covers, wrong_decision
 
 from luksbench.analysis.sequential import look_confidence
@@ -33,10 +33,14 @@ def cli(*args) -> str:
     return out.getvalue()
 
 
-def sequential_run(tmp_path, rng, sd_d, true_loss, *extra, min_pairs=3, cap=12):
-    """Rounds until ``luksbench next`` says done; returns (loss rows, targets doc, rounds)."""
+def sequential_run(tmp_path, rng, sd_d, true_loss, *extra, min_pairs=3, cap=12, rho=None):
+    """Rounds until ``luksbench next`` says done; returns (loss rows, targets doc, rounds).
+    ``rho``: d drifts as an AR(1) series with this coefficient across each cell's pairs."""
     cells = sd_d.size
-    lb, lv = simulate_logs(rng, cells, cap, sd_d / math.sqrt(2), np.log1p(-true_loss / 100), 0)
+    if rho is None:
+        lb, lv = simulate_logs(rng, cells, cap, sd_d / math.sqrt(2), np.log1p(-true_loss / 100), 0)
+    else:
+        lb, lv = drifting_logs(rng, cells, cap, sd_d, np.log1p(-true_loss / 100), rho)
     raw, logs = tmp_path / "seq", {"plain": lb + 18, "luks": lv + 18}
     write_raw_reps(raw, logs, [range(1, min_pairs + 1)] * cells)
     targets = raw / "sim" / "fio" / "targets.json"
@@ -269,3 +273,90 @@ def test_the_looks_read_back_are_the_written_history_or_none(tmp_path, text, loo
     path.write_text(text)
     assert read_looks(path) == looks
     assert read_looks(tmp_path / "missing.json") == []
+
+
+def _coverage_unwidened(loss: pd.DataFrame, true_loss: np.ndarray) -> float:
+    """Coverage of the same looks' intervals without the drift widening (half-width / sqrt f)."""
+    low, high = np.log1p(-loss["ci_high"] / 100), np.log1p(-loss["ci_low"] / 100)
+    mid, half = (low + high) / 2, (high - low) / 2 / np.sqrt(loss["drift_inflation"])
+    truth = np.log1p(-true_loss / 100)
+    return float(((mid - half <= truth) & (truth <= mid + half)).mean())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rho", [0.5, 0.8])
+def test_drift_across_pairs_is_priced_through_the_cli(tmp_path, rho):
+    """300 cells whose d drifts as AR(1) (coefficient rho) across the rounds, sd(d) log-uniform
+    0.005-0.1, true losses on a region boundary or within 3 points of one, through `luksbench
+    next` (Pocock) round by round and `luksbench loss`: coverage >= 93 % and wrong decisions <= 5 %
+    at the stopping time; without the widening the same looks cover far less."""
+    rng = np.random.default_rng(28)
+    cells = 300
+    sd_d = np.exp(rng.uniform(math.log(0.005), math.log(0.1), cells))
+    near = rng.uniform(-3, 3, cells) * (rng.random(cells) > 0.5)
+    true_loss = rng.choice(BOUNDARIES, cells) + near
+    loss, doc, _ = sequential_run(tmp_path, rng, sd_d, true_loss, rho=rho)
+    assert (loss["interval"] == "sequential").all() and doc["boundary"] == "pocock"
+    hit, wrong = covers(loss, true_loss), wrong_decision(loss["decision"], true_loss)
+    plain = _coverage_unwidened(loss, true_loss)
+    print(f"rho {rho}: coverage {hit.mean():.3f} (unwidened {plain:.3f}), wrong {wrong.mean():.3f}")
+    assert loss["drift_rho"].iloc[0] == pytest.approx(rho, abs=0.15)
+    assert (loss["drift_inflation"] > 1.5).all() and (loss["drift_widening_pct"] > 20).all()
+    assert hit.mean() >= 0.93 and wrong.mean() <= 0.05, (hit.mean(), wrong.mean())
+    assert plain < 0.9  # the widening is what keeps the coverage
+
+
+@pytest.mark.slow
+def test_the_calibrated_boundary_decides_with_fewer_pairs_than_bonferroni(tmp_path):
+    """The same 300 cells (sd(d) 0.05, true losses uniform -5..30 %) through `luksbench next` with
+    each boundary: Pocock needs >= 15 % fewer pairs per decided cell than Bonferroni, both with
+    wrong decisions <= 5 %."""
+    cells, found = 300, {}
+    for name in ("bonferroni", "pocock"):
+        rng = np.random.default_rng(50)
+        true_loss = rng.uniform(-5, 30, cells)
+        sd_d = np.full(cells, 0.05)
+        loss, doc, _ = sequential_run(tmp_path / name, rng, sd_d, true_loss, "--boundary", name)
+        assert doc["boundary"] == name
+        decided = ~loss["decision"].str.startswith("undecided")
+        wrong = wrong_decision(loss["decision"], true_loss).mean()
+        found[name] = loss["n"].sum() / decided.sum()
+        print(
+            f"{name}: {found[name]:.2f} pairs per decided cell, decided {decided.mean():.3f}, "
+            f"wrong {wrong:.3f}"
+        )
+        assert wrong <= 0.05
+    assert found["pocock"] <= 0.85 * found["bonferroni"], found
+
+
+def test_each_cell_is_read_at_its_own_looks_level_under_obrien_fleming(tmp_path):
+    """O'Brien-Fleming's level changes from look to look: targets.json gives every cell the level
+    of the look its pairs are read at, and `luksbench loss` gives each cell that interval."""
+    from luksbench.analysis import boundary, stats
+    from luksbench.cli import build_parser
+
+    parsed = build_parser().parse_args(["next", "r", "--host", "h", "--out", "t.json"])
+    assert parsed.boundary == boundary.DEFAULT_BOUNDARY
+    rng = np.random.default_rng(6)
+    sd_d, true_loss = np.array([0.002, 0.05, 0.05]), np.array([40.0, 5.0, 5.0])
+    args = ("--boundary", "obrien-fleming")
+    loss, doc, _ = sequential_run(tmp_path, rng, sd_d, true_loss, *args, cap=6)
+    levels = boundary.look_levels("obrien-fleming", 0.95, 3, 6)
+    assert doc["look_levels"] == {str(n): v for n, v in levels.items()}
+    assert [c["look_confidence"] for c in doc["cells"].values()] == [levels[3], *[levels[6]] * 2]
+    assert loss["n"].tolist() == [3, 6, 6] and loss["decision"][0] == "material"
+    raw = tmp_path / "seq" / "sim" / "fio"
+    for row, n in zip(loss.itertuples(), (3, 6, 6), strict=True):
+        bw = {
+            stack: [
+                json.loads((raw / stack / row.workload / f"rep{k}.json").read_text())["jobs"][0]
+                for k in range(1, n + 1)
+            ]
+            for stack in ("plain", "luks")
+        }
+        b, v = (np.array([job["read"]["bw_bytes"] for job in bw[s]]) for s in ("plain", "luks"))
+        ci = stats.paired_log_ratio_ci(np.log(v / b), levels[n])
+        half = (np.log1p(-row.ci_low / 100) - np.log1p(-row.ci_high / 100)) / 2
+        assert half == pytest.approx((ci.high - ci.low) / 2 * np.sqrt(row.drift_inflation))
+    stop = ["next", tmp_path / "seq", "--host", "sim", "--boundary", "wald", "--out", "t.json"]
+    assert main([str(a) for a in stop]) == 1

@@ -109,7 +109,7 @@ outlier_reps, outliers_excluded | | flagged pairs and whether they were left out
 decision | | negligible, moderate, material (gain), undecided or insufficient
 decision_lower_pct, decision_upper_pct | % | the decision's margins
 interval | | t, stein, sequential or none
-look_confidence | | sequential design: level of each look's interval (targets.json)
+look_confidence | | sequential design: level of the interval at the look the cell is read at, from its boundary (targets.json)
 device_seconds, fixed3_seconds | s | sequential design: the cell's device time (fio's runtimes of every stack); that of its first 3 pairs
 fixed3_decision, fixed3_pairs | | sequential design: what the fixed 3-pair design would have decided on the cell's first 3 pairs at the nominal confidence; pairs it used
 job_cpu_pct, baseline_job_cpu_pct | % of a core | fio job's usr + sys CPU (the baseline's largest)
@@ -130,6 +130,9 @@ pilot_sd_log_ratio | | SD of d in the adaptive pilot
 derived_from | | the metric whose test an IOPS row repeats
 covers | | what the interval covers (sessions or repetitions)
 sd_within_session, sd_between_sessions | | variance components of d
+drift_rho | | AR(1) coefficient of d across pairs in time order, pooled over the host's cells of the metric (lag-1 and lag-2, clipped to 0-0.9)
+drift_inflation | | factor on the variance of a t or sequential interval for that drift (1: none detected; empty: the interval does not take it)
+drift_widening_pct | % | how much wider the interval is for the drift: 100 (sqrt(drift_inflation) - 1)
 fio_error, ss_not_attained | | the repetition had a fio error; fio's steady state not reached
 n_cells, n_in_order, n_reversed | | cells and pairs run in order and reversed
 order_log | | order effect on d

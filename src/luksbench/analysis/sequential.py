@@ -1,8 +1,11 @@
 """Sequential design: measure in rounds, decide every cell between rounds, stop when decided.
 
 Looks at n = min_pairs, ..., max_pairs pairs, one per round: K planned looks, each interval the
-paired t at level 1 - alpha / K (Bonferroni over the looks), so all K of a cell hold together and
-the one where it stopped covers whatever chose that look. A cell stops when every row of the
+paired t at the level the boundary gives that look (:mod:`luksbench.analysis.boundary`: Pocock,
+O'Brien-Fleming or Bonferroni, calibrated so that all K of a cell hold together at the confidence),
+so the one where it stopped (a repeated confidence interval) covers whatever chose that look; a
+decision rests on its two one-sided bounds. Drift of d across pairs widens every look
+(:mod:`luksbench.analysis.drift`, in the loss table). A cell stops when every row of the
 design metric is decided by magnitude, at ``max_pairs``, or when the device-time budget is spent
 (which goes first to the cells closest to a decision). :func:`next_round` writes the targets file
 (:mod:`luksbench.formats.targets`) for ``luksbench next`` and the workflow's rounds alike.
@@ -19,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from luksbench.analysis import boundary as boundaries
 from luksbench.analysis import stats
 from luksbench.analysis.cells import CELL_KEYS
 from luksbench.formats.targets import read_looks, write_targets
@@ -82,10 +86,13 @@ def next_round(
     confidence: float = 0.95,
     cells: list[str] | None = None,
     decision_regions: dict | None = None,
+    boundary: str = boundaries.DEFAULT_BOUNDARY,
 ) -> dict:
     """Decide every cell of ``host`` from its pairs so far and write the next round's targets to
-    ``out`` (workload id -> pairs wanted so far); ``budget_s`` 0: no budget, the cap bounds it."""
-    level = look_confidence(confidence, min_pairs, max_pairs)
+    ``out`` (workload id -> pairs wanted so far); ``budget_s`` 0: no budget, the cap bounds it.
+    ``boundary``: the level of each look (:data:`luksbench.analysis.boundary.BOUNDARIES`)."""
+    levels = boundaries.look_levels(boundary, confidence, min_pairs, max_pairs)
+    level_at = lambda n: levels[min(max(int(n), min_pairs), max_pairs)]  # noqa: E731
     fio = fio[fio["host"] == host] if len(fio) else fio
     comparisons = [tuple(p) for p in comparisons]
     looks = pd.DataFrame(columns=["n"])
@@ -93,8 +100,10 @@ def next_round(
     if len(fio):
         # a comparison with a stack that has no results (an optional stack not built) does not count
         compared = [p for p in comparisons if set(p) <= set(fio["stack"])]
-        settings = {"metrics": [metric], "confidence": level, "decision_regions": decision_regions}
-        loss = stats.loss_tables(fio, compared, **settings)
+        settings = {"metrics": [metric], "confidence": confidence}
+        loss = stats.loss_tables(
+            _at_looks(fio, level_at), compared, **settings, decision_regions=decision_regions
+        )
         looks = _cell_looks(loss) if len(loss) else looks
         pair_s = device_seconds(fio)
     spent = float(pair_s["seconds"].sum())
@@ -128,11 +137,21 @@ def next_round(
             per_cell[w].update(pairs=per_cell[w]["n"] + 1, why="continue: undecided")
         else:
             per_cell[w]["why"] = "stop: budget spent"
-    doc = _document(host, metric, comparisons, confidence, level, min_pairs, max_pairs, per_cell)
+    for cell in per_cell.values():  # the level of the look its interval will be read at
+        cell["look_confidence"] = level_at(cell["pairs"])
+    design = (min_pairs, max_pairs, boundary, levels)
+    doc = _document(host, metric, comparisons, confidence, design, per_cell)
     doc.update(budget_s=budget_s, spent_s=round(spent, 1))
     doc["looks"] = _history(Path(out), per_cell)
     write_targets(Path(out), doc)
     return doc
+
+
+def _at_looks(fio: pd.DataFrame, level_at) -> pd.DataFrame:
+    """``fio`` with each cell's look level at the pairs it has now (the design columns the loss
+    table reads, as ingest writes them from targets.json)."""
+    n = fio.groupby("workload")["rep"].transform("max")
+    return fio.assign(target_pairs=n.astype(float), look_confidence=n.map(level_at).astype(float))
 
 
 def fixed_design(table: pd.DataFrame, fio: pd.DataFrame, *settings, **options) -> pd.DataFrame:
@@ -158,23 +177,27 @@ def fixed_design(table: pd.DataFrame, fio: pd.DataFrame, *settings, **options) -
     return found.astype({c: float for c in FIXED_COLUMNS} | {"fixed3_decision": "string"})
 
 
-def _document(host, metric, comparisons, confidence, level, min_pairs, max_pairs, per_cell):
+def _document(host, metric, comparisons, confidence, design, per_cell):
+    min_pairs, max_pairs, boundary, levels = design
     return {
         "kind": KIND,
         "method": (
             "sequential: looks at min_pairs..max_pairs pairs, one per round; paired t-interval "
-            "at look_confidence = 1 - (1 - confidence) / K, K = max_pairs - min_pairs + 1 "
-            "(Bonferroni over the planned looks: valid at any stopping time); a cell stops when "
-            "every row of the metric is decided by magnitude, at max_pairs, or when the budget "
-            "is spent"
+            f"at the level of the {boundary} boundary at that look (look_levels: pairs -> level; "
+            "all K = max_pairs - min_pairs + 1 looks of a cell hold together at the confidence: "
+            "valid at any stopping time), widened by the drift of d the loss table finds; a "
+            "cell stops when every row of the metric is decided by magnitude, at max_pairs, or "
+            "when the budget is spent"
         ),
+        "boundary": boundary,
+        "look_levels": {str(n): level for n, level in levels.items()},
         "host": host,
         "metric": metric,
         "baseline": comparisons[0][0],
         "variants": sorted({v for _, v in comparisons}),
         "comparisons": [list(p) for p in comparisons],
         "confidence": confidence,
-        "look_confidence": level,
+        "look_confidence": levels[max_pairs],
         "min_pairs": min_pairs,
         "max_pairs": max_pairs,
         "pairs": {w: c["pairs"] for w, c in per_cell.items()},
@@ -225,6 +248,7 @@ def run_rounds(
     run_fio += ["--manifest", str(manifest)]
     started = time.monotonic()
     settings = {k: adaptive[k] for k in ("min_pairs", "max_pairs", "metric")}
+    settings["boundary"] = adaptive.get("boundary", boundaries.DEFAULT_BOUNDARY)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     last = None
     with open(log, "a") as out:

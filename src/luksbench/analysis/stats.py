@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from luksbench.analysis import drift
 from luksbench.analysis.cells import CELL_ATTRS, CELL_KEYS, active_rows, with_pattern
 
 _HIGHER_IS_WORSE = ("lat_mean_ns", "clat_mean_ns", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
@@ -69,7 +70,7 @@ LOSS_COLUMNS = [
     *("n_outliers", "outlier_reps", "outliers_excluded", "target_pairs", "noisy", "pattern"),
     *("decision", "decision_lower_pct", "decision_upper_pct", "interval", "pilot_pairs"),
     *("pilot_sd_log_ratio", "derived_from", "covers", "sessions", "sd_within_session"),
-    *("sd_between_sessions",),
+    *("sd_between_sessions", "drift_rho", "drift_inflation", "drift_widening_pct"),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_DTYPES = {
@@ -536,6 +537,7 @@ def _cell_stats(
     all_or_none: bool = False,
     sessions_planned: int = 1,
     look_confidence: float = math.nan,
+    drift_fit: tuple[float, bool] = (math.nan, False),
 ) -> dict:
     """One row of the loss table but for the cross-table q-value and verdict.
 
@@ -546,7 +548,9 @@ def _cell_stats(
     under-covers); "sequential" with ``look_confidence`` (everything at that level, the p-value
     Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks); else "t".
     ``all_or_none`` (net CPU metrics): a value <= 0 on either side leaves no pair usable, as
-    dropping the cell's low values would select on the outcome."""
+    dropping the cell's low values would select on the outcome. ``drift_fit``: (AR(1)
+    coefficient of d pooled over the run's cells, detected?) (:mod:`luksbench.analysis.drift`):
+    a "t" or "sequential" interval widens by the square root of its variance inflation."""
     ok = usable_pairs(b, v)
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
         ok[:] = False
@@ -572,19 +576,22 @@ def _cell_stats(
         pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
     sequential = not two_level and look_confidence > 0
     level = look_confidence if sequential else confidence
-    looks = round((1 - confidence) / (1 - level))  # K of a sequential design, else 1
+    looks = (1 - confidence) / (1 - level)  # the p-value's scale: K under Bonferroni, else 1
     ci = paired_log_ratio_ci(d, level, pilot)
     if not valid:
         ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
     one = "one session" if means.size <= 1 else "sessions"
     kind = "sessions" if two_level else "none" if not valid else "stein" if pilot else "t"
     kind = "sequential" if sequential else kind
+    widens = kind in ("t", "sequential")
+    inflation = drift.cell_inflation(*drift_fit, ci.n) if widens else math.nan
+    estimates = (ci, d, bu, vu, pilot, valid, better_high, level, margin_pct, looks, inflation)
     return {
         "n": int(use.sum()),
         "n_dropped": int((~ok).sum()),
         "baseline_mean": float(bu.mean()) if ci.n else math.nan,
         "variant_mean": float(vu.mean()) if ci.n else math.nan,
-        **_estimates(ci, d, bu, vu, pilot, valid, better_high, level, margin_pct, looks),
+        **_estimates(*estimates),
         "n_outliers": int(flagged.sum()),
         "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
         "interval": kind,
@@ -593,18 +600,39 @@ def _cell_stats(
         "sessions": int(means.size),
         "sd_within_session": sd_within,
         "sd_between_sessions": sd_between,
+        "drift_rho": drift_fit[0],
+        "drift_inflation": inflation,
+        "drift_widening_pct": 100 * (math.sqrt(inflation) - 1),
     }
 
 
 CROSS_CHECK_COLUMNS = ("fieller_low", "fieller_high", "boot_low", "boot_high")
 
 
-def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct, looks=1) -> dict:
+def _widened(ci: LogRatioCI, inflation: float) -> LogRatioCI:
+    """``ci`` with its half-width times the square root of ``inflation`` (NaN or <= 1: as is)."""
+    if not inflation > 1:
+        return ci
+    f = math.sqrt(inflation)
+    return LogRatioCI(
+        ci.n, ci.mean, ci.sd, ci.mean - f * (ci.mean - ci.low), ci.mean + f * (ci.high - ci.mean)
+    )
+
+
+def _estimates(
+    ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct, looks=1.0, inflation=1.0
+) -> dict:
     """A row's effect with its interval, test and equivalence check, and the Fieller and
     bootstrap cross-checks, from the values its interval rests on (pairs or session means), all at
-    ``confidence``; the p-value Bonferroni-adjusted over ``looks`` (a sequential design's K)."""
+    ``confidence``; the p-value scaled by ``looks`` (a sequential look's (1 - confidence) / (1 -
+    look level): K under Bonferroni). ``inflation`` (drift): the interval, the equivalence
+    interval and the test rest on the variance s^2 / n times it; the cross-checks do not."""
     eq_conf = tost_confidence(confidence)
     eq = paired_log_ratio_ci(d, eq_conf, pilot) if ci.n >= 2 and valid and eq_conf > 0 else None
+    ci, eq = _widened(ci, inflation), eq and _widened(eq, inflation)
+    p = paired_t_pvalue(d, pilot)
+    if inflation > 1 and d.size >= 2:
+        p = _t_pvalue(ci.mean, ci.sd * math.sqrt(inflation / d.size), d.size - 1)
     effect_pct, bounds = effect_with_equivalence(ci, eq, better_high, margin_pct)
     f_lo, f_hi = fieller_ratio_ci(bu, vu, confidence)
     fieller = effect_bounds_from_ratio(f_lo, f_hi, better_high)  # NaN bounds stay NaN
@@ -618,7 +646,7 @@ def _estimates(ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct,
         "effect_pct": effect_pct,
         "loss_pct": effect_pct if better_high else math.nan,
         "increase_pct": math.nan if better_high else effect_pct,
-        "p_value": float(np.minimum(1, looks * paired_t_pvalue(d, pilot))) if valid else math.nan,
+        "p_value": float(np.minimum(1, looks * p)) if valid else math.nan,
         **bounds,
         **dict(zip(CROSS_CHECK_COLUMNS, (*fieller, *boot), strict=True)),
     }
@@ -681,6 +709,10 @@ def loss_table(
     by_cell = design.set_index(["host", "workload"])
     pilots, levels = by_cell["pilot_pairs"].to_dict(), by_cell["look_confidence"].to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
+    # drift: d of every cell in the order measured, pooled per host and metric
+    ok = usable_pairs(base_v, var_v)
+    series = {k: np.log(var_v[p][ok[p]] / base_v[p][ok[p]]) for k, p in groups.items()}
+    drift_fits = drift.pooled_by(series, lambda key: (key[0], key[-1]))
     settings = (confidence, equivalence_margin_pct, exclude_outliers)
     rows = []
     for key, pos in groups.items():
@@ -691,7 +723,8 @@ def loss_table(
         cpu = METRIC_FAMILIES[cell["metric"]] == "cpu"
         level = float(levels.get((host, cell["workload"]), math.nan))
         sessions_ = int(planned.get(host, 1))
-        stats_ = _cell_stats(*arrays, better_high, *settings, pilot, cpu, sessions_, level)
+        fit = drift_fits[(host, cell["metric"])]
+        stats_ = _cell_stats(*arrays, better_high, *settings, pilot, cpu, sessions_, level, fit)
         rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **stats_})
     table = pd.DataFrame(rows, columns=[c for c in LOSS_COLUMNS if c not in DESIGN_COLUMNS])
     table = table.assign(

@@ -27,7 +27,8 @@ class TargetsError(ValueError):
 def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | None]]:
     """workload id -> (target pairs, capped, pilot pairs n0, look confidence) from a targets file.
     n0 is None where the pairs did not come from a pilot SD (the cell's pilot was incomplete: it
-    ran the cap whatever its data); the look confidence (a sequential design's) None otherwise."""
+    ran the cap whatever its data); the look confidence (a sequential design's: the cell's own, else
+    the document's) None otherwise."""
     try:
         doc = read_json_object(path)
     except ValueError as exc:
@@ -50,8 +51,20 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | N
             )
         sd = (cells.get(w) or {}).get("pilot_sd_log_ratio") if isinstance(cells, dict) else 0
         n0_cell = n0 if isinstance(sd, (int, float)) and sd == sd else None
-        out[w] = (n, w in noisy, n0_cell, level)
+        out[w] = (n, w in noisy, n0_cell, _cell_level(cells, w, level))
     return out
+
+
+def _cell_level(cells, w: str, level: float | None) -> float | None:
+    """A sequential cell's own look level (its boundary's at the look it is read at), else the
+    document's."""
+    cell = cells.get(w) if isinstance(cells, dict) else None
+    own = cell.get("look_confidence") if isinstance(cell, dict) else None
+    if own is None:
+        return level
+    if not (isinstance(own, float) and 0 < own < 1):
+        raise TargetsError(f"targets file: look_confidence of {w!r} must be in (0, 1), not {own!r}")
+    return own
 
 
 def read_looks(path: Path) -> list[dict]:
