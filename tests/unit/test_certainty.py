@@ -1,6 +1,6 @@
 """What the loss table's certainty is worth, validated end to end: simulated raw runs in the raw
 layout (fio JSON files), ``luksbench targets`` and ``luksbench loss`` run as commands, coverage and
-decisions counted against the truth put in. Seeded; README ("How sure: the statistics") quotes
+decisions counted against the truth put in. Seeded; docs/statistics.md quotes
 the figures these tests produce.
 
 The simulated pairs drift from pair to pair (both arms alike) and carry no order effect inside
@@ -180,7 +180,7 @@ def test_stein_keeps_coverage_where_the_final_sd_does_not():
     threshold of 0.022): the pilot's SD decides both where a cell stops and, with the final SD,
     how wide its interval is. Over all cells Stein's interval keeps
     95 %; the final-sample t-interval does not. Conditional on where a cell stopped no interval
-    that rests on the pilot's SD can: below the cap Stein's covers less, at the cap more (README)."""
+    that rests on the pilot's SD can: below the cap Stein's covers less, at the cap more (docs/statistics.md)."""
     rng = np.random.default_rng(77)
     cells, n0, cap = 4000, 4, 12
     sigma = rng.uniform(0.02, 0.03, cells)

@@ -24,7 +24,7 @@ from luksbench.formats.manifest import read_manifest
 from luksbench.formats.sidecar import read_cpu_sidecar
 from luksbench.formats.targets import read_targets
 
-MAX_RAW_BYTES_VARIABLE = "LUKSBENCH_MAX_RAW_BYTES"  # README names it
+MAX_RAW_BYTES_VARIABLE = "LUKSBENCH_MAX_RAW_BYTES"  # docs/troubleshooting.md names it
 
 READERS = {
     "fio": load_fio_document,

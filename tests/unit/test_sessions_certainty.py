@@ -1,7 +1,7 @@
 """Intervals that cover sessions: a simulated multi-session run with a session effect on the log
 ratio, in the raw layout with its manifest recording each result's session, through
 ``luksbench loss``. The two-level interval keeps 95 %; the interval over pooled repetitions does
-not. Seeded; README ("How sure: the statistics") quotes these figures."""
+not. Seeded; docs/statistics.md quotes these figures."""
 
 from __future__ import annotations
 

@@ -39,7 +39,9 @@ rule capture_env:
 
 
 rule benchmark_ciphers:
-    """Run `cryptsetup benchmark`; its output is kept verbatim, also when ciphers are unavailable."""
+    """Run `cryptsetup benchmark`; its output is kept verbatim, also when ciphers are unavailable.
+    A plan cipher it could not measure (no AF_ALG) is measured in userspace with `openssl speed`
+    beside it (openssl-speed.txt), when openssl is installed."""
     input:
         plan=ancient(f"{HOST_SCRATCH}/plan.json"),
         env=ancient(f"{HOST_RAW}/env.json"),

@@ -88,6 +88,8 @@ memory_kib | KiB | argon2 memory cost
 threads, time_cost | | argon2 threads and iterations
 requested_ms | ms | argon2 time target the costs were calibrated to
 encryption_mib_s, decryption_mib_s | MiB/s | cipher speed in memory
+source | | who measured a cipher row: `cryptsetup benchmark` (the kernel's cipher) or `userspace estimate (openssl)` (`openssl speed -evp` of the same cipher, where the kernel's could not be benchmarked)
+block_bytes | B | buffer size of a userspace estimate (openssl's largest)
 note | | notes (a withheld percentile, CPU within noise, no pilot)
 severity | | error (left out) or note
 metric | | the measured quantity (`bw_bytes`, `iops`, latency, CPU columns above)

@@ -33,7 +33,7 @@ import pandas as pd
 
 from luksbench.analysis import cpucost, dictionary, saturation, tails
 from luksbench.analysis.stats import active_rows, with_dtypes, with_pattern
-from luksbench.formats import cryptsetup
+from luksbench.formats import cryptsetup, opensslspeed
 from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import (
     FIO_COLUMNS,
@@ -790,25 +790,76 @@ def _typed(df: pd.DataFrame, text_cols=(), bool_cols=()) -> pd.DataFrame:
 # -------------------------------------------------------------------------------------- cryptsetup
 
 
+CIPHER_SOURCE_KERNEL = "cryptsetup benchmark"
+CRYPTSETUP_TABLE_COLUMNS = ["run", "host", *cryptsetup.CRYPTSETUP_COLUMNS, "source", "block_bytes"]
+
+
+def _openssl_cipher_rows(path: Path) -> list[dict]:
+    """``openssl-speed.txt`` as cipher rows of the cryptsetup table: per cipher and key size, the
+    largest block size measured in both directions (``source`` says it is a userspace estimate)."""
+    by_cipher: dict[tuple, dict] = {}
+    for r in opensslspeed.parse_openssl_speed_file(path):
+        key = (r["algorithm"], r["key_bits"])
+        row = by_cipher.setdefault(key, {
+            **dict.fromkeys(cryptsetup.CRYPTSETUP_COLUMNS),
+            "kind": "cipher", "algorithm": r["algorithm"], "key_bits": r["key_bits"],
+            "available": True, "note": "", "source": opensslspeed.SOURCE, "block_bytes": None,
+            "_blocks": {},
+        })  # fmt: skip
+        if not r["available"]:
+            row.update(available=False, note=r["note"])
+        else:
+            row["_blocks"].setdefault(r["block_bytes"], {})[r["direction"]] = r["mib_s"]
+    rows = []
+    for row in by_cipher.values():
+        both = {
+            b: d for b, d in row.pop("_blocks").items() if len(d) == len(opensslspeed.DIRECTIONS)
+        }
+        if row["available"] and both:
+            block = max(both)
+            row.update(block_bytes=block, encryption_mib_s=both[block]["encryption"])
+            row["decryption_mib_s"] = both[block]["decryption"]
+        elif row["available"]:
+            row.update(available=False, note="openssl speed measured one direction only")
+        rows.append(row)
+    return rows
+
+
+def _host_cipher_rows(host: Path) -> list[tuple[Path, list[dict] | Exception]]:
+    """(file, rows or the error) for the host's kernel cipher benchmark and userspace estimate."""
+    out = []
+    for name, parse in (
+        ("cryptsetup-benchmark.txt", cryptsetup.parse_cryptsetup_file),
+        (opensslspeed.OPENSSL_SPEED_FILE, _openssl_cipher_rows),
+    ):
+        path = host / name
+        if not path.exists():
+            continue
+        try:
+            out.append((path, parse(path)))
+        except (cryptsetup.CryptsetupParseError, OSError, ValueError) as exc:
+            out.append((path, exc))
+    return out
+
+
 def cryptsetup_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
-    """``<host>/cryptsetup-benchmark.txt`` of every host (none: no rows), parsed; ``run`` and
-    ``host`` in front."""
+    """``<host>/cryptsetup-benchmark.txt`` of every host (none: no rows), parsed, with the cipher
+    rows of ``<host>/openssl-speed.txt`` (the userspace estimate where the kernel's ciphers could
+    not be benchmarked); ``run`` and ``host`` in front, ``source`` says which tool measured."""
     raw_dir = Path(raw_dir)
     run = run_name(raw_dir)
     records, problems = [], []
     for host in host_dirs(raw_dir):
-        path = host / "cryptsetup-benchmark.txt"
-        if not path.exists():
-            continue
-        try:
-            rows = cryptsetup.parse_cryptsetup_file(path)
-        except (cryptsetup.CryptsetupParseError, OSError, ValueError) as exc:
-            problems.append((path, str(exc)))
-            continue
-        rel = _relative(path, raw_dir)
-        records += [{"run": run, "host": host.name, **r, "file": rel} for r in rows]
-    df = pd.DataFrame.from_records(records, columns=["run", "host", *cryptsetup.CRYPTSETUP_COLUMNS])
-    return _checked(_typed(df, bool_cols=("available",)), raw_dir, problems, strict)
+        for path, rows in _host_cipher_rows(host):
+            if isinstance(rows, Exception):
+                problems.append((path, str(rows)))
+                continue
+            rel = _relative(path, raw_dir)
+            base = {"run": run, "host": host.name, "source": CIPHER_SOURCE_KERNEL}
+            records += [{**base, **r, "file": rel} for r in rows]
+    df = pd.DataFrame.from_records(records, columns=CRYPTSETUP_TABLE_COLUMNS)
+    typed = _typed(df, text_cols=("source",), bool_cols=("available",))
+    return _checked(typed, raw_dir, problems, strict)
 
 
 # -------------------------------------------------------------------------------------------- env

@@ -93,14 +93,17 @@ FIGURE_FAMILIES = {
     ),
     "ciphers": (
         "Cipher benchmark",
-        "`cryptsetup benchmark`: in-memory cipher throughput on one core (no storage I/O).",
+        "`cryptsetup benchmark`: in-memory cipher throughput on one core (no storage I/O); rows "
+        "marked userspace estimate (openssl) are `openssl speed -evp` of the same cipher, where "
+        "the kernel's could not be benchmarked.",
     ),
     "ceiling": (
         "Crypto ceiling",
         "Measured bandwidth of the encrypted stack against the crypto ceiling: the cipher's "
         "benchmark throughput \u00d7 logical CPUs (decryption for reads, encryption for writes). The "
-        "ceiling is the kernel cipher's; without a cipher benchmark no ceiling is drawn and the "
-        "figure says why.",
+        "ceiling is the kernel cipher's, or where the kernel's ciphers could not be benchmarked "
+        "(no AF_ALG) a userspace estimate from `openssl speed -evp` of the same cipher, labelled "
+        "so; without either no ceiling is drawn and the figure says why.",
     ),
     "loss": (
         "Cost per cell",

@@ -2,6 +2,8 @@
 
 Per host and LUKS stack: ``cryptsetup benchmark``'s throughput of the stack's cipher x logical
 CPUs (decryption for reads, encryption for writes), or the sentence saying why there is none.
+Where the kernel's ciphers could not be benchmarked (no AF_ALG), the cryptsetup table's
+``openssl speed`` rows of the same cipher give it, labelled a userspace estimate wherever shown.
 """
 
 from __future__ import annotations
@@ -18,6 +20,31 @@ def cipher_key(cipher: str | None) -> str | None:
         return None
     parts = str(cipher).lower().split("-")
     return "-".join(parts[:2]) if len(parts) >= 2 else parts[0]
+
+
+KERNEL_SOURCE = "cryptsetup benchmark"
+
+
+def source_of(row) -> str:
+    """Which tool measured a cipher row (tables written before ``source`` existed: cryptsetup)."""
+    source = row.get("source") if hasattr(row, "get") else None
+    return KERNEL_SOURCE if missing(source) or not source else str(source)
+
+
+def is_estimate(row) -> bool:
+    """A userspace estimate, not the kernel cipher's own benchmark."""
+    return source_of(row) != KERNEL_SOURCE
+
+
+def cipher_label(row) -> str:
+    """``aes-xts 512b``, with ``(userspace estimate (openssl))`` where it is one."""
+    label = f"{row['algorithm']} {fmt_num(row['key_bits'], 0)}b"
+    return f"{label} ({source_of(row)})" if is_estimate(row) else label
+
+
+def estimate_mark(row) -> str:
+    """`` (userspace estimate (openssl))`` after a cipher row's name where it is one."""
+    return f" ({source_of(row)})" if is_estimate(row) else ""
 
 
 def available_ciphers(cryptsetup: pd.DataFrame) -> pd.DataFrame:
@@ -56,10 +83,18 @@ def _ceiling(rec: dict, cryptsetup: pd.DataFrame) -> dict:
     ]
     if match.empty:
         return rec | {"reason": _no_benchmark_row(ciphers, available, rec)}
+    if "source" in match:  # the kernel's own benchmark before a userspace estimate
+        match = match.assign(_est=[is_estimate(r) for _, r in match.iterrows()]).sort_values(
+            "_est", kind="stable"
+        )
     if rec["cpus"] is None:
         return rec | {"reason": f"env.json of {host} does not give the number of CPUs"}
-    enc, dec = float(match.iloc[0]["encryption_mib_s"]), float(match.iloc[0]["decryption_mib_s"])
+    best = match.iloc[0]
+    enc, dec = float(best["encryption_mib_s"]), float(best["decryption_mib_s"])
+    block = best.get("block_bytes")
     return rec | {
+        "source": source_of(best),
+        "block_bytes": None if missing(block) else int(block),
         "enc_mib_s": enc,
         "dec_mib_s": dec,
         "read_ceiling_mib_s": dec * rec["cpus"],
@@ -88,6 +123,8 @@ def crypto_ceilings(
             **dict.fromkeys(
                 ("enc_mib_s", "dec_mib_s", "read_ceiling_mib_s", "write_ceiling_mib_s")
             ),
+            "source": None,
+            "block_bytes": None,
             "reason": None,
         }
         out.append(_ceiling(rec, cryptsetup))
@@ -116,5 +153,17 @@ def ceiling_text(c: dict) -> str:
         f"{c['algorithm']} {c['key_bits']}-bit: {fmt_num(c['dec_mib_s'])} MiB/s "
         f"decryption, {fmt_num(c['enc_mib_s'])} MiB/s encryption per core \u00d7 "
         f"{c['cpus']} CPUs = {fmt_num(c['read_ceiling_mib_s'], 0)} MiB/s read ceiling, "
-        f"{fmt_num(c['write_ceiling_mib_s'], 0)} MiB/s write ceiling"
+        f"{fmt_num(c['write_ceiling_mib_s'], 0)} MiB/s write ceiling{estimate_note(c)}"
+    )
+
+
+def estimate_note(c: dict) -> str:
+    """For a ceiling from a userspace estimate: what it is and is not; else nothing."""
+    if not c.get("source") or c["source"] == KERNEL_SOURCE:
+        return ""
+    block = f" on {c['block_bytes']}-byte buffers" if c.get("block_bytes") else ""
+    return (
+        f" ({c['source']}: `openssl speed -evp` of the same cipher{block}, since "
+        "`cryptsetup benchmark` could not run the kernel's (no AF_ALG, or no such row); "
+        "this is OpenSSL's speed on this CPU, not dm-crypt's)"
     )

@@ -20,7 +20,7 @@ from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import comparison_pairs
 from luksbench.analysis.tails import MIN_BEYOND, PERCENTILES, TOO_FEW
 from luksbench.formats.layout import bs_label
-from luksbench.publish.ceilings import available_ciphers
+from luksbench.publish.ceilings import available_ciphers, cipher_label, is_estimate
 from luksbench.publish.style import (
     VERDICT_COLORS,
     house_style,
@@ -506,7 +506,7 @@ def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
     palette = sns.color_palette(n_colors=2)
     for ax, host in zip(axes[0], hosts, strict=True):
         sub = cs[cs["host"] == host].reset_index(drop=True)
-        labels = [f"{a} {int(k)}b" for a, k in zip(sub["algorithm"], sub["key_bits"], strict=True)]
+        labels = [cipher_label(r) for _, r in sub.iterrows()]
         y = np.arange(len(sub))
         ax.barh(y - 0.2, sub["encryption_mib_s"], 0.4, label="encryption", color=palette[0])
         ax.barh(y + 0.2, sub["decryption_mib_s"], 0.4, label="decryption", color=palette[1])
@@ -514,7 +514,9 @@ def cipher_figure(cryptsetup: pd.DataFrame) -> matplotlib.figure.Figure:
         ax.set_ylim(len(sub) - 0.5, -0.5)
         ax.set_xlabel("MiB/s (one core, memory only)")
         ax.set_title(host, fontsize="medium")
-    fig.suptitle("cryptsetup benchmark: cipher throughput", fontsize="medium")
+    estimated = any(is_estimate(r) for _, r in cs.iterrows())
+    where = " (userspace estimates from openssl where marked)" if estimated else ""
+    fig.suptitle(f"cryptsetup benchmark: cipher throughput{where}", fontsize="medium")
     legend_below(fig, axes[0][0], ncols=2)
     return fig
 
@@ -594,6 +596,7 @@ def _ceiling_title(ceilings: list[dict], host: str | None) -> str:
     known = [
         f"{c['stack']}: {c['algorithm']} {c['key_bits']}-bit, {fmt_num(c['dec_mib_s'])} MiB/s "
         f"decryption / {fmt_num(c['enc_mib_s'])} MiB/s encryption per core \u00d7 {c['cpus']} CPUs"
+        + (f" ({c['source']})" if is_estimate(c) else "")
         for c in ceilings
         if c["reason"] is None
     ]
@@ -630,6 +633,8 @@ def ceiling_figure(
                 for d in s["direction"]
             ]
             label = "crypto ceiling (cipher \u00d7 CPUs)"
+            if is_estimate(ceiling):
+                label = f"crypto ceiling, {ceiling['source']} (cipher \u00d7 CPUs)"
             ax.hlines(tops, xs - width / 2, xs + width / 2, colors="black", lw=2, label=label)
     log_y(ax)
     ax.set_xticks(range(len(cells)), cells, rotation=45, ha="right")

@@ -21,7 +21,12 @@ from luksbench.analysis.saturation import BUSY_LIMIT_PCT, JOB_CPU_LIMIT_PCT
 from luksbench.analysis.tails import TOO_FEW
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
-from luksbench.publish.ceilings import available_ciphers, ceiling_text, crypto_ceilings
+from luksbench.publish.ceilings import (
+    available_ciphers,
+    ceiling_text,
+    crypto_ceilings,
+    estimate_mark,
+)
 from luksbench.publish.recommend import recommendations
 from luksbench.publish.references import compare_ceph, compare_raid5, compare_scs, read_references
 from luksbench.publish.run import (
@@ -326,7 +331,7 @@ def _cryptsetup(cs: pd.DataFrame) -> dict:
         "ciphers": [
             {
                 "host": r["host"],
-                "algorithm": fmt_text(r["algorithm"]),
+                "algorithm": fmt_text(r["algorithm"]) + estimate_mark(r),
                 "key_bits": fmt_num(r["key_bits"], 0),
                 "enc": fmt_num(r["encryption_mib_s"], 1),
                 "dec": fmt_num(r["decryption_mib_s"], 1),

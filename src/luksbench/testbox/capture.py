@@ -1,5 +1,6 @@
 """Environment capture: what machine this is, which tools it has, which backend a plan gets
-(env.json), and the verbatim ``cryptsetup benchmark``. Standard library only.
+(env.json), and the verbatim ``cryptsetup benchmark``; where that cannot run a stack's cipher
+(no AF_ALG), ``openssl speed`` of the same cipher in userspace. Standard library only.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from luksbench.formats import opensslspeed
+from luksbench.formats.cryptsetup import CryptsetupParseError, parse_cryptsetup_text
 from luksbench.formats.layout import Workload
 from luksbench.testbox import jobs
 from luksbench.testbox.backends.choose import resolve_plan_backend
-from luksbench.testbox.plan import cell_options
+from luksbench.testbox.plan import NULL_CIPHERS, cell_options, plan_layers
 from luksbench.testbox.sysinfo import VULNERABILITIES, capture_system, cpu_vulnerabilities
 from luksbench.testbox.sysutil import (
     TestboxError,
@@ -126,3 +129,76 @@ def benchmark_ciphers(out: Path, extra_args: list[str] | None = None) -> int:
     write_atomic(Path(out), proc.stdout)
     log(f"luksbench testbox: cryptsetup benchmark exit code {proc.returncode}; output in {out}")
     return proc.returncode
+
+
+def plan_ciphers(plan: dict) -> list[tuple[str, int]]:
+    """(cipher, key bits) of every luks layer of the plan, in plan order, the null cipher left out."""
+    found = []
+    for layer in plan_layers(plan):
+        if layer.get("kind") != "luks":
+            continue
+        cipher = str(layer.get("cipher", "aes-xts-plain64"))
+        pair = (cipher, int(layer.get("key_bits", 512)))
+        if cipher not in NULL_CIPHERS and pair not in found:
+            found.append(pair)
+    return found
+
+
+def _kernel_measured(cryptsetup_text: str) -> set[tuple[str, int]]:
+    """(algorithm, key bits) that ``cryptsetup benchmark`` measured."""
+    try:
+        rows = parse_cryptsetup_text(cryptsetup_text)
+    except CryptsetupParseError:
+        return set()
+    return {
+        (str(r["algorithm"]).lower(), int(r["key_bits"]))
+        for r in rows
+        if r["kind"] == "cipher" and r["available"] and r["key_bits"] is not None
+    }
+
+
+def _openssl_section(openssl: str, cipher: str, key_bits: int, evp: str, direction: str) -> str:
+    argv = opensslspeed.speed_argv(openssl, evp, direction)
+    # LC_ALL=C: one spelling of numbers and messages whatever the box's locale.
+    env = {**os.environ, "LC_ALL": "C"}
+    proc = subprocess.run(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, check=False, timeout=120
+    )
+    out = proc.stdout.decode("utf-8", errors="replace")
+    return opensslspeed.section(cipher, key_bits, evp, direction, proc.returncode, out)
+
+
+def benchmark_ciphers_userspace(plan: dict, cryptsetup_text: str, out: Path) -> list[str]:
+    """``openssl speed`` of each plan cipher that ``cryptsetup benchmark`` did not measure (no
+    AF_ALG, a cipher it skipped) into ``out``; returns the EVP ciphers measured (none: no file).
+    A cipher OpenSSL has no equivalent of is logged and left out."""
+    measured = _kernel_measured(cryptsetup_text)
+    wanted = []
+    for cipher, key_bits in plan_ciphers(plan):
+        if (opensslspeed.benchmark_algorithm(cipher), key_bits) in measured:
+            continue
+        evp = opensslspeed.evp_name(cipher, key_bits)
+        if evp is None:
+            log(
+                f"luksbench testbox: no userspace estimate for {cipher} {key_bits}-bit (no OpenSSL equivalent)"
+            )
+        else:
+            wanted.append((cipher, key_bits, evp))
+    openssl = which("openssl")
+    if Path(out).exists():
+        log(f"luksbench testbox: {out} exists and is kept (raw results are never overwritten)")
+        return []
+    if not wanted or openssl is None:
+        if wanted:
+            log("luksbench testbox: openssl is not installed; no userspace cipher estimate")
+        return []
+    log(f"luksbench testbox: openssl speed for {', '.join(w[2] for w in wanted)} (~12 s each) ...")
+    probe = run_quiet([openssl, "version"])
+    version = (probe.stdout.strip() if probe else "") or "unknown"
+    text = opensslspeed.file_header(version)
+    for cipher, key_bits, evp in wanted:
+        for direction in opensslspeed.DIRECTIONS:
+            text += _openssl_section(openssl, cipher, key_bits, evp, direction)
+    write_atomic(Path(out), text)
+    log(f"luksbench testbox: userspace cipher estimate in {out}")
+    return [w[2] for w in wanted]

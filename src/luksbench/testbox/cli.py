@@ -16,8 +16,9 @@ import argparse
 import signal
 from pathlib import Path
 
+from luksbench.formats.opensslspeed import OPENSSL_SPEED_FILE
 from luksbench.testbox import lock
-from luksbench.testbox.capture import benchmark_ciphers, capture_env
+from luksbench.testbox.capture import benchmark_ciphers, benchmark_ciphers_userspace, capture_env
 from luksbench.testbox.plan import PlanError, load_plan
 from luksbench.testbox.runner import Interrupted, raise_on_stop_signals, run_fio
 from luksbench.testbox.safety import SafetyError
@@ -44,7 +45,11 @@ def _cmd_benchmark_ciphers(args) -> int:
         extra += ["--cipher", args.cipher]
     if args.key_size:
         extra += ["--key-size", str(args.key_size)]
-    benchmark_ciphers(Path(args.out), extra)
+    out = Path(args.out)
+    benchmark_ciphers(out, extra)
+    if plan is not None:  # the plan's ciphers cryptsetup could not run: measured in userspace
+        kernel = out.read_text(encoding="utf-8", errors="replace")
+        benchmark_ciphers_userspace(plan, kernel, out.with_name(OPENSSL_SPEED_FILE))
     return 0  # the tool's own exit code is logged, not a failure of this step
 
 
@@ -111,7 +116,11 @@ def add_testbox_commands(commands) -> None:
     p.add_argument("--out", required=True, help="env.json")
     p.set_defaults(func=_run(_cmd_capture_env))
 
-    p = sub.add_parser("benchmark-ciphers", help="`cryptsetup benchmark`, output kept verbatim")
+    p = sub.add_parser(
+        "benchmark-ciphers",
+        help="`cryptsetup benchmark`, output kept verbatim; with --plan, `openssl speed` beside it "
+        f"({OPENSSL_SPEED_FILE}) for each plan cipher cryptsetup could not measure (no AF_ALG)",
+    )
     p.add_argument("--plan", help="optional; validated, names the run that holds the test box")
     p.add_argument("--out", required=True, help="cryptsetup-benchmark.txt")
     p.add_argument("--cipher", help="pass --cipher to cryptsetup benchmark (default: all)")
