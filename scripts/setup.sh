@@ -42,6 +42,19 @@ if [ ${#missing_packages[@]} -gt 0 ]; then
   fi
 fi
 
+# A checkout moved or copied with its .venv: the venv's scripts and its editable install still point
+# at the old place (it would run the old source). Rebuild it when luksbench does not import from here.
+here=$(pwd -P)
+venv_source() {
+  (cd / && env -u PYTHONPATH "$here/$venv/bin/python" -c \
+    'import luksbench, pathlib; print(pathlib.Path(luksbench.__file__).resolve().parents[2])' \
+    2>/dev/null) || echo "nowhere (luksbench does not import)"
+}
+if [ -f "$venv/pyvenv.cfg" ] && [ -x "$venv/bin/python" ] && [ "$(venv_source)" != "$here" ]; then
+  echo "setup: $venv runs luksbench from $(venv_source), not from this checkout ($here): rebuilding it" >&2
+  rm -rf "$venv"
+fi
+
 # Reinstall the virtualenv only when the pins changed.
 stamp="$venv/.requirements.sha256"
 want=$(sha256sum "$requirements" pyproject.toml | sha256sum | cut -d' ' -f1)
@@ -51,5 +64,9 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e .
   echo "$want" >"$stamp"
+fi
+if [ "$(venv_source)" != "$here" ]; then
+  echo "setup: $venv imports luksbench from $(venv_source), not from $here" >&2
+  exit 1
 fi
 echo "setup: ready ($("$venv/bin/python" --version), $(fio --version), $(PATH="$PATH:/usr/sbin" cryptsetup --version))" >&2

@@ -44,12 +44,64 @@ def _cmd_parse(args: argparse.Namespace) -> int:
     return status
 
 
-def _cmd_loss(args: argparse.Namespace) -> int:
+#: the columns of ``luksbench loss --format table``: the decision first, then what it is about
+TABLE_COLUMNS = ["decision", "host", "workload", "direction", "metric", "n", "effect"]
+#: ``luksbench loss``'s default metrics (analysis.stats.DEFAULT_METRICS, checked by a unit test;
+#: named here so that the help needs no pandas)
+LOSS_DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
+LOSS_DEFAULT_METRICS += ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
+LOSS_DEFAULT_METRICS += ("busy_cpu_us_per_io",)
+
+
+def loss_readable(table, confidence: float) -> list[list[str]]:
+    """The loss table as a person reads it, as rows of cells (the header first): decision first,
+    a few columns, the effect and its interval in % rounded to 0.1 (the full table is
+    ``--format csv``); the host column only when the run has several."""
+    columns = [c for c in TABLE_COLUMNS if c != "host" or table["host"].nunique() > 1]
+
+    def pct(x) -> str:
+        return "-" if x != x else f"{x:.1f}"  # NaN: no interval (too few pairs or withheld)
+
+    rows = [[*columns, "effect %", f"{100 * confidence:g}% interval"]]
+    for row in table.to_dict("records"):
+        interval = f"{pct(row['ci_low'])} .. {pct(row['ci_high'])}"
+        interval = "-" if interval == "- .. -" else interval
+        rows.append([str(row[c]) for c in columns] + [pct(row["effect_pct"]), interval])
+    return rows
+
+
+def aligned(rows: list[list[str]], right: set[int]) -> str:
+    """``rows`` as text columns, those at ``right`` right-aligned (numbers), the others left."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    cells = [
+        [
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        for row in rows
+    ]
+    return "\n".join("  ".join(row).rstrip() for row in cells) + "\n"
+
+
+def _write_loss(table, fmt: str, out, confidence: float) -> None:
     from luksbench.analysis.headline import HEADLINE_COLUMNS
-    from luksbench.analysis.ingest import IngestError
-    from luksbench.analysis.rawloss import loss_table_from_raw
     from luksbench.analysis.saturation import LOSS_FLAG_COLUMNS
     from luksbench.analysis.stats import LOSS_COLUMNS
+
+    columns = [*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS, *HEADLINE_COLUMNS]
+    if fmt == "csv":
+        table.to_csv(out, index=False, columns=columns)
+    elif fmt == "json":
+        out.write(table[columns].to_json(orient="records", indent=1) + "\n")
+    else:
+        rows = loss_readable(table, confidence)
+        numbers = {rows[0].index("n"), len(rows[0]) - 2, len(rows[0]) - 1}
+        out.write(aligned(rows, numbers))
+
+
+def _cmd_loss(args: argparse.Namespace) -> int:
+    from luksbench.analysis.ingest import IngestError
+    from luksbench.analysis.rawloss import loss_table_from_raw
 
     try:
         table = loss_table_from_raw(
@@ -64,14 +116,23 @@ def _cmd_loss(args: argparse.Namespace) -> int:
         )
     except (IngestError, FileNotFoundError, ValueError) as exc:
         return _fail("loss", exc)
-    columns = [*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS, *HEADLINE_COLUMNS]
-    table.to_csv(sys.stdout, index=False, columns=columns)
+    to_terminal = args.out is None and sys.stdout.isatty()
+    fmt = args.format or ("table" if to_terminal else "csv")
+    if args.out is None:
+        _write_loss(table, fmt, sys.stdout, args.confidence)
+    else:
+        try:
+            with open(args.out, "w", encoding="utf-8", newline="") as out:
+                _write_loss(table, fmt, out, args.confidence)
+        except OSError as exc:
+            return _fail("loss", f"--out {args.out}: {exc.strerror or exc}")
     counts = table["decision"].str.split(":").str[0].value_counts()
     summary = ", ".join(f"{counts[v]} {v}" for v in counts.index)
     noisy = int(table["noisy"].sum())
     print(
         f"luksbench loss: {len(table)} rows (cell x metric): {summary}"
-        + (f"; {noisy} noisy (adaptive cap)" if noisy else ""),
+        + (f"; {noisy} noisy (adaptive cap)" if noisy else "")
+        + (f"; wrote {args.out} ({fmt})" if args.out else ""),
         file=sys.stderr,
     )
     return 0
@@ -168,11 +229,39 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             plan = plan_from_config(config, host, scratch)
     except (PlanError, OSError) as exc:
         return _fail("plan", exc)
+    except ModuleNotFoundError:
+        raise  # main() names the extra to install
     except Exception as exc:  # schema validation errors name the key
         return _fail("plan", f"invalid config: {exc}")
     lines = describe_plan(plan, check_devices=args.check_devices)
+    lines.append(backend_line(plan))
     print("\n".join(lines))
     return 1 if any(line.startswith("  REFUSED ") for line in lines) else 0
+
+
+def backend_line(plan: dict) -> str:
+    """Which backend the plan's ``backend`` (auto, kernel, userspace) selects on this machine and
+    why, checked read-only (no modprobe)."""
+    from luksbench.testbox.backends.choose import resolve_plan_backend
+
+    chosen = resolve_plan_backend(plan, try_modprobe=False)
+    if chosen["selected"] is None:
+        return f"  backend here: none can run this plan ({chosen['reason']})"
+    what = {"kernel": "dm-crypt in the kernel", "userspace": "qemu-storage-daemon, not dm-crypt"}
+    return f"  backend here: {chosen['selected']} ({what[chosen['selected']]}): {chosen['reason']}"
+
+
+DESCRIPTION = """\
+What does disk encryption (LUKS/dm-crypt) cost on this machine, and how sure is that?
+The workflow (snakemake) measures and publishes a run; these commands plan a run, drive the
+test box and compute a run's statistics from its raw results by hand."""
+EXAMPLES = """\
+examples:
+  luksbench plan                           what the configured run will do, before it runs
+  luksbench loss data/raw/sample           the loss per cell and metric, decision first
+  luksbench loss data/raw/sample --format json --out loss.json
+  luksbench compare data/raw/a data/raw/b --out compare/a-vs-b
+  luksbench COMMAND --help                 a command's options and examples"""
 
 
 #: options several commands share, as argparse keywords (a command may give its own help)
@@ -197,6 +286,14 @@ OPTIONS = {
 }
 
 
+def _paragraphs(text: str) -> str:
+    """``text`` wrapped to the terminal's usual width, paragraph by paragraph: the description
+    of a command whose epilog holds examples (RawDescriptionHelpFormatter keeps both as written)."""
+    import textwrap
+
+    return "\n\n".join(textwrap.fill(part, 79) for part in text.split("\n\n"))
+
+
 def _options(parser: argparse.ArgumentParser, *flags: str, **changes) -> None:
     """Add the shared options ``flags`` (:data:`OPTIONS`), with this command's ``changes``."""
     for flag in flags:
@@ -205,13 +302,40 @@ def _options(parser: argparse.ArgumentParser, *flags: str, **changes) -> None:
 
 def _add_loss_commands(commands) -> None:
     """``luksbench loss`` and ``luksbench targets``: one run's statistics straight from raw."""
-    loss = commands.add_parser("loss", help="loss table with confidence intervals for one run")
+    loss = commands.add_parser(
+        "loss",
+        help="loss table with confidence intervals for one run",
+        description=_paragraphs(
+            "The cost of VARIANT against BASELINE in every cell (workload) and metric of "
+            "one raw run, with paired confidence intervals and a decision by magnitude (negligible, "
+            "moderate, material, undecided, insufficient).\n\n"
+            "Output: a readable table (decision first, effects rounded) when stdout is a terminal; "
+            "the full table as CSV when stdout is a pipe or file or with --out, unless --format "
+            "says otherwise. A one-line summary goes to stderr."
+        ),
+        epilog="examples:\n"
+        "  luksbench loss data/raw/sample                     # table in a terminal\n"
+        "  luksbench loss data/raw/sample --format csv > loss.csv\n"
+        "  luksbench loss data/raw/sample --format json --out loss.json\n"
+        "  luksbench loss data/raw/sample --metric bw_bytes --region throughput=3,10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_run_arguments(loss)
     loss.add_argument(
         "--metric",
         action="append",
-        help="bw_bytes, iops, clat_p50_ns, clat_p99_ns, clat_p999_ns, busy_cpu_s_per_gib, "
-        "sys_cpu_s_per_gib ... (repeatable; default: those seven)",
+        help="a metric to compute, repeatable; default: "
+        f"{', '.join(LOSS_DEFAULT_METRICS)} (all {len(LOSS_DEFAULT_METRICS)}; the mean latencies "
+        "lat_mean_ns and clat_mean_ns on request)",
+    )
+    loss.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        help="table: decision, cell, metric, n, effect and interval, rounded; csv: every column "
+        "of the loss table; json: the same as records (default: table on a terminal, else csv)",
+    )
+    loss.add_argument(
+        "--out", metavar="FILE", help="write to FILE instead of stdout (default format: csv)"
     )
     _options(loss, "--confidence", "--equivalence-margin")
     loss.add_argument(
@@ -231,10 +355,17 @@ def _add_loss_commands(commands) -> None:
     targets = commands.add_parser(
         "targets",
         help="adaptive design: each cell's pairs from the pilot (Stein), as the targets file",
-        description="Read the pilot pairs (reps 1..N0) of one host of a raw run and write each "
-        "cell's target pairs (Stein's two-stage rule) as the run's targets file: the workflow "
-        "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
-        "finds it and gives the cells it lists Stein's interval.",
+        description=_paragraphs(
+            "Read the pilot pairs (reps 1..N0) of one host of a raw run and write each "
+            "cell's target pairs (Stein's two-stage rule) as the run's targets file: the workflow "
+            "writes the same file to <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
+            "finds it and gives the cells it lists Stein's interval."
+        ),
+        epilog="examples:\n"
+        "  luksbench targets data/raw/myrun --host mybox --out targets.json\n"
+        "  luksbench targets data/raw/myrun --host mybox --target-half-width 3 --max-pairs 20 \\\n"
+        "    --out targets.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_run_arguments(targets, "the host whose pilot pairs count")
     targets.add_argument(
@@ -292,12 +423,18 @@ def _add_next_command(commands) -> None:
     nxt = commands.add_parser(
         "next",
         help="sequential design: decide every cell, write the next round's targets file",
-        description="Decide every cell of one host from its pairs so far (intervals valid at any "
-        "look: the boundary's level at each of the looks min_pairs..max_pairs) and write the "
-        "next round's "
-        "targets (workload id -> pairs wanted so far; a decided cell keeps its count). The "
-        "workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where `luksbench loss` "
-        "reads it.",
+        description=_paragraphs(
+            "Decide every cell of one host from its pairs so far (intervals valid at any "
+            "look: the boundary's level at each of the looks min_pairs..max_pairs) and write the "
+            "next round's targets (workload id -> pairs wanted so far; a decided cell keeps its "
+            "count). The workflow keeps the file at <RAW_DIR>/<host>/fio/targets.json, where "
+            "`luksbench loss` reads it."
+        ),
+        epilog="examples:\n"
+        "  luksbench next data/raw/myrun --host mybox --out data/raw/myrun/mybox/fio/targets.json\n"
+        "  luksbench next data/raw/myrun --host mybox --budget-h 6 --boundary obrien-fleming "
+        "--out next.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_run_arguments(nxt, "the host whose cells are decided")
     nxt.add_argument(
@@ -321,7 +458,12 @@ def _add_next_command(commands) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="luksbench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="luksbench",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -341,11 +483,17 @@ def build_parser() -> argparse.ArgumentParser:
     comp = commands.add_parser(
         "compare",
         help="change per cell and stack from run A to run B (two kernels, hosts, settings)",
-        description="Change of bandwidth, IOPS, p99 latency and CPU per GiB from run A to run B, "
-        "per cell and stack, with confidence intervals (paired by repetition only when the runs "
-        "were measured side by side, else Welch over each run's sessions) and Benjamini-Hochberg "
-        "verdicts. Writes "
-        "compare.parquet, .csv, .md and a figure to --out; prints the Markdown.",
+        description=_paragraphs(
+            "Change of bandwidth, IOPS, p99 latency and CPU per GiB from run A to run B, "
+            "per cell and stack, with confidence intervals (paired by repetition only when the runs "
+            "were measured side by side, else Welch over each run's sessions) and Benjamini-Hochberg "
+            "verdicts. Writes "
+            "compare.parquet, .csv, .md and a figure to --out; prints the Markdown."
+        ),
+        epilog="examples:\n"
+        "  luksbench compare data/raw/kernel-6.1 data/raw/kernel-6.8 --out compare/kernels\n"
+        "  luksbench compare runA runB --host boxA=boxB --stack luks --metric bw_bytes --out cmp",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     comp.add_argument(
         "run_a", metavar="RUN_A", help="data/processed/<run>, data/raw/<run> or a name"
@@ -380,10 +528,19 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser(
         "plan",
         help="print what a run will do (matrix, every destructive action) before anything runs",
-        description="Print the plan of a run: stacks and their layers, every destructive action "
-        "in order (which scratch files and which allowlisted disks are written), the matrix and "
-        "the fio time. Reads the workflow config like `snakemake --configfile F` would, or a "
-        "plan.json written by the workflow. Touches nothing.",
+        description=_paragraphs(
+            "Print the plan of a run: stacks and their layers, every destructive action "
+            "in order (which scratch files and which allowlisted disks are written), the matrix and "
+            "the fio time, and the backend `auto` selects on this machine and why (checked "
+            "read-only). Reads the workflow config like `snakemake --configfile F` would, or a "
+            "plan.json written by the workflow. Touches nothing. Reading a config needs the "
+            "workflow extra (pip install 'luksbench[workflow]'); a plan.json does not."
+        ),
+        epilog="examples:\n"
+        "  luksbench plan                                  # config/config.yaml of this checkout\n"
+        "  luksbench plan --configfile config/mybox.yaml --check-devices\n"
+        "  luksbench plan --plan data/raw/myrun/myhost/plan.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument("--configfile", action="append", type=Path, help="as for snakemake")
     plan.add_argument("--plan", help="a plan.json instead of the config")

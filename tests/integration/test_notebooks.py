@@ -44,6 +44,7 @@ DEFAULTS = {
     "confidence": 0.95,
     "strict": False,
     "workers": 2,
+    "loss_dir": "",
 }
 RUN_DIRS = {"run", "raw_dir", "processed_dir"}
 PARAMS = {
@@ -57,6 +58,7 @@ PARAMS = {
         "equivalence_margin_pct",
         "decision_regions",
         "min_pairs",
+        "loss_dir",
     },
     "03-figures": {*RUN_DIRS, "figures_dir", "workers"},
     "04-paper": {*RUN_DIRS, "figures_dir", "paper_dir", "reference_dir", "title", "author"}
@@ -133,6 +135,7 @@ def run_notebooks(raw: Path, tmp_path: Path) -> dict[str, float]:
         "run": raw.name,
         "raw_dir": str(raw),
         "processed_dir": str(tmp_path / "processed"),
+        "loss_dir": str(tmp_path / "processed"),
         "figures_dir": str(tmp_path / "figures"),
         "paper_dir": str(tmp_path / "paper" / raw.name),
     }
@@ -223,12 +226,33 @@ def test_another_runs_tables_are_refused_not_relabelled(tmp_path):
 @pytest.mark.parametrize("name", ORDER[1:])
 def test_each_notebook_runs_alone_in_a_fresh_clone(name, tmp_path):
     """A checkout with the sample's raw data only (no processed tables, no figures): the notebook
-    computes what it needs into the sample's own folders, with its default parameters."""
+    computes the inputs it lacks into the sample's own folders, with its default parameters, and
+    writes what it makes (loss tables, figures, paper) to a folder of its own, never to the
+    workflow's outputs."""
     clone = copy_workflow(tmp_path / "clone", extra=("data/raw/sample",))
     execute(name, tmp_path / "out.ipynb", cwd=clone / "notebooks")
-    assert (clone / "data/processed/sample/loss.parquet").exists()
+    explore = clone / "data/processed/sample/explore"
     assert [p.name for p in (clone / "data/processed").iterdir()] == ["sample"]
-    if name != "02-loss":
-        assert (clone / "figures/sample/index.json").exists()
+    assert not (clone / "figures/sample").exists() and not (clone / "paper/sample").exists()
+    if name == "02-loss":
+        assert (explore / "02-loss/loss.parquet").exists()
+        assert not (clone / "data/processed/sample/loss.parquet").exists()
+    else:  # the default loss tables, an input of the figures, computed where they were missing
+        assert (clone / "data/processed/sample/loss.parquet").exists()
+        assert (explore / "03-figures/index.json").exists()
     if name == "04-paper":
-        assert (clone / "paper/sample/index.html").exists()
+        assert (explore / "04-paper/index.html").exists()
+
+
+def test_the_loss_notebook_with_other_settings_leaves_the_run_tables_alone(tmp_path):
+    """02 run by hand with another confidence on a run the workflow analysed: its tables go to its
+    own folder; the run's loss.parquet is left as it was, byte for byte."""
+    processed = tmp_path / "processed"
+    execute("01-ingest", tmp_path / "01.ipynb", processed_dir=str(processed))
+    execute("02-loss", tmp_path / "02.ipynb", processed_dir=str(processed), loss_dir=str(processed))
+    before = (processed / "loss.parquet").read_bytes()
+    execute("02-loss", tmp_path / "02b.ipynb", processed_dir=str(processed), confidence=0.8)
+    assert (processed / "loss.parquet").read_bytes() == before
+    explored = pd.read_parquet(processed / "explore/02-loss/loss.parquet")
+    assert set(explored["confidence"]) == {0.8}
+    assert set(pd.read_parquet(processed / "loss.parquet")["confidence"]) == {0.95}

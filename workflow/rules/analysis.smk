@@ -11,7 +11,8 @@ import shlex
 
 from luksbench.analysis.ingest import raw_digest
 
-# notebooks/ as working directory, like JupyterLab; cell output goes to the log. A loaded or slow
+# notebooks/ as working directory, like JupyterLab (the paths handed to a notebook are relative to
+# it: notebook_path); cell output goes to the log. A loaded or slow
 # machine (a VM under emulation) may need more than papermill's default 60 s to start a kernel.
 PAPERMILL_OPTIONS = (
     "--cwd notebooks --kernel python3 --log-output --no-progress-bar --start-timeout 300"
@@ -40,12 +41,12 @@ rule ingest_raw:
     threads: 2
     params:
         papermill=PAPERMILL_OPTIONS,
-        raw_dir=abs_raw_dir,
-        processed_dir=abs_processed_dir,
+        raw_dir=notebook_path(f"{RAW}/{{run}}"),
+        processed_dir=notebook_path(f"{PROCESSED}/{{run}}"),
         strict=config["analysis"]["strict_ingest"],
         # a raw file added, removed or edited changes it: Snakemake re-runs a rule whose params
         # changed (evaluated when the rule is about to run, after the raw files are written)
-        raw_files=lambda wildcards: raw_digest(abs_raw_dir(wildcards)),
+        raw_files=lambda wildcards: raw_digest(Path(RAW) / wildcards.run),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -r run {wildcards.run:q} -p raw_dir {params.raw_dir:q}"
@@ -55,7 +56,8 @@ rule ingest_raw:
 
 rule compute_loss:
     """Loss per cell and metric with paired confidence intervals, for every comparison
-    (analysis.comparisons: variant vs its baseline; the headline first)."""
+    (analysis.comparisons: variant vs its baseline; the headline first). The notebook writes the
+    run's loss tables only when told to (loss_dir); opened by hand it writes to its own folder."""
     input:
         **processed(*PROCESSED_TABLES),
         notebook=f"{NOTEBOOKS}/02-loss.ipynb",
@@ -69,7 +71,7 @@ rule compute_loss:
         "../../envs/analysis.yaml"
     params:
         papermill=PAPERMILL_OPTIONS,
-        processed_dir=abs_processed_dir,
+        processed_dir=notebook_path(f"{PROCESSED}/{{run}}"),
         baseline=config["baseline"],
         variant=config["analysis"]["variant"],
         # as configured ([] = every stack against the baseline): resolved against the stacks
@@ -82,6 +84,7 @@ rule compute_loss:
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -r run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
+        " -p loss_dir {params.processed_dir:q}"
         " -r baseline {params.baseline:q} -r variant {params.variant:q}"
         " -r comparisons {params.comparisons:q}"
         " -p confidence {params.confidence:q} -p equivalence_margin_pct {params.margin:q}"
@@ -112,9 +115,9 @@ rule plot_figures:
     threads: 2
     params:
         papermill=PAPERMILL_OPTIONS,
-        processed_dir=abs_processed_dir,
-        figures_dir=abs_figures_dir,
-        figure_index=lambda wildcards: FigureIndex(abs_figures_dir(wildcards)),
+        processed_dir=notebook_path(f"{PROCESSED}/{{run}}"),
+        figures_dir=notebook_path("figures/{run}"),
+        figure_index=lambda wildcards: FigureIndex(f"figures/{wildcards.run}"),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -r run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
@@ -132,7 +135,13 @@ rule render_paper:
         code=PUBLISH_CODE,
     output:
         paper="paper/{run}/index.md",
-        html=report("paper/{run}/index.html", caption="../../report/paper.rst", category="Paper"),
+        html="paper/{run}/index.html",
+        # the report's copy (figures downscaled: the browser opens it from the report)
+        report_page=report(
+            f"{PROCESSED}/{{run}}/report/paper.html",
+            caption="../../report/paper.rst",
+            category="Paper",
+        ),
         notebook=f"{PROCESSED}/{{run}}/notebooks/04-paper.ipynb",
     log:
         "logs/{run}/render_paper.log",
@@ -140,10 +149,10 @@ rule render_paper:
         "../../envs/analysis.yaml"
     params:
         papermill=PAPERMILL_OPTIONS,
-        processed_dir=abs_processed_dir,
-        figures_dir=abs_figures_dir,
-        paper_dir=lambda wildcards: abspath(f"paper/{wildcards.run}"),
-        reference_dir=abspath("data/reference"),
+        processed_dir=notebook_path(f"{PROCESSED}/{{run}}"),
+        figures_dir=notebook_path("figures/{run}"),
+        paper_dir=notebook_path("paper/{run}"),
+        reference_dir=notebook_path("data/reference"),
         # -r: papermill takes the value as a raw string (an empty title stays a string); quoted
         # here, as `:q` leaves an empty value out
         title=shlex.quote(config["paper"]["title"]),
@@ -156,6 +165,10 @@ rule render_paper:
         " -p figures_dir {params.figures_dir:q} -p paper_dir {params.paper_dir:q}"
         " -p reference_dir {params.reference_dir:q} -y {params.front_matter:q}"
         " -r title {params.title} -r author {params.author} > {log:q} 2>&1"
+        # the report's copy of the paper: figures downscaled to what a browser opens from it
+        " && python -c 'import sys; from luksbench.publish.render import write_report_page as w;"
+        " print(w(*sys.argv[1:]))' {output.html:q} {output.report_page:q}"
+        " >> {log:q} 2>&1"
 
 
 rule pdf:

@@ -193,17 +193,20 @@ def measured_host_dir(wildcards):
     return host_dir(wildcards.run, wildcards.host)
 
 
-# Notebooks run with notebooks/ as working directory: hand them absolute paths.
+# Notebooks run with notebooks/ as working directory: their paths are relative to it, so that a
+# moved or copied checkout has the same params (Snakemake re-runs a rule whose params changed).
+def notebook_path(path):
+    """``path`` (relative to the checkout; may hold {run}) as a notebook opens it: from
+    notebooks/."""
+
+    def relative(wildcards):
+        return f"../{path.format(run=wildcards.run) if '{' in path else path}"
+
+    return relative
+
+
 def abs_raw_dir(wildcards):
     return abspath(f"{RAW}/{wildcards.run}")
-
-
-def abs_processed_dir(wildcards):
-    return abspath(f"{PROCESSED}/{wildcards.run}")
-
-
-def abs_figures_dir(wildcards):
-    return abspath(f"figures/{wildcards.run}")
 
 
 class FigureIndex:
@@ -213,6 +216,9 @@ class FigureIndex:
 
     def __init__(self, figures_dir):
         self.figures_dir = figures_dir
+
+    def __repr__(self):
+        return f"{self.figures_dir}/index.json"  # as the report's job parameters show it
 
     def entry(self, name):
         from luksbench.publish.catalog import read_index  # matplotlib: only for the report

@@ -122,8 +122,9 @@ def raw_run_dir(run: str, raw_dir: Path) -> Path:
 
 
 def raw_digest(raw_dir: Path) -> str:
-    """Digest of every file in a run folder (path, size, mtime, inode): it changes when a raw file
-    is added, removed, replaced or edited (the workflow re-runs ingest when it does)."""
+    """Digest of every file in a run folder (path in it, size, mtime): it changes when a raw file
+    is added, removed, replaced or edited (the workflow re-runs ingest when it does), not when the
+    checkout is copied with its times (``cp -a``: new inodes)."""
     import hashlib
 
     digest, root = hashlib.sha256(), str(raw_dir)
@@ -131,7 +132,7 @@ def raw_digest(raw_dir: Path) -> str:
         subdirs.sort()
         for name in sorted(files):
             path = f"{folder}/{name}"
-            digest.update(f"{path[len(root) :]} {_stat_key(path)}\n".encode())
+            digest.update(f"{path[len(root) :]} {_stat_key(path)[:2]}\n".encode())
     return digest.hexdigest()
 
 

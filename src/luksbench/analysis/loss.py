@@ -43,10 +43,13 @@ def write_loss(
     equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
     comparisons=None,
     decision_regions: dict | None = None,
+    out_dir: Path | None = None,
 ) -> tuple[pd.DataFrame, Path]:
-    """Write the :data:`LOSS_TABLES` beside ``processed_dir``'s ``fio.parquet`` (parquet and CSV);
-    returns the loss table and its path. ``comparisons``: config ``analysis.comparisons``."""
+    """Write the :data:`LOSS_TABLES` of ``processed_dir``'s tables (parquet and CSV) beside them,
+    or to ``out_dir`` (a notebook exploring other settings); returns the loss table and its path.
+    ``comparisons``: config ``analysis.comparisons``."""
     processed_dir = Path(processed_dir)
+    out_dir = Path(out_dir) if out_dir is not None else processed_dir
     fio = pd.read_parquet(processed_dir / "fio.parquet")
     pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
     margin, regions = equivalence_margin_pct, decision_regions
@@ -74,8 +77,9 @@ def write_loss(
             table, *_tables(processed_dir, "stacks", "env"), variant, baseline, comparisons
         ),
     }
-    dictionary.write_tables(processed_dir, tables)
-    return table, processed_dir / "loss.parquet"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dictionary.write_tables(out_dir, tables)
+    return table, out_dir / "loss.parquet"
 
 
 def _tables(processed_dir: Path, *names: str) -> list[pd.DataFrame]:
