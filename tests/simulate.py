@@ -257,3 +257,30 @@ def write_raw_reps(raw, logs: dict, reps, jobs: int = 1) -> None:
 def sim_workload(w: int) -> str:
     """Workload id of simulated workload ``w`` (0-based)."""
     return f"randread-4k-qd{w + 1}"
+
+
+def write_session_run(raw, rng, workloads, jobs, sd_session, sessions, pairs, planned=None):
+    """A raw run (layout and manifest) of ``workloads * jobs`` cells, each measured in
+    ``sessions`` sessions of ``pairs`` pairs: true loss U(-10, 60) %, pair noise per arm
+    U(0.002, 0.01) on the log scale, and each session shifting the cell's log ratio by its own
+    N(0, sd_session). ``planned``: the manifest's sessions (default ``sessions``).
+
+    Returns (true loss per cell, log ratio d per cell and pair)."""
+    import json
+
+    cells, n = workloads * jobs, sessions * pairs
+    true_loss = rng.uniform(-10, 60, cells)
+    sigma = rng.uniform(0.002, 0.01, cells)
+    lb, lv = simulate_logs(rng, cells, n, sigma, np.log1p(-true_loss / 100), order_drift=0)
+    lv = lv + np.repeat(rng.normal(0, sd_session, (cells, sessions)), pairs, axis=1)
+    write_raw_reps(raw, {"plain": lb + 18, "luks": lv + 18}, [range(1, n + 1)] * workloads, jobs)
+    runs = [
+        {"rep": k, "stack": stack, "workload": sim_workload(w), "session": f"s{(k - 1) // pairs}"}
+        | {"path": f"fio/{stack}/{sim_workload(w)}/rep{k}.json", "status": "ok"}
+        for stack in ("plain", "luks")
+        for w in range(workloads)
+        for k in range(1, n + 1)
+    ]
+    doc = {"run": "sim", "host": SIM_HOST, "sessions": planned or sessions, "runs": runs}
+    (raw / SIM_HOST / "fio" / "manifest.json").write_text(json.dumps(doc))
+    return true_loss, lv - lb

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from luksbench.analysis import moderated as eb
 from luksbench.analysis.cells import CELL_ATTRS, CELL_KEYS, active_rows, with_pattern
 
 _HIGHER_IS_WORSE = ("lat_mean_ns", "clat_mean_ns", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
@@ -69,7 +70,7 @@ LOSS_COLUMNS = [
     *("n_outliers", "outlier_reps", "outliers_excluded", "target_pairs", "noisy", "pattern"),
     *("decision", "decision_lower_pct", "decision_upper_pct", "interval", "pilot_pairs"),
     *("pilot_sd_log_ratio", "derived_from", "covers", "sessions", "sd_within_session"),
-    *("sd_between_sessions",),
+    *("sd_between_sessions", "moderated", "prior_df", "interval_df"),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_DTYPES = {
@@ -79,7 +80,7 @@ LOSS_DTYPES = {
         "covers",
     ],
     "int64": ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers", "sessions"),
-    "bool": ("higher_is_better", "equivalent", "outliers_excluded", "noisy"),
+    "bool": ("higher_is_better", "equivalent", "outliers_excluded", "noisy", "moderated"),
 }
 
 VERDICTS = ("significant", "equivalent", "inconclusive", "insufficient")
@@ -203,7 +204,7 @@ def _scale(d: np.ndarray, pilot: tuple[float, int] | None) -> tuple[float, int]:
     """(SD, degrees of freedom) the interval of ``d`` rests on: the pilot's (s0, n0 - 1) for
     Stein's interval, else the sample's own (sd, n - 1)."""
     if pilot is not None:
-        return float(pilot[0]), int(pilot[1]) - 1
+        return float(pilot[0]), pilot[1] - 1
     return (float(d.std(ddof=1)) if d.size > 1 else math.nan), d.size - 1
 
 
@@ -536,6 +537,7 @@ def _cell_stats(
     all_or_none: bool = False,
     sessions_planned: int = 1,
     look_confidence: float = math.nan,
+    prior: eb.Prior | None = None,
 ) -> dict:
     """One row of the loss table but for the cross-table q-value and verdict.
 
@@ -545,6 +547,8 @@ def _cell_stats(
     among reps 1..n0), "none" with fewer than two of those (a t-interval after a pilot-chosen N
     under-covers); "sequential" with ``look_confidence`` (everything at that level, the p-value
     Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks); else "t".
+    ``prior``: a "sessions" interval rests on the variance of the session means moderated by it
+    (:mod:`luksbench.analysis.moderated`; ``moderated``, ``prior_df``, ``interval_df``).
     ``all_or_none`` (net CPU metrics): a value <= 0 on either side leaves no pair usable, as
     dropping the cell's low values would select on the outcome."""
     ok = usable_pairs(b, v)
@@ -561,11 +565,14 @@ def _cell_stats(
     d, bu, vu, su = d_all[use], b[ok][use], v[ok][use], sessions[ok][use]
     means, sd_within, sd_between = session_components(d, su)
     two_level = sessions_planned >= 2 and means.size >= 2
-    pilot, valid = None, True
+    pilot, valid, scale = None, True, None
     if two_level:  # every estimate from the session means
         _, inv = np.unique(su.astype(str), return_inverse=True)
         count = np.bincount(inv)
         d, bu, vu = means, np.bincount(inv, bu) / count, np.bincount(inv, vu) / count
+        if prior is not None:  # (posterior SD, its df + 1): the form of a Stein pilot
+            var, df = eb.posterior(float(d.var(ddof=1)), d.size - 1, prior)
+            scale = (math.sqrt(var), df + 1) if math.isfinite(var) else None
     elif pilot_pairs >= 2:
         d_pilot = d_all[reps[ok] <= pilot_pairs]
         valid = d_pilot.size >= 2
@@ -573,7 +580,7 @@ def _cell_stats(
     sequential = not two_level and look_confidence > 0
     level = look_confidence if sequential else confidence
     looks = round((1 - confidence) / (1 - level))  # K of a sequential design, else 1
-    ci = paired_log_ratio_ci(d, level, pilot)
+    ci = paired_log_ratio_ci(d, level, pilot or scale)
     if not valid:
         ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
     one = "one session" if means.size <= 1 else "sessions"
@@ -584,7 +591,7 @@ def _cell_stats(
         "n_dropped": int((~ok).sum()),
         "baseline_mean": float(bu.mean()) if ci.n else math.nan,
         "variant_mean": float(vu.mean()) if ci.n else math.nan,
-        **_estimates(ci, d, bu, vu, pilot, valid, better_high, level, margin_pct, looks),
+        **_estimates(ci, d, bu, vu, pilot or scale, valid, better_high, level, margin_pct, looks),
         "n_outliers": int(flagged.sum()),
         "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
         "interval": kind,
@@ -593,6 +600,9 @@ def _cell_stats(
         "sessions": int(means.size),
         "sd_within_session": sd_within,
         "sd_between_sessions": sd_between,
+        "moderated": scale is not None,
+        "prior_df": prior.df if scale is not None else math.nan,
+        "interval_df": float(_scale(d, pilot or scale)[1]) if ci.n >= 2 and valid else math.nan,
     }
 
 
@@ -682,17 +692,18 @@ def loss_table(
     pilots, levels = by_cell["pilot_pairs"].to_dict(), by_cell["look_confidence"].to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
     settings = (confidence, equivalence_margin_pct, exclude_outliers)
-    rows = []
+    rows, calls = [], []
     for key, pos in groups.items():
         cell = dict(zip([*CELL_KEYS, "metric"], key, strict=True))
         better_high, host = METRICS[cell["metric"]], cell["host"]
-        arrays = (a[pos] for a in (base_v, var_v, reps, sessions, flags))
+        arrays = [a[pos] for a in (base_v, var_v, reps, sessions, flags)]
         pilot = float(pilots.get((host, cell["workload"]), math.nan))
         cpu = METRIC_FAMILIES[cell["metric"]] == "cpu"
         level = float(levels.get((host, cell["workload"]), math.nan))
         sessions_ = int(planned.get(host, 1))
-        stats_ = _cell_stats(*arrays, better_high, *settings, pilot, cpu, sessions_, level)
-        rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **stats_})
+        calls.append((*arrays, better_high, *settings, pilot, cpu, sessions_, level))
+        rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **_cell_stats(*calls[-1])})
+    _moderate_sessions(rows, calls)
     table = pd.DataFrame(rows, columns=[c for c in LOSS_COLUMNS if c not in DESIGN_COLUMNS])
     table = table.assign(
         higher_is_better=table["metric"].map(METRICS),
@@ -716,6 +727,25 @@ def loss_table(
         table = table.assign(_m=table["metric"].map({m: i for i, m in enumerate(metrics)}))
         table = table.sort_values(keys).drop(columns="_m").reset_index(drop=True)
     return with_dtypes(table, LOSS_DTYPES)
+
+
+def _moderate_sessions(rows: list[dict], calls: list[tuple]) -> None:
+    """The "sessions" rows of ``rows`` over at most :data:`moderated.MODERATE_UP_TO` sessions
+    again, each interval on its variance moderated by the prior of its host and metric
+    (:func:`moderated.fit_prior` over all those rows' session-mean variances); rows of a host and
+    metric with too few such cells stay as they are."""
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row["interval"] == "sessions":
+            groups.setdefault((row["host"], row["metric"]), []).append(i)
+    for members in groups.values():
+        var = [rows[i]["sd_log_ratio"] ** 2 for i in members]
+        prior = eb.fit_prior(var, [rows[i]["sessions"] - 1 for i in members])
+        if prior is None:
+            continue
+        for i in members:
+            if rows[i]["sessions"] <= eb.MODERATE_UP_TO:
+                rows[i] |= _cell_stats(*calls[i], prior=prior)
 
 
 def _with_decisions(table: pd.DataFrame, regions: dict) -> pd.DataFrame:

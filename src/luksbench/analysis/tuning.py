@@ -98,6 +98,8 @@ def family_decisions(rows: pd.DataFrame) -> pd.DataFrame:
     n_eff = rows["sessions"].where(two_level, rows["n"]).astype(float)
     sd = rows["pilot_sd_log_ratio"].where(stein, rows["sd_log_ratio"]).astype(float)
     df = rows["pilot_pairs"].where(stein, n_eff).astype(float) - 1  # Stein: the pilot's n0 - 1
+    if "interval_df" in rows:  # the df each interval rests on (moderated sessions: d0 + k - 1)
+        df = rows["interval_df"].astype(float).fillna(df)
     # effect % = sign * (ratio - 1) * 100: a loss for throughput, an increase otherwise
     sign = np.where(rows["higher_is_better"].astype(bool), -1.0, 1.0)
     bounds = np.log1p(sign[:, None] * rows[["ci_low", "ci_high"]].to_numpy(float) / 100)
