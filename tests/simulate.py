@@ -284,3 +284,28 @@ def write_session_run(raw, rng, workloads, jobs, sd_session, sessions, pairs, pl
     doc = {"run": "sim", "host": SIM_HOST, "sessions": planned or sessions, "runs": runs}
     (raw / SIM_HOST / "fio" / "manifest.json").write_text(json.dumps(doc))
     return true_loss, lv - lb
+
+
+def write_sessions_only_run(raw, rng, cells, sd_session, sessions, reps, shift=0.0, sd_rep=0.005):
+    """A raw run of ``cells`` cells (one job each) of stacks plain and luks, each session its
+    own level N(0, sd_session) per stack and cell, each repetition its own noise N(0, sd_rep),
+    every value times exp(``shift``): two such runs differ by ``shift`` (a change of the system),
+    their sessions by chance. Returns the log values per stack."""
+    import json
+
+    n = sessions * reps
+    logs = {}
+    for stack in ("plain", "luks"):
+        level = np.repeat(rng.normal(0, sd_session, (cells, sessions)), reps, axis=1)
+        logs[stack] = 18 + shift + level + rng.normal(0, sd_rep, (cells, n))
+    write_raw_reps(raw, logs, [range(1, n + 1)] * cells)
+    runs = [
+        {"rep": k, "stack": s, "workload": sim_workload(w), "session": f"s{(k - 1) // reps}"}
+        | {"path": f"fio/{s}/{sim_workload(w)}/rep{k}.json", "status": "ok"}
+        for s in logs
+        for w in range(cells)
+        for k in range(1, n + 1)
+    ]
+    doc = {"run": raw.name, "host": SIM_HOST, "sessions": sessions, "runs": runs}
+    (raw / SIM_HOST / "fio" / "manifest.json").write_text(json.dumps(doc))
+    return logs

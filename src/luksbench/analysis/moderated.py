@@ -75,3 +75,23 @@ def posterior(var: float, df: float, prior: Prior | None) -> tuple[float, float]
     if math.isinf(prior.df):
         return prior.var, math.inf
     return (prior.df * prior.var + df * var) / (prior.df + df), prior.df + df
+
+
+def pooled_variance(a, b) -> tuple[float, float]:
+    """(pooled variance, its df) of two samples: the residual variance of the two-group model
+    limma moderates (NaN with fewer than 3 values in all or one on a side)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    df = a.size + b.size - 2
+    if a.size < 1 or b.size < 1 or df < 1:
+        return math.nan, 0.0
+    ss = float(((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum())
+    return ss / df, float(df)
+
+
+def two_sample_t(a, b, prior: Prior | None) -> tuple[float, float, float]:
+    """(mean(b) - mean(a), its standard error, df) on the pooled variance moderated by
+    ``prior``: limma's moderated t of a two-group comparison."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    var, df = posterior(*pooled_variance(a, b), prior)
+    se = math.sqrt(var * (1 / a.size + 1 / b.size)) if math.isfinite(var) else math.nan
+    return float(b.mean() - a.mean()), se, df
