@@ -132,6 +132,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             confidence=args.confidence,
             equivalence_margin_pct=args.equivalence_margin,
             unpaired=args.unpaired,
+            moderate=not args.no_moderation,
         )
         differences = crossrun.env_differences(a, b, crossrun.host_pairs(a, b, args.host))
         out = write_compare(table, Path(args.out), a, b, differences)
@@ -359,6 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--unpaired",
         action="store_true",
         help="never pair repetitions (sessions are the replicates)",
+    )
+    comp.add_argument(
+        "--no-moderation",
+        action="store_true",
+        help="Welch's interval over session means even with <= 3 sessions (default: the "
+        "moderated t, its variance borrowed from the host's other cells)",
     )
     comp.add_argument("--out", required=True, metavar="DIR", help="output folder (not a file)")
     comp.add_argument(

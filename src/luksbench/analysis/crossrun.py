@@ -284,9 +284,11 @@ def compare_runs(
     confidence: float = 0.95,
     equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
     unpaired: bool = False,
+    moderate: bool = True,
 ) -> pd.DataFrame:
     """The comparison table (columns :data:`COMPARE_COLUMNS`); ``attrs["designs"]`` holds the
-    design and its reason per host pair, ``attrs["skipped_metrics"]`` metrics without values."""
+    design and its reason per host pair, ``attrs["skipped_metrics"]`` metrics without values.
+    ``moderate``: sessions rows of few sessions on the moderated t (else Welch's)."""
     stats._check_confidence(confidence)
     metrics = list(metrics or COMPARE_METRICS)
     for m in metrics:
@@ -324,7 +326,8 @@ def compare_runs(
                 rows.append({"host_a": ha, "host_b": hb, **dict(zip(cell, key, strict=True))})
                 rows[-1] |= {**info_of[key], "metric": metric, "design": design, **change}
                 values.append((va, vb))
-    _moderate(rows, values, confidence, equivalence_margin_pct)
+    if moderate:
+        _moderate(rows, values, confidence, equivalence_margin_pct)
     table = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c != "q_value"])
     table = table.assign(
         run_a=a.name,

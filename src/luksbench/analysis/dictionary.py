@@ -130,6 +130,7 @@ pilot_sd_log_ratio | | SD of d in the adaptive pilot
 derived_from | | the metric whose test an IOPS row repeats
 covers | | what the interval covers (sessions or repetitions)
 sd_within_session, sd_between_sessions | | variance components of d
+moderated, prior_df, interval_df | | the interval rests on a variance moderated across the host's cells (empirical Bayes, <= 3 sessions); its prior degrees of freedom (inf: the cells share one variance); the degrees of freedom of the interval's t quantile
 fio_error, ss_not_attained | | the repetition had a fio error; fio's steady state not reached
 n_cells, n_in_order, n_reversed | | cells and pairs run in order and reversed
 order_log | | order effect on d
