@@ -309,3 +309,76 @@ def write_sessions_only_run(raw, rng, cells, sd_session, sessions, reps, shift=0
     doc = {"run": raw.name, "host": SIM_HOST, "sessions": sessions, "runs": runs}
     (raw / SIM_HOST / "fio" / "manifest.json").write_text(json.dumps(doc))
     return logs
+
+
+def write_cpu_run(raw, rng, hosts, cells, pairs, per_round, sd_idle=0.005, background=0.04):
+    """A raw run of ``hosts`` hosts, one session each, with CPU sidecars and idle samples, for the
+    CPU cost's intervals (an idle sample serves every cell of its host: hosts are the independent
+    replicates of the baseline's error).
+
+    Cell c: plain moves ``exp(18)`` B/s, luks 80 % of it; the true net CPU per GiB is
+    U(0.3, 0.6) s on plain and 2-5 times that on luks (dm-crypt's AES work beside a plain
+    device's: a small baseline), each run's own net CPU off by exp(N(0, 0.03)). Every sidecar
+    counts the box's own load too (``background`` CPU-s/s over the run's 6.2 s, jitter sd
+    0.005 s); an idle sample of 2 s measures that rate off by N(0, ``sd_idle``). ``per_round``:
+    one idle sample per round (pair), each run naming its own, as the runner records them now;
+    else one per session (``cpu_idle_baseline`` only, as before).
+
+    Returns (true increase % of CPU per GiB, true added CPU s per GiB), shape (hosts, cells)."""
+    out = [
+        _write_cpu_host(raw, f"h{h:03d}", rng, cells, pairs, per_round, sd_idle, background)
+        for h in range(hosts)
+    ]
+    return np.array([o[0] for o in out]), np.array([o[1] for o in out])
+
+
+def _idle_samples(rate, cpus: int) -> list[dict]:
+    """Idle samples of 2 s measuring ``rate`` (one per round)."""
+    return [
+        {
+            "interval_s": 2.0,
+            "busy_s": 2.0 * r,
+            "busy_pct": 100 * r / cpus,
+            "delta_s": {"system": 1.2 * r},
+            "started": f"2026-01-01T00:{k // 60:02d}:{k % 60:02d}Z",
+            "round": k + 1,
+        }
+        for k, r in enumerate(rate)
+    ]
+
+
+def _write_cpu_host(raw, host, rng, cells, pairs, per_round, sd_idle, background):
+    import json
+    from pathlib import Path
+
+    interval, cpus = 6.2, 2
+    per_gib, factor = rng.uniform(0.3, 0.6, cells), rng.uniform(2.0, 5.0, cells)
+    samples = _idle_samples(background + rng.normal(0, sd_idle, pairs if per_round else 1), cpus)
+    runs = []
+    arms = (("plain", np.exp(18), per_gib), ("luks", 0.8 * np.exp(18), per_gib * factor))
+    for stack, bw, truth in arms:
+        jobs = [_fio_job("j0", float(bw), c + 1) for c in range(cells)]
+        for job in jobs:
+            job["read"]["io_kbytes"] = job["read"]["io_bytes"] // 1024  # fio 3: bytes
+        net = truth[:, None] * jobs[0]["read"]["io_bytes"] / 2**30
+        net = net * np.exp(rng.normal(0, 0.03, (cells, pairs)))
+        busy = net + background * interval + rng.normal(0, 0.005, (cells, pairs))
+        for c in range(cells):
+            folder = Path(raw) / host / "fio" / stack / sim_workload(c)
+            folder.mkdir(parents=True, exist_ok=True)
+            for k in range(1, pairs + 1):
+                doc = {"fio version": "fio-3.36", "jobs": [jobs[c]]}
+                (folder / f"rep{k}.json").write_text(json.dumps(doc))
+                b = float(busy[c, k - 1])
+                car = {"interval_s": interval, "busy_s": b, "busy_pct": 50 * b / interval}
+                car["delta_s"] = {"system": 0.6 * b}
+                car |= {"idle": samples[k - 1]} if per_round else {}
+                (folder / f"rep{k}.cpu.json").write_text(json.dumps(car))
+                entry = {"rep": k, "round": k, "stack": stack, "workload": sim_workload(c)}
+                entry |= {"path": f"fio/{stack}/{sim_workload(c)}/rep{k}.json", "status": "ok"}
+                runs.append(entry | ({"cpu_idle_sample": k - 1} if per_round else {}))
+    doc = {"run": "sim", "host": host, "sessions": 1, "started": "2026-01-01T00:00:00Z"}
+    doc |= {"cpu_idle_baseline": samples[0], "runs": runs, "session": "s0"}
+    doc |= {"cpu_idle_samples": samples} if per_round else {}
+    (Path(raw) / host / "fio" / "manifest.json").write_text(json.dumps(doc))
+    return 100 * (factor - 1), per_gib * (factor - 1)

@@ -108,7 +108,7 @@ fieller_low, fieller_high, boot_low, boot_high | % | Fieller and BCa bootstrap i
 outlier_reps, outliers_excluded | | flagged pairs and whether they were left out
 decision | | negligible, moderate, material (gain), undecided or insufficient
 decision_lower_pct, decision_upper_pct | % | the decision's margins
-interval | | t, stein, sequential or none
+interval | | t, stein, sequential, sessions, none or withheld (net CPU whose one idle sample nets every pair)
 look_confidence | | sequential design: level of each look's interval (targets.json)
 device_seconds, fixed3_seconds | s | sequential design: the cell's device time (fio's runtimes of every stack); that of its first 3 pairs
 fixed3_decision, fixed3_pairs | | sequential design: what the fixed 3-pair design would have decided on the cell's first 3 pairs at the nominal confidence; pairs it used
@@ -130,6 +130,8 @@ pilot_sd_log_ratio | | SD of d in the adaptive pilot
 derived_from | | the metric whose test an IOPS row repeats
 covers | | what the interval covers (sessions or repetitions)
 sd_within_session, sd_between_sessions | | variance components of d
+added, added_low, added_high | as `metric` | CPU rows: variant minus baseline (e.g. added CPU seconds per GiB) with its interval
+idle_sample | s | the idle CPU sample a run is netted with (its start, POSIX seconds)
 moderated, prior_df, interval_df | | the interval rests on a variance moderated across the host's cells (empirical Bayes, <= 3 sessions); its prior degrees of freedom (inf: the cells share one variance); the degrees of freedom of the interval's t quantile
 fio_error, ss_not_attained | | the repetition had a fio error; fio's steady state not reached
 n_cells, n_in_order, n_reversed | | cells and pairs run in order and reversed

@@ -71,6 +71,7 @@ LOSS_COLUMNS = [
     *("decision", "decision_lower_pct", "decision_upper_pct", "interval", "pilot_pairs"),
     *("pilot_sd_log_ratio", "derived_from", "covers", "sessions", "sd_within_session"),
     *("sd_between_sessions", "moderated", "prior_df", "interval_df"),
+    *("added", "added_low", "added_high"),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_DTYPES = {
@@ -537,6 +538,7 @@ def _cell_stats(
     all_or_none: bool = False,
     sessions_planned: int = 1,
     look_confidence: float = math.nan,
+    shared_baseline: bool = False,
     prior: eb.Prior | None = None,
 ) -> dict:
     """One row of the loss table but for the cross-table q-value and verdict.
@@ -550,7 +552,11 @@ def _cell_stats(
     ``prior``: a "sessions" interval rests on the variance of the session means moderated by it
     (:mod:`luksbench.analysis.moderated`; ``moderated``, ``prior_df``, ``interval_df``).
     ``all_or_none`` (net CPU metrics): a value <= 0 on either side leaves no pair usable, as
-    dropping the cell's low values would select on the outcome."""
+    dropping the cell's low values would select on the outcome. ``shared_baseline`` (net CPU
+    metrics whose idle sample nets several pairs): "withheld", no interval, unless it is over
+    sessions (the sample's error is then part of each session's level, which that interval
+    covers). ``added`` (net CPU metrics): variant minus baseline in the metric's unit, with a
+    t-interval over the pairs (or session means) at the row's level."""
     ok = usable_pairs(b, v)
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
         ok[:] = False
@@ -577,6 +583,8 @@ def _cell_stats(
         d_pilot = d_all[reps[ok] <= pilot_pairs]
         valid = d_pilot.size >= 2
         pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
+    withheld = shared_baseline and not two_level
+    valid = valid and not withheld
     sequential = not two_level and look_confidence > 0
     level = look_confidence if sequential else confidence
     looks = round((1 - confidence) / (1 - level))  # K of a sequential design, else 1
@@ -586,6 +594,7 @@ def _cell_stats(
     one = "one session" if means.size <= 1 else "sessions"
     kind = "sessions" if two_level else "none" if not valid else "stein" if pilot else "t"
     kind = "sequential" if sequential else kind
+    kind = "withheld" if withheld else kind
     return {
         "n": int(use.sum()),
         "n_dropped": int((~ok).sum()),
@@ -603,7 +612,15 @@ def _cell_stats(
         "moderated": scale is not None,
         "prior_df": prior.df if scale is not None else math.nan,
         "interval_df": float(_scale(d, pilot or scale)[1]) if ci.n >= 2 and valid else math.nan,
+        **_added(vu - bu, level, all_or_none and valid),
     }
+
+
+def _added(diff: np.ndarray, confidence: float, wanted: bool) -> dict:
+    """``added``, ``added_low``, ``added_high``: mean of ``diff`` (variant minus baseline) with its
+    t-interval; NaN unless ``wanted``, bounds NaN below 2 values."""
+    ci = paired_log_ratio_ci(diff, confidence) if wanted else LogRatioCI(0, *[math.nan] * 4)
+    return {"added": ci.mean, "added_low": ci.low, "added_high": ci.high}
 
 
 CROSS_CHECK_COLUMNS = ("fieller_low", "fieller_high", "boot_low", "boot_high")
@@ -688,6 +705,7 @@ def loss_table(
     flags = paired[list(REP_FLAGS)].to_numpy(bool)
     attrs = {a: paired[a].to_numpy(object) for a in CELL_ATTRS}
     design = _design(fio)
+    shared = shared_idle_cells(fio, (baseline, variant))
     by_cell = design.set_index(["host", "workload"])
     pilots, levels = by_cell["pilot_pairs"].to_dict(), by_cell["look_confidence"].to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
@@ -701,7 +719,8 @@ def loss_table(
         cpu = METRIC_FAMILIES[cell["metric"]] == "cpu"
         level = float(levels.get((host, cell["workload"]), math.nan))
         sessions_ = int(planned.get(host, 1))
-        calls.append((*arrays, better_high, *settings, pilot, cpu, sessions_, level))
+        shared_ = cpu and (host, cell["workload"]) in shared
+        calls.append((*arrays, better_high, *settings, pilot, cpu, sessions_, level, shared_))
         rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **_cell_stats(*calls[-1])})
     _moderate_sessions(rows, calls)
     table = pd.DataFrame(rows, columns=[c for c in LOSS_COLUMNS if c not in DESIGN_COLUMNS])
@@ -718,7 +737,7 @@ def loss_table(
     table["q_value"] = math.nan
     for idx in table.groupby("metric").indices.values():
         table.loc[table.index[idx], "q_value"] = benjamini_hochberg(table["p_value"].iloc[idx])
-    n = table["n"].where(table["interval"].ne("none"), 0).to_numpy()  # no interval: too few
+    n = table["n"].where(~table["interval"].isin(["none", "withheld"]), 0).to_numpy()
     table["verdict"] = table_verdicts(n, table["q_value"], table["equivalent"], confidence)
     table = _with_decisions(table, regions)
     table = table[LOSS_COLUMNS]
@@ -746,6 +765,17 @@ def _moderate_sessions(rows: list[dict], calls: list[tuple]) -> None:
         for i in members:
             if rows[i]["sessions"] <= eb.MODERATE_UP_TO:
                 rows[i] |= _cell_stats(*calls[i], prior=prior)
+
+
+def shared_idle_cells(fio: pd.DataFrame, stacks) -> set[tuple]:
+    """(host, workload) of the cells whose net CPU values on ``stacks`` come from an idle sample
+    (ingest's ``idle_sample``) that nets runs of two or more repetitions: its error is shared."""
+    if fio.empty or not {"idle_sample", "cpu_net"} <= set(fio.columns):
+        return set()
+    keys = ["host", "workload", "stack", "idle_sample"]
+    net = fio[fio["cpu_net"].eq(True) & fio["stack"].isin(stacks) & fio["idle_sample"].notna()]
+    reps = net.groupby(keys, observed=True)["rep"].nunique()
+    return {(host, workload) for (host, workload, _, _), n in reps.items() if n >= 2}
 
 
 def _with_decisions(table: pd.DataFrame, regions: dict) -> pd.DataFrame:
