@@ -153,7 +153,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     import socket
 
     from luksbench.testbox.plan import PlanError, load_plan, plan_from_config
-    from luksbench.testbox.planview import describe_plan
+    from luksbench.testbox.planview import describe_plan, read_components
 
     try:
         if args.plan:
@@ -169,7 +169,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return _fail("plan", exc)
     except Exception as exc:  # schema validation errors name the key
         return _fail("plan", f"invalid config: {exc}")
-    lines = describe_plan(plan, check_devices=args.check_devices)
+    try:
+        components = read_components(args.components) if args.components else None
+    except (OSError, ValueError) as exc:
+        return _fail("plan", exc)
+    lines = describe_plan(plan, args.check_devices, components, args.session_cost_s)
     print("\n".join(lines))
     return 1 if any(line.startswith("  REFUSED ") for line in lines) else 0
 
@@ -390,6 +394,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--check-devices",
         action="store_true",
         help="also check each real disk now (read-only: stable path, mounts, holders, signatures)",
+    )
+    plan.add_argument(
+        "--components",
+        type=Path,
+        metavar="LOSS_CSV",
+        help="an earlier run's loss.csv (measured with sessions): advise pairs per session and "
+        "sessions from its variance components (Kalibera-Jones)",
+    )
+    plan.add_argument(
+        "--session-cost-s",
+        type=float,
+        default=600.0,
+        help="seconds a session costs besides its fio runs (stack-up, preconditioning) for "
+        "--components (default 600)",
     )
     plan.set_defaults(func=_cmd_plan)
 
