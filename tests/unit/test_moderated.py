@@ -105,4 +105,6 @@ def test_compare_at_three_sessions_finds_a_three_percent_change_without_false_on
     power, power_welch = _compare(tmp_path / "shift", rng, 3, math.log(0.97))
     assert false_change <= 0.01, false_change
     assert power >= 0.8 and power >= power_welch + 0.3, (power, power_welch)
-    print(f"k=3: false change {false_change:.3f}; power at -3 % {power:.3f} (Welch {power_welch:.3f})")
+    print(
+        f"k=3: false change {false_change:.3f}; power at -3 % {power:.3f} (Welch {power_welch:.3f})"
+    )

@@ -182,7 +182,7 @@ def round_idle_sample(outcome: dict, round_: int) -> int:
         if sample["round"] == round_:
             return i
     samples.append({"round": round_, **probes.idle_baseline(when=f"before round {round_}")})
-    if outcome["cpu_idle_baseline"] is None:  # the session's first sample, as earlier readers know it
+    if outcome["cpu_idle_baseline"] is None:  # the session's first: what earlier readers know
         outcome["cpu_idle_baseline"] = samples[-1]
     return len(samples) - 1
 
