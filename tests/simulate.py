@@ -311,7 +311,9 @@ def write_sessions_only_run(raw, rng, cells, sd_session, sessions, reps, shift=0
     return logs
 
 
-def write_cpu_run(raw, rng, hosts, cells, pairs, per_round, sd_idle=0.005, background=0.04):
+def write_cpu_run(
+    raw, rng, hosts, cells, pairs, per_round, sd_idle=0.005, background=0.04, looks=1
+):
     """A raw run of ``hosts`` hosts, one session each, with CPU sidecars and idle samples, for the
     CPU cost's intervals (an idle sample serves every cell of its host: hosts are the independent
     replicates of the baseline's error).
@@ -322,11 +324,12 @@ def write_cpu_run(raw, rng, hosts, cells, pairs, per_round, sd_idle=0.005, backg
     counts the box's own load too (``background`` CPU-s/s over the run's 6.2 s, jitter sd
     0.005 s); an idle sample of 2 s measures that rate off by N(0, ``sd_idle``). ``per_round``:
     one idle sample per round (pair), each run naming its own, as the runner records them now;
-    else one per session (``cpu_idle_baseline`` only, as before).
+    else one per session (``cpu_idle_baseline`` only, as before), or with ``looks`` > 1 one per
+    look of a sequential design (a session record per look, pairs split evenly, one stack-up).
 
     Returns (true increase % of CPU per GiB, true added CPU s per GiB), shape (hosts, cells)."""
     out = [
-        _write_cpu_host(raw, f"h{h:03d}", rng, cells, pairs, per_round, sd_idle, background)
+        _write_cpu_host(raw, f"h{h:03d}", rng, cells, pairs, per_round, sd_idle, background, looks)
         for h in range(hosts)
     ]
     return np.array([o[0] for o in out]), np.array([o[1] for o in out])
@@ -347,13 +350,14 @@ def _idle_samples(rate, cpus: int) -> list[dict]:
     ]
 
 
-def _write_cpu_host(raw, host, rng, cells, pairs, per_round, sd_idle, background):
+def _write_cpu_host(raw, host, rng, cells, pairs, per_round, sd_idle, background, looks=1):
     import json
     from pathlib import Path
 
     interval, cpus = 6.2, 2
     per_gib, factor = rng.uniform(0.3, 0.6, cells), rng.uniform(2.0, 5.0, cells)
-    samples = _idle_samples(background + rng.normal(0, sd_idle, pairs if per_round else 1), cpus)
+    count = pairs if per_round else looks
+    samples = _idle_samples(background + rng.normal(0, sd_idle, count), cpus)
     runs = []
     arms = (("plain", np.exp(18), per_gib), ("luks", 0.8 * np.exp(18), per_gib * factor))
     for stack, bw, truth in arms:
@@ -381,4 +385,12 @@ def _write_cpu_host(raw, host, rng, cells, pairs, per_round, sd_idle, background
     doc |= {"cpu_idle_baseline": samples[0], "runs": runs, "session": "s0"}
     doc |= {"cpu_idle_samples": samples} if per_round else {}
     (Path(raw) / host / "fio" / "manifest.json").write_text(json.dumps(doc))
+    if looks > 1 and not per_round:
+        (Path(raw) / host / "fio" / "sessions").mkdir()
+        look_of = {k: (k - 1) * looks // pairs for k in range(1, pairs + 1)}
+        for j in range(looks):
+            record = doc | {"cpu_idle_baseline": samples[j], "started": samples[j]["started"]}
+            record["runs"] = [r for r in runs if look_of[r["rep"]] == j]
+            path = Path(raw) / host / "fio" / "sessions" / f"look{j}.json"
+            path.write_text(json.dumps(record))
     return 100 * (factor - 1), per_gib * (factor - 1)

@@ -119,3 +119,17 @@ def test_cpu_per_gib_covers_with_twelve_pairs_and_a_small_baseline(tmp_path):
         f"CPU per GiB at 12 pairs: {coverage:.3f} (added {added_coverage:.3f}) with a sample "
         f"per round; {withheld_coverage:.3f} from one per session (withheld)"
     )
+
+
+@pytest.mark.slow
+def test_a_baseline_per_look_is_carried_into_the_interval(tmp_path):
+    """Three looks of 4 pairs, each netted with its look's one idle sample (runs measured before
+    a sample per round): the spread of a host's samples prices the shared error."""
+    rng = np.random.default_rng(4711)
+    increase, _ = (x.ravel() for x in write_cpu_run(tmp_path, rng, 150, 2, 12, False, looks=3))
+    rows = _cpu_loss(tmp_path)
+    assert (rows["interval"] == "t").all() and rows["covers"].str.contains("carried").all()
+    assert (rows["interval_df"] < 11).all()  # the baseline's 2 df pull it below the pairs' 11
+    coverage = ((rows["ci_low"] <= increase) & (increase <= rows["ci_high"])).mean()
+    assert coverage >= 0.93, coverage
+    print(f"CPU per GiB, one idle sample per look (3 looks): {coverage:.3f} carried")

@@ -538,7 +538,7 @@ def _cell_stats(
     all_or_none: bool = False,
     sessions_planned: int = 1,
     look_confidence: float = math.nan,
-    shared_baseline: bool = False,
+    shared_baseline: bool | tuple = False,
     prior: eb.Prior | None = None,
 ) -> dict:
     """One row of the loss table but for the cross-table q-value and verdict.
@@ -555,7 +555,8 @@ def _cell_stats(
     dropping the cell's low values would select on the outcome. ``shared_baseline`` (net CPU
     metrics whose idle sample nets several pairs): "withheld", no interval, unless it is over
     sessions (the sample's error is then part of each session's level, which that interval
-    covers). ``added`` (net CPU metrics): variant minus baseline in the metric's unit, with a
+    covers) or the baseline's variance can be carried (a tuple from :func:`baseline_carry`;
+    :func:`_carried_scale`; ``covers`` says so). ``added`` (net CPU metrics): variant minus baseline in the metric's unit, with a
     t-interval over the pairs (or session means) at the row's level."""
     ok = usable_pairs(b, v)
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
@@ -583,7 +584,13 @@ def _cell_stats(
         d_pilot = d_all[reps[ok] <= pilot_pairs]
         valid = d_pilot.size >= 2
         pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
-    withheld = shared_baseline and not two_level
+    moderated = scale is not None
+    withheld = bool(shared_baseline) and not two_level
+    carried = None
+    if withheld and isinstance(shared_baseline, tuple) and pilot is None:
+        carried = _carried_scale(d, bu, vu, *shared_baseline)
+        withheld = carried is None
+        scale = carried or scale
     valid = valid and not withheld
     sequential = not two_level and look_confidence > 0
     level = look_confidence if sequential else confidence
@@ -595,6 +602,7 @@ def _cell_stats(
     kind = "sessions" if two_level else "none" if not valid else "stein" if pilot else "t"
     kind = "sequential" if sequential else kind
     kind = "withheld" if withheld else kind
+    one += " and its idle baseline's error, carried" if carried else ""
     return {
         "n": int(use.sum()),
         "n_dropped": int((~ok).sum()),
@@ -609,11 +617,30 @@ def _cell_stats(
         "sessions": int(means.size),
         "sd_within_session": sd_within,
         "sd_between_sessions": sd_between,
-        "moderated": scale is not None,
-        "prior_df": prior.df if scale is not None else math.nan,
+        "moderated": moderated,
+        "prior_df": prior.df if moderated else math.nan,
         "interval_df": float(_scale(d, pilot or scale)[1]) if ci.n >= 2 and valid else math.nan,
         **_added(vu - bu, level, all_or_none and valid),
     }
+
+
+def _carried_scale(d, bu, vu, var_rate, df_rate, share, coef_b, coef_v):
+    """(SD, df + 1) of a t-interval on mean d that carries a shared idle baseline's error: the
+    pairs' own variance s^2 / n plus g^2 var_rate share, where g = coef_b / mean(b) -
+    coef_v / mean(v) is how d moves with the idle rate, ``share`` sum_j (n_j / n)^2 over the
+    pairs' idle samples and ``var_rate`` the variance of the host's idle samples (``df_rate``
+    degrees of freedom); Welch-Satterthwaite df. None when not estimable."""
+    n = d.size
+    if n < 2 or not (df_rate >= 1 and math.isfinite(var_rate)):
+        return None
+    own = float(d.var(ddof=1)) / n
+    g = coef_b / float(bu.mean()) - coef_v / float(vu.mean())
+    extra = g * g * var_rate * share
+    total = own + extra
+    if not (math.isfinite(total) and total > 0):
+        return None
+    df = total**2 / (own**2 / (n - 1) + extra**2 / df_rate)
+    return math.sqrt(total * n), df + 1
 
 
 def _added(diff: np.ndarray, confidence: float, wanted: bool) -> dict:
@@ -706,6 +733,7 @@ def loss_table(
     attrs = {a: paired[a].to_numpy(object) for a in CELL_ATTRS}
     design = _design(fio)
     shared = shared_idle_cells(fio, (baseline, variant))
+    carries = baseline_carry(fio, baseline, variant) if shared else {}
     by_cell = design.set_index(["host", "workload"])
     pilots, levels = by_cell["pilot_pairs"].to_dict(), by_cell["look_confidence"].to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
@@ -720,6 +748,8 @@ def loss_table(
         level = float(levels.get((host, cell["workload"]), math.nan))
         sessions_ = int(planned.get(host, 1))
         shared_ = cpu and (host, cell["workload"]) in shared
+        carry = carries.get((host, cell["workload"], cell["metric"]))
+        shared_ = carry if shared_ and carry is not None else shared_
         calls.append((*arrays, better_high, *settings, pilot, cpu, sessions_, level, shared_))
         rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **_cell_stats(*calls[-1])})
     _moderate_sessions(rows, calls)
@@ -776,6 +806,43 @@ def shared_idle_cells(fio: pd.DataFrame, stacks) -> set[tuple]:
     net = fio[fio["cpu_net"].eq(True) & fio["stack"].isin(stacks) & fio["idle_sample"].notna()]
     reps = net.groupby(keys, observed=True)["rep"].nunique()
     return {(host, workload) for (host, workload, _, _), n in reps.items() if n >= 2}
+
+
+def baseline_carry(fio: pd.DataFrame, baseline: str, variant: str) -> dict:
+    """(host, workload, metric) -> (var_rate, df_rate, share, coef_b, coef_v) for
+    :func:`_carried_scale`, for CPU busy time per GiB and per I/O: the variance of the host's
+    idle busy rates over its distinct samples (m - 1 df; needs m >= 2), the share of the pairs'
+    samples (baseline arm) and each arm's mean coefficient of the idle rate in the value
+    (interval / GiB; 1e6 interval / I/Os)."""
+    need = {"idle_sample", "cpu_net", "idle_busy_cpu_s", "cpu_interval_s", "io_gib", "file"}
+    if fio.empty or not need <= set(fio.columns):
+        return {}
+    net = fio[fio["cpu_net"].eq(True) & fio["stack"].isin([baseline, variant])]
+    net = net[net["idle_sample"].notna()]
+    per_file = net.groupby("file")
+    interval = net["cpu_interval_s"].astype(float)
+    ios = (net["io_bytes"] / net["io_bs_bytes"]).groupby(net["file"]).transform("sum")
+    net = net.assign(
+        _rate=net["idle_busy_cpu_s"] / interval,
+        _gib=interval / per_file["io_gib"].transform("sum"),
+        _io=1e6 * interval / ios,
+    )
+    rates = net.drop_duplicates(["host", "idle_sample"]).groupby("host")["_rate"]
+    spread = {h: (float(r.var(ddof=1)), r.size - 1) for h, r in rates if r.size >= 2}
+    coefs = net.drop_duplicates("file").groupby(["host", "workload", "stack"])[["_gib", "_io"]]
+    coefs = coefs.mean().to_dict("index")
+    base = net[net["stack"] == baseline].drop_duplicates(["host", "workload", "rep"])
+    out = {}
+    for (host, workload), runs in base.groupby(["host", "workload"]):
+        if host not in spread or runs.empty:
+            continue
+        share = float(((runs["idle_sample"].value_counts() / len(runs)) ** 2).sum())
+        b, v = coefs.get((host, workload, baseline)), coefs.get((host, workload, variant))
+        if b is None or v is None:
+            continue
+        for metric, col in (("busy_cpu_s_per_gib", "_gib"), ("busy_cpu_us_per_io", "_io")):
+            out[(host, workload, metric)] = (*spread[host], share, b[col], v[col])
+    return out
 
 
 def _with_decisions(table: pd.DataFrame, regions: dict) -> pd.DataFrame:
