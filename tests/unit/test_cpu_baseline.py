@@ -129,7 +129,8 @@ def test_a_baseline_per_look_is_carried_into_the_interval(tmp_path):
     increase, _ = (x.ravel() for x in write_cpu_run(tmp_path, rng, 150, 2, 12, False, looks=3))
     rows = _cpu_loss(tmp_path)
     assert (rows["interval"] == "t").all() and rows["covers"].str.contains("carried").all()
-    assert (rows["interval_df"] < 11).all()  # the baseline's 2 df pull it below the pairs' 11
+    # Welch-Satterthwaite: between the baseline's 2 df and both parts' 13; here mostly the 2
+    assert (rows["interval_df"] <= 13).all() and rows["interval_df"].median() < 5
     coverage = ((rows["ci_low"] <= increase) & (increase <= rows["ci_high"])).mean()
     assert coverage >= 0.93, coverage
     print(f"CPU per GiB, one idle sample per look (3 looks): {coverage:.3f} carried")
