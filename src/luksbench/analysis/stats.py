@@ -585,12 +585,8 @@ def _cell_stats(
         valid = d_pilot.size >= 2
         pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
     moderated = scale is not None
-    withheld = bool(shared_baseline) and not two_level
-    carried = None
-    if withheld and isinstance(shared_baseline, tuple) and pilot is None:
-        carried = _carried_scale(d, bu, vu, *shared_baseline)
-        withheld = carried is None
-        scale = carried or scale
+    withheld, carried = _shared_baseline(not two_level and shared_baseline, pilot, d, bu, vu)
+    scale = carried or scale
     valid = valid and not withheld
     sequential = not two_level and look_confidence > 0
     level = look_confidence if sequential else confidence
@@ -622,6 +618,18 @@ def _cell_stats(
         "interval_df": float(_scale(d, pilot or scale)[1]) if ci.n >= 2 and valid else math.nan,
         **_added(vu - bu, level, all_or_none and valid),
     }
+
+
+def _shared_baseline(shared, pilot, d, bu, vu) -> tuple[bool, tuple | None]:
+    """(withheld, carried scale) of a cell whose idle baseline is ``shared`` (False, True, or a
+    :func:`baseline_carry` tuple): carried where its variance is known and the interval is not
+    Stein's, else withheld."""
+    if not shared:
+        return False, None
+    carried = (
+        _carried_scale(d, bu, vu, *shared) if isinstance(shared, tuple) and not pilot else None
+    )
+    return carried is None, carried
 
 
 def _carried_scale(d, bu, vu, var_rate, df_rate, share, coef_b, coef_v):
