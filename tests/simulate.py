@@ -309,3 +309,140 @@ def write_raw_reps(raw, logs: dict, reps, jobs: int = 1, tails=None, ios=None) -
 def sim_workload(w: int) -> str:
     """Workload id of simulated workload ``w`` (0-based)."""
     return f"randread-4k-qd{w + 1}"
+
+
+def write_session_run(raw, rng, workloads, jobs, sd_session, sessions, pairs, planned=None):
+    """A raw run (layout and manifest) of ``workloads * jobs`` cells, each measured in
+    ``sessions`` sessions of ``pairs`` pairs: true loss U(-10, 60) %, pair noise per arm
+    U(0.002, 0.01) on the log scale, and each session shifting the cell's log ratio by its own
+    N(0, sd_session). ``planned``: the manifest's sessions (default ``sessions``).
+
+    Returns (true loss per cell, log ratio d per cell and pair)."""
+    import json
+
+    cells, n = workloads * jobs, sessions * pairs
+    true_loss = rng.uniform(-10, 60, cells)
+    sigma = rng.uniform(0.002, 0.01, cells)
+    lb, lv = simulate_logs(rng, cells, n, sigma, np.log1p(-true_loss / 100), order_drift=0)
+    lv = lv + np.repeat(rng.normal(0, sd_session, (cells, sessions)), pairs, axis=1)
+    write_raw_reps(raw, {"plain": lb + 18, "luks": lv + 18}, [range(1, n + 1)] * workloads, jobs)
+    runs = [
+        {"rep": k, "stack": stack, "workload": sim_workload(w), "session": f"s{(k - 1) // pairs}"}
+        | {"path": f"fio/{stack}/{sim_workload(w)}/rep{k}.json", "status": "ok"}
+        for stack in ("plain", "luks")
+        for w in range(workloads)
+        for k in range(1, n + 1)
+    ]
+    doc = {"run": "sim", "host": SIM_HOST, "sessions": planned or sessions, "runs": runs}
+    (raw / SIM_HOST / "fio" / "manifest.json").write_text(json.dumps(doc))
+    return true_loss, lv - lb
+
+
+def write_sessions_only_run(raw, rng, cells, sd_session, sessions, reps, shift=0.0, sd_rep=0.005):
+    """A raw run of ``cells`` cells (one job each) of stacks plain and luks, each session its
+    own level N(0, sd_session) per stack and cell, each repetition its own noise N(0, sd_rep),
+    every value times exp(``shift``): two such runs differ by ``shift`` (a change of the system),
+    their sessions by chance. Returns the log values per stack."""
+    import json
+
+    n = sessions * reps
+    logs = {}
+    for stack in ("plain", "luks"):
+        level = np.repeat(rng.normal(0, sd_session, (cells, sessions)), reps, axis=1)
+        logs[stack] = 18 + shift + level + rng.normal(0, sd_rep, (cells, n))
+    write_raw_reps(raw, logs, [range(1, n + 1)] * cells)
+    runs = [
+        {"rep": k, "stack": s, "workload": sim_workload(w), "session": f"s{(k - 1) // reps}"}
+        | {"path": f"fio/{s}/{sim_workload(w)}/rep{k}.json", "status": "ok"}
+        for s in logs
+        for w in range(cells)
+        for k in range(1, n + 1)
+    ]
+    doc = {"run": raw.name, "host": SIM_HOST, "sessions": sessions, "runs": runs}
+    (raw / SIM_HOST / "fio" / "manifest.json").write_text(json.dumps(doc))
+    return logs
+
+
+def write_cpu_run(
+    raw, rng, hosts, cells, pairs, per_round, sd_idle=0.005, background=0.04, looks=1
+):
+    """A raw run of ``hosts`` hosts, one session each, with CPU sidecars and idle samples, for the
+    CPU cost's intervals (an idle sample serves every cell of its host: hosts are the independent
+    replicates of the baseline's error).
+
+    Cell c: plain moves ``exp(18)`` B/s, luks 80 % of it; the true net CPU per GiB is
+    U(0.3, 0.6) s on plain and 2-5 times that on luks (dm-crypt's AES work beside a plain
+    device's: a small baseline), each run's own net CPU off by exp(N(0, 0.03)). Every sidecar
+    counts the box's own load too (``background`` CPU-s/s over the run's 6.2 s, jitter sd
+    0.005 s); an idle sample of 2 s measures that rate off by N(0, ``sd_idle``). ``per_round``:
+    one idle sample per round (pair), each run naming its own, as the runner records them now;
+    else one per session (``cpu_idle_baseline`` only, as before), or with ``looks`` > 1 one per
+    look of a sequential design (a session record per look, pairs split evenly, one stack-up).
+
+    Returns (true increase % of CPU per GiB, true added CPU s per GiB), shape (hosts, cells)."""
+    out = [
+        _write_cpu_host(raw, f"h{h:03d}", rng, cells, pairs, per_round, sd_idle, background, looks)
+        for h in range(hosts)
+    ]
+    return np.array([o[0] for o in out]), np.array([o[1] for o in out])
+
+
+def _idle_samples(rate, cpus: int) -> list[dict]:
+    """Idle samples of 2 s measuring ``rate`` (one per round)."""
+    return [
+        {
+            "interval_s": 2.0,
+            "busy_s": 2.0 * r,
+            "busy_pct": 100 * r / cpus,
+            "delta_s": {"system": 1.2 * r},
+            "started": f"2026-01-01T00:{k // 60:02d}:{k % 60:02d}Z",
+            "round": k + 1,
+        }
+        for k, r in enumerate(rate)
+    ]
+
+
+def _write_cpu_host(raw, host, rng, cells, pairs, per_round, sd_idle, background, looks=1):
+    import json
+    from pathlib import Path
+
+    interval, cpus = 6.2, 2
+    per_gib, factor = rng.uniform(0.3, 0.6, cells), rng.uniform(2.0, 5.0, cells)
+    count = pairs if per_round else looks
+    samples = _idle_samples(background + rng.normal(0, sd_idle, count), cpus)
+    runs = []
+    arms = (("plain", np.exp(18), per_gib), ("luks", 0.8 * np.exp(18), per_gib * factor))
+    for stack, bw, truth in arms:
+        jobs = [_fio_job("j0", float(bw), c + 1) for c in range(cells)]
+        for job in jobs:
+            job["read"]["io_kbytes"] = job["read"]["io_bytes"] // 1024  # fio 3: bytes
+        net = truth[:, None] * jobs[0]["read"]["io_bytes"] / 2**30
+        net = net * np.exp(rng.normal(0, 0.03, (cells, pairs)))
+        busy = net + background * interval + rng.normal(0, 0.005, (cells, pairs))
+        for c in range(cells):
+            folder = Path(raw) / host / "fio" / stack / sim_workload(c)
+            folder.mkdir(parents=True, exist_ok=True)
+            for k in range(1, pairs + 1):
+                doc = {"fio version": "fio-3.36", "jobs": [jobs[c]]}
+                (folder / f"rep{k}.json").write_text(json.dumps(doc))
+                b = float(busy[c, k - 1])
+                car = {"interval_s": interval, "busy_s": b, "busy_pct": 50 * b / interval}
+                car["delta_s"] = {"system": 0.6 * b}
+                car |= {"idle": samples[k - 1]} if per_round else {}
+                (folder / f"rep{k}.cpu.json").write_text(json.dumps(car))
+                entry = {"rep": k, "round": k, "stack": stack, "workload": sim_workload(c)}
+                entry |= {"path": f"fio/{stack}/{sim_workload(c)}/rep{k}.json", "status": "ok"}
+                runs.append(entry | ({"cpu_idle_sample": k - 1} if per_round else {}))
+    doc = {"run": "sim", "host": host, "sessions": 1, "started": "2026-01-01T00:00:00Z"}
+    doc |= {"cpu_idle_baseline": samples[0], "runs": runs, "session": "s0"}
+    doc |= {"cpu_idle_samples": samples} if per_round else {}
+    (Path(raw) / host / "fio" / "manifest.json").write_text(json.dumps(doc))
+    if looks > 1 and not per_round:
+        (Path(raw) / host / "fio" / "sessions").mkdir()
+        look_of = {k: (k - 1) * looks // pairs for k in range(1, pairs + 1)}
+        for j in range(looks):
+            record = doc | {"cpu_idle_baseline": samples[j], "started": samples[j]["started"]}
+            record["runs"] = [r for r in runs if look_of[r["rep"]] == j]
+            path = Path(raw) / host / "fio" / "sessions" / f"look{j}.json"
+            path.write_text(json.dumps(record))
+    return 100 * (factor - 1), per_gib * (factor - 1)

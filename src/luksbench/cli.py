@@ -195,6 +195,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             confidence=args.confidence,
             equivalence_margin_pct=args.equivalence_margin,
             unpaired=args.unpaired,
+            moderate=not args.no_moderation,
         )
         differences = crossrun.env_differences(a, b, crossrun.host_pairs(a, b, args.host))
         out = write_compare(table, Path(args.out), a, b, differences)
@@ -215,7 +216,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     import socket
 
     from luksbench.testbox.plan import PlanError, load_plan, plan_from_config
-    from luksbench.testbox.planview import describe_plan
+    from luksbench.testbox.planview import describe_plan, read_components
 
     try:
         if args.plan:
@@ -233,7 +234,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise  # main() names the extra to install
     except Exception as exc:  # schema validation errors name the key
         return _fail("plan", f"invalid config: {exc}")
-    lines = describe_plan(plan, check_devices=args.check_devices)
+    try:
+        components = read_components(args.components) if args.components else None
+    except (OSError, ValueError) as exc:
+        return _fail("plan", exc)
+    lines = describe_plan(plan, args.check_devices, components, args.session_cost_s)
     lines.append(backend_line(plan))
     print("\n".join(lines))
     return 1 if any(line.startswith("  REFUSED ") for line in lines) else 0
@@ -518,6 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never pair repetitions (sessions are the replicates)",
     )
+    comp.add_argument(
+        "--no-moderation",
+        action="store_true",
+        help="Welch's interval over session means even with <= 3 sessions (default: the "
+        "moderated t, its variance borrowed from the host's other cells)",
+    )
     comp.add_argument("--out", required=True, metavar="DIR", help="output folder (not a file)")
     comp.add_argument(
         "--processed-root", type=Path, default=Path("data/processed"), help="where runs' tables are"
@@ -550,6 +561,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--check-devices",
         action="store_true",
         help="also check each real disk now (read-only: stable path, mounts, holders, signatures)",
+    )
+    plan.add_argument(
+        "--components",
+        type=Path,
+        metavar="LOSS_CSV",
+        help="an earlier run's loss.csv (measured with sessions): advise pairs per session and "
+        "sessions from its variance components (Kalibera-Jones)",
+    )
+    plan.add_argument(
+        "--session-cost-s",
+        type=float,
+        default=600.0,
+        help="seconds a session costs besides its fio runs (stack-up, preconditioning) for "
+        "--components (default 600)",
     )
     plan.set_defaults(func=_cmd_plan)
 

@@ -151,8 +151,10 @@ def test_runs_from_different_sessions_are_not_paired(runs):
 
     a = compare.load_run(mark_sessions(runs["fleet_raw"], "vm", session))
     b = compare.load_run(mark_sessions(runs["later_raw"], "vm", session))
-    table = compare.compare_runs(a, b)
-    assert set(table["design"]) == {"sessions"}
+    moderated = compare.compare_runs(a, b)
+    assert row(moderated, "bw_bytes")["moderated"] and row(moderated, "bw_bytes")["prior_df"] > 0
+    table = compare.compare_runs(a, b, moderate=False)
+    assert set(table["design"]) == {"sessions"} and not table["moderated"].any()
     bw = row(table, "bw_bytes")
     assert bw["change_pct"] == pytest.approx(-20.0)
     assert bw["n_a"] == bw["n_b"] == 2 and bw["df"] > 0

@@ -1,25 +1,42 @@
 """CPU cost of a fio run net of the box's own load, as utilisation, per GiB and per I/O.
 
-The CPU sidecar counts every busy CPU-second of the machine during the run; the session's idle
-baseline (``cpu_idle_baseline`` in the manifest) times the run's interval is subtracted. README,
-"CPU cost", says how to read the columns.
+The CPU sidecar counts every busy CPU-second of the machine during the run; the idle rate of the
+run's own idle sample (``cpu_idle_samples[cpu_idle_sample]`` in the manifest: the sample of its
+round), or in runs measured before those, of the session's one baseline (``cpu_idle_baseline``),
+times the run's interval is subtracted. A sample's error shifts every run it nets: one per round
+makes it differ from pair to pair, so the pairs' interval carries it; one per session shifts all
+pairs of the session alike, which no interval over those pairs sees (:data:`SHARED_BASELINE`).
+README, "CPU cost", says how to read the columns.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pandas as pd
 
 from luksbench.analysis.stats import METRIC_FAMILIES
 
-#: the schedule table's idle-baseline columns (per session)
-IDLE_COLUMNS = ["idle_busy_cpu_s_per_s", "idle_sys_cpu_s_per_s", "idle_busy_pct"]
+#: the idle rates subtracted from a run (per second of wall time; busy %)
+IDLE_RATES = ["idle_busy_cpu_s_per_s", "idle_sys_cpu_s_per_s", "idle_busy_pct"]
+#: the schedule table's idle-baseline columns (per run): the rates and which sample they come
+#: from (``idle_sample``: its start, POSIX seconds; runs netted by one sample share its error)
+IDLE_COLUMNS = [*IDLE_RATES, "idle_sample"]
 #: the loss table's note on a CPU cell with a run at or below the idle baseline
 NOT_ABOVE_IDLE = "net CPU <= 0: within idle noise"
+#: the loss table's note on a CPU row whose interval is withheld (``interval`` "withheld")
+SHARED_BASELINE = (
+    "no interval: one idle CPU sample nets every pair of the session, so its error is shared by "
+    "all of them and no interval over the pairs covers it (seeded simulation: 45 % coverage at "
+    "12 pairs); measured since, every round takes its own sample, or measure sessions >= 2"
+)
 
 
-def idle_rates(baseline) -> dict:
-    """The schedule table's :data:`IDLE_COLUMNS` from a manifest's ``cpu_idle_baseline``."""
+def idle_rates(baseline, session_started=None) -> dict:
+    """The schedule table's :data:`IDLE_COLUMNS` from an idle sample (a manifest's
+    ``cpu_idle_baseline`` or one of its ``cpu_idle_samples``); ``session_started`` names the
+    sample when it records no start of its own."""
     base = baseline if isinstance(baseline, dict) else {}
     delta = base.get("delta_s") if isinstance(base.get("delta_s"), dict) else {}
     seconds = base.get("interval_s")
@@ -28,7 +45,29 @@ def idle_rates(baseline) -> dict:
     busy, system, pct = (
         _number(x) for x in (base.get("busy_s"), delta.get("system"), base.get("busy_pct"))
     )
-    return dict(zip(IDLE_COLUMNS, (busy / seconds, system / seconds, pct), strict=True))
+    rates = dict(zip(IDLE_RATES, (busy / seconds, system / seconds, pct), strict=True))
+    return rates | {"idle_sample": _posix(base.get("started") or session_started)}
+
+
+def run_idle_rates(manifest: dict, run: dict) -> dict:
+    """:data:`IDLE_COLUMNS` of one run of a manifest: its own round's sample, else the session's
+    one baseline."""
+    samples, index = manifest.get("cpu_idle_samples"), run.get("cpu_idle_sample")
+    if isinstance(samples, list) and type(index) is int and 0 <= index < len(samples):
+        return idle_rates(samples[index])
+    return idle_rates(manifest.get("cpu_idle_baseline"), manifest.get("started"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _posix(text) -> float:
+    """POSIX seconds of an ISO time (naive: UTC), NaN when missing or malformed."""
+    try:
+        stamp = pd.Timestamp(text) if isinstance(text, str) and text else pd.NaT
+    except (ValueError, TypeError):
+        stamp = pd.NaT
+    if stamp is pd.NaT:
+        return np.nan
+    return (stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp).timestamp()
 
 
 def _number(value) -> float:
@@ -46,7 +85,7 @@ def with_cpu_cost(fio: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
     runs = runs.rename(columns={"host": "host_dir"}).drop(columns="status")
     on = ["host_dir", *keys[1:]]
     idle = fio[on].merge(runs, on=on, how="left")
-    recorded = idle[IDLE_COLUMNS].notna().all(axis=1).groupby(idle["host_dir"]).transform("all")
+    recorded = idle[IDLE_RATES].notna().all(axis=1).groupby(idle["host_dir"]).transform("all")
     net = recorded.to_numpy(bool)
     interval = fio["cpu_interval_s"].to_numpy(float)
     idle_busy = idle["idle_busy_cpu_s_per_s"].to_numpy(float) * interval
@@ -60,6 +99,7 @@ def with_cpu_cost(fio: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):
         return fio.assign(
             idle_busy_cpu_s=idle_busy,
+            idle_sample=idle["idle_sample"].to_numpy(float),
             busy_cpu_s_per_gib=np.where(gib > 0, net_busy / gib, np.nan),
             sys_cpu_s_per_gib=np.where(gib > 0, net_sys / gib, np.nan),
             cpu_util_pct=fio["busy_cpu_pct"].to_numpy(float) - idle_pct,

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from luksbench.analysis import ingest, stats
+from luksbench.analysis import moderated as eb
 from luksbench.formats.envdoc import env_plan, parse_env_json
 
 #: metrics compared by default: throughput, tail latency and CPU cost (all non-idle CPU, which
@@ -32,7 +33,7 @@ COMPARE_COLUMNS = [
     *("design", "n_a", "n_b", "n", "a_mean", "b_mean", "mean_log_ratio", "se_log_ratio", "df"),
     *("ratio", "change_pct", "ci_low", "ci_high", "confidence"),
     *stats.TEST_COLUMNS,
-    *("verdict", "outcome", "pattern"),
+    *("verdict", "outcome", "pattern", "moderated", "prior_df"),
 ]
 #: the comparison table's text, integer and bool columns (the others are float64)
 COMPARE_DTYPES = {
@@ -41,7 +42,7 @@ COMPARE_DTYPES = {
         *("pattern", "metric", "design", "verdict", "outcome"),
     ],
     "int64": ("bs_bytes", "iodepth", "job_slot", "n_a", "n_b", "n"),
-    "bool": ("higher_is_better", "equivalent"),
+    "bool": ("higher_is_better", "equivalent", "moderated"),
 }
 
 #: env facts whose difference between A and B is worth saying (a kernel change is the usual point)
@@ -191,13 +192,17 @@ def _span(sched: pd.DataFrame) -> str:
     return f"{lo:%Y-%m-%d %H:%M} to {hi:%Y-%m-%d %H:%M} UTC"
 
 
-def _cell_change(va: dict, vb: dict, design: str, confidence: float, margin_pct: float) -> dict:
+def _cell_change(
+    va: dict, vb: dict, design: str, confidence: float, margin_pct: float, prior=None
+) -> dict:
     """One row's statistics: values by (session, repetition) on each side -> change % with its
-    interval; ``n_a``/``n_b`` count the replicates (repetitions when paired, else sessions)."""
+    interval; ``n_a``/``n_b`` count the replicates (repetitions when paired, else sessions).
+    ``prior`` (sessions design): the moderated two-sample t (:func:`moderated.two_sample_t`)
+    instead of Welch's."""
     nan = math.nan
-    a, b = ({k: v for k, v in side.items() if np.isfinite(v) and v > 0} for side in (va, vb))
+    a, b = _positive(va), _positive(vb)
     a_mean, b_mean = (float(np.mean(list(side.values()))) if side else nan for side in (a, b))
-    out = {"a_mean": a_mean, "b_mean": b_mean}
+    out = {"a_mean": a_mean, "b_mean": b_mean, "moderated": False, "prior_df": nan}
     eq_conf = stats.tost_confidence(confidence)
     if design == "paired":
         a, b = ({rep: v for (_, rep), v in side.items()} for side in (a, b))
@@ -215,6 +220,11 @@ def _cell_change(va: dict, vb: dict, design: str, confidence: float, margin_pct:
         eq = stats.welch_log_ratio_ci(la, lb, eq_conf) if eq_conf > 0 else None
         n, mean, se, df = min(ci.n_a, ci.n_b), ci.mean, ci.se, ci.df
         p = stats.welch_t_pvalue(la, lb)
+        if prior is not None and n >= 2:
+            mean, se, df = eb.two_sample_t(la, lb, prior)
+            ci, eq = (_t_interval(mean, se, df, c) for c in (confidence, eq_conf))
+            p = stats._t_pvalue(mean, se, df)
+            out |= {"moderated": True, "prior_df": prior.df}
     change, bounds = stats.effect_with_equivalence(ci, eq, False, margin_pct)
     return {
         **out,
@@ -227,6 +237,30 @@ def _cell_change(va: dict, vb: dict, design: str, confidence: float, margin_pct:
         "p_value": p,
         **bounds,
     }
+
+
+def _t_interval(mean: float, se: float, df: float, confidence: float):
+    """``mean +- t se`` as the bounds a Welch interval has (None at confidence <= 0)."""
+    if confidence <= 0:
+        return None
+    half = stats._t_quantile(confidence, df) * se
+    return stats.WelchLogCI(2, 2, mean, se, df, mean - half, mean + half)
+
+
+def _sessions_priors(rows: list[dict], values: list[tuple]) -> dict:
+    """Per (host pair, metric): the prior of the sessions rows' pooled session-mean variances."""
+    groups: dict[tuple, list] = {}
+    for row, (va, vb) in zip(rows, values, strict=True):
+        if row["design"] == "sessions" and row["n"] >= 2:
+            la, lb = (_session_means(_positive(v)) for v in (va, vb))
+            groups.setdefault((row["host_a"], row["host_b"], row["metric"]), []).append(
+                eb.pooled_variance(la, lb)
+            )
+    return {key: eb.fit_prior(*zip(*parts, strict=True)) for key, parts in groups.items()}
+
+
+def _positive(values: dict) -> dict:
+    return {k: v for k, v in values.items() if np.isfinite(v) and v > 0}
 
 
 def _outcome(row) -> str:
@@ -250,9 +284,11 @@ def compare_runs(
     confidence: float = 0.95,
     equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
     unpaired: bool = False,
+    moderate: bool = True,
 ) -> pd.DataFrame:
     """The comparison table (columns :data:`COMPARE_COLUMNS`); ``attrs["designs"]`` holds the
-    design and its reason per host pair, ``attrs["skipped_metrics"]`` metrics without values."""
+    design and its reason per host pair, ``attrs["skipped_metrics"]`` metrics without values.
+    ``moderate``: sessions rows of few sessions on the moderated t (else Welch's)."""
     stats._check_confidence(confidence)
     metrics = list(metrics or COMPARE_METRICS)
     for m in metrics:
@@ -274,7 +310,7 @@ def compare_runs(
     vals_a = stats.rep_values(a.fio[a.fio["stack"].isin(common)], present)
     vals_b = stats.rep_values(b.fio[b.fio["stack"].isin(common)], present)
     cell = ["stack", "workload", "job_slot", "direction"]
-    rows, designs = [], {}
+    rows, designs, values = [], {}, []
     for ha, hb in pairs:
         sa, sb = vals_a[vals_a["host"] == ha], vals_b[vals_b["host"] == hb]
         design, why = _by_sessions(*pairing_design(a, b, ha, hb, unpaired), sa, sb)
@@ -289,6 +325,9 @@ def compare_runs(
                 change = _cell_change(va, vb, design, confidence, equivalence_margin_pct)
                 rows.append({"host_a": ha, "host_b": hb, **dict(zip(cell, key, strict=True))})
                 rows[-1] |= {**info_of[key], "metric": metric, "design": design, **change}
+                values.append((va, vb))
+    if moderate:
+        _moderate(rows, values, confidence, equivalence_margin_pct)
     table = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c != "q_value"])
     table = table.assign(
         run_a=a.name,
@@ -311,6 +350,16 @@ def compare_runs(
     table.attrs["designs"] = designs
     table.attrs["skipped_metrics"] = [m for m in metrics if m not in present]
     return table
+
+
+def _moderate(rows: list[dict], values: list[tuple], confidence: float, margin: float) -> None:
+    """Sessions rows with at most :data:`moderated.MODERATE_UP_TO` sessions on a side again, on
+    the moderated two-sample t of their host pair and metric (where a prior is estimable)."""
+    priors = _sessions_priors(rows, values)
+    for row, (va, vb) in zip(rows, values, strict=True):
+        prior = priors.get((row["host_a"], row["host_b"], row["metric"]))
+        if prior is not None and row["n"] >= 2 and row["n"] <= eb.MODERATE_UP_TO:
+            row |= _cell_change(va, vb, "sessions", confidence, margin, prior)
 
 
 def _session_means(values: dict[tuple[str, int], float]) -> np.ndarray:

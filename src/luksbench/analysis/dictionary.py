@@ -110,7 +110,7 @@ fieller_low, fieller_high, boot_low, boot_high | % | Fieller and BCa bootstrap i
 outlier_reps, outliers_excluded | | flagged pairs and whether they were left out
 decision | | negligible, moderate, material (gain), undecided or insufficient
 decision_lower_pct, decision_upper_pct | % | the decision's margins
-interval | | t, stein, sequential or none
+interval | | t, stein, sequential, sessions, none or withheld (net CPU whose one idle sample nets every pair)
 family_cells | | cells with an interval in the row's family (its metric in its comparison): the m the selection adjustment divides by
 selection_confidence | | level of the selection-adjusted interval: 1 - alpha / family_cells (alpha: the row's own, a sequential look's)
 selection_ci_low, selection_ci_high | % | the effect's interval at selection_confidence: holds for every cell of the family at once, so for the one picked as the largest
@@ -142,6 +142,9 @@ sd_within_session, sd_between_sessions | | variance components of d
 drift_rho | | AR(1) coefficient of d across pairs in time order, pooled over the host's cells of the metric (lag-1 and lag-2, clipped to 0-0.9)
 drift_inflation | | factor on the variance of a t or sequential interval for that drift (1: none detected; empty: the interval does not take it)
 drift_widening_pct | % | how much wider the interval is for the drift: 100 (sqrt(drift_inflation) - 1)
+added, added_low, added_high | as `metric` | CPU rows: variant minus baseline (e.g. added CPU seconds per GiB) with its interval
+idle_sample | s | the idle CPU sample a run is netted with (its start, POSIX seconds)
+moderated, prior_df, interval_df | | the interval rests on a variance moderated across the host's cells (empirical Bayes, <= 3 sessions); its prior degrees of freedom (inf: the cells share one variance); the degrees of freedom of the interval's t quantile
 fio_error, ss_not_attained | | the repetition had a fio error; fio's steady state not reached
 n_cells, n_in_order, n_reversed | | cells and pairs run in order and reversed
 order_log | | order effect on d

@@ -952,8 +952,8 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------------- schedule
 
-#: the manifest's values of the session, then of each run, then the session's idle CPU baseline
-#: (per second of wall time)
+#: the manifest's values of the session, then of each run, then the run's idle CPU sample
+#: (:func:`cpucost.run_idle_rates`: per second of wall time, and which sample)
 _SESSION_KEYS = ("started", "ended", "seed")
 _RUN_KEYS = (  # noqa: SIM905 - a list of names, one word each
     "index round rep stack workload position_in_cell started ended status"
@@ -994,10 +994,13 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
             if not isinstance(runs, list):
                 problems.append((path, "manifest: 'runs' must be a list"))
                 continue
-            idle = cpucost.idle_rates(manifest.get("cpu_idle_baseline")).values()
             head = (run, hdir.name, session, *map(manifest.get, _SESSION_KEYS))
             records += [
-                (*head, *map(entry.get, _RUN_KEYS), *idle)
+                (
+                    *head,
+                    *map(entry.get, _RUN_KEYS),
+                    *cpucost.run_idle_rates(manifest, entry).values(),
+                )
                 for entry in runs
                 if isinstance(entry, dict) and not entry.get("skipped_existing")
             ]

@@ -60,6 +60,10 @@ def write_loss(
     notes[no_pilot] = [
         f"{n}; {stats.NO_PILOT_NOTE}" if n else stats.NO_PILOT_NOTE for n in notes[no_pilot]
     ]
+    withheld = table["interval"].eq("withheld")
+    notes[withheld] = [
+        f"{n}; {cpucost.SHARED_BASELINE}" if n else cpucost.SHARED_BASELINE for n in notes[withheld]
+    ]
     table["note"] = notes
     table[headline.HEADLINE_COLUMNS] = headline.selection_columns(table)
     table[saturation.LOSS_FLAG_COLUMNS] = saturation.loss_flags(table, fio)

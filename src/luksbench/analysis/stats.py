@@ -22,6 +22,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from luksbench.analysis import drift
+from luksbench.analysis import moderated as eb
 from luksbench.analysis.cells import CELL_ATTRS, CELL_KEYS, active_rows, with_pattern
 
 _HIGHER_IS_WORSE = ("lat_mean_ns", "clat_mean_ns", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
@@ -71,6 +72,8 @@ LOSS_COLUMNS = [
     *("decision", "decision_lower_pct", "decision_upper_pct", "interval", "pilot_pairs"),
     *("pilot_sd_log_ratio", "derived_from", "covers", "sessions", "sd_within_session"),
     *("sd_between_sessions", "drift_rho", "drift_inflation", "drift_widening_pct"),
+    *("moderated", "prior_df", "interval_df"),
+    *("added", "added_low", "added_high"),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_DTYPES = {
@@ -80,7 +83,7 @@ LOSS_DTYPES = {
         "covers",
     ],
     "int64": ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers", "sessions"),
-    "bool": ("higher_is_better", "equivalent", "outliers_excluded", "noisy"),
+    "bool": ("higher_is_better", "equivalent", "outliers_excluded", "noisy", "moderated"),
 }
 
 VERDICTS = ("significant", "equivalent", "inconclusive", "insufficient")
@@ -204,7 +207,7 @@ def _scale(d: np.ndarray, pilot: tuple[float, int] | None) -> tuple[float, int]:
     """(SD, degrees of freedom) the interval of ``d`` rests on: the pilot's (s0, n0 - 1) for
     Stein's interval, else the sample's own (sd, n - 1)."""
     if pilot is not None:
-        return float(pilot[0]), int(pilot[1]) - 1
+        return float(pilot[0]), pilot[1] - 1
     return (float(d.std(ddof=1)) if d.size > 1 else math.nan), d.size - 1
 
 
@@ -538,6 +541,8 @@ def _cell_stats(
     sessions_planned: int = 1,
     look_confidence: float = math.nan,
     drift_fit: tuple[float, bool] = (math.nan, False),
+    shared_baseline: bool | tuple = False,
+    prior: eb.Prior | None = None,
 ) -> dict:
     """One row of the loss table but for the cross-table q-value and verdict.
 
@@ -547,10 +552,18 @@ def _cell_stats(
     among reps 1..n0), "none" with fewer than two of those (a t-interval after a pilot-chosen N
     under-covers); "sequential" with ``look_confidence`` (everything at that level, the p-value
     Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks); else "t".
+    ``prior``: a "sessions" interval rests on the variance of the session means moderated by it
+    (:mod:`luksbench.analysis.moderated`; ``moderated``, ``prior_df``, ``interval_df``).
     ``all_or_none`` (net CPU metrics): a value <= 0 on either side leaves no pair usable, as
     dropping the cell's low values would select on the outcome. ``drift_fit``: (AR(1)
     coefficient of d pooled over the run's cells, detected?) (:mod:`luksbench.analysis.drift`):
-    a "t" or "sequential" interval widens by the square root of its variance inflation."""
+    a "t" or "sequential" interval widens by the square root of its variance inflation.
+    ``shared_baseline`` (net CPU metrics whose idle sample nets several pairs): "withheld", no
+    interval, unless it is over sessions (the sample's error is then part of each session's
+    level, which that interval covers) or the baseline's variance can be carried (a tuple from
+    :func:`baseline_carry`; :func:`_carried_scale`; ``covers`` says so). ``added`` (net CPU
+    metrics): variant minus baseline in the metric's unit, with a t-interval over the pairs (or
+    session means) at the row's level."""
     ok = usable_pairs(b, v)
     if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
         ok[:] = False
@@ -565,27 +578,37 @@ def _cell_stats(
     d, bu, vu, su = d_all[use], b[ok][use], v[ok][use], sessions[ok][use]
     means, sd_within, sd_between = session_components(d, su)
     two_level = sessions_planned >= 2 and means.size >= 2
-    pilot, valid = None, True
+    pilot, valid, scale = None, True, None
     if two_level:  # every estimate from the session means
         _, inv = np.unique(su.astype(str), return_inverse=True)
         count = np.bincount(inv)
         d, bu, vu = means, np.bincount(inv, bu) / count, np.bincount(inv, vu) / count
+        if prior is not None:  # (posterior SD, its df + 1): the form of a Stein pilot
+            var, df = eb.posterior(float(d.var(ddof=1)), d.size - 1, prior)
+            scale = (math.sqrt(var), df + 1) if math.isfinite(var) else None
     elif pilot_pairs >= 2:
         d_pilot = d_all[reps[ok] <= pilot_pairs]
         valid = d_pilot.size >= 2
         pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
+    moderated = scale is not None
+    withheld, carried = _shared_baseline(not two_level and shared_baseline, pilot, d, bu, vu)
+    scale = carried or scale
+    valid = valid and not withheld
     sequential = not two_level and look_confidence > 0
     level = look_confidence if sequential else confidence
     looks = (1 - confidence) / (1 - level)  # the p-value's scale: K under Bonferroni, else 1
-    ci = paired_log_ratio_ci(d, level, pilot)
+    ci = paired_log_ratio_ci(d, level, pilot or scale)
     if not valid:
         ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
     one = "one session" if means.size <= 1 else "sessions"
     kind = "sessions" if two_level else "none" if not valid else "stein" if pilot else "t"
     kind = "sequential" if sequential else kind
+    kind = "withheld" if withheld else kind
+    one += " and its idle baseline's error, carried" if carried else ""
     widens = kind in ("t", "sequential")
     inflation = drift.cell_inflation(*drift_fit, ci.n) if widens else math.nan
-    estimates = (ci, d, bu, vu, pilot, valid, better_high, level, margin_pct, looks, inflation)
+    estimates = (ci, d, bu, vu, pilot or scale, valid, better_high, level, margin_pct, looks)
+    estimates += (inflation if widens else 1.0,)
     return {
         "n": int(use.sum()),
         "n_dropped": int((~ok).sum()),
@@ -603,7 +626,49 @@ def _cell_stats(
         "drift_rho": drift_fit[0],
         "drift_inflation": inflation,
         "drift_widening_pct": 100 * (math.sqrt(inflation) - 1),
+        "moderated": moderated,
+        "prior_df": prior.df if moderated else math.nan,
+        "interval_df": float(_scale(d, pilot or scale)[1]) if ci.n >= 2 and valid else math.nan,
+        **_added(vu - bu, level, all_or_none and valid),
     }
+
+
+def _shared_baseline(shared, pilot, d, bu, vu) -> tuple[bool, tuple | None]:
+    """(withheld, carried scale) of a cell whose idle baseline is ``shared`` (False, True, or a
+    :func:`baseline_carry` tuple): carried where its variance is known and the interval is not
+    Stein's, else withheld."""
+    if not shared:
+        return False, None
+    carried = (
+        _carried_scale(d, bu, vu, *shared) if isinstance(shared, tuple) and not pilot else None
+    )
+    return carried is None, carried
+
+
+def _carried_scale(d, bu, vu, var_rate, df_rate, share, coef_b, coef_v):
+    """(SD, df + 1) of a t-interval on mean d that carries a shared idle baseline's error: the
+    pairs' own variance s^2 / n plus g^2 var_rate share, where g = coef_b / mean(b) -
+    coef_v / mean(v) is how d moves with the idle rate, ``share`` sum_j (n_j / n)^2 over the
+    pairs' idle samples and ``var_rate`` the variance of the host's idle samples (``df_rate``
+    degrees of freedom); Welch-Satterthwaite df. None when not estimable."""
+    n = d.size
+    if n < 2 or not (df_rate >= 1 and math.isfinite(var_rate)):
+        return None
+    own = float(d.var(ddof=1)) / n
+    g = coef_b / float(bu.mean()) - coef_v / float(vu.mean())
+    extra = g * g * var_rate * share
+    total = own + extra
+    if not (math.isfinite(total) and total > 0):
+        return None
+    df = total**2 / (own**2 / (n - 1) + extra**2 / df_rate)
+    return math.sqrt(total * n), df + 1
+
+
+def _added(diff: np.ndarray, confidence: float, wanted: bool) -> dict:
+    """``added``, ``added_low``, ``added_high``: mean of ``diff`` (variant minus baseline) with its
+    t-interval; NaN unless ``wanted``, bounds NaN below 2 values."""
+    ci = paired_log_ratio_ci(diff, confidence) if wanted else LogRatioCI(0, *[math.nan] * 4)
+    return {"added": ci.mean, "added_low": ci.low, "added_high": ci.high}
 
 
 CROSS_CHECK_COLUMNS = ("fieller_low", "fieller_high", "boot_low", "boot_high")
@@ -706,6 +771,8 @@ def loss_table(
     flags = paired[list(REP_FLAGS)].to_numpy(bool)
     attrs = {a: paired[a].to_numpy(object) for a in CELL_ATTRS}
     design = _design(fio)
+    shared = shared_idle_cells(fio, (baseline, variant))
+    carries = baseline_carry(fio, baseline, variant) if shared else {}
     by_cell = design.set_index(["host", "workload"])
     pilots, levels = by_cell["pilot_pairs"].to_dict(), by_cell["look_confidence"].to_dict()
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
@@ -714,18 +781,22 @@ def loss_table(
     series = {k: np.log(var_v[p][ok[p]] / base_v[p][ok[p]]) for k, p in groups.items()}
     drift_fits = drift.pooled_by(series, lambda key: (key[0], key[-1]))
     settings = (confidence, equivalence_margin_pct, exclude_outliers)
-    rows = []
+    rows, calls = [], []
     for key, pos in groups.items():
         cell = dict(zip([*CELL_KEYS, "metric"], key, strict=True))
         better_high, host = METRICS[cell["metric"]], cell["host"]
-        arrays = (a[pos] for a in (base_v, var_v, reps, sessions, flags))
+        arrays = [a[pos] for a in (base_v, var_v, reps, sessions, flags)]
         pilot = float(pilots.get((host, cell["workload"]), math.nan))
         cpu = METRIC_FAMILIES[cell["metric"]] == "cpu"
         level = float(levels.get((host, cell["workload"]), math.nan))
         sessions_ = int(planned.get(host, 1))
         fit = drift_fits[(host, cell["metric"])]
-        stats_ = _cell_stats(*arrays, better_high, *settings, pilot, cpu, sessions_, level, fit)
-        rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **stats_})
+        shared_ = cpu and (host, cell["workload"]) in shared
+        carry = carries.get((host, cell["workload"], cell["metric"]))
+        shared_ = carry if shared_ and carry is not None else shared_
+        calls.append((*arrays, better_high, *settings, pilot, cpu, sessions_, level, fit, shared_))
+        rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **_cell_stats(*calls[-1])})
+    _moderate_sessions(rows, calls)
     table = pd.DataFrame(rows, columns=[c for c in LOSS_COLUMNS if c not in DESIGN_COLUMNS])
     table = table.assign(
         higher_is_better=table["metric"].map(METRICS),
@@ -740,7 +811,7 @@ def loss_table(
     table["q_value"] = math.nan
     for idx in table.groupby("metric").indices.values():
         table.loc[table.index[idx], "q_value"] = benjamini_hochberg(table["p_value"].iloc[idx])
-    n = table["n"].where(table["interval"].ne("none"), 0).to_numpy()  # no interval: too few
+    n = table["n"].where(~table["interval"].isin(["none", "withheld"]), 0).to_numpy()
     table["verdict"] = table_verdicts(n, table["q_value"], table["equivalent"], confidence)
     table = _with_decisions(table, regions)
     table = table[LOSS_COLUMNS]
@@ -749,6 +820,73 @@ def loss_table(
         table = table.assign(_m=table["metric"].map({m: i for i, m in enumerate(metrics)}))
         table = table.sort_values(keys).drop(columns="_m").reset_index(drop=True)
     return with_dtypes(table, LOSS_DTYPES)
+
+
+def _moderate_sessions(rows: list[dict], calls: list[tuple]) -> None:
+    """The "sessions" rows of ``rows`` over at most :data:`moderated.MODERATE_UP_TO` sessions
+    again, each interval on its variance moderated by the prior of its host and metric
+    (:func:`moderated.fit_prior` over all those rows' session-mean variances); rows of a host and
+    metric with too few such cells stay as they are."""
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row["interval"] == "sessions":
+            groups.setdefault((row["host"], row["metric"]), []).append(i)
+    for members in groups.values():
+        var = [rows[i]["sd_log_ratio"] ** 2 for i in members]
+        prior = eb.fit_prior(var, [rows[i]["sessions"] - 1 for i in members])
+        if prior is None:
+            continue
+        for i in members:
+            if rows[i]["sessions"] <= eb.MODERATE_UP_TO:
+                rows[i] |= _cell_stats(*calls[i], prior=prior)
+
+
+def shared_idle_cells(fio: pd.DataFrame, stacks) -> set[tuple]:
+    """(host, workload) of the cells whose net CPU values on ``stacks`` come from an idle sample
+    (ingest's ``idle_sample``) that nets runs of two or more repetitions: its error is shared."""
+    if fio.empty or not {"idle_sample", "cpu_net"} <= set(fio.columns):
+        return set()
+    keys = ["host", "workload", "stack", "idle_sample"]
+    net = fio[fio["cpu_net"].eq(True) & fio["stack"].isin(stacks) & fio["idle_sample"].notna()]
+    reps = net.groupby(keys, observed=True)["rep"].nunique()
+    return {(host, workload) for (host, workload, _, _), n in reps.items() if n >= 2}
+
+
+def baseline_carry(fio: pd.DataFrame, baseline: str, variant: str) -> dict:
+    """(host, workload, metric) -> (var_rate, df_rate, share, coef_b, coef_v) for
+    :func:`_carried_scale`, for CPU busy time per GiB and per I/O: the variance of the host's
+    idle busy rates over its distinct samples (m - 1 df; needs m >= 2), the share of the pairs'
+    samples (baseline arm) and each arm's mean coefficient of the idle rate in the value
+    (interval / GiB; 1e6 interval / I/Os)."""
+    need = {"idle_sample", "cpu_net", "idle_busy_cpu_s", "cpu_interval_s", "io_gib", "file"}
+    if fio.empty or not need <= set(fio.columns):
+        return {}
+    net = fio[fio["cpu_net"].eq(True) & fio["stack"].isin([baseline, variant])]
+    net = net[net["idle_sample"].notna()]
+    per_file = net.groupby("file")
+    interval = net["cpu_interval_s"].astype(float)
+    ios = (net["io_bytes"] / net["io_bs_bytes"]).groupby(net["file"]).transform("sum")
+    net = net.assign(
+        _rate=net["idle_busy_cpu_s"] / interval,
+        _gib=interval / per_file["io_gib"].transform("sum"),
+        _io=1e6 * interval / ios,
+    )
+    rates = net.drop_duplicates(["host", "idle_sample"]).groupby("host")["_rate"]
+    spread = {h: (float(r.var(ddof=1)), r.size - 1) for h, r in rates if r.size >= 2}
+    coefs = net.drop_duplicates("file").groupby(["host", "workload", "stack"])[["_gib", "_io"]]
+    coefs = coefs.mean().to_dict("index")
+    base = net[net["stack"] == baseline].drop_duplicates(["host", "workload", "rep"])
+    out = {}
+    for (host, workload), runs in base.groupby(["host", "workload"]):
+        if host not in spread or runs.empty:
+            continue
+        share = float(((runs["idle_sample"].value_counts() / len(runs)) ** 2).sum())
+        b, v = coefs.get((host, workload, baseline)), coefs.get((host, workload, variant))
+        if b is None or v is None:
+            continue
+        for metric, col in (("busy_cpu_s_per_gib", "_gib"), ("busy_cpu_us_per_io", "_io")):
+            out[(host, workload, metric)] = (*spread[host], share, b[col], v[col])
+    return out
 
 
 def _with_decisions(table: pd.DataFrame, regions: dict) -> pd.DataFrame:
@@ -872,21 +1010,30 @@ def order_effect(
 def interval_scales(rows: pd.DataFrame) -> pd.DataFrame:
     """Per loss row, what its interval rests on (:func:`_cell_stats`): ``sign`` (-1 where the
     effect is a loss: effect % = 100 sign (ratio - 1)), ``mean`` (mean d), ``half`` (the
-    interval's half-width on d, from ``ci_low``/``ci_high``), ``se`` and ``df`` (sessions: the
-    session means; Stein: the pilot's SD and n0 - 1; else the pairs'). NaN without an interval."""
+    interval's half-width on d, from ``ci_low``/``ci_high``), ``df`` (``interval_df``: sessions,
+    moderated or not, Stein's pilot, the pairs) and ``se``, the half-width over the row's own t
+    quantile (its look's level for a sequential row): whatever widened the interval (drift, a
+    carried idle baseline, moderation) is in it. NaN without an interval."""
     stein, two_level = rows["interval"].eq("stein"), rows["interval"].eq("sessions")
     n_eff = rows["sessions"].where(two_level, rows["n"]).astype(float)
-    sd = rows["pilot_sd_log_ratio"].where(stein, rows["sd_log_ratio"]).astype(float)
     df = rows["pilot_pairs"].where(stein, n_eff).astype(float) - 1
+    if "interval_df" in rows:
+        df = rows["interval_df"].astype(float).fillna(df)
+    level = rows["confidence"].astype(float)
+    if "look_confidence" in rows:
+        sequential = rows["interval"].eq("sequential")
+        level = rows["look_confidence"].astype(float).where(sequential, level)
     sign = np.where(rows["higher_is_better"].astype(bool), -1.0, 1.0)
     bounds = np.log1p(sign[:, None] * rows[["ci_low", "ci_high"]].to_numpy(float) / 100)
+    half = np.abs(bounds[:, 1] - bounds[:, 0]) / 2
     with np.errstate(divide="ignore", invalid="ignore"):
-        se = (sd / np.sqrt(n_eff)).to_numpy(float)
+        quantile = sps.t.ppf((1 + level.to_numpy(float)) / 2, df.to_numpy(float))
+        se = half / quantile
     return pd.DataFrame(
         {
             "sign": sign,
             "mean": rows["mean_log_ratio"].to_numpy(float),
-            "half": np.abs(bounds[:, 1] - bounds[:, 0]) / 2,
+            "half": half,
             "se": se,
             "df": df.to_numpy(float),
         },

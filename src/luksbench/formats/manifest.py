@@ -10,12 +10,14 @@ and leaves a write-once copy in ``fio/sessions/<start time>.json`` (an adaptive 
      "sessions", "session",                                    # planned k, this stack-up's id
      "pairing", "counterbalance", "cell_order",                # the design, in words
      "io_size_bytes", "cpu_idle_baseline", "fio_clocksource", "fio",
+     "cpu_idle_samples": [{"round", "started", ...idle sample...}],  # one per round measured
      "fixed_rates": {cell: {"rate_pct", "rate_iops", "rate_iops_per_job",  # all jobs, each
                             "pilot_iops": {stack: iops}}},
      "started", "ended", "complete", "interrupted", "failed": [...],
      "stack_descriptions": {"stacks": {stack: {...}}, ...},    # stack-up's description
      "runs": [{"index", "round", "rep", "stack", "workload", "session", "position_in_cell", "path",
-               "cpu_path", "started", "ended", "skipped_existing", "status"}, ...]}
+               "cpu_path", "started", "ended", "skipped_existing", "status",
+               "cpu_idle_sample": index in cpu_idle_samples}, ...]}
 
 Standard library only: the test box imports this.
 """

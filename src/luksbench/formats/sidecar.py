@@ -8,7 +8,13 @@ Written by the runner (after fio, before the result appears); read by ingest int
                  "irq": ..., "softirq": ..., "steal": ...},   # /proc/stat deltas, seconds
      "busy_s": ..., "busy_pct": ...,                           # busy: all but idle and iowait
      "window": "<what the interval covers>",
-     "rapl": {...} | null}                                     # energy, when RAPL is readable
+     "rapl": {...} | null,                                     # energy, when RAPL is readable
+     "idle": {...}}                                            # the idle sample it is netted with
+
+``idle`` (runs measured since idle samples are taken each round; absent before): the idle CPU
+sample of the run's round, taken just before the round's first fio run, with the fields above and
+``started`` (UTC) and ``round``. The session's manifest lists the same samples
+(``cpu_idle_samples``; each run names its own by ``cpu_idle_sample``), which the analysis reads.
 
 Standard library only: the test box imports this.
 """
@@ -28,9 +34,11 @@ FIO_WINDOW = (
 )
 
 
-def cpu_sidecar_document(cpu: dict, rapl: dict | None = None) -> dict:
-    """The sidecar of one fio run: ``cpu`` (/proc/stat deltas over the run), its RAPL energy."""
-    return {**cpu, "window": FIO_WINDOW, "rapl": rapl}
+def cpu_sidecar_document(cpu: dict, rapl: dict | None = None, idle: dict | None = None) -> dict:
+    """The sidecar of one fio run: ``cpu`` (/proc/stat deltas over the run), its RAPL energy and
+    the idle sample it is netted with (left out when None)."""
+    doc = {**cpu, "window": FIO_WINDOW, "rapl": rapl}
+    return doc if idle is None else {**doc, "idle": idle}
 
 
 def _number(value, *name: str) -> float:
@@ -72,7 +80,23 @@ def read_cpu_sidecar(
         "cpu_interval_s": _number(data.get("interval_s"), "interval_s"),
     }
     _check_plausible(values, delta)
+    _check_idle(data.get("idle"))
     return values
+
+
+def _check_idle(idle) -> None:
+    """ValueError naming ``idle``'s first implausible value (None: a sidecar without one)."""
+    if idle is None:
+        return
+    if not isinstance(idle, dict):
+        raise ValueError("CPU sidecar: idle must be an object")
+    for key, ok, allowed in (
+        ("interval_s", lambda x: x > 0, "> 0"),
+        ("busy_s", lambda x: x >= 0, ">= 0"),
+    ):
+        value = _number(idle.get(key), "idle", key)
+        if not ok(value):
+            raise ValueError(f"CPU sidecar: idle.{key} is {value}, must be {allowed}")
 
 
 def _check_plausible(values: dict, delta: dict) -> None:

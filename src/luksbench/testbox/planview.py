@@ -5,7 +5,11 @@ Standard library only.
 
 from __future__ import annotations
 
+import csv
+import math
 import os
+import statistics
+from pathlib import Path
 
 from luksbench.formats.layout import bs_label, bs_to_bytes
 from luksbench.testbox import safety
@@ -127,8 +131,14 @@ def _matrix_text(matrix: dict) -> str:
     )
 
 
-def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
-    """The plan in lines: header with the run count, stacks, destructive actions, cells."""
+def describe_plan(
+    plan: dict,
+    check_devices: bool = False,
+    components: tuple[float, float] | None = None,
+    session_cost_s: float = 600.0,
+) -> list[str]:
+    """The plan in lines: header with the run count, sessions advice (:func:`sessions_advice`),
+    stacks, destructive actions, cells."""
     cells = workloads(plan)
     stacks = list(plan["stacks"])
     reps, sessions = int(plan["repetitions"]), int(plan.get("sessions", 1))
@@ -144,6 +154,7 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
         f"  fio time: {seconds / 3600:.1f} h ({seconds} s of runtime + ramp), backend "
         f"{plan['backend']}, baseline {plan['baseline']}",
     ]
+    lines += sessions_advice(plan, components, session_cost_s)
     main_cell = next((w for w in cells if not w.pattern), None)
     if main_cell:
         lines.append(f"  fio jobs: {jobs_text(cell_options(plan, main_cell))}")
@@ -210,3 +221,99 @@ def describe_plan(plan: dict, check_devices: bool = False) -> list[str]:
                 f"{desc['size_bytes'] / 2**30:.1f} GiB, {blank}"
             )
     return lines + [f"  cell {w.id}" for w in cells]
+
+
+#: the interval half-width (points) the sessions advice aims at, unless the plan sets one
+ADVICE_HALF_WIDTH_PCT = 2.0
+
+
+def read_components(loss_csv: Path, metric: str = "bw_bytes") -> tuple[float, float]:
+    """(between-session variance, within-session variance) of d: the medians over the rows of an
+    earlier run's ``loss.csv`` (``metric``'s rows, else all) that estimated both; ValueError
+    naming the file when none did."""
+    with open(loss_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    parts = []
+    for want in (metric, None):
+        for row in rows:
+            try:
+                between, within = (
+                    float(row[k]) for k in ("sd_between_sessions", "sd_within_session")
+                )
+            except (KeyError, ValueError):
+                continue
+            if (want is None or row.get("metric") == want) and math.isfinite(between + within):
+                parts.append((between**2, within**2))
+        if parts:
+            break
+    if not parts:
+        raise ValueError(
+            f"{loss_csv}: no row with sd_between_sessions and sd_within_session (a run measured "
+            "with sessions >= 2 and several pairs per session has them)"
+        )
+    return statistics.median(p[0] for p in parts), statistics.median(p[1] for p in parts)
+
+
+def pairs_per_session(cost_session: float, cost_pair: float, var_session: float, var_pair: float):
+    """Kalibera and Jones' cheapest pairs per session for a given precision:
+    ``sqrt(cost_session / cost_pair * var_pair / var_session)``, at least 1 (inf: no session
+    variance, one session of many pairs)."""
+    if var_session <= 0:
+        return math.inf
+    return max(1.0, math.sqrt(cost_session / cost_pair * var_pair / var_session))
+
+
+def _t975(df: int) -> float:
+    """The 97.5 % quantile of Student's t (Cornish-Fisher from the normal's, within 1 % for
+    df >= 2)."""
+    z = statistics.NormalDist().inv_cdf(0.975)
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+def sessions_needed(var_session: float, var_pair: float, pairs: int, half_width_pct: float) -> int:
+    """Fewest sessions k >= 3 whose t-interval over k session means of ``pairs`` pairs reaches
+    ``half_width_pct`` (capped at 50)."""
+    target = math.log1p(half_width_pct / 100)
+    spread = math.sqrt(var_session + var_pair / pairs)
+    return next((k for k in range(3, 51) if _t975(k - 1) * spread / math.sqrt(k) <= target), 50)
+
+
+def sessions_advice(
+    plan: dict, components: tuple[float, float] | None = None, session_cost_s: float = 600.0
+) -> list[str]:
+    """Lines on the plan's sessions: a warning at k = 2, and with ``components`` (between- and
+    within-session variance of d, e.g. :func:`read_components`) the Kalibera-Jones allocation."""
+    k, reps = int(plan.get("sessions", 1)), int(plan["repetitions"])
+    lines = []
+    if k == 2:
+        lines.append(
+            "  WARNING: sessions: 2 leaves each cell's sessions interval 1 degree of freedom of "
+            "its own: the loss table borrows variance from the host's other cells (moderated), "
+            "which holds only where cells vary alike; measure sessions >= 3"
+        )
+    if components is None:
+        return lines
+    var_session, var_pair = components
+    cost_pair = len(plan["stacks"]) * len(workloads(plan)) * _run_seconds(plan)
+    n = pairs_per_session(session_cost_s, cost_pair, var_session, var_pair)
+    n_int = min(round(n), 50) if math.isfinite(n) else 50
+    h = float((plan.get("adaptive") or {}).get("half_width_pct") or ADVICE_HALF_WIDTH_PCT)
+    need = sessions_needed(var_session, var_pair, n_int, h)
+    lines.append(
+        f"  sessions advice (Kalibera-Jones): session SD {math.sqrt(var_session):.4f}, pair SD "
+        f"{math.sqrt(var_pair):.4f} of d; a session costs {session_cost_s:g} s (stack-up, "
+        f"preconditioning), a pair of every cell {cost_pair:g} s: sqrt({session_cost_s:g}/"
+        f"{cost_pair:g} x {var_pair:.3g}/{var_session:.3g}) = {n:.1f} -> {n_int} pairs per "
+        f"session, {need} sessions for +-{h:g} % (the plan: {reps} pairs x {k} sessions)"
+    )
+    return lines
+
+
+def _run_seconds(plan: dict) -> float:
+    fio = plan["fio"]
+    return float(fio.get("runtime_s", 3)) + float(fio.get("ramp_time_s", 0))

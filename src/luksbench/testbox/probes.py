@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from luksbench.testbox.sysutil import TestboxError
+from luksbench.testbox.sysutil import TestboxError, utc_now
 
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
@@ -43,17 +43,28 @@ def cpu_delta(before: dict, after: dict, interval_s: float) -> dict:
     }
 
 
-def idle_baseline(seconds: float = 2.0, rapl_root: str | Path = POWERCAP_ROOT) -> dict:
+#: seconds of each idle sample (one per round of a session: the cost of the design)
+IDLE_SECONDS = 2.0
+
+
+def idle_baseline(
+    seconds: float = IDLE_SECONDS,
+    rapl_root: str | Path = POWERCAP_ROOT,
+    when: str = "before the first fio run of the session",
+) -> dict:
     """CPU and RAPL energy over ``seconds`` of doing nothing (the box's own load), with the fields
-    of the per-rep CPU sidecar."""
+    of the per-rep CPU sidecar, and ``started`` (UTC) naming the sample; ``when`` says where in the
+    session it was taken."""
+    started = utc_now()
     before, rapl_before, t0 = read_proc_stat(), read_rapl(rapl_root), time.monotonic()
     time.sleep(seconds)
     t1, after, rapl_after = time.monotonic(), read_proc_stat(), read_rapl(rapl_root)
     return {
         **cpu_delta(before, after, t1 - t0),
+        "started": started,
         "window": (
-            f"idle interval of {seconds:g} s before the first fio run of the session; aggregate "
-            "cpu line of /proc/stat; iowait counts as idle"
+            f"idle interval of {seconds:g} s {when}; aggregate cpu line of /proc/stat; iowait "
+            "counts as idle"
         ),
         "rapl": rapl_delta(rapl_before, rapl_after, t1 - t0),
     }

@@ -163,9 +163,28 @@ def schedule(
     return runs
 
 
-def cpu_sidecar(before: dict, after: dict, interval_s: float, rapl: dict | None = None) -> dict:
-    """The rep's sidecar: /proc/stat deltas over the fio run and its RAPL energy (None: absent)."""
-    return cpu_sidecar_document(probes.cpu_delta(before, after, interval_s), rapl)
+def cpu_sidecar(
+    before: dict, after: dict, interval_s: float, rapl: dict | None = None, idle: dict | None = None
+) -> dict:
+    """The rep's sidecar: /proc/stat deltas over the fio run, its RAPL energy (None: absent) and
+    the idle sample of its round."""
+    return cpu_sidecar_document(probes.cpu_delta(before, after, interval_s), rapl, idle)
+
+
+def round_idle_sample(outcome: dict, round_: int) -> int:
+    """Index in ``outcome["idle_samples"]`` of the idle CPU sample of round ``round_``, taken now
+    if the round has none yet (just before its first measured run): one short sample per round
+    makes the baseline's error differ from pair to pair, so it averages out over the pairs and
+    their interval carries it (one sample per session would shift every pair of the session
+    alike); per round costs 2 s a round, beside each run it would cost 2 s a run."""
+    samples = outcome["idle_samples"]
+    for i, sample in enumerate(samples):
+        if sample["round"] == round_:
+            return i
+    samples.append({"round": round_, **probes.idle_baseline(when=f"before round {round_}")})
+    if outcome["cpu_idle_baseline"] is None:  # the session's first: what earlier readers know
+        outcome["cpu_idle_baseline"] = samples[-1]
+    return len(samples) - 1
 
 
 def fio_argv(
@@ -522,7 +541,7 @@ def run_fio(
             json.loads(describe_path.read_text()) if describe_path.exists() else None
         )
         outcome: dict = {"started": utc_now(), "done": [], "failed": [], "interrupted": None}
-        outcome.update(cpu_idle_baseline=None, clocksource=None, fixed_rates={})
+        outcome.update(cpu_idle_baseline=None, idle_samples=[], clocksource=None, fixed_rates={})
         session["more"] = True  # until shown otherwise: an error here leaves the run incomplete
         try:
             _measure(plan, session, outcome)
@@ -646,8 +665,6 @@ def _measure(plan: dict, session: dict, outcome: dict) -> None:
         # fio servers pick their own clock; here one probe per session instead of one per fio start.
         if not fleet_clients(plan):
             outcome["clocksource"] = fio_clocksource()
-        # Once per session, before any fio run: the load and power of the box doing nothing.
-        outcome["cpu_idle_baseline"] = probes.idle_baseline()
         outcome["fixed_rates"] = fixed_rates(
             plan, session, session["previous_rates"], outcome["clocksource"]
         )
@@ -694,14 +711,16 @@ def _scheduled_run(plan: dict, session: dict, r: dict, outcome: dict) -> None:
     state = session["state"]
     check_state_live(state)
     check_free_space(path.parent)
+    rec["cpu_idle_sample"] = round_idle_sample(outcome, r["round"])
     rec["started"], t0 = utc_now(), time.monotonic()
     rate = outcome["fixed_rates"].get(w.id, {}).get("rate_iops")
     entry, clock = state["stacks"][stack], outcome["clocksource"]
     setup = jobs.job_setup(cell_options(plan, w), session["devices"])
     rec["fio_jobs"] = {k: v for k, v in setup.items() if k not in ("args", "numa_nodes")}
     rec["fio_jobs"]["numa_node"] = setup["numa_nodes"][stack]
+    idle = outcome["idle_samples"][rec["cpu_idle_sample"]]
     ok, msg = _one_run(
-        plan, entry, stack, w, path, session["io_size"], clock, rate, session["devices"]
+        plan, entry, stack, w, path, session["io_size"], clock, rate, session["devices"], idle
     )
     rec["ended"] = utc_now()
     rec["status"] = "ok" if ok else "failed"
@@ -738,6 +757,7 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "cell_order": CELL_ORDER,
         "io_size_bytes": session["io_size"],
         "cpu_idle_baseline": outcome["cpu_idle_baseline"],
+        "cpu_idle_samples": outcome["idle_samples"],
         "fixed_rates": outcome["fixed_rates"],
         "fio_clocksource": outcome["clocksource"],
         "fio": plan["fio"],
@@ -796,8 +816,10 @@ def _one_run(
     clocksource: str | None = None,
     rate_iops: int | None = None,
     devices: dict | None = None,
+    idle: dict | None = None,
 ) -> tuple[bool, str]:
-    """One fio run into ``path`` and its cpu sidecar; returns (ok, progress message)."""
+    """One fio run into ``path`` and its cpu sidecar (with ``idle``, the idle sample it is netted
+    with); returns (ok, progress message)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)  # left by a SIGKILLed earlier attempt
@@ -842,7 +864,7 @@ def _one_run(
         except ValueError as exc:
             return False, f"FAILED: {exc}; no rep file written"
         sidecar = cpu_sidecar(
-            before, after, t1 - t0, probes.rapl_delta(rapl_before, rapl_after, t1 - t0)
+            before, after, t1 - t0, probes.rapl_delta(rapl_before, rapl_after, t1 - t0), idle
         )
         # The sidecar goes first: the rep file's appearance is the commit point.
         write_json_atomic(cpu_rep_path(path), sidecar, mode=0o444)
