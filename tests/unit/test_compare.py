@@ -35,7 +35,8 @@ def writable(path: Path) -> None:
 
 
 def scale_throughput(path: Path, factor: float) -> None:
-    """Bandwidth and IOPS of every direction of a fio result times ``factor`` (latency kept)."""
+    """Bandwidth, IOPS and the bytes moved in the same runtime of every direction of a fio result
+    times ``factor`` (latency kept; ingest refuses bandwidth that io_bytes / runtime contradicts)."""
     doc = json.loads(path.read_text())
     for job in doc["jobs"]:
         for direction in ("read", "write", "trim"):
@@ -43,6 +44,9 @@ def scale_throughput(path: Path, factor: float) -> None:
             for key in ("bw_bytes", "bw", "iops"):
                 if d.get(key):
                     d[key] = d[key] * factor
+            for key in ("io_bytes", "io_kbytes"):
+                if d.get(key):
+                    d[key] = round(d[key] * factor)
     path.write_text(json.dumps(doc))
 
 

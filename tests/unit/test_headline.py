@@ -40,6 +40,7 @@ def row(d, metric="bw_bytes", level=0.95, kind="t", workload="w", variant="luks"
         "pilot_pairs": math.nan,
         "pilot_sd_log_ratio": math.nan,
         "confidence": 0.95,
+        "look_confidence": level if kind == "sequential" else np.nan,
         "effect_pct": effect,
         "ci_low": low,
         "ci_high": high,

@@ -79,6 +79,7 @@ def loss_row(baseline, variant, cell, metric, d, level=0.95, kind="t", pilot=Non
         "pilot_pairs": pilot[1] if pilot else np.nan,
         "pilot_sd_log_ratio": pilot[0] if pilot else np.nan,
         "confidence": 0.95,
+        "look_confidence": level if kind == "sequential" else np.nan,
         "effect_pct": effect,
         "ci_low": low,
         "ci_high": high,
