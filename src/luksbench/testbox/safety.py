@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import pwd
 import re
 import stat
 import subprocess
@@ -49,7 +50,70 @@ def check_scratch_dir(scratch_dir: str | Path) -> Path:
         raise SafetyError(f"scratch_dir {str(path)!r} is too close to / to hold scratch files")
     if path.exists() and not path.is_dir():
         raise SafetyError(f"scratch_dir {str(path)!r} exists and is not a directory")
+    check_scratch_owners(path)
     return path
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def others_can_change(st: os.stat_result, euid: int) -> str | None:
+    """Why a folder lets a user other than root and ``euid`` rename, replace or add its entries
+    (it is theirs, or group/other-writable without the sticky bit of a root-owned folder such as
+    /tmp), or None."""
+    if st.st_uid not in (0, euid):
+        return f"is owned by {_user(st.st_uid)}"
+    writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable and not (st.st_mode & stat.S_ISVTX and st.st_uid == 0):
+        who = {stat.S_IWGRP: "its group", stat.S_IWOTH: "every user"}.get(writable, "its group")
+        if writable == stat.S_IWGRP | stat.S_IWOTH:
+            who = "its group and every user"
+        mode = stat.S_IMODE(st.st_mode)
+        return (
+            f"is writable by {who} (mode {mode:04o}, not a root-owned folder with the sticky bit)"
+        )
+    return None
+
+
+def check_scratch_owners(path: Path) -> None:
+    """Refuse a scratch_dir when another user can change it or a folder above it (up to /, as
+    named and as resolved): they could swap a backing file for a link to a disk between its
+    creation and the writes. Folders not created yet are skipped."""
+    path = Path(os.path.normpath(path))
+    real = Path(os.path.realpath(path))
+    euid = os.geteuid()
+    for folder in dict.fromkeys([path, *path.parents, real, *real.parents]):
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise SafetyError(f"scratch_dir {path}: cannot check {folder}: {exc}") from exc
+        if reason := others_can_change(st, euid):
+            real_folder = os.path.realpath(folder)
+            shown = folder if str(folder) == real_folder else f"{folder} (-> {real_folder})"
+            what = "it" if folder == path else f"{shown}, a folder above it,"
+            raise SafetyError(
+                f"scratch_dir {path}: {what} {reason}: that user could swap a backing file for a "
+                "link to a disk that luksbench would then overwrite; use a folder only root "
+                "(and you) can change, e.g. /var/tmp/luksbench, or fix it (chown root, chmod go-w)"
+            )
+
+
+def make_scratch_dir(path: Path) -> Path:
+    """Create a checked scratch_dir (missing folders at most 0755, whatever the umask) and check it
+    again once it exists; returns it resolved."""
+    path = check_scratch_dir(path)
+    for folder in [*reversed(path.parents), path]:
+        if not os.path.isdir(folder):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o755)
+    check_scratch_owners(path)
+    return path.resolve()
 
 
 def check_inside(path: str | Path, scratch_dir: str | Path) -> Path:
