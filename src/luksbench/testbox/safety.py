@@ -127,6 +127,48 @@ def check_inside(path: str | Path, scratch_dir: str | Path) -> Path:
     return parent / p.name
 
 
+def check_same_file(path: str | Path, identity, before: str) -> None:
+    """``path`` is still the regular file luksbench created: not a link, same (st_dev, st_ino) as
+    recorded at creation. Called before every step that writes through the name."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise SafetyError(f"{path} is gone ({exc.strerror}); refusing to {before}") from exc
+    swapped = "luksbench created (someone who can change scratch_dir swapped it"
+    if stat.S_ISLNK(st.st_mode):
+        raise SafetyError(
+            f"{path} is now a symlink to {os.readlink(path)}, not the file {swapped}); "
+            f"refusing to {before}: nothing was written to the link's target"
+        )
+    found = (st.st_dev, st.st_ino)
+    if not stat.S_ISREG(st.st_mode) or found != tuple(identity):
+        raise SafetyError(
+            f"{path} is no longer the file {swapped}: device, inode {tuple(identity)}, now "
+            f"{found}); refusing to {before}"
+        )
+
+
+def check_loop_backing(loop: str, identity, before: str) -> None:
+    """The loop device reads the file luksbench created (its backing inode, whatever its name)."""
+    entry = next((e for e in loop_table() if e["name"] == loop), None)
+    found = entry["back"] if entry is not None else None
+    if found != tuple(identity):
+        what = f"{entry['back_file']} (device, inode {found})" if entry else "nothing"
+        raise SafetyError(
+            f"{loop} is attached to {what}, not the file luksbench created (device, inode "
+            f"{tuple(identity)}); refusing to {before}"
+        )
+
+
+def process_has_open(pid: int, identity) -> bool:
+    """Whether process ``pid`` has the file with (st_dev, st_ino) ``identity`` open."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    return any(_file_id(f"/proc/{pid}/fd/{fd}") == tuple(identity) for fd in fds)
+
+
 def _unescape_mountinfo(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
