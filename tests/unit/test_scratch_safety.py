@@ -95,3 +95,90 @@ def test_make_scratch_dir_creates_folders_no_one_else_can_change(tmp_path):
     for folder in (tmp_path / "a", made):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o755
     assert others_can_change(Path(made).stat(), os.geteuid()) is None
+
+
+# --- backing files: the same file as created, by (st_dev, st_ino) --------------------------------
+
+
+def test_check_same_file_accepts_the_created_file_only(tmp_path):
+    from luksbench.testbox.backends.kernel import create_backing
+
+    backing = tmp_path / "b.img"
+    identity = create_backing(backing, 4096)
+    st = os.lstat(backing)
+    assert identity == [st.st_dev, st.st_ino] and st.st_size == 4096
+    safety.check_same_file(backing, identity, "luksFormat it")
+
+    backing.rename(tmp_path / "ours.img")  # kept: its inode number is not reused
+    backing.write_bytes(bytes(4096))  # another regular file under the same name
+    with pytest.raises(SafetyError, match=r"is no longer the file luksbench created.*luksFormat"):
+        safety.check_same_file(backing, identity, "luksFormat it")
+    backing.unlink()
+    backing.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SafetyError, match=rf"is now a symlink to {tmp_path}/elsewhere, not"):
+        safety.check_same_file(backing, identity, "luksFormat it")
+    backing.unlink()
+    with pytest.raises(SafetyError, match=r"is gone .*; refusing to luksFormat it"):
+        safety.check_same_file(backing, identity, "luksFormat it")
+
+
+def test_create_backing_never_writes_through_a_link(tmp_path):
+    from luksbench.testbox.backends.kernel import create_backing
+
+    target = tmp_path / "target"
+    target.write_bytes(b"keep")
+    link = tmp_path / "b.img"
+    link.symlink_to(target)
+    create_backing(link, 4096)  # the link is replaced, its target untouched
+    assert not link.is_symlink() and target.read_bytes() == b"keep"
+
+
+def test_recorded_files_are_checked_and_unrecorded_ones_skipped(tmp_path):
+    from luksbench.testbox.backends.kernel import check_recorded_files, create_backing
+
+    a, b = tmp_path / "a.img", tmp_path / "b.img"
+    objects = [
+        {"type": "backing_file", "path": str(a), "identity": create_backing(a, 4096)},
+        {"type": "file", "path": str(b), "identity": create_backing(b, 4096)},
+        {"type": "backing_file", "path": str(tmp_path / "none")},  # not created yet
+    ]
+    check_recorded_files(objects, "mkfs")
+    b.unlink()
+    b.symlink_to(a)
+    with pytest.raises(SafetyError, match=rf"^{b} is now a symlink to {a}.*refusing to mkfs"):
+        check_recorded_files(objects, "mkfs")
+
+
+# --- loop table and open flags -------------------------------------------------------------------
+
+
+def test_loop_entry_reads_losetups_padded_columns():
+    entry = safety._loop_entry(
+        {
+            "name": "/dev/loop1",
+            "back-file": "/srv/vm.img (deleted)",
+            "back-ino": 94,
+            "back-maj:min": "       254:0  ",
+            "offset": 1048576,
+        }
+    )
+    assert entry == {
+        "name": "/dev/loop1",
+        "back_file": "/srv/vm.img",
+        "back": (os.makedev(254, 0), 94),
+        "offset": 1048576,
+    }
+    assert safety._loop_entry({"name": "/dev/loop2", "back-file": None})["back"] is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "writing"), [(os.O_RDONLY, False), (os.O_WRONLY, True), (os.O_RDWR, True)]
+)
+def test_open_for_writing_reads_fdinfo_flags(tmp_path, flags, writing):
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    fd = os.open(path, flags | os.O_CLOEXEC)
+    try:
+        assert safety._open_for_writing(os.getpid(), f"/proc/{os.getpid()}/fd/{fd}") is writing
+    finally:
+        os.close(fd)
