@@ -141,3 +141,28 @@ def test_userspace_swap_is_refused_before_luksformat_or_export(
     assert f"refusing to {step} {backing}" in str(e.value)
     assert record["ok"], record
     assert _digest(victim) == before and victim.is_file()
+
+
+def test_link_planted_at_the_fuse_mountpoint_is_replaced_not_followed(
+    tmp_path, victim, monkeypatch
+):
+    before = _digest(victim)
+    plan, state_path = _userspace_state(tmp_path, "plain")
+    state = plan.pop("state")
+    mountpoint = Path(state["stacks"]["s"]["mountpoint"])
+    create = userspace.create_backing
+
+    def create_then_plant(path: Path, size: int) -> list[int]:
+        mountpoint.symlink_to(victim)
+        return create(path, size)
+
+    monkeypatch.setattr(userspace, "create_backing", create_then_plant)
+    try:
+        userspace.build_userspace(plan, state, state_path, 16 * 1024 * 1024)
+        assert safety.is_mounted(mountpoint) and not safety.is_mounted(victim)
+        with open(mountpoint, "r+b") as export:  # writes reach our backing file only
+            export.write(b"\1" * 4096)
+    finally:
+        record = stacks.stack_down(state_path)
+    assert record["ok"], record
+    assert _digest(victim) == before

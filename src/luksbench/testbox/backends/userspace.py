@@ -94,7 +94,9 @@ def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
 
 def _start_daemon(entry: dict) -> None:
     mnt = Path(entry["mountpoint"])
-    mnt.touch(mode=0o600)  # FUSE exports need an existing regular file as mountpoint
+    # FUSE exports need an existing regular file as mountpoint: a new one, never through a link.
+    mnt.unlink(missing_ok=True)
+    os.close(os.open(mnt, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     daemon, who = entry["daemon"], f"stack {entry['stack']}"
     files = {"backing": entry["backing_file"], "key_file": entry.get("key_file")}
     sockets = {"qmp_socket": daemon["qmp_socket"], "pidfile": daemon["pidfile"]}
