@@ -104,7 +104,7 @@ def check_scratch_owners(path: Path) -> None:
             )
 
 
-def make_scratch_dir(path: Path) -> Path:
+def make_scratch_dir(path: str | Path) -> Path:
     """Create a checked scratch_dir (missing folders at most 0755, whatever the umask) and check it
     again once it exists; returns it resolved."""
     path = check_scratch_dir(path)

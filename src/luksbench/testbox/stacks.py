@@ -47,7 +47,7 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     the description. A failure (or Ctrl-C) tears down everything built so far."""
     state_path, describe_path = Path(state_path), Path(describe_path)
     backend = _check_before_building(plan, state_path)
-    scratch = safety.check_scratch_dir(plan["scratch_dir"])
+    scratch = safety.make_scratch_dir(plan["scratch_dir"])
     size = int(plan["device_size_mib"]) * MIB
     # Everything the stacks will use, checked before anything is created.
     device_checks: dict[str, dict] = {}
@@ -56,7 +56,6 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
         disks = {n: d for n, d in plan.get("devices", {}).items() if "path" in d and n in used}
         device_checks = safety.check_devices(disks)
         _check_dm_names_free(plan)
-    scratch = safety.make_scratch_dir(scratch)
     state = _new_state(plan, backend, scratch, size)
     # Before anything is created: one benchmark per test box (the state file is the lock's proof).
     lock.acquire(plan, state_path)
