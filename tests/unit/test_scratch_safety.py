@@ -182,3 +182,43 @@ def test_open_for_writing_reads_fdinfo_flags(tmp_path, flags, writing):
         assert safety._open_for_writing(os.getpid(), f"/proc/{os.getpid()}/fd/{fd}") is writing
     finally:
         os.close(fd)
+
+
+def test_opened_same_file_gives_the_created_file(tmp_path):
+    from luksbench.testbox.backends.kernel import create_backing
+
+    backing = tmp_path / "b.img"
+    identity = create_backing(backing, 4096)
+    with safety.opened_same_file(backing, identity, "luksFormat it") as fd:
+        os.pwrite(fd, b"LUKS", 0)
+    assert backing.read_bytes()[:4] == b"LUKS"
+
+
+@pytest.mark.parametrize(
+    ("replacement", "found"),
+    [("link", "cannot be opened without following links"), ("file", "swapped while being opened")],
+)
+def test_opened_same_file_refuses_a_swap_after_its_check(tmp_path, monkeypatch, replacement, found):
+    from luksbench.testbox.backends.kernel import create_backing
+
+    backing, target = tmp_path / "b.img", tmp_path / "target"
+    identity = create_backing(backing, 4096)
+    target.write_bytes(b"keep")
+    checked = safety.check_same_file
+
+    def check_then_swap(path, ident, before):  # the swap lands between the check and the open
+        checked(path, ident, before)
+        backing.rename(tmp_path / "ours.img")  # kept: its inode number is not reused
+        if replacement == "link":
+            backing.symlink_to(target)
+        else:
+            backing.write_bytes(b"other")
+
+    monkeypatch.setattr(safety, "check_same_file", check_then_swap)
+    ran = []
+    with (
+        pytest.raises(SafetyError, match=found),
+        safety.opened_same_file(backing, identity, "luksFormat it"),
+    ):
+        ran.append(True)
+    assert not ran and target.read_bytes() == b"keep"

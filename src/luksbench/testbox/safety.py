@@ -148,6 +148,31 @@ def check_same_file(path: str | Path, identity, before: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def opened_same_file(path: str | Path, identity, before: str):
+    """The file luksbench created, opened read-write without following links and checked by
+    inode: a tool given /dev/fd/<n> writes to it and nothing else, whatever the name points at
+    meanwhile. Yields the descriptor."""
+    check_same_file(path, identity, before)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SafetyError(
+            f"{path} cannot be opened without following links ({exc.strerror}); refusing to "
+            f"{before}"
+        ) from exc
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != tuple(identity):
+            raise SafetyError(
+                f"{path} was swapped while being opened (device, inode {tuple(identity)}, now "
+                f"{(st.st_dev, st.st_ino)}); refusing to {before}"
+            )
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def check_loop_backing(loop: str, identity, before: str) -> None:
     """The loop device reads the file luksbench created (its backing inode, whatever its name)."""
     entry = next((e for e in loop_table() if e["name"] == loop), None)

@@ -164,8 +164,9 @@ def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: P
     write_json_atomic(state_path, state, mode=0o600)
     log(f"  {name}: luksFormat --type luks1 {cfg.get('cipher', 'aes-xts-plain64')}")
     backing, key_file = entry["backing_file"], entry["key_file"]
-    safety.check_same_file(backing, entry["backing_identity"], f"luksFormat {backing}")
-    run_tool(luks_format_argv(cfg, backing, key_file, "luks1"), f"stack {name}: luksFormat")
+    with safety.opened_same_file(backing, entry["backing_identity"], f"luksFormat {backing}") as fd:
+        argv = luks_format_argv(cfg, f"/dev/fd/{fd}", key_file, "luks1")
+        run_tool(argv, f"stack {name}: luksFormat", pass_fds=(fd,))
     desc.update(luks_facts(cfg, "luks1", 512), luks_dump=luks_dump(backing, key_file, name))
 
 
