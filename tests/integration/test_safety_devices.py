@@ -109,6 +109,22 @@ class Scratch:
         assert child.stdout.readline().strip() == "ready"
         return child
 
+    def hold_file(self, path: Path, flags: int) -> subprocess.Popen:
+        """A child process with ``path`` open with ``flags`` (os.O_RDWR, ...) until teardown."""
+        code = f"import os, sys; os.open({str(path)!r}, {flags}); print('ready', flush=True); sys.stdin.read()"
+        child = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+        def stop():
+            child.stdin.close()
+            child.wait(timeout=30)
+            child.stdout.close()
+
+        self.undo.append(stop)
+        assert child.stdout.readline().strip() == "ready"
+        return child
+
     def by_id_link(self, target: str) -> str:
         """A real /dev/disk/by-id link (relative, as udev makes them) to ``target``."""
         made = [d for d in (BY_ID.parent, BY_ID) if not d.exists()]
@@ -377,3 +393,87 @@ def test_check_devices_checks_paths_and_skips_scratch_files(box):
     box.mkfs(b)
     with pytest.raises(SafetyError, match=r"^devices\.b: .* carries ext4"):
         check_devices({"a": loop_spec(a), "b": loop_spec(b)})
+
+
+# --- content in use through another loop device, writers of the backing file, read-only ---------
+
+
+def _attach(box, *args: str) -> str:
+    """``losetup --show -f <args>``, detached at teardown."""
+    loop = sh("losetup", "--show", "-f", *args).strip()
+    box.undo.append(lambda: sh("losetup", "-d", loop))
+    return loop
+
+
+def test_blank_looking_device_whose_content_backs_a_mounted_loop_is_refused(box):
+    # The ext4 sits 1 MiB into the device: wipefs sees a blank device, nothing holds or claims
+    # it, no process has it open; only the other loop device's backing file shows the use.
+    loop = box.loop(32)
+    inner = _attach(box, "-o", str(MIB), loop)
+    box.mkfs(inner)
+    mnt = box.mount(inner)
+    image = box.tmp / "disk.img"
+    before = _digest(image)
+    assert safety.device_signatures(loop) == [] and safety.device_in_use(loop) is None
+
+    with pytest.raises(SafetyError) as e:
+        check_device("d0", loop_spec(loop))
+
+    message = str(e.value)
+    assert message.startswith(f"devices.d0: {loop} (or a partition of it) backs other loop dev")
+    assert f"{inner} (over it at offset {MIB}, mounted at {mnt})" in message
+    assert _digest(image) == before
+
+
+def test_loop_device_sharing_its_backing_file_with_a_mounted_loop_is_refused(box):
+    loop = box.loop(32)
+    image = box.tmp / "disk.img"
+    other = _attach(box, "-o", str(MIB), str(image))
+    box.mkfs(other)
+    mnt = box.mount(other)
+    before = _digest(image)
+
+    with pytest.raises(SafetyError, match=r"backs other loop devices") as e:
+        check_device("d0", loop_spec(loop))
+
+    over = f"{other} (over its backing file {os.path.realpath(image)} at offset {MIB}, mounted"
+    assert f"{over} at {mnt})" in str(e.value)
+    assert _digest(image) == before
+
+
+def test_loop_device_whose_backing_file_is_open_for_writing_is_refused(box):
+    loop = box.loop(32)
+    image = box.tmp / "disk.img"
+    writer = box.hold_file(image, os.O_RDWR)  # a VM with its disk image open
+    before = _digest(image)
+
+    with pytest.raises(SafetyError) as e:
+        check_device("d0", loop_spec(loop))
+
+    assert str(e.value).startswith(
+        f"devices.d0: {loop} is a loop device whose backing file {os.path.realpath(image)} is "
+        f"open for writing by pid {writer.pid} (python"
+    )
+    assert _digest(image) == before
+
+
+def test_backing_file_open_only_for_reading_does_not_refuse(box):
+    loop = box.loop(32)
+    reader = box.hold_file(box.tmp / "disk.img", os.O_RDONLY)
+    assert safety.backing_file_writers(loop) == (os.path.realpath(box.tmp / "disk.img"), [])
+    assert reader.poll() is None
+    assert check_device("d0", loop_spec(loop))["read_only"] is False
+
+
+def test_read_only_loop_device_is_refused(box):
+    image = box.tmp / "ro.img"
+    image.write_bytes(bytes(16 * MIB))
+    loop = _attach(box, "-r", str(image))
+
+    with pytest.raises(SafetyError) as e:
+        check_device("d0", loop_spec(loop))
+
+    name = os.path.basename(loop)
+    assert str(e.value).startswith(
+        f"devices.d0: {loop} is read-only (/sys/class/block/{name}/ro is 1)"
+    )

@@ -45,7 +45,7 @@ from luksbench.formats.sidecar import cpu_sidecar_document
 from luksbench.formats.targets import TargetsError, read_targets
 from luksbench.testbox import jobs, probes, safety, sysutil
 from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
-from luksbench.testbox.stacks import load_state, stack_down, stack_up
+from luksbench.testbox.stacks import check_files_unchanged, load_state, stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now, write_json_atomic
 
 
@@ -586,6 +586,7 @@ def _live_state(plan: dict, state_path: Path) -> dict:
             f"but the plan is run {plan['run']!r} with stacks {sorted(plan['stacks'])}"
         )
     check_state_live(state)
+    check_files_unchanged(state, "run fio")
     if fleet_clients(plan):
         check_servers(fleet_clients(plan))
     return state

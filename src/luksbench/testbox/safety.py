@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import pwd
 import re
 import stat
 import subprocess
@@ -49,7 +50,70 @@ def check_scratch_dir(scratch_dir: str | Path) -> Path:
         raise SafetyError(f"scratch_dir {str(path)!r} is too close to / to hold scratch files")
     if path.exists() and not path.is_dir():
         raise SafetyError(f"scratch_dir {str(path)!r} exists and is not a directory")
+    check_scratch_owners(path)
     return path
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def others_can_change(st: os.stat_result, euid: int) -> str | None:
+    """Why a folder lets a user other than root and ``euid`` rename, replace or add its entries
+    (it is theirs, or group/other-writable without the sticky bit of a root-owned folder such as
+    /tmp), or None."""
+    if st.st_uid not in (0, euid):
+        return f"is owned by {_user(st.st_uid)}"
+    writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable and not (st.st_mode & stat.S_ISVTX and st.st_uid == 0):
+        who = {stat.S_IWGRP: "its group", stat.S_IWOTH: "every user"}.get(writable, "its group")
+        if writable == stat.S_IWGRP | stat.S_IWOTH:
+            who = "its group and every user"
+        mode = stat.S_IMODE(st.st_mode)
+        return (
+            f"is writable by {who} (mode {mode:04o}, not a root-owned folder with the sticky bit)"
+        )
+    return None
+
+
+def check_scratch_owners(path: Path) -> None:
+    """Refuse a scratch_dir when another user can change it or a folder above it (up to /, as
+    named and as resolved): they could swap a backing file for a link to a disk between its
+    creation and the writes. Folders not created yet are skipped."""
+    path = Path(os.path.normpath(path))
+    real = Path(os.path.realpath(path))
+    euid = os.geteuid()
+    for folder in dict.fromkeys([path, *path.parents, real, *real.parents]):
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise SafetyError(f"scratch_dir {path}: cannot check {folder}: {exc}") from exc
+        if reason := others_can_change(st, euid):
+            real_folder = os.path.realpath(folder)
+            shown = folder if str(folder) == real_folder else f"{folder} (-> {real_folder})"
+            what = "it" if folder == path else f"{shown}, a folder above it,"
+            raise SafetyError(
+                f"scratch_dir {path}: {what} {reason}: that user could swap a backing file for a "
+                "link to a disk that luksbench would then overwrite; use a folder only root "
+                "(and you) can change, e.g. /var/tmp/luksbench, or fix it (chown root, chmod go-w)"
+            )
+
+
+def make_scratch_dir(path: str | Path) -> Path:
+    """Create a checked scratch_dir (missing folders at most 0755, whatever the umask) and check it
+    again once it exists; returns it resolved."""
+    path = check_scratch_dir(path)
+    for folder in [*reversed(path.parents), path]:
+        if not os.path.isdir(folder):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o755)
+    check_scratch_owners(path)
+    return path.resolve()
 
 
 def check_inside(path: str | Path, scratch_dir: str | Path) -> Path:
@@ -61,6 +125,73 @@ def check_inside(path: str | Path, scratch_dir: str | Path) -> Path:
     if p.is_symlink():
         raise SafetyError(f"{p} is a symlink; backing files must be regular files in scratch_dir")
     return parent / p.name
+
+
+def check_same_file(path: str | Path, identity, before: str) -> None:
+    """``path`` is still the regular file luksbench created: not a link, same (st_dev, st_ino) as
+    recorded at creation. Called before every step that writes through the name."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise SafetyError(f"{path} is gone ({exc.strerror}); refusing to {before}") from exc
+    swapped = "luksbench created (someone who can change scratch_dir swapped it"
+    if stat.S_ISLNK(st.st_mode):
+        raise SafetyError(
+            f"{path} is now a symlink to {os.readlink(path)}, not the file {swapped}); "
+            f"refusing to {before}: nothing was written to the link's target"
+        )
+    found = (st.st_dev, st.st_ino)
+    if not stat.S_ISREG(st.st_mode) or found != tuple(identity):
+        raise SafetyError(
+            f"{path} is no longer the file {swapped}: device, inode {tuple(identity)}, now "
+            f"{found}); refusing to {before}"
+        )
+
+
+@contextlib.contextmanager
+def opened_same_file(path: str | Path, identity, before: str):
+    """The file luksbench created, opened read-write without following links and checked by
+    inode: a tool given /dev/fd/<n> writes to it and nothing else, whatever the name points at
+    meanwhile. Yields the descriptor."""
+    check_same_file(path, identity, before)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SafetyError(
+            f"{path} cannot be opened without following links ({exc.strerror}); refusing to "
+            f"{before}"
+        ) from exc
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != tuple(identity):
+            raise SafetyError(
+                f"{path} was swapped while being opened (device, inode {tuple(identity)}, now "
+                f"{(st.st_dev, st.st_ino)}); refusing to {before}"
+            )
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def check_loop_backing(loop: str, identity, before: str) -> None:
+    """The loop device reads the file luksbench created (its backing inode, whatever its name)."""
+    entry = next((e for e in loop_table() if e["name"] == loop), None)
+    found = entry["back"] if entry is not None else None
+    if found != tuple(identity):
+        what = f"{entry['back_file']} (device, inode {found})" if entry else "nothing"
+        raise SafetyError(
+            f"{loop} is attached to {what}, not the file luksbench created (device, inode "
+            f"{tuple(identity)}); refusing to {before}"
+        )
+
+
+def process_has_open(pid: int, identity) -> bool:
+    """Whether process ``pid`` has the file with (st_dev, st_ino) ``identity`` open."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    return any(_file_id(f"/proc/{pid}/fd/{fd}") == tuple(identity) for fd in fds)
 
 
 def _unescape_mountinfo(field: str) -> str:
@@ -348,6 +479,112 @@ def processes_using_device(resolved: str) -> list[int]:
     return sorted({pid for pid, fd, link in fds if link.startswith("/") and _is_one_of(fd, rdevs)})
 
 
+def loop_table() -> list[dict]:
+    """Every loop device: ``name``, ``back_file``, ``back`` (st_dev, st_ino of the file it reads,
+    whatever its name now), ``offset``. Refuses when losetup cannot list them: a check that sees
+    nothing must not pass."""
+    argv = ["losetup", "-J", "-l", "-O", "NAME,BACK-FILE,BACK-INO,BACK-MAJ:MIN,OFFSET"]
+    proc = run_quiet(argv)
+    if proc is None or proc.returncode != 0:
+        said = proc.stderr.strip() if proc is not None else "losetup missing or hung"
+        raise SafetyError(f"cannot list loop devices ({said}); install util-linux")
+    try:
+        entries = json.loads(proc.stdout).get("loopdevices", []) if proc.stdout.strip() else []
+    except json.JSONDecodeError as exc:
+        raise SafetyError(f"cannot read `{' '.join(argv)}`: {exc}") from exc
+    return [_loop_entry(e) for e in entries]
+
+
+def _loop_entry(entry: dict) -> dict:
+    major, sep, minor = str(entry.get("back-maj:min") or "").strip().partition(":")
+    ino = entry.get("back-ino")
+    back = None
+    if sep and major.isdigit() and minor.isdigit() and str(ino).isdigit():
+        back = (os.makedev(int(major), int(minor)), int(ino))
+    back_file = str(entry.get("back-file") or "").removesuffix(" (deleted)")
+    offset = int(entry.get("offset") or 0)
+    return {"name": entry.get("name"), "back_file": back_file, "back": back, "offset": offset}
+
+
+def _file_id(path: str | Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def loops_over_content(resolved: str) -> list[str]:
+    """Other loop devices that read the device's content, at any offset: over the device (or a
+    partition of it) by any node, or, for a loop device, over the same backing file. Each named
+    with its offset, what it is over, and where it is mounted."""
+    sysdir = _sysfs_dir(resolved)
+    disk = whole_disk(sysdir)
+    family = list(dict.fromkeys([disk, *_family(sysdir)]))  # a partition's disk covers it too
+    rdevs = {r for r in map(_rdev_of, family) if r is not None}
+    nodes = {_file_id(_dev_node(m)) for m in family} | {_file_id(resolved)}
+    nodes.discard(None)
+    table = loop_table()
+    own = next((e for e in table if e["name"] == _dev_node(disk)), None)
+    found = []
+    for e in table:
+        if e is own or not e["name"]:
+            continue
+        if e["back"] in nodes or _is_one_of(e["back_file"], rdevs):
+            over = "over it"
+        elif own is not None and (
+            (own["back"] is not None and e["back"] == own["back"])
+            or (own["back_file"] and e["back_file"] == own["back_file"])
+        ):
+            over = f"over its backing file {own['back_file']}"
+        else:
+            continue
+        mounts = device_mounts(e["name"]) if os.path.exists(e["name"]) else []
+        mounted = f", mounted at {', '.join(mounts)}" if mounts else ""
+        found.append(f"{e['name']} ({over} at offset {e['offset']}{mounted})")
+    return sorted(found)
+
+
+def _open_for_writing(pid: int, fd_path: str) -> bool:
+    """The fd's open flags (/proc/<pid>/fdinfo/<n>) allow writing."""
+    fdinfo = fd_path.replace("/fd/", "/fdinfo/", 1)
+    for line in (read_text(fdinfo) or "").splitlines():
+        if line.startswith("flags:"):
+            with contextlib.suppress(ValueError):
+                return int(line.split()[1], 8) & os.O_ACCMODE != os.O_RDONLY
+    return False
+
+
+def backing_file_writers(resolved: str) -> tuple[str | None, list[int]]:
+    """(backing file, PIDs holding it open for writing) of a loop device (or a partition of
+    one); (None, []) for any other device."""
+    disk = whole_disk(_sysfs_dir(resolved))
+    if not (disk / "loop").is_dir():
+        return None, []
+    own = next((e for e in loop_table() if e["name"] == _dev_node(disk)), None)
+    if own is None or own["back"] is None:
+        return None, []
+    pids = {
+        pid
+        for pid, fd, link in _open_fds()
+        if link.startswith("/") and _file_id(fd) == own["back"] and _open_for_writing(pid, fd)
+    }
+    return own["back_file"], sorted(pids)
+
+
+def read_only_reason(resolved: str) -> str | None:
+    """Where sysfs says the device (or its disk) is read-only, or None."""
+    sysdir = _sysfs_dir(resolved)
+    for d in dict.fromkeys((sysdir, whole_disk(sysdir))):
+        if read_text(d / "ro") == "1":
+            return f"/sys/class/block/{d.name}/ro is 1"
+    return None
+
+
+def _pid_names(pids: list[int]) -> str:
+    return ", ".join(f"pid {p} ({read_text(f'/proc/{p}/comm') or '?'})" for p in pids)
+
+
 def device_in_use(resolved: str) -> str | None:
     """Why the device is busy (the kernel's O_EXCL claim, or open by a process), or None."""
     reasons = []
@@ -361,8 +598,7 @@ def device_in_use(resolved: str) -> str | None:
     else:
         os.close(fd)
     if pids := processes_using_device(resolved):
-        names = [f"pid {p} ({read_text(f'/proc/{p}/comm') or '?'})" for p in pids]
-        reasons.append("open by " + ", ".join(names))
+        reasons.append("open by " + _pid_names(pids))
     return "; ".join(reasons) or None
 
 
@@ -464,7 +700,8 @@ def _block_device(where: str, path: str) -> tuple[str, str, Path, int]:
 
 
 def _check_unused(where: str, resolved: str, shown: str) -> None:
-    """Not mounted (nor swap), no holders, not open by any process."""
+    """Not mounted (nor swap), no holders, not open by any process, no other loop device over
+    its content, no writer of its backing file, not read-only."""
     if mounts := device_mounts(resolved):
         at = ", ".join("as swap" if m == "[swap]" else f"at {m}" for m in mounts)
         raise SafetyError(
@@ -480,6 +717,23 @@ def _check_unused(where: str, resolved: str, shown: str) -> None:
     if busy := device_in_use(resolved):
         raise SafetyError(
             f"{where}: {shown} is in use: {busy}; stop that first, or name another disk"
+        )
+    if loops := loops_over_content(resolved):
+        raise SafetyError(
+            f"{where}: {shown} (or a partition of it) backs other loop devices: "
+            f"{', '.join(loops)}; its content is in use: unmount and detach them (umount, "
+            "losetup -d) if its data may go, or name another disk"
+        )
+    backing, writers = backing_file_writers(resolved)
+    if writers:
+        raise SafetyError(
+            f"{where}: {shown} is a loop device whose backing file {backing} is open for "
+            f"writing by {_pid_names(writers)}; stop that first, or name another disk"
+        )
+    if read_only := read_only_reason(resolved):
+        raise SafetyError(
+            f"{where}: {shown} is read-only ({read_only}); luksbench must write to it: "
+            "name a writable disk (for a loop device: losetup without -r)"
         )
 
 

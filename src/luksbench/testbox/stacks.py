@@ -47,9 +47,7 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     the description. A failure (or Ctrl-C) tears down everything built so far."""
     state_path, describe_path = Path(state_path), Path(describe_path)
     backend = _check_before_building(plan, state_path)
-    scratch = safety.check_scratch_dir(plan["scratch_dir"])
-    scratch.mkdir(parents=True, exist_ok=True)
-    scratch = scratch.resolve()
+    scratch = safety.make_scratch_dir(plan["scratch_dir"])
     size = int(plan["device_size_mib"]) * MIB
     # Everything the stacks will use, checked before anything is created.
     device_checks: dict[str, dict] = {}
@@ -151,6 +149,20 @@ def _undo_failed_stack_up(state_path: Path, exc: BaseException) -> None:
         raise TestboxError(f"stack-up failed: {exc}") from exc
 
 
+def check_files_unchanged(state: dict, before: str) -> None:
+    """Every file the stacks were built on is still the one stack-up created (SafetyError
+    otherwise): the undo log's files and the loop devices over them (kernel), and each daemon
+    still exports its own backing file (userspace). Called before preconditioning and fio."""
+    kernel.check_recorded_files(state.get("objects") or [], before)
+    for name, entry in state["stacks"].items():
+        identity, pid = entry.get("backing_identity"), (entry.get("daemon") or {}).get("pid")
+        if identity is not None and pid is not None and not safety.process_has_open(pid, identity):
+            raise safety.SafetyError(
+                f"stack {name}: qemu-storage-daemon pid {pid} no longer has the backing file "
+                f"luksbench created open (device, inode {tuple(identity)}); refusing to {before}"
+            )
+
+
 def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
     """Common span, preconditioning, and the description every run records."""
     live = {n: e for n, e in state["stacks"].items() if not e.get("unavailable")}
@@ -166,6 +178,8 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
 
     ioengine = plan["fio"].get("ioengine", "libaio")
     options = precondition_options(plan["precondition"])
+    if options["enabled"]:
+        check_files_unchanged(state, "precondition the stacks")
     filled = [n for n in state["order"] if n in live and live[n]["device_type"] != "rbd"]
     progress = Progress(len(filled))
     for name in state["order"]:

@@ -157,11 +157,14 @@ def run_quiet(argv: list[str], timeout: float = 30) -> subprocess.CompletedProce
         return None
 
 
-def run_tool(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a tool; raise TestboxError with its stderr on failure. Never logs key material:
-    keys only ever travel in files, so argv is safe to print."""
+def run_tool(
+    argv: list[str], what: str, timeout: float = 120, pass_fds: tuple[int, ...] = ()
+) -> subprocess.CompletedProcess:
+    """Run a tool (``pass_fds``: open files it gets, named /dev/fd/<n> in argv); raise
+    TestboxError with its stderr on failure. Never logs key material: keys only ever travel in
+    files, so argv is safe to print."""
     try:
-        proc = subprocess.run(argv, timeout=timeout, env=tool_env(), **QUIET)
+        proc = subprocess.run(argv, timeout=timeout, env=tool_env(), pass_fds=pass_fds, **QUIET)
     except FileNotFoundError as exc:
         raise TestboxError(f"{what}: {argv[0]} not installed") from exc
     except subprocess.TimeoutExpired as exc:

@@ -87,14 +87,30 @@ def write_key(key_dir: Path, name: str) -> Path:
     return path
 
 
-def create_backing(path: Path, size: int) -> None:
+def create_backing(path: Path, size: int) -> list[int]:
+    """A new file (never through a link, never an existing one), fully allocated; its
+    [st_dev, st_ino], which every later step that writes through the name checks again."""
     path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        st = os.fstat(fd)
         os.posix_fallocate(fd, 0, size)
         os.fsync(fd)
     finally:
         os.close(fd)
+    return [st.st_dev, st.st_ino]
+
+
+def check_recorded_files(objects: list[dict], before: str) -> None:
+    """Every file the undo log holds with its identity is still that file, and every loop device
+    over one still reads it (SafetyError otherwise)."""
+    for obj in objects:
+        if obj.get("identity") is None:
+            continue
+        if obj["type"] in ("backing_file", "file"):
+            safety.check_same_file(obj["path"], obj["identity"], before)
+        elif obj["type"] == "loop" and obj.get("device"):
+            safety.check_loop_backing(obj["device"], obj["identity"], before)
 
 
 # --- command lines (pure functions; unit-tested) -------------------------------------------------
@@ -351,12 +367,21 @@ class KernelBuilder:
         name = f"luksbench-{self.run}-{key}.img"
         backing = safety.check_inside(self.scratch / name, self.scratch)
         safety.check_free(backing=backing)
-        self.record({"type": "backing_file", "path": str(backing)})
+        made = self.record({"type": "backing_file", "path": str(backing)})
         log(f"  backing file {backing} ({size // MIB} MiB, fully allocated)")
-        create_backing(backing, size)
+        made["identity"] = create_backing(backing, size)
+        self.save()
+        safety.check_same_file(backing, made["identity"], f"attach {backing} to a loop device")
         obj = self.record({"type": "loop", "backing": str(backing), "device": None})
         loop = run_tool(losetup_argv(backing), f"losetup {backing.name}").stdout.strip()
         obj["device"] = loop
+        self.save()
+        try:  # swapped between the check and losetup: detach before anything writes to it
+            safety.check_loop_backing(loop, made["identity"], f"use {loop}")
+        except safety.SafetyError:
+            subprocess.run(["losetup", "-d", loop], timeout=60, **QUIET)
+            raise
+        obj["identity"] = made["identity"]
         self.save()
         dio = loop_direct_io(loop)
         notes = []
@@ -369,8 +394,11 @@ class KernelBuilder:
         facts = {"backing_file": str(backing), "backing_size_bytes": size, "loop_device": loop}
         return _block_layer(loop, kind="loop", **facts, loop_direct_io=dio, notes=notes)
 
-    def _wipe_later(self, built: dict) -> None:
-        """A real disk we write a layer onto is wiped again at teardown, for the next run."""
+    def _before_writing(self, built: dict) -> None:
+        """Called before every write of a layer: the files and loop devices built so far are
+        still ours (SafetyError otherwise); a real disk we write a layer onto is wiped again at
+        teardown, for the next run."""
+        check_recorded_files(self.state.get("objects") or [], f"write to {built['device']}")
         if built.get("real_device"):
             self.record({"type": "wipe", "device": built["device"]})
 
@@ -385,7 +413,7 @@ class KernelBuilder:
         key_file = write_key(self.key_dir, name)
         self.save()
         cipher = layer.get("cipher", "aes-xts-plain64")
-        self._wipe_later(below)
+        self._before_writing(below)
         log(f"  {stack}: luksFormat --type {luks_type} {cipher} on {below['device']}")
         cfg = {**layer, "sector_size": sector}
         argv = luks_format_argv(cfg, below["device"], key_file, luks_type)
@@ -463,7 +491,7 @@ class KernelBuilder:
         device = free_md_device()
         level, chunk = int(layer.get("level", 0)), int(layer.get("chunk_kib", 512))
         for m in members:
-            self._wipe_later(m)
+            self._before_writing(m)
         paths = [m["device"] for m in members]
         self.record({"type": "md", "device": device, "members": paths})
         log(f"  {stack}: mdadm --create {device} RAID-{level} chunk {chunk} KiB over {paths}")
@@ -487,7 +515,7 @@ class KernelBuilder:
         mnt = safety.check_inside(self.scratch / f"mnt-{stack}", self.scratch)
         if safety.is_mounted(mnt):
             raise safety.SafetyError(f"{mnt} is already a mountpoint (run stack-down)")
-        self._wipe_later(below)
+        self._before_writing(below)
         log(f"  {stack}: mkfs.{fstype} {below['device']}")
         run_tool(mkfs_argv(fstype, below["device"]), f"stack {stack}: mkfs.{fstype}", timeout=3600)
         self.record({"type": "dir", "path": str(mnt)})
@@ -502,8 +530,9 @@ class KernelBuilder:
             raise TestboxError(
                 f"stack {stack}: file_size_mib {size // MIB} does not fit ({room // MIB} MiB free)"
             )
-        self.record({"type": "file", "path": str(target)})
-        create_backing(target, size)
+        made = self.record({"type": "file", "path": str(target)})
+        made["identity"] = create_backing(target, size)
+        self.save()
         log(f"  {stack}: {fstype} on {below['device']} mounted at {mnt}; target {target}")
         desc = {
             "kind": "fs",

@@ -94,17 +94,28 @@ def qmp_quit(sock_path: str, timeout: float = 5.0) -> None:
 
 def _start_daemon(entry: dict) -> None:
     mnt = Path(entry["mountpoint"])
-    mnt.touch(mode=0o600)  # FUSE exports need an existing regular file as mountpoint
+    # FUSE exports need an existing regular file as mountpoint: a new one, never through a link.
+    mnt.unlink(missing_ok=True)
+    os.close(os.open(mnt, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     daemon, who = entry["daemon"], f"stack {entry['stack']}"
     files = {"backing": entry["backing_file"], "key_file": entry.get("key_file")}
     sockets = {"qmp_socket": daemon["qmp_socket"], "pidfile": daemon["pidfile"]}
     argv = qsd_argv(kind=entry["kind"], mountpoint=mnt, **files, **sockets)
+    identity = entry.get("backing_identity")
+    if identity is not None:
+        safety.check_same_file(files["backing"], identity, f"export {files['backing']}")
     log(f"  {entry['stack']}: qemu-storage-daemon FUSE export -> {mnt}")
     run_tool(argv, f"{who}: start qemu-storage-daemon", timeout=60)
     try:
         daemon["pid"] = int(Path(daemon["pidfile"]).read_text().strip())
     except (OSError, ValueError) as exc:
         raise TestboxError(f"{who}: qemu-storage-daemon wrote no pid file: {exc}") from exc
+    if identity is not None and not safety.process_has_open(daemon["pid"], identity):
+        raise safety.SafetyError(
+            f"{who}: qemu-storage-daemon pid {daemon['pid']} does not have the backing file "
+            f"luksbench created open (device, inode {tuple(identity)}): it was swapped between "
+            "the check and the start; refusing to write to the export"
+        )
     if not safety.is_mounted(mnt):
         raise TestboxError(f"{who}: FUSE export {mnt} is not mounted after start")
 
@@ -123,7 +134,8 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
         desc = {"kind": entry["kind"], "backend": state["backend"]}
         desc.update(backing_file=entry["backing_file"], backing_size_bytes=size, notes=[])
         log(f"  {name}: backing file {entry['backing_file']} ({size // MIB} MiB, fully allocated)")
-        create_backing(Path(entry["backing_file"]), size)
+        entry["backing_identity"] = create_backing(Path(entry["backing_file"]), size)
+        write_json_atomic(state_path, state, mode=0o600)
         if entry["kind"] == "luks":
             _format_luks1(plan["stacks"][name], entry, desc, state, state_path)
         else:
@@ -152,7 +164,9 @@ def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: P
     write_json_atomic(state_path, state, mode=0o600)
     log(f"  {name}: luksFormat --type luks1 {cfg.get('cipher', 'aes-xts-plain64')}")
     backing, key_file = entry["backing_file"], entry["key_file"]
-    run_tool(luks_format_argv(cfg, backing, key_file, "luks1"), f"stack {name}: luksFormat")
+    with safety.opened_same_file(backing, entry["backing_identity"], f"luksFormat {backing}") as fd:
+        argv = luks_format_argv(cfg, f"/dev/fd/{fd}", key_file, "luks1")
+        run_tool(argv, f"stack {name}: luksFormat", pass_fds=(fd,))
     desc.update(luks_facts(cfg, "luks1", 512), luks_dump=luks_dump(backing, key_file, name))
 
 
