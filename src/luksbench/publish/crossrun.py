@@ -12,6 +12,8 @@ import pandas as pd
 import seaborn as sns
 
 from luksbench.analysis.crossrun import RunData
+from luksbench.analysis.dictionary import write_csv
+from luksbench.formats.layout import replace_file, replacing
 from luksbench.publish.style import house_style, panels, save_figure
 from luksbench.publish.text import (
     METRIC_UNITS,
@@ -188,10 +190,12 @@ def write_compare(
     out = {"parquet": out_dir / "compare.parquet", "csv": out_dir / "compare.csv"}
     plain = table.copy()
     plain.attrs = {}
-    plain.to_parquet(out["parquet"], index=False)
-    plain.to_csv(out["csv"], index=False)
-    out["md"] = out_dir / "compare.md"
-    out["md"].write_text(compare_markdown(table, a, b, differences))
+    with replacing(out["parquet"]) as tmp:  # every file replaced, never written through a link
+        plain.to_parquet(tmp, index=False)
+    write_csv(plain, out["csv"])
+    out["md"] = replace_file(
+        out_dir / "compare.md", compare_markdown(table, a, b, differences).encode()
+    )
     if len(table):
         fig = compare_figure(table)
         png, svg = save_figure(

@@ -12,6 +12,7 @@ import os
 import re
 from functools import partial
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 
@@ -52,6 +53,9 @@ from luksbench.publish.text import (
     fmt_pct,
     fmt_text,
     limits,
+    md_escape,
+    md_escape_frame,
+    md_escape_keeping_code,
     metric_heading,
     missing,
     multi_job,
@@ -595,7 +599,10 @@ def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[
         if not found:
             continue
         figures = [
-            {"caption": e["caption"], "png": _relative(Path(figures_dir) / e["files"][0], out_md)}
+            {
+                "caption": md_escape_keeping_code(e["caption"]),
+                "png": quote(_relative(Path(figures_dir) / e["files"][0], out_md)),
+            }
             for e in found
         ]
         intro = intro.replace("{cpu_basis}", cpu_basis(net))
@@ -623,8 +630,9 @@ def front_matter_yaml(fields: dict) -> str:
 
 def _front_matter(run: Run, name: str, variant: str, title: str, author: str, hosts, extra) -> dict:
     """The post's front matter: generated fields, then config ``paper.front_matter`` over them."""
+    generated = f"What does {variant} cost? luksbench run {md_escape(name)}"
     fields = {
-        "title": title or f"What does {variant} cost? luksbench run {name}",
+        "title": title or generated,
         "date": run_date(run.env, run.fio),
         "author": author,
         "run": name,
@@ -632,7 +640,13 @@ def _front_matter(run: Run, name: str, variant: str, title: str, author: str, ho
         "generator": f"luksbench {package_version()}",
         **(extra or {}),
     }
-    return {"run": name, "title": fields["title"], "front_matter_yaml": front_matter_yaml(fields)}
+    # the heading: a title from the config escaped (a generated one is built from escaped names)
+    heading = fields["title"] if fields["title"] == generated else md_escape(fields["title"])
+    return {
+        "run": md_escape(name),
+        "title": heading,
+        "front_matter_yaml": front_matter_yaml(fields),
+    }
 
 
 def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: dict) -> dict:
@@ -759,10 +773,10 @@ def _machine(run: Run, figure_secs: list[dict]) -> dict:
 
 
 def _provenance(run: Run) -> dict:
-    facts = provenance_facts(run.env)
+    facts = provenance_facts(run.env)  # the raw run's: the hash is over the plan as recorded
     return {
-        "git_commit": facts["git_commit"],
-        "config_hash": facts["config_hash"],
+        "git_commit": md_escape(facts["git_commit"]),
+        "config_hash": md_escape(facts["config_hash"]),
         "sources": [{"name": n, "sha256": d[:16]} for n, d in run.digests().items()],
         "luksbench_version": package_version(),
     }
@@ -786,8 +800,9 @@ def paper_context(
     comparison unless ``baseline``/``variant`` name another; ``title`` "" = generated;
     ``reference_dir`` default: the repository's ``data/reference``; ``front_matter`` (config
     ``paper.front_matter``) replaces generated front matter fields."""
-    data = load_run(processed_dir)
-    pairs = data.headline_first(baseline, variant)
+    raw = load_run(processed_dir)
+    data = markdown_safe(raw)  # every text from the run escaped before a sentence is built
+    pairs = data.headline_first(*(md_escape(s) if s else None for s in (baseline, variant)))
     hosts = _hosts(data.env, data.stacks)
     matrix = _matrix(data.fio, data.env)
     figure_secs = figure_sections(figures_dir, Path(out_md), cpu_net(data.fio))
@@ -811,5 +826,10 @@ def paper_context(
         **_machine(data, figure_secs),
         "tuning": recommendations(data.table("tuning"), data.env, hosts),
         **_published(data, reference_dir),
-        **_provenance(data),
+        **_provenance(raw),
     }
+
+
+def markdown_safe(run: Run) -> Run:
+    """``run`` with every text of its tables escaped for Markdown (:func:`md_escape_frame`)."""
+    return Run(run.processed_dir, {n: md_escape_frame(t) for n, t in run.tables.items()})
