@@ -271,3 +271,22 @@ def test_markup_from_a_raw_run_is_kept_in_the_tables_as_written(hostile_tables):
     env = tables["env"].iloc[0]
     assert env["hostname"] == ENV_PAYLOADS["hostname"]
     assert set(tables["fio"]["job"]) == {JOB_NAME}
+
+
+def test_the_compare_markdown_escapes_both_runs_text(tmp_path):
+    from luksbench.analysis.crossrun import RunData
+    from luksbench.publish.crossrun import compare_markdown
+
+    row = {"confidence": 0.95, "host_a": HOST, "host_b": "<b>b</b>", "metric": "bw_bytes"}
+    row |= {"rw": "randread", "bs_bytes": 4096, "iodepth": 1, "pattern": "", "direction": "read"}
+    row |= {"stack": "<script>alert(1)</script>", "a_mean": 1.0, "b_mean": 2.0}
+    row |= {"change_pct": 1.0, "ci_low": 0.5, "ci_high": 1.5, "verdict": "<i>v</i>"}
+    row |= {"outcome": "![x](/etc/shadow)", "n_a": 3, "n_b": 3, "job": JOB_NAME}
+    table = pd.DataFrame([row])
+    table.attrs["designs"] = {f"<a>={HOST}": {"design": "paired", "reason": "<img src=x>"}}
+    empty = pd.DataFrame()
+    a = RunData("<script>a</script>", "`/x`<svg onload=1>", empty, empty, empty)
+    b = RunData("[b](javascript:alert(1))", "/y", empty, empty, empty)
+    markdown = compare_markdown(table, a, b, ["kernel `<b>` vs <script>x</script>"])
+    _inert(markdown)
+    assert "<td>&lt;i&gt;v&lt;/i&gt;</td>" in PERMISSIVE.render(markdown)  # as text
