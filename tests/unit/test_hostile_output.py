@@ -290,3 +290,15 @@ def test_the_compare_markdown_escapes_both_runs_text(tmp_path):
     markdown = compare_markdown(table, a, b, ["kernel `<b>` vs <script>x</script>"])
     _inert(markdown)
     assert "<td>&lt;i&gt;v&lt;/i&gt;</td>" in PERMISSIVE.render(markdown)  # as text
+
+
+def test_front_matter_values_hold_no_markup_and_read_back_as_written():
+    import yaml
+
+    from luksbench.publish.paper import front_matter_yaml
+
+    fields = {"title": "<script>alert(1)</script> & \u2028x", "tags": ["<b>t</b>"]}
+    fields["image"] = {"path": "<img src=x>"}
+    text = front_matter_yaml(fields)
+    assert not set("<>&\u2028") & set(text), text
+    assert yaml.safe_load(text) == fields

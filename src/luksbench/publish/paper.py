@@ -621,11 +621,20 @@ def front_matter_yaml(fields: dict) -> str:
     lines = []
     for key, value in fields.items():
         if isinstance(value, list):
-            lines += [f"{key}:", *(f"  - {json.dumps(v, ensure_ascii=False)}" for v in value)]
+            lines += [f"{key}:", *(f"  - {_yaml_json(v)}" for v in value)]
         else:
             bare = key == "date" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(value))
-            lines.append(f"{key}: {value if bare else json.dumps(value, ensure_ascii=False)}")
+            lines.append(f"{key}: {value if bare else _yaml_json(value)}")
     return "\n".join(lines) + "\n"
+
+
+_YAML_ESCAPES = {c: f"\\u{ord(c):04x}" for c in "<>&\x85\u2028\u2029"}
+
+
+def _yaml_json(value) -> str:
+    """``value`` as JSON (valid YAML), with no markup character nor line break of YAML 1.1 in
+    its text: ``<``, ``>``, ``&`` as \\u escapes, which every YAML and JSON reader decodes."""
+    return json.dumps(value, ensure_ascii=False).translate(str.maketrans(_YAML_ESCAPES))
 
 
 def _front_matter(run: Run, name: str, variant: str, title: str, author: str, hosts, extra) -> dict:
