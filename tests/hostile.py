@@ -158,8 +158,8 @@ def plant_output_links(root: Path, run: str, victim: Path) -> list[Path]:
 
 
 def files_outside(root: Path, outputs: tuple[str, ...]) -> dict[str, tuple[int, int]]:
-    """{path: (size, mtime_ns)} of every file under ``root`` but outside ``outputs`` (folders
-    relative to ``root``), links not followed: what an analysis must leave alone."""
+    """{path: (size, mtime_ns)} of every file under ``root`` but outside ``outputs`` (folders and
+    files relative to ``root``), links not followed: what an analysis must leave alone."""
     found = {}
     for folder, subdirs, files in os.walk(root):
         rel = Path(folder).relative_to(root).as_posix()
@@ -167,8 +167,10 @@ def files_outside(root: Path, outputs: tuple[str, ...]) -> dict[str, tuple[int, 
             subdirs.clear()
             continue
         for name in files:
-            st = os.lstat(os.path.join(folder, name))
-            found[f"{rel}/{name}"] = (st.st_size, st.st_mtime_ns)
+            path = Path(folder, name).relative_to(root).as_posix()
+            if path not in outputs:
+                st = os.lstat(os.path.join(folder, name))
+                found[path] = (st.st_size, st.st_mtime_ns)
     return found
 
 
