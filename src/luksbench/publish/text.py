@@ -263,7 +263,12 @@ def md_escape_frame(df: pd.DataFrame) -> pd.DataFrame:
         if not pd.api.types.is_string_dtype(out[column]) and out[column].dtype != object:
             continue
         escape = md_escape_json if str(column).endswith("_json") else md_escape
-        out[column] = out[column].map(lambda v, e=escape: e(v) if isinstance(v, str) else v)
+        values = out[column].dropna().unique()  # a run has few distinct names: escape those
+        changed = {v: e for v in values if isinstance(v, str) and (e := escape(v)) != v}
+        if changed:
+            out[column] = out[column].map(
+                lambda v, c=changed: c.get(v, v) if isinstance(v, str) else v
+            )
     return out
 
 
