@@ -107,10 +107,12 @@ def test_the_markdown_post_is_inert_for_a_site(analysed):
 @pytest.mark.slow
 def test_no_file_behind_a_link_reaches_any_output(analysed):
     work = analysed["work"]
+    embedded = base64.b64encode(f"{SECRET}\n".encode())  # a secret file as an embedded image
     for folder in ("data/processed", "paper", "figures"):
         for path in (work / folder).rglob("*"):
             if path.is_file() and not path.is_symlink():
-                assert SECRET.encode() not in path.read_bytes(), path
+                data = path.read_bytes()
+                assert SECRET.encode() not in data and embedded not in data, path
     with zipfile.ZipFile(work / "report.zip") as report:
         for name in report.namelist():
             assert SECRET.encode() not in report.read(name), name
