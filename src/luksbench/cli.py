@@ -45,6 +45,7 @@ def _cmd_parse(args: argparse.Namespace) -> int:
 
 
 def _cmd_loss(args: argparse.Namespace) -> int:
+    from luksbench.analysis.dictionary import csv_safe_frame
     from luksbench.analysis.ingest import IngestError
     from luksbench.analysis.rawloss import loss_table_from_raw
     from luksbench.analysis.saturation import LOSS_FLAG_COLUMNS
@@ -63,7 +64,8 @@ def _cmd_loss(args: argparse.Namespace) -> int:
         )
     except (IngestError, FileNotFoundError, ValueError) as exc:
         return _fail("loss", exc)
-    table.to_csv(sys.stdout, index=False, columns=[*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS])
+    columns = [*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS]
+    csv_safe_frame(table[columns]).to_csv(sys.stdout, index=False)
     counts = table["decision"].str.split(":").str[0].value_counts()
     summary = ", ".join(f"{counts[v]} {v}" for v in counts.index)
     noisy = int(table["noisy"].sum())

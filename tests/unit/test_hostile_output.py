@@ -302,3 +302,12 @@ def test_front_matter_values_hold_no_markup_and_read_back_as_written():
     text = front_matter_yaml(fields)
     assert not set("<>&\u2028") & set(text), text
     assert yaml.safe_load(text) == fields
+
+
+def test_csv_written_by_pandas_to_standard_output_is_neutralised_too():
+    from luksbench.analysis.dictionary import csv_safe_frame
+
+    df = pd.DataFrame({"host": ["=1+1", "ok", None], "effect_pct": [-1.5, 2.0, 3.0]})
+    safe = csv_safe_frame(df)
+    assert safe["host"].tolist()[:2] == ["'=1+1", "ok"] and safe["effect_pct"].iloc[0] == -1.5
+    assert df["host"].iloc[0] == "=1+1"  # the table itself is left as it is

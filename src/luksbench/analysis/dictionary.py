@@ -207,6 +207,18 @@ def csv_safe(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, names=table.column_names)
 
 
+def csv_safe_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with :func:`csv_safe`'s rule applied to its text cells, for a CSV pandas writes (to
+    standard output: ``luksbench loss``, ``luksbench warehouse --csv``)."""
+    out = df.copy()
+    for column in out.columns:
+        if pd.api.types.is_string_dtype(out[column]) or out[column].dtype == object:
+            out[column] = out[column].map(
+                lambda v: f"'{v}" if isinstance(v, str) and v[:1] and v[0] in FORMULA_START else v
+            )
+    return out
+
+
 def write_csv(table: pa.Table | pd.DataFrame, path: Path) -> Path:
     """``table`` as CSV (Arrow's writer: a header row, strings quoted, empty for missing, times in
     ISO 8601), formula-like text neutralised (:func:`csv_safe`), written by replacing ``path``."""
