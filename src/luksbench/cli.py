@@ -84,13 +84,14 @@ def aligned(rows: list[list[str]], right: set[int]) -> str:
 
 
 def _write_loss(table, fmt: str, out, confidence: float) -> None:
+    from luksbench.analysis.dictionary import csv_safe_frame
     from luksbench.analysis.headline import HEADLINE_COLUMNS
     from luksbench.analysis.saturation import LOSS_FLAG_COLUMNS
     from luksbench.analysis.stats import LOSS_COLUMNS
 
     columns = [*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS, *HEADLINE_COLUMNS]
-    if fmt == "csv":
-        table.to_csv(out, index=False, columns=columns)
+    if fmt == "csv":  # cells a spreadsheet would evaluate neutralised (analysis.dictionary)
+        csv_safe_frame(table[columns]).to_csv(out, index=False)
     elif fmt == "json":
         out.write(table[columns].to_json(orient="records", indent=1) + "\n")
     else:

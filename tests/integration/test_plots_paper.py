@@ -600,8 +600,17 @@ def test_html_renders_in_a_real_browser(sample, tmp_path):
     page = tmp_path / "alone" / "index.html"
     page.parent.mkdir()
     page.write_text(sample["html"].read_text())  # nothing beside it: must work on its own
+    # the check is a script: the page's own policy forbids every script, so the harness drops it
+    # (and the same script in the page as published must not run)
+    policy = re.compile(r"<meta http-equiv='Content-Security-Policy'[^>]*>\n")
+    assert policy.search(page.read_text())
+    blocked = page.with_name("blocked.html")
+    blocked.write_text(page.read_text().replace("</body>", CHECK_SCRIPT + "</body>"))
+    dom = _browser("--virtual-time-budget=20000", "--dump-dom", blocked.as_uri(), tmp=tmp_path)
+    assert "<body" in dom and 'id="luksbench-check"' not in dom, "a script ran despite the policy"
     check = page.with_name("check.html")
-    check.write_text(page.read_text().replace("</body>", CHECK_SCRIPT + "</body>"))
+    harness = policy.sub("", page.read_text())
+    check.write_text(harness.replace("</body>", CHECK_SCRIPT + "</body>"))
     dom = _browser("--virtual-time-budget=20000", "--dump-dom", check.as_uri(), tmp=tmp_path)
     found = re.search(r'<pre id="luksbench-check">(.*?)</pre>', dom, re.S)
     assert found, dom[-2000:]

@@ -50,6 +50,8 @@ from luksbench.formats.layout import (
     Workload,
     read_json_object,
     rep_of_key,
+    replace_file,
+    replacing,
 )
 from luksbench.formats.manifest import (
     fleet_servers,
@@ -137,11 +139,12 @@ def raw_digest(raw_dir: Path) -> str:
 
 
 def host_dirs(raw_dir: Path) -> list[Path]:
-    """Host folders of a run: every sub-folder holding env.json or a fio/ folder."""
+    """Host folders of a run: every sub-folder holding env.json or a fio/ folder (a symbolic link
+    is no host folder: :func:`symbolic_links` names it)."""
     raw_dir = Path(raw_dir)
     if not raw_dir.is_dir():
         raise FileNotFoundError(f"raw run folder not found: {raw_dir}")
-    folders = [p for p in raw_dir.iterdir() if p.is_dir()]
+    folders = [p for p in raw_dir.iterdir() if p.is_dir() and not p.is_symlink()]
     return sorted(p for p in folders if (p / "env.json").exists() or (p / "fio").is_dir())
 
 
@@ -407,9 +410,11 @@ def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:
     strays: list[str] = []
 
     def subdirs(path: str) -> list[str]:  # sorted at every level: the keys in order of parts
+        if os.path.islink(path):  # a linked fio/ folder; linked ones below are not listed either
+            return []
         try:
             with os.scandir(path) as it:
-                return sorted(e.name for e in it if e.is_dir())
+                return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
         except (FileNotFoundError, NotADirectoryError):
             return []
 
@@ -741,16 +746,14 @@ class _IngestCache:
         rows, bins = (self._kept(parts, keys) for parts in (frames, bins))
         rows = None if rows is None else _fio_dtypes(rows)
         for name, df in (*zip(self.TABLES, (rows, bins), strict=True), ("files.parquet", table)):
-            tmp = self.path / f".{name}.tmp"
             if df is None:
                 (self.path / name).unlink(missing_ok=True)
                 continue
             df.attrs = {}
-            df.to_parquet(tmp, index=False)
-            tmp.replace(self.path / name)
-        tmp = self.path / ".meta.json.tmp"
-        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "code": self.code_digest()}))
-        tmp.replace(self.path / "meta.json")
+            with replacing(self.path / name) as tmp:  # a new file, never through a link
+                df.to_parquet(tmp, index=False)
+        meta = json.dumps({"format": CACHE_FORMAT, "code": self.code_digest()})
+        replace_file(self.path / "meta.json", meta.encode())
         self.keys = keys
 
     @staticmethod
@@ -1015,6 +1018,20 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 PROBLEMS_COLUMNS = ["file", "severity", "reason"]
 
 
+def symbolic_links(raw_dir: Path) -> list[tuple[Path, str]]:
+    """(path, why) of every symbolic link in the run folder: none is followed (a link may point
+    out of the run), so each is a problem; what it stood for is left out."""
+    out = []
+    for folder, subdirs, files in os.walk(raw_dir):  # os.walk does not enter a linked folder
+        subdirs.sort()
+        for name in sorted((*subdirs, *files)):
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                why = f"a symbolic link (to {os.readlink(path)}): not followed, left out"
+                out.append((Path(path), why))
+    return out
+
+
 def ingest_run(
     raw_dir: Path,
     strict: bool = False,
@@ -1032,16 +1049,19 @@ def ingest_run(
     raw_dir = Path(raw_dir)
     funcs = {"cryptsetup": cryptsetup_table, "env": env_table, "stacks": stacks_table}
     funcs["schedule"] = schedule_table
-    others = {}  # read while the fio results are parsed
+    others, links = {}, []  # read while the fio results are parsed
 
     def read_others():
         others.update((name, func(raw_dir, strict=False)) for name, func in funcs.items())
+        links.extend(symbolic_links(raw_dir))
 
     parsed = fio_and_latency_tables(raw_dir, False, cache_dir, workers, read_others)
     _decoded_json.cache_clear()
     tables = dict(zip(("fio", "latency"), parsed, strict=True)) | others
     tables["fio"] = _with_cpu_cost(tables["fio"], tables["schedule"])
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
+    named = {os.path.normpath(p) for p, _ in problems}
+    problems += [(str(p), why) for p, why in links if os.path.normpath(p) not in named]
     notes = [n for table in tables.values() for n in table.attrs.get("notes", [])]
     if problems and strict:
         raise IngestError(raw_dir, [(Path(p), why) for p, why in problems])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import duckdb
 
+from luksbench.analysis.dictionary import csv_safe_frame
 from luksbench.analysis.ingest import PROCESSED_TABLES
 
 TABLES = (*PROCESSED_TABLES, "loss")
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"luksbench warehouse: {exc}", file=sys.stderr)
         return 1
     if args.csv:
-        df.to_csv(sys.stdout, index=False)
+        csv_safe_frame(df).to_csv(sys.stdout, index=False)
     else:
         print(df.to_string(index=False))
     return 0

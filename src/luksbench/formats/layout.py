@@ -21,12 +21,14 @@ Standard library only: the test box imports this.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
 import os
 import re
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,13 +138,18 @@ MAX_RAW_BYTES = 64 * 2**20  # a real run's largest raw file (fio json+ output) i
 def read_raw_file(path, stats: list | None = None) -> bytes:
     """A raw file's bytes; OSError naming it for anything but a regular file of at most
     ``$LUKSBENCH_MAX_RAW_BYTES`` (default :data:`MAX_RAW_BYTES`): a device, a FIFO or a huge file
-    never stalls or exhausts a reader. ``stats``: the stat of the file read is appended to it."""
+    never stalls or exhausts a reader, a symbolic link is not followed. ``stats``: the stat of the file read is appended to it."""
     limit = os.environ.get(MAX_RAW_BYTES_VARIABLE)
     try:
         limit = MAX_RAW_BYTES if limit is None else bs_to_bytes(limit)
     except LayoutError:
         raise LayoutError(f"${MAX_RAW_BYTES_VARIABLE}: not a size: {limit!r} (e.g. 64m)") from None
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: no waiting
+    try:  # a FIFO: no waiting; a symbolic link: not followed (it may point out of the run)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symbolic link: not followed", str(path)) from None
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -163,9 +170,70 @@ def read_raw_file(path, stats: list | None = None) -> bytes:
 def read_json_object(path: Path) -> dict:
     """One of the raw layout's JSON documents (env.json, a manifest): ValueError saying why not."""
     try:
+        if link := linked_layout_folder(path):
+            raise OSError(errno.ELOOP, f"{link} is a symbolic link: not followed", str(path))
         data = json.loads(read_raw_file(path).decode())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not readable JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError("must be a JSON object")
     return data
+
+
+def linked_layout_folder(path) -> Path | None:
+    """The folder on the way to ``path`` inside a host's ``fio/`` folder (``fio`` itself included)
+    that is a symbolic link, None when there is none or ``path`` is not inside one: a reader never
+    follows a linked folder out of the run (host folders: :func:`~luksbench.analysis.ingest.host_dirs`)."""
+    folders = list(Path(path).parents)
+    below = next((k for k, p in enumerate(folders) if p.name == "fio"), None)
+    if below is None:
+        return None
+    return next((p for p in folders[: below + 1] if p.is_symlink()), None)
+
+
+def replace_file(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` by replacing it: a new file in the same folder, renamed over
+    ``path``, so a symbolic link (or anything else) standing at ``path`` is replaced, never written
+    through, and no reader sees half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def replacing(path):
+    """A new file's path in ``path``'s folder for a writer that takes a path (pyarrow, pandas,
+    matplotlib), renamed over ``path`` when the block ends without an error (:func:`replace_file`)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@functools.cache
+def _umask() -> int:
+    """The process' umask (mkstemp creates 0600; a replaced file gets the usual mode), read
+    without setting it where Linux shows it: os.umask would change it for every thread."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -22,6 +22,7 @@ import pandas as pd
 from luksbench.analysis.contrasts import Pair, label
 from luksbench.analysis.loss import CPU_METRICS
 from luksbench.analysis.tails import MIN_BEYOND
+from luksbench.formats.layout import replace_file
 from luksbench.publish import figures
 from luksbench.publish.ceilings import available_ciphers, crypto_ceilings, undescribed
 from luksbench.publish.run import Run, load_run, package_version, provenance_facts
@@ -346,8 +347,9 @@ def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:
         for spec in specs
     ]
     path = Path(figures_dir) / INDEX
-    path.write_text(json.dumps({"run": run, "figures": entries}, indent=1) + "\n")
-    return path
+    return replace_file(
+        path, (json.dumps({"run": run, "figures": entries}, indent=1) + "\n").encode()
+    )
 
 
 def read_index(figures_dir: Path) -> list[dict]:

@@ -12,6 +12,8 @@ import pandas as pd
 import seaborn as sns
 
 from luksbench.analysis.crossrun import RunData
+from luksbench.analysis.dictionary import write_csv
+from luksbench.formats.layout import replace_file, replacing
 from luksbench.publish.style import house_style, panels, save_figure
 from luksbench.publish.text import (
     METRIC_UNITS,
@@ -19,6 +21,9 @@ from luksbench.publish.text import (
     fmt_ci,
     fmt_num,
     fmt_pct,
+    md_escape,
+    md_escape_frame,
+    md_escape_keeping_code,
     md_table,
     metric_heading,
     multi_job,
@@ -132,24 +137,30 @@ def compare_figure(table: pd.DataFrame, metrics: Iterable[str] | None = None):
 
 
 def compare_markdown(table: pd.DataFrame, a: RunData, b: RunData, differences: list[str]) -> str:
-    """The comparison as Markdown: design per host pair, what differs, one table per metric."""
+    """The comparison as Markdown: design per host pair, what differs, one table per metric.
+    Every text from the runs is escaped (:func:`~luksbench.publish.text.md_escape`)."""
     conf = fmt_num(100 * float(table["confidence"].iloc[0]), 0) if len(table) else "95"
+    attrs = table.attrs
+    table = md_escape_frame(table)
+    table.attrs = attrs
+    differences = [md_escape_keeping_code(d) for d in differences]
     lines = [
-        f"# {a.name} (A) vs {b.name} (B)",
+        f"# {md_escape(a.name)} (A) vs {md_escape(b.name)} (B)",
         "",
-        f"A: `{a.source}`; B: `{b.source}`. Change = B relative to A, geometric mean over "
+        md_escape_keeping_code(f"A: `{a.source}`; B: `{b.source}`.")
+        + " Change = B relative to A, geometric mean over "
         f"repetitions, {conf} % confidence interval; verdicts after Benjamini-Hochberg across "
         "every row of this comparison.",
         "",
     ]
     for pair, d in table.attrs.get("designs", {}).items():
-        ha, _, hb = pair.partition("=")
+        ha, _, hb = (md_escape(h) for h in pair.partition("="))
         what = {
             "paired": "**paired** by repetition index",
             "sessions": "**unpaired**, sessions as replicates (Welch t-interval on session means)",
         }.get(d["design"], "**unpaired**, one session on a side: no interval")
         host = f"`{ha}`" if ha == hb else f"`{ha}` (A) vs `{hb}` (B)"
-        lines.append(f"- Host {host}: {what}: {d['reason']}.")
+        lines.append(f"- Host {host}: {what}: {md_escape_keeping_code(d['reason'])}.")
     lines.append("")
     if differences:
         lines += ["What differs besides the measurements:", ""]
@@ -188,10 +199,12 @@ def write_compare(
     out = {"parquet": out_dir / "compare.parquet", "csv": out_dir / "compare.csv"}
     plain = table.copy()
     plain.attrs = {}
-    plain.to_parquet(out["parquet"], index=False)
-    plain.to_csv(out["csv"], index=False)
-    out["md"] = out_dir / "compare.md"
-    out["md"].write_text(compare_markdown(table, a, b, differences))
+    with replacing(out["parquet"]) as tmp:  # every file replaced, never written through a link
+        plain.to_parquet(tmp, index=False)
+    write_csv(plain, out["csv"])
+    out["md"] = replace_file(
+        out_dir / "compare.md", compare_markdown(table, a, b, differences).encode()
+    )
     if len(table):
         fig = compare_figure(table)
         png, svg = save_figure(

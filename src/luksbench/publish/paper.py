@@ -12,6 +12,7 @@ import os
 import re
 from functools import partial
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 
@@ -57,6 +58,9 @@ from luksbench.publish.text import (
     fmt_pct,
     fmt_text,
     limits,
+    md_escape,
+    md_escape_frame,
+    md_escape_keeping_code,
     metric_heading,
     missing,
     multi_job,
@@ -556,7 +560,10 @@ def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[
         if not found:
             continue
         figures = [
-            {"caption": e["caption"], "png": _relative(Path(figures_dir) / e["files"][0], out_md)}
+            {
+                "caption": md_escape_keeping_code(e["caption"]),
+                "png": quote(_relative(Path(figures_dir) / e["files"][0], out_md)),
+            }
             for e in found
         ]
         intro = intro.replace("{cpu_basis}", cpu_basis(net))
@@ -575,17 +582,27 @@ def front_matter_yaml(fields: dict) -> str:
     lines = []
     for key, value in fields.items():
         if isinstance(value, list):
-            lines += [f"{key}:", *(f"  - {json.dumps(v, ensure_ascii=False)}" for v in value)]
+            lines += [f"{key}:", *(f"  - {_yaml_json(v)}" for v in value)]
         else:
             bare = key == "date" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(value))
-            lines.append(f"{key}: {value if bare else json.dumps(value, ensure_ascii=False)}")
+            lines.append(f"{key}: {value if bare else _yaml_json(value)}")
     return "\n".join(lines) + "\n"
+
+
+_YAML_ESCAPES = {c: f"\\u{ord(c):04x}" for c in "<>&\x85\u2028\u2029"}
+
+
+def _yaml_json(value) -> str:
+    """``value`` as JSON (valid YAML), with no markup character nor line break of YAML 1.1 in
+    its text: ``<``, ``>``, ``&`` as \\u escapes, which every YAML and JSON reader decodes."""
+    return json.dumps(value, ensure_ascii=False).translate(str.maketrans(_YAML_ESCAPES))
 
 
 def _front_matter(run: Run, name: str, variant: str, title: str, author: str, hosts, extra) -> dict:
     """The post's front matter: generated fields, then config ``paper.front_matter`` over them."""
+    generated = f"What does {variant} cost? luksbench run {md_escape(name)}"
     fields = {
-        "title": title or f"What does {variant} cost? luksbench run {name}",
+        "title": title or generated,
         "date": run_date(run.env, run.fio),
         "author": author,
         "run": name,
@@ -593,7 +610,13 @@ def _front_matter(run: Run, name: str, variant: str, title: str, author: str, ho
         "generator": f"luksbench {package_version()}",
         **(extra or {}),
     }
-    return {"run": name, "title": fields["title"], "front_matter_yaml": front_matter_yaml(fields)}
+    # the heading: a title from the config escaped (a generated one is built from escaped names)
+    heading = fields["title"] if fields["title"] == generated else md_escape(fields["title"])
+    return {
+        "run": md_escape(name),
+        "title": heading,
+        "front_matter_yaml": front_matter_yaml(fields),
+    }
 
 
 def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: dict) -> dict:
@@ -720,10 +743,10 @@ def _machine(run: Run, figure_secs: list[dict]) -> dict:
 
 
 def _provenance(run: Run) -> dict:
-    facts = provenance_facts(run.env)
+    facts = provenance_facts(run.env)  # the raw run's: the hash is over the plan as recorded
     return {
-        "git_commit": facts["git_commit"],
-        "config_hash": facts["config_hash"],
+        "git_commit": md_escape(facts["git_commit"]),
+        "config_hash": md_escape(facts["config_hash"]),
         "sources": [{"name": n, "sha256": d[:16]} for n, d in run.digests().items()],
         "luksbench_version": package_version(),
     }
@@ -747,8 +770,9 @@ def paper_context(
     comparison unless ``baseline``/``variant`` name another; ``title`` "" = generated;
     ``reference_dir`` default: the repository's ``data/reference``; ``front_matter`` (config
     ``paper.front_matter``) replaces generated front matter fields."""
-    data = load_run(processed_dir)
-    pairs = data.headline_first(baseline, variant)
+    raw = load_run(processed_dir)
+    data = markdown_safe(raw)  # every text from the run escaped before a sentence is built
+    pairs = data.headline_first(*(md_escape(s) if s else None for s in (baseline, variant)))
     hosts = _hosts(data.env, data.stacks)
     matrix = _matrix(data.fio, data.env)
     figure_secs = figure_sections(figures_dir, Path(out_md), cpu_net(data.fio))
@@ -772,5 +796,10 @@ def paper_context(
         **_machine(data, figure_secs),
         "tuning": recommendations(data.table("tuning"), data.env, hosts),
         **_published(data, reference_dir),
-        **_provenance(data),
+        **_provenance(raw),
     }
+
+
+def markdown_safe(run: Run) -> Run:
+    """``run`` with every text of its tables escaped for Markdown (:func:`md_escape_frame`)."""
+    return Run(run.processed_dir, {n: md_escape_frame(t) for n, t in run.tables.items()})

@@ -8,15 +8,16 @@ import base64
 import html as html_lib
 import io
 import json
-import mimetypes
 import re
 import shutil
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote
 
 import jinja2
 from markdown_it import MarkdownIt
 
+from luksbench.formats.layout import read_raw_file, replace_file
 from luksbench.publish.catalog import INDEX
 from luksbench.publish.paper import paper_context
 from luksbench.publish.text import md_table
@@ -32,9 +33,22 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
+        finalize=inert,
     )
     environment.globals["md_table"] = md_table
     return environment
+
+
+_TAG_OR_LIQUID = re.compile(r"<(?=[A-Za-z/!?])|\{(?=[{%])")
+
+
+def inert(value) -> str:
+    """Every value the template prints, last line of defence: the context escapes the run's text
+    (:func:`~luksbench.publish.text.md_escape`), and whatever still opens an HTML tag or a Liquid
+    tag (Jekyll) is written as an entity."""
+    return _TAG_OR_LIQUID.sub(
+        lambda m: f"&#{ord(m.group(0))};", "" if value is None else str(value)
+    )
 
 
 def render_paper(processed_dir: Path, figures_dir: Path, out_md: Path, run: str, **options) -> Path:
@@ -48,7 +62,7 @@ def render_paper(processed_dir: Path, figures_dir: Path, out_md: Path, run: str,
         _replace_post_figures(Path(figures_dir), post_figures)
     context = paper_context(processed_dir, post_figures, out_md, run, **options)
     text = _environment().get_template(TEMPLATE).render(**context)
-    out_md.write_text(text)
+    replace_file(out_md, text.encode())
     return out_md
 
 
@@ -66,7 +80,9 @@ def _replace_post_figures(figures_dir: Path, post_figures: Path) -> None:
                 "move it, or point paper_dir at a folder of its own"
             )
         shutil.rmtree(post_figures)
-    shutil.copytree(figures_dir, post_figures)
+    # a symbolic link among the figures is not copied (it may point anywhere)
+    links = lambda folder, names: [n for n in names if Path(folder, n).is_symlink()]  # noqa: E731
+    shutil.copytree(figures_dir, post_figures, ignore=links)
 
 
 def split_front_matter(text: str) -> tuple[dict, str]:
@@ -111,34 +127,79 @@ blockquote{border-left:4px solid #c0392b;margin:1rem 0;padding:.2rem 1rem;backgr
 """
 
 
+#: what the HTML may do: show its own styles and embedded images, nothing else (no script, no
+#: request, no form, no frame)
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+#: the images a post embeds: its own figures, by suffix
+IMAGE_TYPES = {
+    ".png": "image/png",
+    ".svg": "image/svg+xml",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+}
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def _markdown() -> MarkdownIt:
+    """CommonMark + tables with raw HTML off (written as text); links only to web pages, mail
+    addresses and paths without a scheme (no javascript:, data:, file: ...)."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    md.validateLink = lambda url: (
+        not _SCHEME.match(url.strip())
+        or url.strip().lower().startswith(("http://", "https://", "mailto:"))
+    )
+    return md
+
+
+def figure_file(md_dir: Path, src: str) -> Path | None:
+    """The post's own figure that image ``src`` names: a file of a known image type under
+    ``<md_dir>/figures/``, reached without "..", an absolute path or a symbolic link; else None."""
+    parts = PurePosixPath(unquote(src)).parts
+    if len(parts) < 2 or parts[0] != "figures" or any(p in ("..", ".", "/") for p in parts):
+        return None
+    path = Path(md_dir)
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            return None
+    figures = (Path(md_dir) / "figures").resolve()
+    if path.suffix.lower() not in IMAGE_TYPES or not path.resolve().is_relative_to(figures):
+        return None
+    return path
+
+
 def render_html(md_path: Path, html_path: Path | None = None) -> Path:
-    """Markdown -> one self-contained HTML file (CommonMark + tables): images embedded as data
-    URIs, the front matter as title and byline."""
+    """Markdown -> one self-contained HTML file (CommonMark + tables): the post's own figures
+    (``figures/`` beside it) embedded as data URIs, any other image left out (its text kept), raw
+    HTML written as text, a Content-Security-Policy that allows no script; the front matter as
+    title and byline."""
     md_path = Path(md_path)
     html_path = Path(html_path) if html_path else md_path.with_suffix(".html")
     meta, body_md = split_front_matter(md_path.read_text())
     title = meta.get("title") or next(
         (line[2:].strip() for line in body_md.splitlines() if line.startswith("# ")), md_path.stem
     )
-    body = MarkdownIt("commonmark").enable("table").render(body_md)
+    body = _markdown().render(body_md)
 
     def embed(match: re.Match) -> str:
-        src = html_lib.unescape(match.group(2))
-        if src.startswith(("data:", "http://", "https://")):
-            return match.group(0)
-        path = (md_path.parent / src).resolve()
-        if not path.is_file():
-            raise FileNotFoundError(f"{md_path}: image {src} not found ({path})")
-        mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
-        return f'{match.group(1)}"data:{mime};base64,{data}"'
+        src, alt = html_lib.unescape(match.group(1)), match.group(2)
+        path = figure_file(md_path.parent, src)
+        if path is None:
+            return f'<span class="not-embedded">[image not embedded: {alt}]</span>'
+        try:
+            data = base64.b64encode(read_raw_file(path)).decode("ascii")
+        except OSError as exc:
+            raise FileNotFoundError(f"{md_path}: image {src} not readable ({exc})") from exc
+        return f'<img src="data:{IMAGE_TYPES[path.suffix.lower()]};base64,{data}" alt="{alt}" />'
 
-    body = re.sub(r'(<img src=)"([^"]+)"', embed, body)
+    body = re.sub(r'<img src="([^"]*)" alt="([^"]*)"[^>]*>', embed, body)
     byline = " · ".join(html_lib.escape(_text(meta[k])) for k in ("author", "date") if meta.get(k))
     if byline:
         body = re.sub(r"(</h1>)", rf'\1\n<p class="byline">{byline}</p>', body, count=1)
-    html_path.write_text(
+    page = (
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>\n"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">\n"
+        "<meta name='referrer' content='no-referrer'>\n"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>\n"
         f"<title>{html_lib.escape(str(title))}</title>\n"
         + "".join(
@@ -148,6 +209,7 @@ def render_html(md_path: Path, html_path: Path | None = None) -> Path:
         )
         + f"<style>{_CSS}</style></head>\n<body>\n{body}</body></html>\n"
     )
+    replace_file(html_path, page.encode())
     return html_path
 
 

@@ -17,6 +17,8 @@ import matplotlib.ticker
 import numpy as np
 import seaborn as sns
 
+from luksbench.formats.layout import replacing
+
 VERDICT_COLORS = {
     "significant": "#c0392b",
     "equivalent": "#27ae60",
@@ -113,7 +115,10 @@ def save_figure(fig: matplotlib.figure.Figure, path: Path, provenance: dict) -> 
     title = text.get("title", png.stem)
     description = json.dumps(provenance, sort_keys=True, default=str)
     with plt.rc_context({"svg.hashsalt": "luksbench"}):
-        fig.savefig(png, dpi=DPI, bbox_inches="tight", metadata={**text, "Title": title})
+        with replacing(png) as tmp:  # never written through a link standing there
+            png_meta = {**text, "Title": title}
+            fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight", metadata=png_meta)
         svg_meta = {"Title": title, "Description": description, "Date": None}
-        fig.savefig(svg, bbox_inches="tight", metadata=svg_meta)
+        with replacing(svg) as tmp:
+            fig.savefig(tmp, format="svg", bbox_inches="tight", metadata=svg_meta)
     return [png, svg]

@@ -3,7 +3,9 @@ words, cell names, number formatting. Missing values print as "n/a", never as "n
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import pandas as pd
 
@@ -182,6 +184,102 @@ def md_table(header: list[str], rows, fields: list[str] | None = None) -> str:
     mappings whose values at those keys fill the columns."""
     if fields:
         rows = [[row[f] for f in fields] for row in rows]
-    lines = ["| " + " | ".join(title.removesuffix(":") for title in header) + " |"]
+    lines = ["| " + " | ".join(_cell(title.removesuffix(":")) for title in header) + " |"]
     lines.append("|" + "".join("---:|" if title.endswith(":") else "---|" for title in header))
-    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+    return "\n".join(lines + ["| " + " | ".join(map(_cell, row)) + " |" for row in rows])
+
+
+_UNESCAPED_PIPE = re.compile(r"(?<!\\)((?:\\\\)*)\|")
+
+
+def _cell(value) -> str:
+    """A table cell: on one line, its "|" escaped (an already escaped one stays as it is)."""
+    text = re.sub(r"[\r\n\x85\u2028\u2029]+", " ", str(value))
+    return _UNESCAPED_PIPE.sub(r"\1\\|", text)
+
+
+# ------------------------------------------------------------------------- escaping for Markdown
+# Text from raw data or config reaches Markdown only through md_escape: inert in CommonMark, GFM
+# and kramdown (Jekyll), in running text and in table cells, and inside a code span it can at most
+# end the span early (the rest is escaped text again). Kept readable: ordinary names (letters,
+# digits, ".", "-", "_" inside a word, "(R)") print as they are.
+_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "{": "&#123;", "}": "&#125;"}
+_MD_ENTITIES |= {"$": "&#36;", "~": "&#126;", "@": "&#64;"}
+_MD_SPECIAL = re.compile(
+    r"(?i)\b(?:https?|ftp|mailto|javascript|vbscript|data|file)(?=:)"  # a scheme: "\:" follows
+    r"|(?i:\bwww)(?=\.)"  # GFM's www. autolink: "\." follows
+    r"|[\x00-\x1f\x7f\x85\u2028\u2029]"  # line breaks and controls: a space
+    r"|(?<=[A-Za-z0-9._+-])@"  # an e-mail address (GFM autolinks it)
+    r"|[&<>{}$~\\`*\[\]|!#]"
+    r"|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])"  # "_" not inside a word (emphasis)
+)
+_MD_LINE_START = re.compile(r"^( *(?:\d{1,9}(?=[.)])|))([-+.)])(?= |$)")  # a list marker
+
+
+def _md_special(match: re.Match) -> str:
+    s = match.group(0)
+    if len(s) > 1:
+        return s + "\\"  # a scheme or "www": the ":" or "." after it is escaped
+    if s in _MD_ENTITIES:
+        return _MD_ENTITIES[s]
+    return " " if s.isspace() or ord(s) < 32 or ord(s) == 127 else "\\" + s
+
+
+def md_escape(value) -> str:
+    """``value`` as inert Markdown text (no HTML, link, image, code span, emphasis, table cell
+    break, list, heading or Liquid tag of its own); missing values print as "n/a"."""
+    if missing(value):
+        return "n/a"
+    text = _MD_SPECIAL.sub(_md_special, str(value))
+    return _MD_LINE_START.sub(r"\1\\\2", text)
+
+
+def md_escape_json(text: str) -> str:
+    """A JSON document (a processed table's ``*_json`` cell) with every key and string escaped by
+    :func:`md_escape`; text that is not JSON is escaped as a whole."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return md_escape(text)
+    return json.dumps(_escaped_leaves(doc))
+
+
+def _escaped_leaves(doc):
+    if isinstance(doc, str):
+        return md_escape(doc)
+    if isinstance(doc, dict):
+        return {md_escape(k): _escaped_leaves(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_escaped_leaves(v) for v in doc]
+    return doc
+
+
+def md_escape_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every text value escaped for Markdown (:func:`md_escape`; JSON columns
+    ``*_json`` leaf by leaf): what a paper built from it prints is inert, and names compare with
+    names as before. Missing values and numbers stay as they are."""
+    out = df.copy()
+    for column in out.columns:
+        if not pd.api.types.is_string_dtype(out[column]) and out[column].dtype != object:
+            continue
+        escape = md_escape_json if str(column).endswith("_json") else md_escape
+        values = out[column].dropna().unique()  # a run has few distinct names: escape those
+        changed = {v: e for v in values if isinstance(v, str) and (e := escape(v)) != v}
+        if changed:
+            out[column] = out[column].map(
+                lambda v, c=changed: c.get(v, v) if isinstance(v, str) else v
+            )
+    return out
+
+
+_PLAIN_CODE = re.compile(r"[^`|{}\x00-\x1f\x7f\x85\u2028\u2029]+")
+
+
+def md_escape_keeping_code(text) -> str:
+    """Text the code wrote with `code` spans around names from data (a figure caption): each span
+    kept when what it holds cannot leave it, everything else through :func:`md_escape`."""
+    parts = re.split(r"(`[^`]+`)", str(text))
+    return "".join(
+        part if k % 2 and _PLAIN_CODE.fullmatch(part[1:-1]) else md_escape(part) if part else ""
+        for k, part in enumerate(parts)
+    )

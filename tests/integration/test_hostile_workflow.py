@@ -1,0 +1,153 @@
+"""The workflow on a hostile raw run (tests/hostile.py): markup in every text the run carries, a
+config whose paper title, author and front matter are markup, spreadsheet formulas, links out of
+the run, links planted in the output folders. The paper, its HTML, the report and the CSVs are
+inert, nothing behind a link is read or written, and every link is a problem."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import copy_workflow
+from hostile import (
+    PAPER_CONFIG,
+    SECRET,
+    LiveMarkup,
+    build_hostile_run,
+    files_outside,
+    plant_output_links,
+)
+
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+RUN = "hostile"
+OUTPUTS = ("data/processed", "paper", "figures", "logs", ".snakemake", "report.zip")
+FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def snakemake(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    command = [str(SNAKEMAKE), "--cores", "2", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=1800)
+
+
+def _number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    work = copy_workflow(tmp_path_factory.mktemp("hostile") / "wf")
+    hostile = build_hostile_run(work, RUN)
+    (work / "hostile.yaml").write_text(json.dumps(PAPER_CONFIG))
+    victim = hostile.outside / "victim.txt"
+    planted = plant_output_links(work, RUN, victim)
+    before = files_outside(work, OUTPUTS)
+    outside_before = files_outside(hostile.outside, ())
+    target, config = f"paper/{RUN}/index.md", ("--configfile", "hostile.yaml")
+    result = snakemake(target, *config, cwd=work)
+    assert result.returncode == 0, result.stderr[-6000:]
+    result = snakemake("--report", "report.zip", target, *config, cwd=work)
+    assert result.returncode == 0, result.stderr[-6000:]
+    return {
+        "work": work,
+        "hostile": hostile,
+        "victim": victim,
+        "planted": planted,
+        "unchanged": before == files_outside(work, OUTPUTS),
+        "outside_unchanged": outside_before == files_outside(hostile.outside, ()),
+    }
+
+
+@pytest.mark.slow
+def test_the_html_holds_no_live_markup_and_only_its_own_figures(analysed):
+    work = analysed["work"]
+    page = (work / f"paper/{RUN}/index.html").read_text()
+    live = LiveMarkup.of(page)
+    assert live.found == [], live.found
+    figures = {
+        base64.b64encode(p.read_bytes()).decode()
+        for p in (work / f"paper/{RUN}/figures").glob("*.png")
+    }
+    assert live.images, "no figure embedded"
+    for src in live.images:
+        assert src.startswith("data:image/png;base64,"), src[:80]
+        assert src.removeprefix("data:image/png;base64,") in figures
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    # the payloads are there, as text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(&#x27;title&#x27;)&lt;/script&gt;" in page
+
+
+@pytest.mark.slow
+def test_the_markdown_post_is_inert_for_a_site(analysed):
+    from markdown_it import MarkdownIt
+
+    from luksbench.publish.render import split_front_matter
+
+    text = (analysed["work"] / f"paper/{RUN}/index.md").read_text()
+    meta, body = split_front_matter(text)
+    # rendered with raw HTML allowed, as a permissive site would
+    live = LiveMarkup.of(MarkdownIt("commonmark").enable("table").render(body))
+    assert live.found == [], live.found
+    assert all(src.startswith("figures/") for src in live.images), live.images
+    assert "{%" not in text and "{{" not in text  # no Liquid tag for Jekyll
+    assert meta["title"] and "<script>" not in body
+
+
+@pytest.mark.slow
+def test_no_file_behind_a_link_reaches_any_output(analysed):
+    work = analysed["work"]
+    embedded = base64.b64encode(f"{SECRET}\n".encode())  # a secret file as an embedded image
+    for folder in ("data/processed", "paper", "figures"):
+        for path in (work / folder).rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                data = path.read_bytes()
+                assert SECRET.encode() not in data and embedded not in data, path
+    with zipfile.ZipFile(work / "report.zip") as report:
+        for name in report.namelist():
+            assert SECRET.encode() not in report.read(name), name
+        paper = [n for n in report.namelist() if n.endswith("/index.html")]
+        assert paper, report.namelist()
+        page = report.read(paper[0]).decode()
+    assert page == (work / f"paper/{RUN}/index.html").read_text()  # the same inert page
+
+
+@pytest.mark.slow
+def test_the_csvs_hold_no_formula(analysed):
+    csvs = sorted((analysed["work"] / f"data/processed/{RUN}").glob("*.csv"))
+    assert len(csvs) >= 7
+    for path in csvs:
+        with path.open(newline="") as f:
+            for row in csv.reader(f):
+                bad = [c for c in row if c.startswith(FORMULA) and not _number(c)]
+                assert not bad, (path.name, bad)
+    fio = pd.read_csv(analysed["work"] / f"data/processed/{RUN}/fio.csv")
+    assert fio["job"].str.startswith("'=").all()  # the job names, as text
+
+
+@pytest.mark.slow
+def test_nothing_was_written_outside_the_output_folders_or_through_a_link(analysed):
+    assert analysed["unchanged"] and analysed["outside_unchanged"]
+    assert analysed["victim"].read_text() == "victim: must stay unchanged\n"
+    for path in analysed["planted"]:
+        assert path.is_file() and not path.is_symlink(), path
+
+
+@pytest.mark.slow
+def test_every_link_of_the_raw_run_is_a_problem_named_in_the_paper(analysed):
+    work, hostile = analysed["work"], analysed["hostile"]
+    problems = pd.read_parquet(work / f"data/processed/{RUN}/problems.parquet")
+    excluded = set(problems.loc[problems["severity"] == "excluded", "file"])
+    assert set(hostile.links) <= excluded, set(hostile.links) - excluded
+    paper = (work / f"paper/{RUN}/index.md").read_text()
+    assert paper.count("was left out: ") >= len(hostile.links)
