@@ -99,6 +99,14 @@ def test_a_cell_measured_on_one_stack_is_named_with_the_stack_that_has_results(p
     assert sentence.startswith("1 cells have results on one stack only")
 
 
+def test_a_row_whose_pairs_were_all_dropped_is_said_so_not_called_one_stack_only(processed):
+    loss = pd.read_parquet(processed / "loss.parquet")
+    row = loss.index[(loss["workload"] == "read-4k-qd1") & (loss["metric"] == "bw_bytes")][0]
+    loss.loc[row, ["n", "n_dropped", "effect_pct"]] = [0, 3, np.nan]
+    assert paper.unpaired_cells(loss) == []
+    assert paper.all_pairs_dropped(loss) == ["`luks` vs `plain` read-4k-qd1 Bandwidth"]
+
+
 def test_a_planned_stack_without_results_is_named(processed):
     run = load_run(processed)
     env = run.env.copy()

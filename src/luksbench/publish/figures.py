@@ -97,7 +97,8 @@ def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0, reps=
     long_labels = max((len(o) for o in order), default=0) > 8
     rotation, ha = (30, "right") if long_labels else (0, "center")
     ax.set_xticks(x, order, rotation=rotation, ha=ha)
-    ax.set_xlim(-0.5, len(order) - 0.5)  # every group keeps its place, drawn or withheld
+    if order:  # every group keeps its place, drawn or withheld
+        ax.set_xlim(-0.5, len(order) - 0.5)
     log_y(ax)
     return order
 

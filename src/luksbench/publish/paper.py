@@ -622,6 +622,18 @@ def unpaired_cells(losses: pd.DataFrame) -> list[str]:
     )
 
 
+def all_pairs_dropped(losses: pd.DataFrame) -> list[str]:
+    """Rows (cell and metric) with pairs measured on both stacks but none usable: no withholding
+    note, every pair dropped."""
+    if losses.empty:
+        return []
+    rows = losses[losses["n"].eq(0) & _notes(losses).eq("") & losses["n_dropped"].gt(0)]
+    return sorted(
+        f"`{r['variant']}` vs `{r['baseline']}` {r['workload']} {metric_heading(r['metric'])}"
+        for _, r in rows.iterrows()
+    )
+
+
 def gaps(run: Run, figures_found: set[str]) -> list[str]:
     """Sentences on what this run lacks: stacks (:func:`_stack_gaps`), cells without pairs,
     cipher benchmarks that did not run, figure families without data."""
@@ -630,6 +642,12 @@ def gaps(run: Run, figures_found: set[str]) -> list[str]:
     if cells:
         out.append(
             f"{len(cells)} cells have results on one stack only (no pairs): {', '.join(cells)}."
+        )
+    dropped = all_pairs_dropped(run.loss)
+    if dropped:
+        out.append(
+            f"{len(dropped)} rows have no usable pair (every pair dropped: a missing side or a "
+            f"value at or below 0): {', '.join(dropped)}."
         )
     cs = run.cryptsetup
     for host in sorted(set(run.env["host"]) - set(cs["host"])):
