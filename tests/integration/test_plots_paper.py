@@ -46,7 +46,7 @@ def test_figures_written_with_provenance(figures, processed):
         {"loss", "ciphers"}
         | throughput
         | {f"heatmap-{h}-{m}" for h in hosts for m in ("bw_bytes", "clat_p99_ns")}
-        | {f"ceiling-{h}" for h in hosts}
+        | {"ceiling-tum-direct2"}  # the other host has no ceiling: no figure (test below)
         | {f"cpu-tum-direct2-{m}" for m in CPU_METRICS}
         | {f"hosts-{m}" for m in ("bw_bytes", "clat_p99_ns")}  # the two boxes side by side
     )
@@ -67,7 +67,7 @@ def test_figures_written_with_provenance(figures, processed):
 
 def test_crypto_ceiling_from_the_cipher_benchmark(figures, processed):
     """Host tum-direct2 recorded aes-xts 512b: ceiling = its speed x CPUs; the other host's cipher
-    benchmark failed, and its ceiling figure records why instead of a number."""
+    benchmark failed: it gets no ceiling figure, and the figure index records why."""
     import pandas as pd
 
     tables = ingest.read_processed(processed)
@@ -81,10 +81,11 @@ def test_crypto_ceiling_from_the_cipher_benchmark(figures, processed):
     assert a["write_ceiling_mib_s"] == pytest.approx(1983.0 * cpus)
     others = [c for h, c in ceilings.items() if h != "tum-direct2"]
     assert others and all(c["reason"] and c["read_ceiling_mib_s"] is None for c in others)
+    figures_dir = processed.parent.parent / "figures" / "tumrun"
+    skipped = {e["name"]: e["reason"] for e in catalog.read_skipped(figures_dir)}
     for c in others:
-        params = json.loads(Image.open(figures[f"ceiling-{c['host']}"][0]).text["params"])
-        assert params["ceilings"][0]["unavailable"] == c["reason"]
-        assert params["ceilings"][0]["read_ceiling_mib_s"] is None
+        assert f"ceiling-{c['host']}" not in figures
+        assert c["reason"] in skipped[f"ceiling-{c['host']}"]
     assert isinstance(tables["cryptsetup"], pd.DataFrame)
 
 
@@ -313,7 +314,7 @@ def sample(tmp_path_factory) -> dict:
 
 def test_sample_has_every_figure_family(sample):
     kinds = {name.split("-")[0] for name in sample["figures"]}
-    assert kinds == {"throughput", "heatmap", "latency", "cpu", "ceiling", "loss"}, kinds
+    assert kinds == {"throughput", "heatmap", "latency", "cpu", "loss"}, kinds
     # json+ histograms: one latency figure per access pattern; no cipher rows: no cipher bars
     assert {n for n in sample["figures"] if n.startswith("latency")} == {
         "latency-read",
@@ -321,11 +322,12 @@ def test_sample_has_every_figure_family(sample):
         "latency-randread",
         "latency-randwrite",
     }
-    text = Image.open(sample["figures"]["ceiling"][0]).text
+    text = Image.open(sample["figures"]["loss"][0]).text
     assert text["notebook"] == "tests/test_plots_paper.py"
-    ceiling = json.loads(text["params"])["ceilings"][0]
-    assert ceiling["read_ceiling_mib_s"] is None
-    assert "Required kernel crypto interface not available" in ceiling["unavailable"]
+    # no cipher benchmark, so no ceiling: the figure is not drawn and the index says why
+    skipped = catalog.read_skipped(sample["processed"].parent.parent / "figures" / "sample")
+    assert [e["name"] for e in skipped] == ["ceiling"]
+    assert "Required kernel crypto interface not available" in skipped[0]["reason"]
 
 
 def test_latency_histograms_come_from_the_raw_json_plus(sample):
@@ -498,11 +500,10 @@ def test_other_profiles_render(profile, tmp_path):
     assert out["html"].read_text().count('src="data:image/png;base64,') == len(links)
     if profile == "no_cipher_benchmark":
         assert "No `cryptsetup benchmark` output was recorded on `vm`." in md
-        text = json.loads(Image.open(figures["ceiling"][0]).text["params"])
-        assert (
-            text["ceilings"][0]["unavailable"]
-            == "no `cryptsetup benchmark` output was recorded on vm"
-        )
+        skipped = catalog.read_skipped(tmp_path / "figures" / profile)
+        assert "ceiling" not in figures and [e["name"] for e in skipped] == ["ceiling"]
+        assert "no `cryptsetup benchmark` output was recorded on vm" in skipped[0]["reason"]
+        assert "*Crypto ceiling*: not drawn, no stack has a crypto ceiling" in md
     elif profile == "third_stack":
         # every stack against the baseline: two comparisons, the headline (luks) first
         assert "2 comparisons, the headline first: `luks` against `plain`; `luks4k` against" in md
@@ -526,9 +527,10 @@ def test_other_profiles_render(profile, tmp_path):
             "throughput-vm2-read-bw_bytes",
             "heatmap-vm2-bw_bytes",
             "latency-vm2-read",
-            "ceiling-vm2",
         ):
             assert kind in figures, kind
+        skipped = catalog.read_skipped(tmp_path / "figures" / profile)
+        assert {e["name"] for e in skipped} == {"ceiling-vm", "ceiling-vm2"}  # no cipher rows
 
 
 def pd_read(path):

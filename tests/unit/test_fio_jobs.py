@@ -211,6 +211,7 @@ def test_flags_follow_the_busiest_job_and_the_machine_and_reach_the_loss_rows():
             "comparison": "`luks` vs `plain`",
             "cell": "w read",
             "limit": "fio-bound, CPU saturated",
+            "bias": "unknown: may be over- or understated",  # a saturated CPU: either way
             "job_cpu": "95",
             "busy": "95",
         }
@@ -232,10 +233,10 @@ def test_the_environment_appendix_lists_each_device_with_its_queues_and_the_jobs
     plan["fio"]["numa_pin"] = True
     facts = jobs.device_facts(plan, cell_options(plan, CELL), tmp_path / "sys")
     env = pd.DataFrame({"host": ["h"], "env_json": [json.dumps({"job_devices": facts})]})
-    assert job_devices(env) == [
+    expected = [
         {
             "host": "h",
-            "device": f"`{target}` (dm-0)",
+            "device": "a planned device, `dm-0`",  # no path of the measuring machine
             "numa_node": "1",
             "queues": "n/a",  # dm-0 has no hardware queues of its own
             "scheduler": "n/a",
@@ -243,6 +244,9 @@ def test_the_environment_appendix_lists_each_device_with_its_queues_and_the_jobs
             "cpus": "8-15",
         }
     ]
+    assert job_devices(env) == expected
+    # the path only where the user asks for it (config paper.machine_paths)
+    assert job_devices(env, machine_paths=True) == [expected[0] | {"device": f"`{target}` (dm-0)"}]
 
 
 def test_luksbench_loss_prints_the_baselines_flags_as_the_loss_table_has_them(tmp_path, capsys):

@@ -158,7 +158,12 @@ rule render_paper:
         title=shlex.quote(config["paper"]["title"]),
         author=shlex.quote(config["paper"]["author"]),
         # papermill -y: a YAML (here JSON) document of parameters
-        front_matter=json.dumps({"front_matter": config["paper"]["front_matter"]}),
+        front_matter=json.dumps(
+            {
+                "front_matter": config["paper"]["front_matter"],
+                "machine_paths": config["paper"]["machine_paths"],
+            }
+        ),
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -r run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"

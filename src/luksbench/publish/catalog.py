@@ -21,6 +21,7 @@ import pandas as pd
 
 from luksbench.analysis.contrasts import Pair, label
 from luksbench.analysis.loss import CPU_METRICS
+from luksbench.analysis.stats import METRICS
 from luksbench.analysis.tails import MIN_BEYOND
 from luksbench.formats.layout import replace_file
 from luksbench.publish import figures
@@ -50,6 +51,7 @@ class FigureSpec:
     kwargs: dict
     params: dict
     retitle: tuple[str, str]
+    skip: str = ""  # why the figure is not drawn (its data are all withheld); "" = drawn
 
     def render(self, run: Run):
         fig = self.draw(*(_table(run, t) for t in self.tables), **self.kwargs)
@@ -74,8 +76,8 @@ FIGURE_FAMILIES = {
     "heatmap": (
         "Loss heatmaps",
         "Block size \u00d7 access pattern per comparison and queue depth, annotated with the effect, its "
-        'interval and the decision by magnitude (as in the tables; "too few I/Os" where a '
-        "percentile is withheld).",
+        "interval and the decision by magnitude (as in the tables); a withheld cell says why "
+        '(e.g. "too few I/Os" for a tail percentile) and is left uncoloured.',
     ),
     "latency": (
         "Latency percentiles",
@@ -104,11 +106,12 @@ FIGURE_FAMILIES = {
         "benchmark throughput \u00d7 logical CPUs (decryption for reads, encryption for writes). The "
         "ceiling is the kernel cipher's, or where the kernel's ciphers could not be benchmarked "
         "(no AF_ALG) a userspace estimate from `openssl speed -evp` of the same cipher, labelled "
-        "so; without either no ceiling is drawn and the figure says why.",
+        "so; without either there is no ceiling and no figure: the list below says why.",
     ),
     "loss": (
         "Cost per cell",
-        "Effect per cell and metric with its interval, one chart per comparison; colour = verdict.",
+        "Effect per cell and metric with its interval against the decision regions (shaded), one "
+        "chart per comparison; colour = the decision by magnitude, as in the tables.",
     ),
     "hosts": (
         "Hosts side by side",
@@ -130,8 +133,10 @@ def caption(stem: str, headline: Pair | None = None) -> str:
         what, metric = rest.rsplit("-", 1)
         return f"{what}: {metric_heading(metric)} per stack"
     if kind in ("heatmap", "cpu"):
-        return metric_heading(rest.split("-")[-1]) + (
-            ": loss heatmap" if kind == "heatmap" else ": CPU cost by block size"
+        metric = rest.split("-")[-1]
+        effect = "loss" if METRICS.get(metric, True) else "increase"
+        return metric_heading(metric) + (
+            f": {effect} heatmap" if kind == "heatmap" else ": CPU cost by block size"
         )
     if kind == "hosts":
         return metric_heading(rest) + ": hosts side by side"
@@ -183,11 +188,20 @@ _DRAWN = {
 }
 
 
-def _spec(name: str, kwargs=None, params=None, retitle=("", ""), headline=None) -> FigureSpec:
-    """A figure of the family its name starts with, drawn as :data:`_DRAWN` says."""
+def _spec(
+    name: str, kwargs=None, params=None, retitle=("", ""), headline=None, skip: str = ""
+) -> FigureSpec:
+    """A figure of the family its name starts with, drawn as :data:`_DRAWN` says (not drawn when
+    ``skip`` says why)."""
     family = name.partition("-")[0]
     caption_ = caption(name, headline)
-    return FigureSpec(name, family, *_DRAWN[family], caption_, kwargs or {}, params or {}, retitle)
+    kwargs, params = kwargs or {}, params or {}
+    return FigureSpec(name, family, *_DRAWN[family], caption_, kwargs, params, retitle, skip)
+
+
+def _rows_of(loss: pd.DataFrame, metric: str | None = None, host: str | None = None):
+    rows = loss if metric is None else loss[loss["metric"] == metric]
+    return rows if host is None else rows[rows["host"] == host]
 
 
 def _cell_specs(run: Run, host: str, scope: str | None, stacks: list[str]) -> list[FigureSpec]:
@@ -217,7 +231,13 @@ def _host_specs(run: Run, host: str, scope: str | None, stacks, ceilings) -> lis
     CPU metrics its sidecars measured, the crypto ceiling of its LUKS stacks or why there is none."""
     retitle = ("", "" if scope else f"{host}: ")
     specs = [
-        _spec(_name("heatmap", scope, m), {"metric": m, "host": host}, {"metric": m}, retitle)
+        _spec(
+            _name("heatmap", scope, m),
+            {"metric": m, "host": host},
+            {"metric": m},
+            retitle,
+            skip=figures.all_withheld(_rows_of(run.loss, m, host)),
+        )
         for m in SUMMARY_METRICS
         if m in set(run.loss["metric"])
     ]
@@ -225,15 +245,26 @@ def _host_specs(run: Run, host: str, scope: str | None, stacks, ceilings) -> lis
     net = cpu_net(run.fio[run.fio["host"] == host])
     for metric in CPU_METRICS:
         if pd.to_numeric(arms.loc[arms["metric"] == metric, "mean"], errors="coerce").notna().any():
+            rows = _rows_of(run.loss, metric, host)
             kwargs = {"metric": metric, "stacks": stacks, "host": scope, "net": net}
-            specs.append(_spec(_name("cpu", scope, metric), kwargs, {"metric": metric, "net": net}))
+            kwargs["withheld_cells"] = figures.withheld_by_cell(rows, metric)
+            skip = figures.all_withheld(rows) if len(rows) else ""
+            params = {"metric": metric, "net": net}
+            specs.append(_spec(_name("cpu", scope, metric), kwargs, params, skip=skip))
     mine = [c for c in ceilings if c["host"] == host]
     if mine and run.fio[run.fio["host"] == host]["stack"].isin([c["stack"] for c in mine]).any():
         keys = ("stack", "read_ceiling_mib_s", "write_ceiling_mib_s")
         recorded = [{k: c.get(k) for k in keys} | {"unavailable": c.get("reason")} for c in mine]
         kwargs = {"ceilings": mine, "host": scope}
-        specs.append(_spec(_name("ceiling", scope), kwargs, {"ceilings": recorded}))
+        skip = "" if any(c["reason"] is None for c in mine) else _no_ceiling(mine)
+        specs.append(_spec(_name("ceiling", scope), kwargs, {"ceilings": recorded}, skip=skip))
     return specs
+
+
+def _no_ceiling(ceilings: list[dict]) -> str:
+    """Why no ceiling figure is drawn: no stack has a ceiling, each for its reason."""
+    reasons = "; ".join(f"`{c['stack']}`: {c['reason']}" for c in ceilings)
+    return f"no crypto ceiling to draw ({reasons})"
 
 
 def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
@@ -250,9 +281,10 @@ def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
     for k, (baseline, variant) in enumerate(run.pairs):
         name = "loss" if k == 0 else f"loss-{variant}-vs-{baseline}"
         params = {"baseline": baseline, "variant": variant}
-        specs.append(
-            _spec(name, {"comparison": (baseline, variant)}, params, headline=run.pairs[0])
-        )
+        rows = run.loss[(run.loss["baseline"] == baseline) & (run.loss["variant"] == variant)]
+        skip = figures.all_withheld(rows)
+        kwargs = {"comparison": (baseline, variant)}
+        specs.append(_spec(name, kwargs, params, headline=run.pairs[0], skip=skip))
     return specs
 
 
@@ -281,7 +313,7 @@ def make_figures(
         finally:
             plt.close(fig)
 
-    drawn = dict(_draw_all(specs, draw, workers))
+    drawn = dict(_draw_all([s for s in specs if not s.skip], draw, workers))
     write_index(figures_dir, run, specs)
     return drawn
 
@@ -345,17 +377,31 @@ def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:
             "inputs": [f"{t}.parquet" for t in (*spec.tables, *spec.sources)],
         }
         for spec in specs
+        if not spec.skip
+    ]
+    skipped = [
+        {"name": s.name, "family": s.family, "caption": s.caption, "reason": s.skip}
+        for s in specs
+        if s.skip
     ]
     path = Path(figures_dir) / INDEX
-    return replace_file(
-        path, (json.dumps({"run": run, "figures": entries}, indent=1) + "\n").encode()
-    )
+    index = {"run": run, "figures": entries, "skipped": skipped}
+    return replace_file(path, (json.dumps(index, indent=1) + "\n").encode())
 
 
 def read_index(figures_dir: Path) -> list[dict]:
     """The figure entries of ``<figures_dir>/index.json`` (FileNotFoundError naming the step that
     writes it)."""
+    return _index(figures_dir)["figures"]
+
+
+def read_skipped(figures_dir: Path) -> list[dict]:
+    """The figures the catalog did not draw, each with its reason (index.json's ``skipped``)."""
+    return _index(figures_dir).get("skipped", [])
+
+
+def _index(figures_dir: Path) -> dict:
     path = Path(figures_dir) / INDEX
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: draw the figures first (notebook 03)")
-    return json.loads(path.read_text())["figures"]
+    return json.loads(path.read_text())

@@ -22,10 +22,11 @@ from luksbench.analysis.tails import MIN_BEYOND, PERCENTILES, TOO_FEW
 from luksbench.formats.layout import bs_label
 from luksbench.publish.ceilings import available_ciphers, cipher_label, is_estimate
 from luksbench.publish.style import (
-    VERDICT_COLORS,
+    DECISION_COLORS,
     house_style,
     interval_bars,
     legend_below,
+    log_intervals,
     log_y,
     panels,
     wrap,
@@ -74,9 +75,10 @@ def _bar_groups(summ: pd.DataFrame, several: pd.DataFrame | None = None) -> pd.S
     return group
 
 
-def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0, reps=None) -> None:
+def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0, reps=None) -> list:
     """One bar per stack and group of ``sub`` (columns group, stack, mean, ci_half); ``reps``
-    (columns group, stack, value): every repetition as a dot on its bar."""
+    (columns group, stack, value): every repetition as a dot on its bar. Returns the groups in
+    x order."""
     order = sub.sort_values(["pattern", "bs_bytes", "group"])["group"].drop_duplicates().tolist()
     x = np.arange(len(order))
     width = 0.8 / max(1, len(stacks))
@@ -95,7 +97,10 @@ def _stack_bars(ax, sub: pd.DataFrame, stacks, colors, scale: float = 1.0, reps=
     long_labels = max((len(o) for o in order), default=0) > 8
     rotation, ha = (30, "right") if long_labels else (0, "center")
     ax.set_xticks(x, order, rotation=rotation, ha=ha)
+    if order:  # every group keeps its place, drawn or withheld
+        ax.set_xlim(-0.5, len(order) - 0.5)
     log_y(ax)
+    return order
 
 
 def throughput_figure(
@@ -155,20 +160,47 @@ def throughput_figure(
 LOSS_PANELS_PER_ROW = 3
 
 
+def withheld(rows: pd.DataFrame) -> pd.Series:
+    """Why each loss row has no effect to draw ("" where it has one): the loss table's ``note``
+    up to its first colon ("too few I/Os", "net CPU <= 0"), else "no pairs"."""
+    notes = rows.get("note", pd.Series("", index=rows.index)).fillna("").astype(str)
+    reason = notes.str.split(":").str[0].str.strip()
+    effect = pd.to_numeric(rows["effect_pct"], errors="coerce")
+    return reason.mask(reason.eq("") & effect.isna(), "no pairs").where(
+        reason.ne("") | effect.isna(), ""
+    )
+
+
+def all_withheld(rows: pd.DataFrame) -> str:
+    """Why none of ``rows`` can be drawn ("" when some can): their reasons, joined."""
+    if rows.empty:
+        return "no rows"
+    why = withheld(rows)
+    return "" if why.eq("").any() else "all cells withheld (" + ", ".join(sorted(set(why))) + ")"
+
+
 def loss_figure(
     loss: pd.DataFrame,
     metrics: Iterable[str] | None = None,
     comparison: tuple[str, str] | None = None,
 ) -> matplotlib.figure.Figure:
-    """Effect in % (loss for throughput, increase for latency/CPU) per cell with its CI; one panel per
-    metric; colour = verdict; zero line marks "no cost". One comparison per figure:
-    ``comparison`` (baseline, variant), or the only one the table holds."""
+    """Effect in % (loss for throughput, increase for latency/CPU) per cell with its CI against
+    the decision regions (shaded: negligible band, material beyond the upper margin); one panel
+    per metric; colour = decision. A withheld cell is written as such where its point would be;
+    a metric whose cells are all withheld gets no panel and is named, with why, under the title.
+    One comparison per figure: ``comparison`` (baseline, variant), or the only one the table
+    holds."""
     house_style()
     metrics = list(metrics) if metrics is not None else list(dict.fromkeys(loss["metric"]))
     if loss.empty or not metrics:
         raise ValueError("empty loss table")
     loss = _one_comparison(loss, comparison)
     df = loss[loss["metric"].isin(metrics)].copy()
+    left_out = {m: all_withheld(df[df["metric"] == m]) for m in metrics}
+    metrics = [m for m in metrics if not left_out[m]]
+    if not metrics:
+        raise ValueError("every metric's cells are withheld")
+    df = df[df["metric"].isin(metrics)].assign(why=lambda d: withheld(d))
     several_jobs = multi_job(df)
     df["cell"] = df.apply(lambda r: cell_name(r, several_jobs), axis=1)
     if df["host"].nunique() > 1:
@@ -178,25 +210,56 @@ def loss_figure(
     # at most LOSS_PANELS_PER_ROW panels side by side: the figure stays legible at page width
     ncols = min(LOSS_PANELS_PER_ROW, len(metrics))
     nrows = -(-len(metrics) // ncols)
-    fig, axes = panels(nrows, ncols, 4.6 * ncols + 2.5, (0.3 * len(cells) + 1.2) * nrows + 0.6)
+    fig, axes = panels(nrows, ncols, 4.6 * ncols + 2.5, (0.3 * len(cells) + 1.2) * nrows + 0.9)
     for ax in axes.flat[len(metrics) :]:
         ax.set_visible(False)
     for k, (ax, metric) in enumerate(zip(axes.flat, metrics, strict=False)):
-        sub = df[df["metric"] == metric]
-        for verdict, g in sub.groupby("verdict"):
-            color = VERDICT_COLORS.get(verdict, "black")
-            _effect_points(ax, g, g["cell"].map(y).to_numpy(float), 3, color=color, label=verdict)
-        ax.axvline(0, color="black", linewidth=0.8)
-        kind = "increase" if (sub["effect"] == "increase").any() else "loss"
-        ax.set_xlabel(f"{kind} (%)")
-        ax.set_title(metric_heading(metric))
+        _loss_panel(ax, df[df["metric"] == metric], y)
         ax.set_yticks(range(len(cells)), cells if k % ncols == 0 else [])
         ax.set_ylim(len(cells) - 0.5, -0.5)
     conf = float(df["confidence"].iloc[0])
     base, var = df["baseline"].iloc[0], df["variant"].iloc[0]
-    fig.suptitle(f"Cost of {var} vs {base} (paired, {conf:.0%} CI)")
-    legend_below(fig, axes, "verdict", ncols=1, loc="outside right upper")
+    gone = [f"{metric_heading(m)}: {why}" for m, why in left_out.items() if why]
+    fig.suptitle(
+        f"Cost of {var} vs {base} (paired, {conf:.0%} CI); shaded: negligible band (green), "
+        "beyond the material margin (red)"
+        + ("\n" + wrap("Not drawn: " + "; ".join(gone), 140) if gone else "")
+    )
+    legend_below(fig, axes, "decision", ncols=1, loc="outside right upper")
     return fig
+
+
+def _loss_panel(ax, sub: pd.DataFrame, y: dict) -> None:
+    """One metric's cells: regions, points coloured by decision, withheld cells in words."""
+    lower, upper = (float(sub[c].iloc[0]) for c in ("decision_lower_pct", "decision_upper_pct"))
+    shown = sub[sub["why"].eq("")]
+    ax.axvspan(-lower, lower, color=DECISION_COLORS["negligible"], alpha=0.12, lw=0)
+    ax.axvspan(
+        upper,
+        max(upper, float(shown["ci_high"].max())) * 1.05 + 1,
+        color="#c0392b",
+        alpha=0.07,
+        lw=0,
+    )
+    kinds = shown["decision"].map(decision_kind)
+    for kind in [k for k in DECISION_COLORS if k in set(kinds)]:
+        g = shown[kinds == kind]
+        color = DECISION_COLORS[kind]
+        _effect_points(ax, g, g["cell"].map(y).to_numpy(float), 3, color=color, label=kind)
+    for _, r in sub[sub["why"].ne("")].iterrows():
+        ax.text(
+            0.02,
+            y[r["cell"]],
+            f"withheld: {r['why']}",
+            transform=ax.get_yaxis_transform(),
+            va="center",
+            fontsize="x-small",
+            color="#555555",
+        )
+    ax.axvline(0, color="black", linewidth=0.8)
+    kind = "increase" if (sub["effect"] == "increase").any() else "loss"
+    ax.set_xlabel(f"{kind} (%)")
+    ax.set_title(metric_heading(str(sub["metric"].iloc[0])))
 
 
 def _effect_points(ax, rows: pd.DataFrame, y, capsize: int, **style) -> np.ndarray:
@@ -291,6 +354,7 @@ def loss_heatmap(
 def _annotate_cells(ax, sub: pd.DataFrame, rows: list[str], bss: list) -> np.ndarray:
     """Write each (row, block size) cell's effect, interval and decision on a heatmap panel;
     returns the effects as a rows x block sizes grid (NaN: not measured)."""
+    sub = sub.assign(why=withheld(sub))
     at = sub.drop_duplicates(["row", "bs_bytes"]).set_index(["row", "bs_bytes"])
     grid = np.full((len(rows), len(bss)), np.nan)
     # black on a light box: the same mark on every cell, pale or dark
@@ -300,13 +364,16 @@ def _annotate_cells(ax, sub: pd.DataFrame, rows: list[str], bss: list) -> np.nda
             ax.text(b, a, "not measured", ha="center", va="center", fontsize="x-small")
             continue
         cell = at.loc[(r, bs)]
-        grid[a, b] = cell["effect_pct"]
         text = (
             f"{fmt_pct(cell['effect_pct'])}\n[{fmt_num(cell['ci_low'])}, {fmt_num(cell['ci_high'])}]"
             f"\n{decision_kind(cell['decision'])}"
         )
-        if str(cell.get("note", "")).startswith(TOO_FEW):
+        if cell["why"] == TOO_FEW:
             text = TOO_FEW.replace(" I/Os", "\nI/Os")  # as the tables say
+        elif cell["why"]:
+            text = f"withheld:\n{cell['why']}"
+        else:  # a withheld cell stays uncoloured: no effect to show
+            grid[a, b] = cell["effect_pct"]
         ax.text(b, a, text, ha="center", va="center", fontsize="small", bbox=box)
     return grid
 
@@ -412,9 +479,9 @@ def _table_points(ax, arms: pd.DataFrame, color) -> None:
         if row.empty or pd.isna(row["mean"].iloc[0]):
             continue  # too few I/Os: the table has no number either
         mean, half = row["mean"].iloc[0] / 1e6, row["ci_half"].iloc[0] / 1e6
-        yerr = None if pd.isna(half) else [[max(0.0, min(half, 0.999 * mean))], [half]]
         x = -math.log10(1 - percent / 100)
-        ax.errorbar([x], [mean], yerr=yerr, color=color, marker="o", markersize=4, capsize=3)
+        ax.plot([x], [mean], color=color, marker="o", markersize=4, linestyle="none")
+        log_intervals(ax, [x], [mean], [mean - half], [mean + half], color=color)
 
 
 def latency_figure(
@@ -535,14 +602,22 @@ def cpu_figure(
     stacks: Iterable[str] | None = None,
     host: str | None = None,
     net: bool = False,
+    withheld_cells: dict | None = None,
 ) -> matplotlib.figure.Figure:
     """A CPU cost metric (:data:`~luksbench.analysis.loss.CPU_METRICS`) by block size (x), one bar
     per stack with its interval (arms.parquet); rows = iodepth, columns = rw pattern; log y.
-    ``net``: the values are net of the idle baseline (the fio table's ``cpu_net``), else gross."""
+    ``net``: the values are net of the idle baseline (the fio table's ``cpu_net``), else gross.
+    ``withheld_cells``: {(rw, bs_bytes, iodepth): why} of the cells the loss table withholds:
+    no bars there, the reason written in their place."""
     house_style()
     summ = _arm_rows(arms, metric, host)
     if summ.empty:
         raise ValueError(f"no {metric} values (no CPU sidecars?)")
+    why = summ.apply(lambda r: (withheld_cells or {}).get(_cell_key(r), ""), axis=1)
+    if len(summ) and why.ne("").all():
+        raise ValueError(f"every cell's {metric} is withheld")
+    summ = summ.assign(why=why)
+    summ.loc[why.ne(""), ["mean", "ci_half"]] = np.nan
     stacks = list(stacks) if stacks is not None else sorted(summ["stack"].unique())
     stacks = [s for s in stacks if s in set(summ["stack"])]
     colors = dict(zip(stacks, sns.color_palette(n_colors=len(stacks)), strict=True))
@@ -554,7 +629,20 @@ def cpu_figure(
         for j, rw in enumerate(rws):
             ax = axes[i][j]
             sub = summ[(summ["iodepth"] == qd) & (summ["rw"] == rw)]
-            _stack_bars(ax, sub.assign(group=_bar_groups(sub, summ)), stacks, colors)
+            sub = sub.assign(group=_bar_groups(sub, summ))
+            order = _stack_bars(ax, sub, stacks, colors)
+            for group, reason in sub[sub["why"].ne("")].groupby("group")["why"].first().items():
+                ax.text(
+                    order.index(group),
+                    0.5,
+                    f"withheld:\n{reason}",
+                    rotation=90,
+                    transform=ax.get_xaxis_transform(),
+                    ha="center",
+                    va="center",
+                    fontsize="x-small",
+                    color="#555555",
+                )
             ax.set_title(f"{rw}, iodepth {qd}", fontsize="medium")
             if i == len(depths) - 1:
                 ax.set_xlabel("block size")
@@ -567,6 +655,20 @@ def cpu_figure(
     )
     legend_below(fig, axes[0][0], "stack", ncols=len(stacks))
     return fig
+
+
+def _cell_key(row) -> tuple:
+    """(rw, bs_bytes, iodepth): a cell of arms or loss rows, for matching the two."""
+    return (str(row["rw"]), int(row["bs_bytes"]), int(row["iodepth"]))
+
+
+def withheld_by_cell(loss: pd.DataFrame, metric: str, host: str | None = None) -> dict:
+    """{(rw, bs_bytes, iodepth): why} of ``metric``'s withheld loss rows (any comparison)."""
+    rows = loss[loss["metric"] == metric]
+    if host is not None:
+        rows = rows[rows["host"] == host]
+    rows = rows.assign(why=withheld(rows))
+    return {_cell_key(r): r["why"] for _, r in rows[rows["why"].ne("")].iterrows()}
 
 
 def _ceiling_cells(arms: pd.DataFrame, ceilings: list[dict], host: str | None) -> pd.DataFrame:

@@ -21,7 +21,7 @@ from luksbench.analysis.contrasts import Pair, comparison_pairs, label
 from luksbench.analysis.saturation import BUSY_LIMIT_PCT, JOB_CPU_LIMIT_PCT
 from luksbench.analysis.tails import TOO_FEW
 from luksbench.formats.envdoc import parse_env_json
-from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index
+from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index, read_skipped
 from luksbench.publish.ceilings import (
     available_ciphers,
     ceiling_text,
@@ -108,16 +108,30 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
     return hosts
 
 
-def job_devices(env: pd.DataFrame) -> list[dict]:
+def job_devices(env: pd.DataFrame, machine_paths: bool = False) -> list[dict]:
     """Per host and device of env.json's ``job_devices``: NUMA node, queues, scheduler, poll
-    queues and the CPUs the fio jobs ran on."""
+    queues and the CPUs the fio jobs ran on. The device is named by its block device (and
+    whether it holds the scratch directory), its path on the measuring machine only with
+    ``machine_paths`` (config ``paper.machine_paths``)."""
     return [
-        {"host": row["host"], "device": f"`{d.get('device')}` ({fmt_text(d.get('block_device'))})"}
+        {"host": row["host"], "device": _device_text(d, doc, machine_paths)}
         | {k: fmt_text(d.get(k)) for k in ("numa_node", "queues", "scheduler")}
         | {"poll": "yes" if d.get("io_poll") else "no", "cpus": d.get("job_cpus") or "any"}
         for _, row in env.iterrows()
-        for d in parse_env_json(row["env_json"]).get("job_devices") or []
+        for doc in [parse_env_json(row["env_json"])]
+        for d in doc.get("job_devices") or []
     ]
+
+
+def _device_text(device: dict, env_doc: dict, machine_paths: bool) -> str:
+    block = fmt_text(device.get("block_device"))
+    if machine_paths:
+        return f"`{device.get('device')}` ({block})"
+    path = str(device.get("device") or "")
+    scratch = str((env_doc.get("plan") or {}).get("scratch_dir") or "")
+    holds_scratch = bool(path) and (scratch == path or scratch.startswith(path.rstrip("/") + "/"))
+    what = "the scratch directory's disk" if holds_scratch else "a planned device"
+    return f"{what}, `{block}`" if block != "n/a" else what
 
 
 # Stack settings a reader needs to judge the comparison (the rest, e.g. paths and the LUKS header
@@ -187,6 +201,8 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
     multi_host = loss["host"].nunique() > 1
     several_jobs = multi_job(loss)
     multi_variant = "variant" in loss and loss["variant"].nunique() > 1
+    folded = same_test_as_bandwidth(loss)
+    loss = loss[~folded]
     for metric in dict.fromkeys(loss["metric"]):
         sub = loss[loss["metric"] == metric]
         heading, unit, div, dec = METRIC_UNITS.get(metric, (metric, "", 1, 2))
@@ -210,8 +226,23 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
         sections.append(
             {"metric": metric, "heading": heading, "unit": unit, "kind": sub["effect"].iloc[0]}
             | {"rows": rows, "any_dropped": any(r["n_dropped"] for r in rows)}
+            | {"iops_folded": metric == "bw_bytes" and bool(folded.any())}
         )
     return sections
+
+
+def same_test_as_bandwidth(loss: pd.DataFrame) -> pd.Series:
+    """IOPS rows that repeat the bandwidth test (loss.parquet's ``derived_from``: same cell, one
+    block size, so IOPS is bandwidth / block size) and reach the bandwidth row's decision: the
+    paper folds them into the bandwidth tables. fio averages IOPS its own way, so the effect can
+    differ slightly; an IOPS row with another decision keeps its own row."""
+    derived = loss.get("derived_from", pd.Series("", index=loss.index)).fillna("")
+    candidates = loss["metric"].eq("iops") & derived.eq("bw_bytes")
+    keys = ["host", "baseline", "variant", "workload", "direction", "job_slot"]
+    bw = loss[loss["metric"].eq("bw_bytes")].drop_duplicates(keys).set_index(keys)["decision"]
+    at = pd.MultiIndex.from_frame(loss[keys])
+    same = pd.Series(bw.reindex(at).to_numpy(), index=loss.index).eq(loss["decision"])
+    return candidates & same
 
 
 def _limited_mark(row) -> str:
@@ -232,11 +263,29 @@ def limited_cells(losses: pd.DataFrame) -> list[dict]:
             "comparison": f"`{r['variant']}` vs `{r['baseline']}`",
             "cell": f"{r['workload']} {r['direction']}".strip(),
             "limit": limits(r),
+            "bias": limit_bias(r),
             "job_cpu": fmt_num(r["baseline_job_cpu_pct"], 0),
             "busy": fmt_num(r["baseline_busy_pct"], 0),
         }
         for _, r in rows.drop_duplicates(_CELL_KEYS).iterrows()
     ]
+
+
+#: what a limited baseline does to the loss, where the direction is known
+BIAS_FIO_BOUND = "understated: the loss is a lower bound"
+BIAS_UNKNOWN = "unknown: may be over- or understated"
+
+
+def limit_bias(row) -> str:
+    """The direction of the bias of a limited baseline's loss, said only where known: a fio-bound
+    baseline (fio's own thread the limit, the device idle) could have gone faster, so the loss is
+    understated; on a saturated CPU the arms compete with other work for the CPU and the
+    encrypted arm needs more of it, so the loss may be overstated as well: direction unknown."""
+    if bool(row.get("cpu_saturated") or False):
+        return BIAS_UNKNOWN
+    if bool(row.get("fio_bound") or False):
+        return BIAS_FIO_BOUND
+    return ""
 
 
 def unchecked_cells(losses: pd.DataFrame) -> int:
@@ -442,6 +491,10 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
     losses = with_pattern(losses)
     multi_host = losses["host"].nunique() > 1
     several_jobs = multi_job(losses)
+    folded = same_test_as_bandwidth(losses)
+    shape_keys = ["pattern", "rw", "direction"]
+    folded_shapes = set(losses.loc[folded, shape_keys].itertuples(index=False, name=None))
+    losses = losses[~folded]
     tables = []
     shapes = losses.groupby(["pattern", "rw", "direction"], sort=False)
     for (pattern, rw, direction), sub_rw in sorted(
@@ -475,7 +528,12 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
                     "title": f"{rw_words(rw).capitalize()}"
                     + (f" ({direction})" if mixed else "")
                     + (f", pattern `{pattern}`" if pattern else "")
-                    + f": {heading.lower() if heading != 'IOPS' else 'IOPS'} {kind}",
+                    + f": {heading.lower() if heading != 'IOPS' else 'IOPS'} {kind}"
+                    + (
+                        " (and IOPS: the same test at one block size)"
+                        if metric == "bw_bytes" and (pattern, rw, direction) in folded_shapes
+                        else ""
+                    ),
                     "header": ["stack", *(f"{bs_human(b)} % {kind}" for b in cols)],
                     "rows": [row for _, row in rows],
                 }
@@ -509,15 +567,52 @@ def _stack_gaps(run: Run) -> list[str]:
     return out
 
 
+def unpaired_cells(losses: pd.DataFrame) -> list[str]:
+    """Cells measured on one stack of their comparison only: every loss row of the cell has no
+    pair, no withholding note (a withheld metric is no missing stack) and one side's mean
+    missing. Each named with the stack that has results."""
+    if losses.empty:
+        return []
+    one_side = losses["baseline_mean"].isna() ^ losses["variant_mean"].isna()
+    unpaired = losses["n"].eq(0) & _notes(losses).eq("") & one_side
+    keys = ["host", "baseline", "variant", "workload"]
+    whole = unpaired.groupby([losses[k] for k in keys]).transform("all")
+    rows = losses[unpaired & whole].drop_duplicates(keys)
+    multi_host = losses["host"].nunique() > 1
+    return sorted(
+        f"{(str(r['host']) + ': ') if multi_host else ''}{r['workload']} "
+        f"(only `{r['baseline'] if pd.notna(r['baseline_mean']) else r['variant']}`, "
+        f"comparison `{r['variant']}` vs `{r['baseline']}`)"
+        for _, r in rows.iterrows()
+    )
+
+
+def all_pairs_dropped(losses: pd.DataFrame) -> list[str]:
+    """Rows (cell and metric) with pairs measured on both stacks but none usable: no withholding
+    note, every pair dropped."""
+    if losses.empty:
+        return []
+    rows = losses[losses["n"].eq(0) & _notes(losses).eq("") & losses["n_dropped"].gt(0)]
+    return sorted(
+        f"`{r['variant']}` vs `{r['baseline']}` {r['workload']} {metric_heading(r['metric'])}"
+        for _, r in rows.iterrows()
+    )
+
+
 def gaps(run: Run, figures_found: set[str]) -> list[str]:
     """Sentences on what this run lacks: stacks (:func:`_stack_gaps`), cells without pairs,
     cipher benchmarks that did not run, figure families without data."""
     out = _stack_gaps(run)
-    no_pairs = run.loss[run.loss["n"] == 0]
-    cells = sorted({f"`{r.variant}` vs `{r.baseline}` {r.workload}" for r in no_pairs.itertuples()})
+    cells = unpaired_cells(run.loss)
     if cells:
         out.append(
             f"{len(cells)} cells have results on one stack only (no pairs): {', '.join(cells)}."
+        )
+    dropped = all_pairs_dropped(run.loss)
+    if dropped:
+        out.append(
+            f"{len(dropped)} rows have no usable pair (every pair dropped: a missing side or a "
+            f"value at or below 0): {', '.join(dropped)}."
         )
     cs = run.cryptsetup
     for host in sorted(set(run.env["host"]) - set(cs["host"])):
@@ -544,9 +639,12 @@ def gaps(run: Run, figures_found: set[str]) -> list[str]:
 
 def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[dict]:
     """The run's figures from the figure index, grouped by family (in FIGURE_FAMILIES order),
-    linked relative to the Markdown file (none when no figures were drawn). ``net``: the CPU
-    values are net of the idle baseline (:func:`~luksbench.publish.text.cpu_net`)."""
-    entries = read_index(figures_dir) if (Path(figures_dir) / INDEX).exists() else []
+    linked relative to the Markdown file (none when no figures were drawn); each family also
+    lists the figures the catalog did not draw, with why (``skipped``). ``net``: the CPU values
+    are net of the idle baseline (:func:`~luksbench.publish.text.cpu_net`)."""
+    indexed = (Path(figures_dir) / INDEX).exists()
+    entries = read_index(figures_dir) if indexed else []
+    not_drawn = read_skipped(figures_dir) if indexed else []
     sections = []
     for kind, (heading, intro) in FIGURE_FAMILIES.items():
         found = sorted(  # the SCS post's order: read, write, randread, randwrite; bandwidth first
@@ -557,18 +655,46 @@ def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[
                 e["name"],
             ),
         )
-        if not found:
+        skipped = [
+            {
+                "caption": md_escape_keeping_code(e["caption"]),
+                "reason": md_escape_keeping_code(e["reason"]),
+            }
+            for e in not_drawn
+            if e["family"] == kind
+        ]
+        if not found and not skipped:
             continue
         figures = [
             {
                 "caption": md_escape_keeping_code(e["caption"]),
                 "png": quote(_relative(Path(figures_dir) / e["files"][0], out_md)),
+                "name": e["name"],
             }
             for e in found
         ]
         intro = intro.replace("{cpu_basis}", cpu_basis(net))
-        sections.append({"kind": kind, "heading": heading, "intro": intro, "figures": figures})
+        sections.append(
+            {"kind": kind, "heading": heading, "intro": intro, "figures": figures}
+            | {"skipped": skipped}
+        )
     return sections
+
+
+def summary_figure(sections: list[dict]) -> dict | None:
+    """The figure that answers at a glance, for the top of the post: the (first host's)
+    bandwidth heatmap, else the headline comparison's cost chart (its data all withheld: none)."""
+    drawn = {f["name"]: f for sec in sections for f in sec["figures"]}
+    heatmaps = sorted(n for n in drawn if n.startswith("heatmap-") and n.endswith("-bw_bytes"))
+    if heatmaps:
+        note = (
+            "Every cell's bandwidth loss with its interval and the decision it supports; "
+            "latency, CPU and every other metric are in the tables and figures below"
+        )
+        return drawn[heatmaps[0]] | {"note": note}
+    if "loss" in drawn:
+        return drawn["loss"] | {"note": "Every cell's interval against the decision regions"}
+    return None
 
 
 def _relative(path: Path, out_md: Path) -> str:
@@ -684,6 +810,7 @@ def sequential_design(run: Run, pairs: list[Pair]) -> dict | None:
     decided = rows[["decision", "fixed3_decision"]].isin(DECIDED).groupby(rows["workload"]).all()
     return {
         "level_pct": fmt_num(100 * pd.to_numeric(run.fio["look_confidence"]).max(), 2),
+        "level_min_pct": fmt_num(100 * pd.to_numeric(run.fio["look_confidence"]).min(), 2),
         "metric": metric_heading(rows["metric"].iloc[0]),
         "cells": [
             {
@@ -706,15 +833,58 @@ def sequential_design(run: Run, pairs: list[Pair]) -> dict | None:
     }
 
 
-def order_effects(order: pd.DataFrame, baseline: str, variant: str) -> list[str]:
-    """The headline comparison's order effect per metric (order.parquet), in words."""
+def order_effects(
+    order: pd.DataFrame, baseline: str, variant: str, losses: pd.DataFrame | None = None
+) -> list[str]:
+    """The headline comparison's order effect per metric (order.parquet), in words. With the
+    loss table, a metric is quoted only over cells its loss rows decide: where the order effect
+    counts more cells than the table leaves unwithheld (e.g. CPU withheld as within idle noise),
+    it rests on data the paper does not show and is left out (:func:`order_withheld` says so)."""
     rows = order[(order["baseline"] == baseline) & (order["variant"] == variant)]
     rows = rows[rows["n_cells"] >= 2].set_index("metric")
+    if losses is not None:
+        shown = _shown_cells(losses, baseline, variant)
+        rows = rows[[int(r["n_cells"]) <= shown.get(m, 0) for m, r in rows.iterrows()]]
     return [
         f"{metric_heading(m)} {fmt_pct(r['order_pct'])} {fmt_ci(r['ci_low'], r['ci_high'])}"
         f" over {int(r['n_cells'])} cells"
         for m, r in rows.loc[sorted_metrics(rows.index)].iterrows()
     ]
+
+
+def _shown_cells(losses: pd.DataFrame, baseline: str, variant: str) -> dict[str, int]:
+    """Per metric: how many cells of a comparison the loss table decides (not withheld)."""
+    rows = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
+    rows = rows[_notes(rows).eq("") & rows["n"].ge(2)]
+    return (
+        rows.drop_duplicates(["host", "workload", "job_slot", "direction", "metric"])["metric"]
+        .value_counts()
+        .to_dict()
+    )
+
+
+def order_withheld(
+    order: pd.DataFrame, baseline: str, variant: str, losses: pd.DataFrame
+) -> list[str]:
+    """Metrics whose order effect :func:`order_effects` leaves out, with why (the loss table's
+    notes of that metric)."""
+    rows = order[(order["baseline"] == baseline) & (order["variant"] == variant)]
+    shown = _shown_cells(losses, baseline, variant)
+    mine = losses[(losses["baseline"] == baseline) & (losses["variant"] == variant)]
+    out = []
+    for metric in sorted_metrics(set(rows.loc[rows["n_cells"] >= 2, "metric"])):
+        n = int(rows.loc[rows["metric"] == metric, "n_cells"].iloc[0])
+        if n <= shown.get(metric, 0):
+            continue
+        notes = _notes(mine[mine["metric"] == metric])
+        reasons = sorted(set(notes[notes.ne("")].str.split(":").str[0]))
+        why = f"withheld ({', '.join(reasons)})" if reasons else "without a decision"
+        decided = shown.get(metric, 0)
+        out.append(
+            f"{metric_heading(metric)}: not quoted, "
+            + (f"all its cells are {why}" if not decided else f"its cells are partly {why}")
+        )
+    return out
 
 
 def _published(run: Run, reference_dir: Path | None) -> dict:
@@ -763,19 +933,22 @@ def paper_context(
     author: str = "luksbench",
     reference_dir: Path | None = None,
     front_matter: dict | None = None,
+    machine_paths: bool = False,
 ) -> dict:
     """Everything the template needs, as formatted strings (no raw floats reach the template).
 
     Figure links are relative to ``out_md``'s folder. The headline is loss.parquet's first
     comparison unless ``baseline``/``variant`` name another; ``title`` "" = generated;
     ``reference_dir`` default: the repository's ``data/reference``; ``front_matter`` (config
-    ``paper.front_matter``) replaces generated front matter fields."""
+    ``paper.front_matter``) replaces generated front matter fields; ``machine_paths`` (config
+    ``paper.machine_paths``) prints the measuring machine's device paths."""
     raw = load_run(processed_dir)
     data = markdown_safe(raw)  # every text from the run escaped before a sentence is built
     pairs = data.headline_first(*(md_escape(s) if s else None for s in (baseline, variant)))
     hosts = _hosts(data.env, data.stacks)
     matrix = _matrix(data.fio, data.env)
     figure_secs = figure_sections(figures_dir, Path(out_md), cpu_net(data.fio))
+    order = data.table("order", ["baseline", "variant", "metric", "n_cells"])
     return {
         **_front_matter(data, run, pairs[0][1], title, author, hosts, front_matter),
         "baseline": pairs[0][0],
@@ -783,14 +956,14 @@ def paper_context(
         **_story(data, run, pairs, hosts, matrix),
         "patterns": pattern_facts(data.fio, data.env),
         "hosts": hosts,
-        "job_devices": job_devices(data.env),
+        "job_devices": job_devices(data.env, machine_paths),
         "stacks": _stacks(data.stacks, pairs),
         "matrix": matrix,
         "figure_sections": figure_secs,
+        "summary_figure": summary_figure(figure_secs),
         "n_figures": sum(len(s["figures"]) for s in figure_secs),
-        "order_effects": order_effects(
-            data.table("order", ["baseline", "variant", "metric"]), *pairs[0]
-        ),
+        "order_effects": order_effects(order, *pairs[0], data.loss),
+        "order_withheld": order_withheld(order, *pairs[0], data.loss),
         "sequential": sequential_design(data, pairs),
         "figures_rel": _relative(Path(figures_dir), out_md),
         **_machine(data, figure_secs),

@@ -12,6 +12,7 @@ from luksbench.analysis.cells import with_pattern
 from luksbench.publish.text import (
     bs_human,
     cell_words,
+    decision_kind,
     effect_ci,
     fmt_pct,
     metric_heading,
@@ -94,7 +95,7 @@ def compare_scs(losses: pd.DataFrame, scs: pd.DataFrame | None) -> dict:
             {
                 "workload": cell_words(r, multi_host),
                 "metric": metric_heading(str(r["metric"])),
-                "ours": f"{effect_ci(r)} ({r['verdict']}, {_who(r, losses)})",
+                "ours": f"{effect_ci(r)} ({decision_kind(r['decision'])}, {_who(r, losses)})",
                 "scs": [fmt_pct(published.get(d), 2) for d in devices],
             }
         )
@@ -119,7 +120,7 @@ def compare_ceph(losses: pd.DataFrame, ceph: pd.DataFrame | None) -> dict:
             rows.append(
                 {
                     "workload": cell_words(r, multi_host),
-                    "ours": f"{effect_ci(r)} ({r['verdict']}, {_who(r, losses)})",
+                    "ours": f"{effect_ci(r)} ({decision_kind(r['decision'])}, {_who(r, losses)})",
                     "test_set": str(ref["test_set"]),
                     "configuration": str(ref["configuration"]),
                     "published": str(ref["pct_of_unencrypted_as_published"]),

@@ -25,6 +25,17 @@ VERDICT_COLORS = {
     "inconclusive": "#7f8c8d",
     "insufficient": "#bdc3c7",
 }
+#: the decision by magnitude (loss.parquet's ``decision``, "undecided: ..." as undecided): the
+#: one word per row that tables, figures and the paper lead with
+DECISION_COLORS = {
+    "material": "#c0392b",
+    "moderate": "#e67e22",
+    "negligible": "#27ae60",
+    "moderate gain": "#5dade2",
+    "material gain": "#2471a3",
+    "undecided": "#7f8c8d",
+    "insufficient": "#bdc3c7",
+}
 STYLE = {"style": "whitegrid", "context": "paper", "palette": "colorblind", "font_scale": 1.1}
 DPI = 150
 
@@ -63,22 +74,34 @@ def log_y(ax) -> None:
 
 
 def interval_bars(ax, x, mean, half, width, color, label, capsize=3) -> None:
-    """Bars of ``mean`` with +-``half`` error bars; the lower end stops just above 0 (a log axis
-    cannot draw it; none below a mean at or under 0, e.g. net CPU within idle noise) and a
-    missing interval draws no error bar."""
-    mean, half = np.asarray(mean, float), np.asarray(half, float)
-    lower = np.where(np.isfinite(half), np.clip(np.minimum(half, mean * 0.999), 0, None), 0)
-    upper = np.where(np.isfinite(half), half, 0)
-    ax.bar(
-        x,
-        mean,
-        width,
-        yerr=[lower, upper],
-        capsize=capsize,
-        label=label,
-        color=color,
-        error_kw={"elinewidth": 1, "ecolor": "black"},
-    )
+    """Bars of ``mean`` with +-``half`` error bars on a log axis. An interval whose lower end is
+    at or below 0 cannot be drawn there: its whisker runs to the panel's bottom edge and ends in
+    an arrow (the interval goes on below), never at an invented small value. A missing interval
+    draws no error bar; a mean at or under 0 draws no bar (see :func:`mark_undrawable`)."""
+    x, mean, half = (np.asarray(v, float) for v in (x, mean, half))
+    ax.bar(x, np.where(mean > 0, mean, np.nan), width, label=label, color=color)
+    log_intervals(ax, x, mean, mean - half, mean + half, capsize=capsize, color="black")
+
+
+def log_intervals(ax, x, centre, low, high, capsize=3, color="black", vertical=True) -> None:
+    """Intervals [low, high] around ``centre`` on a log axis (y, or x when not ``vertical``):
+    closed ones as error bars, those whose lower end is at or below 0 as a whisker from the upper
+    end down to the panel's edge with an arrow head: the axis cannot show where they end."""
+    x, centre, low, high = (np.asarray(v, float) for v in (x, centre, low, high))
+    shown = np.isfinite(centre) & (centre > 0) & np.isfinite(low) & np.isfinite(high)
+    closed = shown & (low > 0)
+    err = np.vstack([centre - low, high - centre])[:, closed]
+    if closed.any():
+        pos, val = (x[closed], centre[closed]) if vertical else (centre[closed], x[closed])
+        bars = {"yerr" if vertical else "xerr": err}
+        ax.errorbar(pos, val, **bars, fmt="none", capsize=capsize, ecolor=color, elinewidth=1)
+    for xi, top in zip(x[shown & ~closed], high[shown & ~closed], strict=True):
+        end, start = ((xi, 0), (xi, top)) if vertical else ((0, xi), (top, xi))
+        coords = ("data", "axes fraction") if vertical else ("axes fraction", "data")
+        arrow = {"arrowstyle": "-|>", "color": color, "lw": 1, "shrinkA": 0, "shrinkB": 0}
+        ax.annotate("", xy=end, xycoords=coords, xytext=start, textcoords="data", arrowprops=arrow)
+        cap = {"marker": "_" if vertical else "|", "markersize": 2 * capsize + 1}
+        ax.plot(*start, color=color, linestyle="none", **cap)
 
 
 def legend_below(fig, axes, title=None, ncols: int = 4, loc: str = "outside lower center") -> None:
