@@ -169,9 +169,14 @@ def test_cpu_captions_say_net_only_when_the_values_are(tmp_path):
     for p in [raw, *raw.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     gross = _processed(SAMPLE, tmp_path / "gross")  # the sample recorded no idle baseline
+    # one idle sample per round, as the runner takes them (one per session nets every pair alike:
+    # those CPU intervals are withheld and their figures not drawn)
     for session in (raw / "vm" / "fio" / "sessions").glob("*.json"):
         doc = json.loads(session.read_text())
-        session.write_text(json.dumps({**doc, "cpu_idle_baseline": IDLE}))
+        rounds = sorted({r["round"] for r in doc["runs"]})
+        samples = [{**IDLE, "busy_s": 0.5 + 0.01 * k, "round": k} for k in rounds]
+        runs = [{**r, "cpu_idle_sample": rounds.index(r["round"])} for r in doc["runs"]]
+        session.write_text(json.dumps({**doc, "cpu_idle_samples": samples, "runs": runs}))
     net = _processed(raw, tmp_path / "net")
     for run, words, not_words in (
         (gross, "gross: no idle baseline recorded", "net of"),

@@ -146,7 +146,7 @@ def test_the_tldr_counts_withheld_cells_so_they_add_up_to_the_matrix(processed):
     for metric in tails.PERCENTILES:
         rows = loss[loss["metric"] == metric]
         text = next(s for s in sentences if s.startswith(metric_heading(metric)))
-        counts = re.search(r"margins\): (.*) of (\d+) cells", text)
+        counts = re.search(r"margins\): (.*?) of (\d+) cells", text)
         assert int(counts[2]) == len(cells) == len(rows), text
         assert sum(int(n) for n in re.findall(r"(\d+) [a-z]", counts[1])) == len(cells), text
         withheld = int(rows["note"].str.startswith(tails.TOO_FEW).sum())
@@ -175,7 +175,7 @@ def test_the_tldr_counts_every_withheld_row_with_its_reason(processed):
     loss.loc[cpu[:2], ["note", "n", "decision"]] = [NOT_ABOVE_IDLE, 0, "insufficient"]
     sentences = paper.tldr_sentences(loss, [{"backend_short": "fio"}], {"reps_text": "3"})
     text = next(s for s in sentences if s.startswith(metric_heading("busy_cpu_s_per_gib")))
-    counts = re.search(r"margins\): (.*) of (\d+) cells", text)
+    counts = re.search(r"margins\): (.*?) of (\d+) cells", text)
     assert int(counts[2]) == len(cpu), text
     assert sum(int(n) for n in re.findall(r"(\d+) [a-z]", counts[1])) == len(cpu), text
     assert "2 withheld (net CPU <= 0)" in text, text
