@@ -240,6 +240,12 @@ def test_pilot_targets_look_only_at_the_pilot():
         fio_frame(lb, lv, np.array([3, 4, 4])), "plain", ["luks"], pilot_pairs=4
     )["sim"]
     assert short["pairs"]["c00000"] == 12 and "c00000" in short["noisy"]
+    # so does a pilot with a pair fio flagged: the loss table leaves that pair out
+    fio = fio_frame(lb, lv).assign(ss_attained=np.nan)
+    fio.loc[(fio["workload"] == "c00000") & (fio["rep"] == 2), "ss_attained"] = 0
+    flagged = adaptive.pilot_targets(fio, "plain", ["luks"], pilot_pairs=4)["sim"]
+    assert flagged["pairs"]["c00000"] == 12 and "c00000" in flagged["noisy"]
+    assert flagged["pairs"]["c00001"] == doc["pairs"]["c00001"]
 
 
 def test_ingest_carries_targets_into_the_loss_table(tmp_path):
