@@ -568,12 +568,7 @@ def _cell_stats(
     :func:`baseline_carry`; :func:`_carried_scale`; ``covers`` says so). ``added`` (net CPU
     metrics): variant minus baseline in the metric's unit, with a t-interval over the pairs (or
     session means) at the row's level."""
-    usable = usable_pairs(b, v)
-    if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
-        usable[:] = False
-    # fio said the run failed or never settled: the pair is no measurement of the cell, so it is
-    # left out (the sequential design measures a replacement), counted per reason
-    fio_error, ss_missed = usable & flags[:, 0], usable & flags[:, 1]
+    usable, fio_error, ss_missed = _usable_unflagged(b, v, flags, all_or_none)
     ok = usable & ~fio_error & ~ss_missed
     d_all = np.log(v[ok] / b[ok])
     # with sessions a pair is judged within its session: a session's own level is the
@@ -641,6 +636,16 @@ def _cell_stats(
         "interval_df": float(_scale(d, pilot or scale)[1]) if ci.n >= 2 and valid else math.nan,
         **_added(vu - bu, level, all_or_none and valid),
     }
+
+
+def _usable_unflagged(b, v, flags, all_or_none: bool) -> tuple[np.ndarray, ...]:
+    """Masks (usable, fio error, steady state not attained) of a cell's pairs: a usable pair
+    fio flagged (the run failed or never settled) is no measurement of the cell; the loss table
+    leaves it out, counted per reason, and the sequential design measures a replacement."""
+    usable = usable_pairs(b, v)
+    if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
+        usable[:] = False
+    return usable, usable & flags[:, 0], usable & flags[:, 1]
 
 
 def _shared_baseline(shared, pilot, d, bu, vu) -> tuple[bool, tuple | None]:
