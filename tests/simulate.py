@@ -249,10 +249,11 @@ def _histogram(clat: float, tail: float, ios: int) -> dict:
     return bins
 
 
-def _fio_job(name: str, bw: float, iodepth: int, tail=None, ios=None) -> dict:
+def _fio_job(name: str, bw: float, iodepth: int, tail=None, ios=None, unsettled=False) -> dict:
     """One job entry of a fio JSON result: ``bw`` bytes/s at 4 KiB, latency 1/IOPS (queue 1).
     With ``tail`` (log factor of the tail latency), a json+ histogram of ``ios`` completions
-    (default: the run's I/Os) with the tail buckets of :func:`_histogram`."""
+    (default: the run's I/Os) with the tail buckets of :func:`_histogram`. ``unsettled``: the job
+    had a steady-state criterion that fio reports not attained."""
     iops = bw / SIM_BS
     clat = 1e9 / iops
     stats = {  # fio 3's keys: io_bytes in bytes beside io_kbytes, bw_bytes beside bw in KiB/s
@@ -268,10 +269,15 @@ def _fio_job(name: str, bw: float, iodepth: int, tail=None, ios=None) -> dict:
     if tail is not None:
         stats["clat_ns"]["bins"] = _histogram(clat, tail, ios or int(bw * 6 / SIM_BS))
     options = {"rw": "randread", "bs": "4k", "iodepth": str(iodepth)}
-    return {"jobname": name, "groupid": 0, "error": 0, "job options": options, "read": stats}
+    job = {"jobname": name, "groupid": 0, "error": 0, "job options": options, "read": stats}
+    if unsettled:
+        job["steadystate"] = {"ss": "iops_slope", "criterion": 0.1, "attained": 0}
+    return job
 
 
-def write_raw_reps(raw, logs: dict, reps, jobs: int = 1, tails=None, ios=None) -> None:
+def write_raw_reps(
+    raw, logs: dict, reps, jobs: int = 1, tails=None, ios=None, unsettled=None
+) -> None:
     """Write fio results in the raw layout ``<raw>/sim/fio/<stack>/<workload>/rep<k>.json``.
 
     ``logs``: stack -> log bandwidth, shape (cells, pairs); cell c is job slot ``c % jobs`` of
@@ -279,12 +285,14 @@ def write_raw_reps(raw, logs: dict, reps, jobs: int = 1, tails=None, ios=None) -
     jobs of one workload). ``reps[w]``: the repetitions (1-based) of workload w to write.
     ``tails``: stack -> log tail factor, same shape: json+ histograms whose p99 and p99.9 move
     by it (:func:`_histogram`), of ``ios`` completions per run (default: the run's I/Os).
+    ``unsettled``: stack -> bool, same shape: runs whose steady state fio reports not attained.
     Existing files are kept (the raw record is never overwritten)."""
     import json
     from pathlib import Path
 
     for stack, lg in logs.items():
         tail = None if tails is None else tails[stack]
+        unsettled_runs = np.zeros(lg.shape, dtype=bool) if unsettled is None else unsettled[stack]
         for w, cell_reps in enumerate(reps):
             folder = Path(raw) / SIM_HOST / "fio" / stack / sim_workload(w)
             folder.mkdir(parents=True, exist_ok=True)
@@ -300,6 +308,7 @@ def write_raw_reps(raw, logs: dict, reps, jobs: int = 1, tails=None, ios=None) -
                         w + 1,
                         None if tail is None else float(tail[c, k - 1]),
                         ios,
+                        bool(unsettled_runs[c, k - 1]),
                     )
                     for j, c in enumerate(cells)
                 ]

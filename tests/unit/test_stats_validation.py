@@ -175,16 +175,19 @@ def test_an_outlier_pair_is_flagged_kept_and_can_be_excluded():
     assert out["ci_high"] - out["ci_low"] < kept["ci_high"] - kept["ci_low"]
 
 
-def test_fio_error_and_unattained_steady_state_flag_their_pair():
+def test_fio_error_and_unattained_steady_state_leave_their_pair_out():
+    """Whatever exclude_outliers says: a pair fio flagged is no measurement of the cell."""
     rng = np.random.default_rng(10)
     lb, lv = simulate_logs(rng, 1, 4, np.array([0.01]), np.log([0.8]))
     fio = fio_frame(lb, lv).assign(error=0, ss_attained=np.nan)
     fio.loc[(fio["stack"] == "luks") & (fio["rep"] == 2), "ss_attained"] = 0
     fio.loc[(fio["stack"] == "plain") & (fio["rep"] == 3), "error"] = 5
-    row = stats.loss_table(fio, metrics=["bw_bytes"]).iloc[0]
-    assert row["n_outliers"] == 2 and row["outlier_reps"] == "2,3" and row["n"] == 4
-    row = stats.loss_table(fio, metrics=["bw_bytes"], exclude_outliers=True).iloc[0]
-    assert row["n"] == 2
+    fio.loc[fio["rep"].isin([2, 3]) & (fio["stack"] == "luks"), "bw_bytes"] /= 2  # far off
+    clean = stats.loss_table(fio[~fio["rep"].isin([2, 3])], metrics=["bw_bytes"]).iloc[0]
+    for exclude in (False, True):
+        row = stats.loss_table(fio, metrics=["bw_bytes"], exclude_outliers=exclude).iloc[0]
+        assert row["n"] == 2 and row["n_fio_error"] == 1 and row["n_ss_not_attained"] == 1
+        assert row["n_outliers"] == 0 and row["loss_pct"] == clean["loss_pct"]
 
 
 def test_modified_z_small_cells_are_not_flagged():
@@ -237,6 +240,12 @@ def test_pilot_targets_look_only_at_the_pilot():
         fio_frame(lb, lv, np.array([3, 4, 4])), "plain", ["luks"], pilot_pairs=4
     )["sim"]
     assert short["pairs"]["c00000"] == 12 and "c00000" in short["noisy"]
+    # so does a pilot with a pair fio flagged: the loss table leaves that pair out
+    fio = fio_frame(lb, lv).assign(ss_attained=np.nan)
+    fio.loc[(fio["workload"] == "c00000") & (fio["rep"] == 2), "ss_attained"] = 0
+    flagged = adaptive.pilot_targets(fio, "plain", ["luks"], pilot_pairs=4)["sim"]
+    assert flagged["pairs"]["c00000"] == 12 and "c00000" in flagged["noisy"]
+    assert flagged["pairs"]["c00001"] == doc["pairs"]["c00001"]
 
 
 def test_ingest_carries_targets_into_the_loss_table(tmp_path):

@@ -33,7 +33,9 @@ def _pilot_sds(
         sds = []
         for _, g in cell.groupby(["job_slot", "direction"], sort=True):
             b, v = g["baseline_value"].to_numpy(float), g["variant_value"].to_numpy(float)
-            ok = stats.usable_pairs(b, v)
+            # a pair fio flagged is left out of the loss table, so of the pilot too: a cell
+            # with one has fewer than n0 usable pilot pairs and goes to the cap
+            ok = stats.usable_pairs(b, v) & ~g[list(stats.REP_FLAGS)].any(axis=1).to_numpy()
             sds.append(
                 float(np.log(v[ok] / b[ok]).std(ddof=1)) if ok.sum() == pilot_pairs else math.nan
             )

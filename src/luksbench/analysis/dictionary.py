@@ -99,6 +99,7 @@ severity | | error (left out) or note
 metric | | the measured quantity (`bw_bytes`, `iops`, latency, CPU columns above)
 higher_is_better | | whether a larger value of the metric is better
 n, n_dropped, n_outliers | | pairs used, pairs without both halves, pairs flagged
+n_fio_error, n_ss_not_attained | | pairs left out of the estimates because fio reported an error, or a steady state not attained, on either run (the sequential design measures a replacement)
 mean, ci_half | as `metric` | mean over repetitions and half-width of its interval
 baseline_mean, variant_mean | as `metric` | geometric means of the two arms
 mean_log_ratio, sd_log_ratio | | mean and SD of d = ln(variant/baseline)

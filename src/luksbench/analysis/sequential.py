@@ -54,6 +54,21 @@ def device_seconds(fio: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def flagged_reps(fio: pd.DataFrame) -> pd.Series:
+    """Per workload: the repetitions fio flagged in some stack (an error, a steady state not
+    attained: :data:`luksbench.analysis.stats.REP_FLAGS`), which the loss table leaves out."""
+    if not len(fio):
+        return pd.Series(dtype="int64")
+    bad = stats._rep_flags(fio).any(axis=1)
+    return fio[bad].groupby("workload")["rep"].nunique().astype("int64")
+
+
+def usable_reps(fio: pd.DataFrame) -> pd.Series:
+    """Per workload: repetitions on disk less those fio flagged (the pairs a look counts)."""
+    measured = fio.groupby("workload")["rep"].max()
+    return measured.sub(flagged_reps(fio).reindex(measured.index, fill_value=0))
+
+
 def _cell_looks(loss: pd.DataFrame) -> pd.DataFrame:
     """Per workload: pairs, decision (undecided when any row is), interval and closeness."""
     half = (loss["ci_high"] - loss["ci_low"]) / 2
@@ -109,17 +124,22 @@ def next_round(
     spent = float(pair_s["seconds"].sum())
     cost = pair_s.groupby("workload")["seconds"].mean()
     measured = pair_s.groupby("workload")["rep"].max()
+    flagged = flagged_reps(fio)
     remaining = budget_s - spent if budget_s > 0 else math.inf
     per_cell, queue = {}, []
     for w in sorted(set(cells or ()) | set(looks.index)):
         c = looks.loc[w] if w in looks.index else None
-        # pairs on disk: a pair without a usable value of the metric still counts as measured
-        n = max(int(c["n"]) if c is not None else 0, int(measured.get(w, 0)))
-        cell = {"n": n, "pairs": max(n, min_pairs)}
+        # pairs on disk: a pair without a usable value of the metric still counts as measured;
+        # one fio flagged does not (the loss table leaves it out): the next round replaces it
+        on_disk, bad = int(measured.get(w, 0)), int(flagged.get(w, 0))
+        n = max(int(c["n"]) if c is not None else 0, on_disk - bad)
+        cell = {"n": n, "pairs": on_disk + max(0, min_pairs - n), "flagged_pairs": bad}
         if c is not None and n >= 2:
             cell.update(decision=c["decision"], ci_low=round(float(c["low"]), 4))
             cell.update(ci_high=round(float(c["high"]), 4))
-        if n < min_pairs:
+        if on_disk >= 2 * max_pairs and n < max_pairs:  # replacements are bounded too
+            cell.update(pairs=on_disk, why=f"stop: {bad} of {on_disk} pairs flagged by fio")
+        elif n < min_pairs:
             cell["why"] = f"continue: {n} of min_pairs {min_pairs} pairs"
         elif c is None:
             cell["why"] = f"stop: no usable pairs of {metric}"
@@ -134,11 +154,11 @@ def next_round(
         pair = float(cost.get(w, 0.0))
         if pair <= remaining:
             remaining -= pair
-            per_cell[w].update(pairs=per_cell[w]["n"] + 1, why="continue: undecided")
+            per_cell[w].update(pairs=per_cell[w]["pairs"] + 1, why="continue: undecided")
         else:
             per_cell[w]["why"] = "stop: budget spent"
     for cell in per_cell.values():  # the level of the look its interval will be read at
-        cell["look_confidence"] = level_at(cell["pairs"])
+        cell["look_confidence"] = level_at(cell["pairs"] - cell["flagged_pairs"])
     design = (min_pairs, max_pairs, boundary, levels)
     doc = _document(host, metric, comparisons, confidence, design, per_cell)
     doc.update(budget_s=budget_s, spent_s=round(spent, 1))
@@ -150,7 +170,7 @@ def next_round(
 def _at_looks(fio: pd.DataFrame, level_at) -> pd.DataFrame:
     """``fio`` with each cell's look level at the pairs it has now (the design columns the loss
     table reads, as ingest writes them from targets.json)."""
-    n = fio.groupby("workload")["rep"].transform("max")
+    n = fio["workload"].map(usable_reps(fio))
     return fio.assign(target_pairs=n.astype(float), look_confidence=n.map(level_at).astype(float))
 
 

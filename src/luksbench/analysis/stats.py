@@ -74,6 +74,7 @@ LOSS_COLUMNS = [
     *("sd_between_sessions", "drift_rho", "drift_inflation", "drift_widening_pct"),
     *("moderated", "prior_df", "interval_df"),
     *("added", "added_low", "added_high"),
+    *("n_fio_error", "n_ss_not_attained"),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_DTYPES = {
@@ -82,7 +83,10 @@ LOSS_DTYPES = {
         *("variant", "effect", "verdict", "outlier_reps", "decision", "interval", "derived_from"),
         "covers",
     ],
-    "int64": ("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers", "sessions"),
+    "int64": (
+        *("bs_bytes", "iodepth", "job_slot", "n", "n_dropped", "n_outliers", "sessions"),
+        *("n_fio_error", "n_ss_not_attained"),
+    ),
     "bool": ("higher_is_better", "equivalent", "outliers_excluded", "noisy", "moderated"),
 }
 
@@ -564,9 +568,8 @@ def _cell_stats(
     :func:`baseline_carry`; :func:`_carried_scale`; ``covers`` says so). ``added`` (net CPU
     metrics): variant minus baseline in the metric's unit, with a t-interval over the pairs (or
     session means) at the row's level."""
-    ok = usable_pairs(b, v)
-    if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
-        ok[:] = False
+    usable, fio_error, ss_missed = _usable_unflagged(b, v, flags, all_or_none)
+    ok = usable & ~fio_error & ~ss_missed
     d_all = np.log(v[ok] / b[ok])
     # with sessions a pair is judged within its session: a session's own level is the
     # variation the two-level interval is there to capture, not an outlier
@@ -611,7 +614,9 @@ def _cell_stats(
     estimates += (inflation if widens else 1.0,)
     return {
         "n": int(use.sum()),
-        "n_dropped": int((~ok).sum()),
+        "n_dropped": int((~usable).sum()),
+        "n_fio_error": int(fio_error.sum()),
+        "n_ss_not_attained": int(ss_missed.sum()),
         "baseline_mean": float(bu.mean()) if ci.n else math.nan,
         "variant_mean": float(vu.mean()) if ci.n else math.nan,
         **_estimates(*estimates),
@@ -631,6 +636,16 @@ def _cell_stats(
         "interval_df": float(_scale(d, pilot or scale)[1]) if ci.n >= 2 and valid else math.nan,
         **_added(vu - bu, level, all_or_none and valid),
     }
+
+
+def _usable_unflagged(b, v, flags, all_or_none: bool) -> tuple[np.ndarray, ...]:
+    """Masks (usable, fio error, steady state not attained) of a cell's pairs: a usable pair
+    fio flagged (the run failed or never settled) is no measurement of the cell; the loss table
+    leaves it out, counted per reason, and the sequential design measures a replacement."""
+    usable = usable_pairs(b, v)
+    if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
+        usable[:] = False
+    return usable, usable & flags[:, 0], usable & flags[:, 1]
 
 
 def _shared_baseline(shared, pilot, d, bu, vu) -> tuple[bool, tuple | None]:
