@@ -33,6 +33,8 @@ from luksbench.testbox.sysutil import (
 )
 
 STATE_VERSION = 1
+# stack-up's description of the stacks when it sits beside STATE (the workflow's stacks.json)
+DESCRIPTION_NAME = "stacks.json"
 
 
 def load_state(state_path: Path) -> dict:
@@ -365,6 +367,8 @@ def _record_teardown(state_path: Path, record: dict, record_path) -> None:
     for a in actions:
         log(f"  {a}")
     if record["ok"]:
+        # The description beside STATE (the workflow's sign that the stacks are up) goes first.
+        state_path.with_name(DESCRIPTION_NAME).unlink(missing_ok=True)
         state_path.unlink(missing_ok=True)
         done = "all stacks down" if actions else "already down; nothing to do"
         log(f"luksbench testbox stack-down: {done}; checks passed")
