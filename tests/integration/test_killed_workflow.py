@@ -18,8 +18,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import copy_workflow
+from conftest import testbox as tb
 
 from luksbench.testbox import lock
+from luksbench.testbox.plan import plan_from_config
 from luksbench.testbox.sysutil import cmdline
 
 BIN = Path(sys.executable).parent
@@ -233,3 +235,45 @@ def test_run_fio_job_shell_killed(work):
     assert not list(work.glob("data/raw/*/*/fio/manifest.json")), "no manifest of a part"
     assert leftovers(work) == {"mounts": [], "processes": {}, "files": [], "lock": None}
     resumes_cleanly(work, before)
+
+
+def test_stack_down_without_its_state_removes_what_the_scratch_folder_shows(tmp_path):
+    """The undo log lost (deleted by hand, or by an older version's failed job): stack-down
+    still finds the FUSE exports, their daemons, backing files and key files of the stacks."""
+    wait_for_the_box()
+    scratch = tmp_path / "scratch"
+    config = {
+        "run": "lost",
+        "backend": "userspace",
+        "device_size_mib": 64,
+        "precondition": False,
+        "baseline": "plain",
+        "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
+        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
+        "fio": {"runtime_s": 1, "ramp_time_s": 0},
+        "repetitions": 1,
+        "seed": 1,
+    }
+    plan, state = tmp_path / "plan.json", scratch / "state.json"
+    plan.write_text(json.dumps(plan_from_config(config, "tb", scratch)))
+    try:
+        tb("stack-up", "--plan", plan, "--state", state, "--describe", scratch / "stacks.json")
+        built = leftovers(tmp_path)
+        assert len(built["mounts"]) == 2 and len(built["processes"]) == 2, built
+        assert list(scratch.glob(".luksbench-keys-*/*")), "the luks stack's key file"
+        state.unlink()
+        down = tb("stack-down", "--state", state)
+        assert "is missing; tearing down what" in down.stderr and "checks passed" in down.stderr
+        left = leftovers(tmp_path)
+        assert not left["mounts"] and not left["processes"] and not left["lock"], left
+        assert sorted(p.name for p in scratch.iterdir()) == []
+    finally:
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            if str(tmp_path) in line:
+                subprocess.run(["umount", "-l", line.split()[4]], check=False)
+        for pid in processes_of(tmp_path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        holder = lock.holder() or {}
+        if str(tmp_path) in str(holder.get("state")):
+            (lock.LOCK_DIR / lock.LOCK_NAME).unlink(missing_ok=True)
