@@ -152,7 +152,11 @@ def add_testbox_commands(commands) -> None:
     )
     p.set_defaults(func=_run(_cmd_run_fio))
 
-    p = sub.add_parser("stack-down", help="tear everything down and verify (idempotent)")
+    p = sub.add_parser(
+        "stack-down",
+        help="tear everything down and verify (idempotent); with STATE lost, what the scratch "
+        "folder beside it shows (FUSE exports, their daemons, backing files, key directories)",
+    )
     p.add_argument("--plan", help="optional; STATE holds everything needed")
     p.add_argument("--state", required=True, help=STATE_HELP)
     p.add_argument("--record", help="teardown.json: what was removed, checks passed")
