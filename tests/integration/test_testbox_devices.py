@@ -20,6 +20,7 @@ import pytest
 from conftest import luksbench_testbox_argv, run_fio_args
 from conftest import testbox as tb
 
+from luksbench.formats.manifest import session_records
 from luksbench.testbox import safety
 from luksbench.testbox.backends.choose import resolve_backend
 from luksbench.testbox.stacks import stack_down
@@ -429,7 +430,10 @@ def test_sigint_during_run_fio_keeps_no_partial_rep_and_cleans_up(tmp_path):
         assert not find_our_processes(devices, names=("fio",))
         assert not [p for p in host_dir.rglob("rep*.json") if not p.name.endswith(".cpu.json")]
         assert not list(host_dir.rglob("*.tmp"))
-        m = json.loads((host_dir / "fio" / "manifest.json").read_text())
+        # only a complete measurement writes the manifest; the session record keeps this one
+        assert not (host_dir / "fio" / "manifest.json").exists()
+        (record, _), *_ = session_records(host_dir)
+        m = json.loads(record.read_text())
         assert m["complete"] is False and m["interrupted"] == "SIGINT"
         # devices stay up for stack-down
         assert all(e["mountpoint"] in safety.mountpoints() for e in doc["stacks"].values())

@@ -1,7 +1,10 @@
 """Device stacks and fio: stack up, run the matrix in counterbalanced pairs, stack down.
 
-The stacks stay up across the three rules (their state file is temporary); `onerror` in the
-Snakefile tears them down when any rule fails, so a failed run leaves no device behind.
+The stacks stay up across the three rules. Their undo log (STATE, <scratch>/<run>/<host>/state.json)
+is no rule's output, so Snakemake never deletes it when a job fails: `onerror` tears the stacks down
+when any rule fails, and a run whose snakemake was killed is torn down when the workflow starts
+again (recover_interrupted_run). stacks.json (written last by stack-up, removed by stack-down) says
+the stacks are up.
 """
 
 
@@ -12,7 +15,6 @@ rule stack_up:
         env=ancient(f"{HOST_RAW}/env.json"),
         ciphers=ancient(f"{HOST_RAW}/cryptsetup-benchmark.txt"),
     output:
-        state=temp(f"{HOST_SCRATCH}/state.json"),
         stacks=f"{HOST_SCRATCH}/stacks.json",
     log:
         "logs/{run}/{host}/stack_up.log",
@@ -20,9 +22,11 @@ rule stack_up:
         **MEASURED,
     conda:
         "../../envs/testbox.yaml"
+    params:
+        state=STATE,
     shell:
         # Progress to the terminal as well: preconditioning real disks takes hours.
-        "luksbench testbox stack-up --plan {input.plan:q} --state {output.state:q}"
+        "luksbench testbox stack-up --plan {input.plan:q} --state {params.state:q}"
         " --describe {output.stacks:q} 2>&1 | tee {log:q} >&2"
 
 
@@ -30,7 +34,6 @@ rule run_pilot:
     """Adaptive stage 1: run the pilot pairs (adaptive.pilot_pairs) of every cell on every stack."""
     input:
         plan=f"{HOST_SCRATCH}/plan.json",
-        state=ancient(f"{HOST_SCRATCH}/state.json"),
         stacks=ancient(f"{HOST_SCRATCH}/stacks.json"),
     output:
         manifest=f"{HOST_RAW}/fio/pilot-manifest.json",
@@ -41,9 +44,10 @@ rule run_pilot:
     conda:
         "../../envs/testbox.yaml"
     params:
+        state=STATE,
         host_dir=measured_host_dir,
     shell:
-        "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"
+        "luksbench testbox run-fio --plan {input.plan:q} --state {params.state:q}"
         " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
         " --manifest {output.manifest:q}"
         " 2>&1 | tee {log:q} >&2"
@@ -84,7 +88,6 @@ rule run_fio:
     input:
         plan=f"{HOST_SCRATCH}/plan.json",
         # Fresh stacks alone (e.g. after the scratch directory was cleaned) are no reason to measure.
-        state=ancient(f"{HOST_SCRATCH}/state.json"),
         stacks=ancient(f"{HOST_SCRATCH}/stacks.json"),
         targets=adaptive_targets,
     output:
@@ -96,11 +99,12 @@ rule run_fio:
     conda:
         "../../envs/testbox.yaml"
     params:
+        state=STATE,
         host_dir=measured_host_dir,
         targets=targets_option,
     shell:
         # Progress goes to the terminal as well as the log: a default run takes minutes.
-        "luksbench testbox run-fio --plan {input.plan:q} --state {input.state:q}"
+        "luksbench testbox run-fio --plan {input.plan:q} --state {params.state:q}"
         " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
         " --manifest {output.manifest:q}"
         " {params.targets:q} 2>&1 | tee {log:q} >&2"
@@ -112,7 +116,6 @@ rule run_rounds:
     Interrupted, the same command resumes: each round is derived from the raw results alone."""
     input:
         plan=f"{HOST_SCRATCH}/plan.json",
-        state=ancient(f"{HOST_SCRATCH}/state.json"),
         stacks=ancient(f"{HOST_SCRATCH}/stacks.json"),
     output:
         manifest=f"{HOST_RAW}/fio/manifest.json",
@@ -121,6 +124,7 @@ rule run_rounds:
     wildcard_constraints:
         **measuring("fio/manifest.json", SEQUENTIAL),
     params:
+        state=STATE,
         raw_dir=abs_raw_dir,
         cells=plan_cells,
         design={
@@ -132,7 +136,7 @@ rule run_rounds:
     run:
         from luksbench.analysis.sequential import run_rounds
 
-        stacks = ("--plan", input.plan, "--state", input.state, "--describe", input.stacks)
+        stacks = ("--plan", input.plan, "--state", params.state, "--describe", input.stacks)
         where = (params.raw_dir, wildcards.host, output.manifest, log[0])
         run_rounds(*where, stacks, cells=params.cells, **params.design)
 
@@ -140,7 +144,7 @@ rule run_rounds:
 rule stack_down:
     """Tear every stack down and check that no mount, mapping, loop device or process is left."""
     input:
-        state=f"{HOST_SCRATCH}/state.json",
+        stacks=f"{HOST_SCRATCH}/stacks.json",
         manifest=f"{HOST_RAW}/fio/manifest.json",
     output:
         record=f"{HOST_SCRATCH}/teardown.json",
@@ -150,5 +154,7 @@ rule stack_down:
         **measuring("fio/manifest.json"),
     conda:
         "../../envs/testbox.yaml"
+    params:
+        state=STATE,
     shell:
-        "luksbench testbox stack-down --state {input.state:q} --record {output.record:q} 2> {log:q}"
+        "luksbench testbox stack-down --state {params.state:q} --record {output.record:q} 2> {log:q}"

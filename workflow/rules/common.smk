@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
@@ -23,7 +24,7 @@ from luksbench.studies import (
     check_config_data,
     load_config_file,
 )
-from luksbench.testbox import lock
+from luksbench.testbox import lock, orphans
 from luksbench.testbox.plan import plan_from_config, workloads, write_plan
 from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
@@ -84,6 +85,9 @@ NOTEBOOKS = "notebooks"
 # One measured host's folders: raw results (kept) and the test box's working files.
 HOST_RAW = f"{RAW}/{{run}}/{{host}}"
 HOST_SCRATCH = f"{SCRATCH}/{{run}}/{{host}}"
+# The stacks' undo log: no rule's output, so no failure path of Snakemake deletes it before
+# teardown (a failed job's outputs are removed before `onerror` runs).
+STATE = f"{HOST_SCRATCH}/state.json"
 
 
 wildcard_constraints:
@@ -241,9 +245,15 @@ class FigureIndex:
 os.environ.setdefault(lock.SESSION_ENV, str(os.getpid()))
 
 
+def measured_state():
+    return Path(SCRATCH) / RUN / HOST / "state.json"
+
+
 def tear_down_after_failure():
     """Called by `onerror`: tear down the stacks of this run if a state file says they are up."""
-    state = Path(SCRATCH) / RUN / HOST / "state.json"
+    state = measured_state()
+    # A step whose job shell died (kill -9, OOM) lives on: stopped before its stacks go.
+    orphans.stop_session_steps(lock.current_session()["pid"], grace_s=30)
     if state.exists():
         print(f"luksbench: tearing down the stacks of {state} after the failure", file=sys.stderr)
         command = ["luksbench.cli", "testbox", "stack-down", "--state", str(state)]
@@ -272,7 +282,7 @@ def forward_stop_signals():
 
 def release_test_box():
     """The run's hold on the test box ends with the workflow, unless its stacks are still up."""
-    state = Path(SCRATCH) / RUN / HOST / "state.json"
+    state = measured_state()
     if not state.exists():
         lock.release(state)
 
@@ -321,3 +331,57 @@ def _is_dry_run():
 MEASURED_PLAN = plan_from_config(config, HOST, Path(SCRATCH) / RUN / HOST)
 if _is_dry_run():
     print("\n".join(describe_plan(MEASURED_PLAN)), file=sys.stderr)
+
+
+# Invocations that only look (or unlock): they must not tear anything down.
+LOOKING = {"-n", "--dry-run", "--dryrun", "--unlock", "--report", "--lint", "--list", "-l"}
+LOOKING |= {"--summary", "-S", "--detailed-summary", "-D", "--dag", "--rulegraph", "--filegraph"}
+LOOKING |= {"--cleanup-metadata", "--list-target-rules", "--list-changes", "--lc", "--li", "--lp"}
+
+
+def recover_interrupted_run():
+    """Before the DAG is built: the stacks of this run that a killed snakemake left up (its
+    orphaned test-box steps stop themselves) are torn down, and a description of stacks that are
+    down is dropped, so stack_up runs again and the same command resumes."""
+    state = measured_state()
+    record = orphans.recover(state)
+    if record is not None and not record["ok"]:
+        raise WorkflowError(
+            f"the stacks a killed run left up could not all be torn down: {record['leftovers']}; "
+            f"see `luksbench testbox stack-down --state {state}`"
+        )
+    stale = state.with_name("stacks.json")
+    if not state.exists() and stale.exists():
+        stale.unlink()
+
+
+def snakemakes_here():
+    """Other snakemake processes whose working directory is this one."""
+    here, found = os.path.realpath(os.getcwd()), []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
+            named = any("snakemake" in os.path.basename(os.fsdecode(a)) for a in argv)
+            if named and os.path.realpath(f"/proc/{pid}/cwd") == here:
+                found.append(pid)
+    return found
+
+
+def clear_stale_snakemake_lock():
+    """A killed snakemake leaves its directory lock (.snakemake/locks), which refuses the same
+    command ever after. When no snakemake runs here any more, the lock is stale: removed, as
+    `snakemake --unlock` would."""
+    locks = sorted(Path(".snakemake/locks").glob("*.lock"))
+    if locks and not snakemakes_here():
+        for stale in locks:
+            stale.unlink(missing_ok=True)
+        print(
+            "luksbench: removed the directory lock of a snakemake that is no longer running "
+            "(what `snakemake --unlock` does)",
+            file=sys.stderr,
+        )
+
+
+if not LOOKING.intersection(sys.argv[1:]):
+    clear_stale_snakemake_lock()
+    recover_interrupted_run()

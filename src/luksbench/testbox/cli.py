@@ -19,6 +19,7 @@ from pathlib import Path
 from luksbench.formats.opensslspeed import OPENSSL_SPEED_FILE
 from luksbench.testbox import lock
 from luksbench.testbox.capture import benchmark_ciphers, benchmark_ciphers_userspace, capture_env
+from luksbench.testbox.orphans import watch_session
 from luksbench.testbox.plan import PlanError, load_plan
 from luksbench.testbox.runner import Interrupted, raise_on_stop_signals, run_fio
 from luksbench.testbox.safety import SafetyError
@@ -56,6 +57,7 @@ def _cmd_benchmark_ciphers(args) -> int:
 def _cmd_stack_up(args) -> int:
     # SIGTERM, like Ctrl-C, unwinds through stack_up's teardown of what was built so far.
     raise_on_stop_signals(lambda signum: KeyboardInterrupt(signal.Signals(signum).name))
+    watch_session()  # killed with the workflow, it unwinds the same way
     stack_up(load_plan(Path(args.plan)), Path(args.state), Path(args.describe))
     return 0
 
@@ -63,6 +65,7 @@ def _cmd_stack_up(args) -> int:
 def _cmd_run_fio(args) -> int:
     plan = load_plan(Path(args.plan))
     lock.acquire(plan, Path(args.state))
+    watch_session()  # a run-fio outliving its workflow stops its fio and keeps no partial rep
     try:
         return run_fio(
             plan,
@@ -150,7 +153,11 @@ def add_testbox_commands(commands) -> None:
     )
     p.set_defaults(func=_run(_cmd_run_fio))
 
-    p = sub.add_parser("stack-down", help="tear everything down and verify (idempotent)")
+    p = sub.add_parser(
+        "stack-down",
+        help="tear everything down and verify (idempotent); with STATE lost, what the scratch "
+        "folder beside it shows (FUSE exports, their daemons, backing files, key directories)",
+    )
     p.add_argument("--plan", help="optional; STATE holds everything needed")
     p.add_argument("--state", required=True, help=STATE_HELP)
     p.add_argument("--record", help="teardown.json: what was removed, checks passed")

@@ -49,6 +49,19 @@ def _alive(session) -> bool:
     return started is not None and started == session.get("started")
 
 
+def session_alive(session) -> bool:
+    """Whether the session (``{"pid", "started"}``) is still the same living process."""
+    return _alive(session)
+
+
+def holder(lock_dir: Path = LOCK_DIR) -> dict | None:
+    """Who holds the test box (the lock file's entry), or None."""
+    if not (lock_dir / GUARD_NAME).exists():
+        return _read(lock_dir / LOCK_NAME)
+    with _guarded(lock_dir) as lock:
+        return _read(lock)
+
+
 def _holder(plan: dict | None, state_path: Path, session: dict) -> dict:
     return {
         "run": (plan or {}).get("run"),

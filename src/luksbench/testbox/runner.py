@@ -2,8 +2,9 @@
 
 Raw results are immutable: each rep is written to a temp file, fsynced, renamed into place and
 made read-only; an existing ``rep<k>.json`` is skipped, so a re-run does only the missing reps.
-Ctrl-C / SIGTERM stops fio, keeps no partial rep, writes the manifest with ``complete: false``
-and exits 130 / 143; the devices stay up for ``stack-down``. Standard library only.
+Ctrl-C / SIGTERM stops fio, keeps no partial rep, records the session in ``fio/sessions/`` with
+``complete: false`` (no ``manifest.json``: that is written only by a complete measurement) and
+exits 130 / 143; the devices stay up for ``stack-down``. Standard library only.
 """
 
 from __future__ import annotations
@@ -776,14 +777,19 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
 
 
 def _write_manifest(plan: dict, session: dict, outcome: dict) -> None:
-    """The manifest and this session's write-once copy; failing to write them is an error only
-    when the session itself went well (the rep files are already safe)."""
+    """This session's write-once copy, and the manifest only when the measurement is complete:
+    the workflow takes an existing manifest as done, so an interrupted or failed session (also one
+    killed after Snakemake removed its outputs) leaves none; its record in ``fio/sessions/`` keeps
+    what it measured. Failing to write is an error only when the session itself went well."""
     manifest_path = session["manifest_path"]
     manifest = _manifest(plan, session, outcome)
     try:
-        write_json_atomic(manifest_path, manifest)
         session_record = new_session_path(manifest_path.parent / SESSIONS_DIR, manifest["started"])
         write_json_atomic(session_record, manifest, mode=0o444)
+        if manifest["complete"]:
+            write_json_atomic(manifest_path, manifest)
+        else:
+            manifest_path.unlink(missing_ok=True)
     except OSError as exc:
         log(f"luksbench testbox run-fio: could not write the manifest {manifest_path}: {exc}")
         if outcome["interrupted"] is None and not outcome["failed"]:

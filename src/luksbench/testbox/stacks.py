@@ -33,6 +33,8 @@ from luksbench.testbox.sysutil import (
 )
 
 STATE_VERSION = 1
+# stack-up's description of the stacks when it sits beside STATE (the workflow's stacks.json)
+DESCRIPTION_NAME = "stacks.json"
 
 
 def load_state(state_path: Path) -> dict:
@@ -246,8 +248,9 @@ def stack_down(
     (idempotent). Returns the record; when ``ok`` is False STATE is kept. ``keep_lock``: between
     two sessions of one run."""
     state_path = Path(state_path)
-    started = utc_now()
-    if not state_path.exists():
+    started, state_found = utc_now(), state_path.exists()
+    state = load_state(state_path) if state_found else state_from_scratch(state_path)
+    if state is None:
         gone = f"{state_path} does not exist; nothing to tear down (already down)"
         log(f"luksbench testbox stack-down: {gone}")
         record = {"state": str(state_path), "started": started, "ended": utc_now()}
@@ -255,7 +258,6 @@ def stack_down(
         if record_path:
             write_json_atomic(Path(record_path), record)
         return record
-    state = load_state(state_path)
     stacks = [state["stacks"][n] for n in reversed(state.get("order") or list(state["stacks"]))]
     actions, errors = [], []
     _tear_down(state, stacks, actions, errors)
@@ -265,7 +267,7 @@ def stack_down(
         actions.append("released the test box lock")
     record = {
         "state": str(state_path),
-        "state_found": True,
+        "state_found": state_found,
         "run": state["run"],
         "host": state.get("host"),
         "backend": state.get("backend"),
@@ -282,6 +284,34 @@ def stack_down(
     return record
 
 
+def state_from_scratch(state_path: Path) -> dict | None:
+    """A STATE for what the scratch folder beside a lost ``state_path`` shows was built, named as
+    stack-up names it: FUSE exports (their daemons are found by the paths they serve), backing
+    files and key directories. None when it shows nothing."""
+    scratch = Path(state_path).parent.resolve()
+    built = [*scratch.glob("luksbench-*.fuse"), *scratch.glob("luksbench-*.img")]
+    names = sorted({p.name.removeprefix("luksbench-").rpartition(".")[0] for p in built})
+    key_dirs = sorted(str(p) for p in scratch.glob(".luksbench-keys-*") if p.is_dir())
+    if not names and not key_dirs:
+        return None
+    log(f"luksbench testbox stack-down: {state_path} is missing; tearing down what {scratch} shows")
+    stacks = {
+        name: {
+            "stack": name,
+            "device": None,
+            "device_type": None,
+            "mountpoint": str(scratch / f"luksbench-{name}.fuse"),
+            "backing_file": str(scratch / f"luksbench-{name}.img"),
+            "daemon": None,
+            "key_file": None,
+        }
+        for name in names
+    }
+    state = {"run": scratch.parent.name, "host": scratch.name, "backend": "userspace"}
+    state.update(order=names, stacks=stacks, objects=[], key_dirs=key_dirs, runtime_dir=None)
+    return state
+
+
 def _tear_down(state: dict, stacks: list[dict], actions: list[str], errors: list[str]) -> None:
     """Stop fio, then undo every stack newest first: daemons and mounts (userspace), the undo log
     (kernel), keys, backing files, the runtime directory. Keeps going after an error."""
@@ -294,10 +324,11 @@ def _tear_down(state: dict, stacks: list[dict], actions: list[str], errors: list
             errors.append(f"{entry['stack']}: {exc}")
     # Kernel backend: every recorded object, newest first.
     kernel.undo(state.get("objects") or [], actions, errors)
-    try:
-        _shred_keys(state.get("key_dir"), actions)
-    except OSError as exc:
-        errors.append(f"key directory: {exc}")
+    for key_dir in [state.get("key_dir"), *state.get("key_dirs", [])]:
+        try:
+            _shred_keys(key_dir, actions)
+        except OSError as exc:
+            errors.append(f"key directory: {exc}")
     for entry in stacks:
         try:
             _remove_file(entry.get("backing_file"), f"{entry['stack']} backing file", actions)
@@ -357,7 +388,9 @@ def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
         "no_loop_devices": not loops,
         "no_mapper_devices": not mappers,
         "no_md_devices": not left["md_devices"],
-        "no_key_dir": not (state.get("key_dir") and os.path.exists(state["key_dir"])),
+        "no_key_dir": not any(
+            d and os.path.exists(d) for d in [state.get("key_dir"), *state.get("key_dirs", [])]
+        ),
         "no_files_left": not files_left,
     }
     details = {
@@ -379,6 +412,8 @@ def _record_teardown(state_path: Path, record: dict, record_path) -> None:
     for a in actions:
         log(f"  {a}")
     if record["ok"]:
+        # The description beside STATE (the workflow's sign that the stacks are up) goes first.
+        state_path.with_name(DESCRIPTION_NAME).unlink(missing_ok=True)
         state_path.unlink(missing_ok=True)
         done = "all stacks down" if actions else "already down; nothing to do"
         log(f"luksbench testbox stack-down: {done}; checks passed")

@@ -1,0 +1,105 @@
+"""A workflow killed outright (``kill -9``, the OOM killer) runs no error handler: its test-box
+steps would live on as orphans, its stacks stay up and the test box stays locked. Two halves make
+the same command resume cleanly: every test-box step stops itself once the workflow session it
+belongs to is gone (:func:`watch_session`), and the next start of the run tears down what a dead
+session left behind (:func:`recover`). Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from luksbench.testbox import lock
+from luksbench.testbox.stacks import stack_down
+from luksbench.testbox.sysutil import cmdline, log, read_text, stop_process, wait_gone
+
+# How long an orphaned step may take to undo its own work after it noticed its session ended.
+ORPHAN_GRACE_S = 60.0
+
+
+def watch_session(interval_s: float = 0.5) -> threading.Thread | None:
+    """Send this process SIGTERM once the workflow session (``LUKSBENCH_SESSION``) that started it
+    has ended, so the step unwinds as after Ctrl-C (stack-up undoes what it built, run-fio stops
+    fio and keeps no partial result). A step run by hand (no session of its own) is not watched."""
+    session = lock.current_session()
+    if session["pid"] == os.getpid() or session["started"] is None:
+        return None
+
+    def watch() -> None:
+        while lock.session_alive(session):
+            time.sleep(interval_s)
+        log(f"luksbench testbox: the workflow (process {session['pid']}) is gone; stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="luksbench-session-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def abandoned(state_path: Path, lock_dir: Path = lock.LOCK_DIR) -> dict | None:
+    """The lock entry of a run whose stacks (``state_path``) are up but whose session has ended
+    (``{}`` when no run holds the test box); None when the stacks are down or a live session (of
+    this run or another) holds the box."""
+    if not Path(state_path).exists():
+        return None
+    holder = lock.holder(lock_dir)
+    if holder is None:
+        return {}
+    if holder["state"] != str(Path(state_path).resolve()):
+        return None
+    # A live session, even this one (a job's own snakemake), still owns its stacks.
+    return None if lock.session_alive(holder.get("session")) else holder
+
+
+def session_steps(session_pid: int) -> list[int]:
+    """Test-box steps (``luksbench ... testbox``) still running for the workflow ``session_pid``."""
+    marker = f"{lock.SESSION_ENV}={session_pid}"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        argv = cmdline(int(entry))
+        environ = (read_text(f"/proc/{entry}/environ") or "").split("\0")
+        if "testbox" in argv and marker in environ:
+            found.append(int(entry))
+    return found
+
+
+def stop_session_steps(session_pid: int, grace_s: float = ORPHAN_GRACE_S) -> list[int]:
+    """Stop the test-box steps of the workflow ``session_pid`` (SIGTERM: they unwind as after
+    Ctrl-C; SIGKILL after ``grace_s``), e.g. a run-fio whose job shell was killed, before its
+    stacks are torn down under it. The pids stopped."""
+    steps = session_steps(session_pid)
+    for pid in steps:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    for pid in steps:
+        if not wait_gone(pid, grace_s):
+            stop_process(pid, (signal.SIGKILL,))
+        log(f"  stopped the test-box step {pid} of workflow process {session_pid}")
+    return steps
+
+
+def recover(
+    state_path: Path, lock_dir: Path = lock.LOCK_DIR, grace_s: float = ORPHAN_GRACE_S
+) -> dict | None:
+    """Tear down the stacks of ``state_path`` when the session that built them has ended: its
+    orphaned test-box steps are given ``grace_s`` to stop (then stopped), then stack-down removes
+    everything STATE records and releases the lock. The stack-down record, or None when there
+    was nothing to recover."""
+    holder = abandoned(Path(state_path), lock_dir)
+    if holder is None:
+        return None
+    session_pid = (holder.get("session") or {}).get("pid")
+    log(
+        f"luksbench testbox: the run that built the stacks of {state_path} ended without tearing "
+        f"them down (workflow process {session_pid} is gone); tearing them down now"
+    )
+    if isinstance(session_pid, int):
+        stop_session_steps(session_pid, grace_s)
+    return stack_down(Path(state_path))
