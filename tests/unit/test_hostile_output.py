@@ -311,3 +311,14 @@ def test_csv_written_by_pandas_to_standard_output_is_neutralised_too():
     safe = csv_safe_frame(df)
     assert safe["host"].tolist()[:2] == ["'=1+1", "ok"] and safe["effect_pct"].iloc[0] == -1.5
     assert df["host"].iloc[0] == "=1+1"  # the table itself is left as it is
+
+
+def test_inert_leaves_code_spans_readable_and_still_neutralises_tags_and_liquid():
+    from luksbench.publish.render import inert
+
+    text = "run `cryptsetup refresh --persistent <name>` then <script>x</script> `{{ y }}`"
+    out = inert(text)
+    assert "`cryptsetup refresh --persistent <name>`" in out  # Markdown prints a span as text
+    assert "<script>" not in out and "&#60;script>" in out
+    assert "{{" not in out  # Jekyll reads Liquid before Markdown, in code spans too
+    assert "<b>" not in inert(r"\`<b>\`")  # an escaped backtick opens no span

@@ -38,6 +38,28 @@ def test_others_can_change(mode, uid, euid, why):
     assert (found is None) if why is None else (why in found)
 
 
+def test_the_sudo_user_and_a_user_private_group_are_trusted(monkeypatch):
+    """Run as root through sudo from alice's checkout: alice's folders (0755, or 0775 with her own
+    private group, Debian's umask 002) are hers to change anyway; a shared group is not."""
+    import grp
+    import pwd
+
+    alice = pwd.struct_passwd(("alice", "x", 1000, 1000, "", "/home/alice", "/bin/sh"))
+    groups = {
+        1000: grp.struct_group(("alice", "x", 1000, [])),
+        1001: grp.struct_group(("staff", "x", 1001, ["bob"])),
+    }
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: alice if uid == 1000 else pwd.getpwnam("root"))
+    monkeypatch.setattr(grp, "getgrgid", lambda gid: groups[gid])
+    home = os.stat_result((stat.S_IFDIR | 0o775, 1, 1, 2, 1000, 1000, 4096, 0, 0, 0))
+    shared = os.stat_result((stat.S_IFDIR | 0o775, 1, 1, 2, 1000, 1001, 4096, 0, 0, 0))
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    assert "is owned by" in others_can_change(home, 0)
+    monkeypatch.setenv("SUDO_UID", "1000")
+    assert others_can_change(home, 0) is None
+    assert "writable by its group" in others_can_change(shared, 0)
+
+
 def test_world_writable_parent_is_refused_naming_it(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()

@@ -259,6 +259,29 @@ def test_a_sequential_row_tests_and_cross_checks_at_the_look_level():
     ).all()
 
 
+def test_a_sequential_rows_look_level_reaches_the_selection_and_family_intervals():
+    """The loss table carries each cell's look level, so what is built on its rows (the
+    selection-adjusted headline, the tuning family) starts from the level the interval is at."""
+    from simulate import fio_frame
+
+    from luksbench.analysis import stats
+    from luksbench.analysis.headline import selection_columns
+
+    rng = np.random.default_rng(4)
+    lb, lv = simulate_logs(rng, 3, 12, np.full(3, 0.03), np.log([0.99, 0.98, 0.9]), 0)
+    fio = fio_frame(lb, lv).assign(runtime_ms=6000.0, target_pairs=12.0)
+    level = look_confidence(0.95, 3, 12)
+    seq = stats.loss_table(fio.assign(look_confidence=level), metrics=["bw_bytes"])
+    assert (seq["interval"] == "sequential").all()
+    assert seq["look_confidence"].to_numpy() == pytest.approx(level)
+    scales = stats.interval_scales(seq)
+    assert scales["se"].to_numpy() == pytest.approx(
+        (seq["sd_log_ratio"] / np.sqrt(seq["n"])).to_numpy()
+    )
+    out = selection_columns(seq)
+    assert out["selection_confidence"].to_numpy() == pytest.approx(1 - (1 - level) / 3)
+
+
 LOOK = {"at": "2026-11-25T00:00:00Z", "cells": {"randread-4k-qd1": {"n": 3, "decision": "open"}}}
 
 

@@ -74,7 +74,7 @@ LOSS_COLUMNS = [
     *("sd_between_sessions", "drift_rho", "drift_inflation", "drift_widening_pct"),
     *("moderated", "prior_df", "interval_df"),
     *("added", "added_low", "added_high"),
-    *("n_fio_error", "n_ss_not_attained"),
+    *("n_fio_error", "n_ss_not_attained", "look_confidence"),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_DTYPES = {
@@ -634,7 +634,8 @@ def _cell_stats(
         "moderated": moderated,
         "prior_df": prior.df if moderated else math.nan,
         "interval_df": float(_scale(d, pilot or scale)[1]) if ci.n >= 2 and valid else math.nan,
-        **_added(vu - bu, level, all_or_none and valid),
+        # a carried idle baseline's error is in the ratio's interval, not in a plain t over vu - bu
+        **_added(vu - bu, level, all_or_none and valid and not carried, estimates[-1]),
     }
 
 
@@ -679,10 +680,12 @@ def _carried_scale(d, bu, vu, var_rate, df_rate, share, coef_b, coef_v):
     return math.sqrt(total * n), df + 1
 
 
-def _added(diff: np.ndarray, confidence: float, wanted: bool) -> dict:
+def _added(diff: np.ndarray, confidence: float, wanted: bool, inflation: float = 1.0) -> dict:
     """``added``, ``added_low``, ``added_high``: mean of ``diff`` (variant minus baseline) with its
-    t-interval; NaN unless ``wanted``, bounds NaN below 2 values."""
+    t-interval, widened for drift as the row's interval is (``inflation``); NaN unless ``wanted``,
+    bounds NaN below 2 values."""
     ci = paired_log_ratio_ci(diff, confidence) if wanted else LogRatioCI(0, *[math.nan] * 4)
+    ci = _widened(ci, inflation)
     return {"added": ci.mean, "added_low": ci.low, "added_high": ci.high}
 
 
@@ -711,8 +714,9 @@ def _estimates(
     eq = paired_log_ratio_ci(d, eq_conf, pilot) if ci.n >= 2 and valid and eq_conf > 0 else None
     ci, eq = _widened(ci, inflation), eq and _widened(eq, inflation)
     p = paired_t_pvalue(d, pilot)
-    if inflation > 1 and d.size >= 2:
-        p = _t_pvalue(ci.mean, ci.sd * math.sqrt(inflation / d.size), d.size - 1)
+    if inflation > 1 and d.size >= 2:  # the interval's own scale and df, widened alike
+        sd, df = _scale(d, pilot)
+        p = _t_pvalue(ci.mean, sd * math.sqrt(inflation / d.size), df)
     effect_pct, bounds = effect_with_equivalence(ci, eq, better_high, margin_pct)
     f_lo, f_hi = fieller_ratio_ci(bu, vu, confidence)
     fieller = effect_bounds_from_ratio(f_lo, f_hi, better_high)  # NaN bounds stay NaN
@@ -812,7 +816,9 @@ def loss_table(
         calls.append((*arrays, better_high, *settings, pilot, cpu, sessions_, level, fit, shared_))
         rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **_cell_stats(*calls[-1])})
     _moderate_sessions(rows, calls)
-    table = pd.DataFrame(rows, columns=[c for c in LOSS_COLUMNS if c not in DESIGN_COLUMNS])
+    table = pd.DataFrame(
+        rows, columns=[c for c in LOSS_COLUMNS if c not in (*DESIGN_COLUMNS, "look_confidence")]
+    )
     table = table.assign(
         higher_is_better=table["metric"].map(METRICS),
         baseline=baseline,

@@ -40,14 +40,24 @@ def _environment() -> jinja2.Environment:
 
 
 _TAG_OR_LIQUID = re.compile(r"<(?=[A-Za-z/!?])|\{(?=[{%])")
+_LIQUID = re.compile(r"\{(?=[{%])")
+# a code span the code wrote (an escaped backtick from data opens none): Markdown shows its
+# content as text, so a "<" there is harmless and an entity would print as "&#60;"
+_CODE_SPAN = re.compile(r"(?<!\\)(`[^`\n]+?(?<!\\)`)")
+
+
+def _entity(match: re.Match) -> str:
+    return f"&#{ord(match.group(0))};"
 
 
 def inert(value) -> str:
     """Every value the template prints, last line of defence: the context escapes the run's text
     (:func:`~luksbench.publish.text.md_escape`), and whatever still opens an HTML tag or a Liquid
-    tag (Jekyll) is written as an entity."""
-    return _TAG_OR_LIQUID.sub(
-        lambda m: f"&#{ord(m.group(0))};", "" if value is None else str(value)
+    tag (Jekyll) is written as an entity; inside a code span only a Liquid tag (Jekyll reads
+    those before Markdown)."""
+    parts = _CODE_SPAN.split("" if value is None else str(value))
+    return "".join(
+        (_LIQUID if k % 2 else _TAG_OR_LIQUID).sub(_entity, part) for k, part in enumerate(parts)
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import json
 import os
 import pwd
@@ -61,13 +62,35 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
+def trusted_uids(euid: int) -> set[int]:
+    """Users who may change the scratch folder: root, the user running luksbench and, run
+    through sudo, the user who ran sudo (they could run anything as root already)."""
+    sudo = os.environ.get("SUDO_UID", "")
+    return {0, euid} | ({int(sudo)} if sudo.isdigit() else set())
+
+
+def _private_group(gid: int, owner: int) -> bool:
+    """A user-private group (Debian's default with umask 002): named as its owner, no members."""
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(owner)
+    except KeyError:
+        return False
+    return (
+        group.gr_name == user.pw_name
+        and user.pw_gid == gid
+        and not set(group.gr_mem) - {user.pw_name}
+    )
+
+
 def others_can_change(st: os.stat_result, euid: int) -> str | None:
-    """Why a folder lets a user other than root and ``euid`` rename, replace or add its entries
-    (it is theirs, or group/other-writable without the sticky bit of a root-owned folder such as
-    /tmp), or None."""
-    if st.st_uid not in (0, euid):
+    """Why a folder lets a user other than the trusted ones (:func:`trusted_uids`) rename, replace
+    or add its entries (it is theirs, or other-writable, or writable by a group that is not its
+    owner's private group, without the sticky bit of a root-owned folder such as /tmp), or None."""
+    if st.st_uid not in trusted_uids(euid):
         return f"is owned by {_user(st.st_uid)}"
     writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable == stat.S_IWGRP and st.st_uid != 0 and _private_group(st.st_gid, st.st_uid):
+        writable = 0
     if writable and not (st.st_mode & stat.S_ISVTX and st.st_uid == 0):
         who = {stat.S_IWGRP: "its group", stat.S_IWOTH: "every user"}.get(writable, "its group")
         if writable == stat.S_IWGRP | stat.S_IWOTH:
