@@ -20,7 +20,7 @@ FORMULAS = ("=cmd|' /C calc'!A0", "+1+2", "-2+3", "@SUM(1)")
 CRYPTSETUP = (
     "# Tests are approximate using memory only (no storage IO).\n"
     "PBKDF2-sha256    3116124 iterations per second for 256-bit key\n"
-    "    =HYPERLINK(\"x\")   512b  1000.0 MiB/s  1100.0 MiB/s\n"
+    '    =HYPERLINK("x")   512b  1000.0 MiB/s  1100.0 MiB/s\n'
 )
 
 

@@ -162,7 +162,9 @@ COLUMNS = {name: (unit, meaning) for names, unit, meaning in ENTRIES for name in
 
 
 def write_tables(
-    processed_dir: Path, tables: dict[str, pd.DataFrame], machine_paths: dict[str, str] | None = None
+    processed_dir: Path,
+    tables: dict[str, pd.DataFrame],
+    machine_paths: dict[str, str] | None = None,
 ) -> dict[str, Path]:
     """Each table as ``<name>.parquet`` and ``<name>.csv`` in ``processed_dir``, then the folder's
     dictionary; returns {name: parquet path}. ``machine_paths``: {absolute path of the measuring

@@ -1050,7 +1050,7 @@ def machine_paths(env: pd.DataFrame, raw_dir: Path) -> dict[str, str]:
     names = {}
     for raw in dict.fromkeys((str(Path(raw_dir)), str(Path(raw_dir).resolve()))):
         names |= {f"{raw}/": "", raw: "."}
-    for env_json in env["env_json"] if "env_json" in env else []:
+    for env_json in env.get("env_json", []):
         doc = parse_env_json(env_json)
         scratch = (doc.get("plan") or {}).get("scratch_dir")
         if isinstance(scratch, str) and len(scratch.rstrip("/")) > 1:
