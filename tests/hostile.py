@@ -1,7 +1,9 @@
 """A hostile raw run: the shipped sample turned into what an operator may be handed by another box,
 a fleet or a colleague. Every string the paper, the HTML, the report or the CSVs print from it
-carries markup or a spreadsheet formula, and some raw files are symbolic links to files outside the
-run that hold :data:`SECRET`. Shared by the unit and integration tests (not a test module)."""
+carries markup or a spreadsheet formula, some raw files are symbolic links to files outside the
+run that hold :data:`SECRET`, some results hold numbers that cannot be true (:data:`IMPOSSIBLE`)
+and one host folder has a name YAML would retype (:data:`RETYPED_HOST`). Shared by the unit and
+integration tests (not a test module)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ LINKED_HOST = "linked"
 #: a recorded fio result replaced by a link out of the run
 LINKED_REP = "fio/luks/read-4k-qd1/rep3.json"
 JOB_NAME = "=cmd|' /C calc'!A0"
+#: a second, clean host whose folder name YAML reads as a number (the integer 7)
+RETYPED_HOST = "007"
+#: recorded results of the hostile host whose numbers cannot be true -> what their problem says
+IMPOSSIBLE = {
+    "fio/plain/randread-4k-qd1/rep1.json": "json+ histogram bin count -3",
+    "fio/luks/randread-4k-qd1/rep2.json": "000 B/s, but io_bytes / runtime is",
+}
 #: env.json fields -> hostile values (the secret's absolute path is filled in)
 ENV_PAYLOADS = {
     "hostname": '=HYPERLINK("http://evil.example/?x","<script>alert(1)</script>")',
@@ -59,6 +68,8 @@ class HostileRun:
     secret_files: list[Path] = field(default_factory=list)
     #: paths inside the run folder that are symbolic links (each must be a problem)
     links: list[str] = field(default_factory=list)
+    #: {path inside the run folder: what its problem says} of results with impossible numbers
+    impossible: dict[str, str] = field(default_factory=dict)
 
     @property
     def raw_dir(self) -> Path:
@@ -99,6 +110,20 @@ def _hostile_job_names(host_dir: Path) -> None:
         rep.write_text(json.dumps(doc))
 
 
+def _impossible_numbers(host_dir: Path) -> None:
+    """A negative json+ bin count in one result, bandwidth 1000x what ``io_bytes / runtime``
+    gives in another (:data:`IMPOSSIBLE`)."""
+    negative, fast = IMPOSSIBLE
+    doc = json.loads((host_dir / negative).read_text())
+    bins = doc["jobs"][0]["read"]["clat_ns"]["bins"]
+    bins[next(iter(bins))] = -3
+    (host_dir / negative).write_text(json.dumps(doc))
+    doc = json.loads((host_dir / fast).read_text())
+    doc["jobs"][0]["read"]["bw_bytes"] *= 1000
+    doc["jobs"][0]["read"]["bw"] *= 1000
+    (host_dir / fast).write_text(json.dumps(doc))
+
+
 def build_hostile_run(root: Path, run: str = "hostile") -> HostileRun:
     """``root/data/raw/<run>/``: the sample with every hostile payload. ``root`` is the workflow
     folder (a copy); the files the links point to are in ``root``'s parent (``outside/``) and, for
@@ -118,6 +143,12 @@ def build_hostile_run(root: Path, run: str = "hostile") -> HostileRun:
     _hostile_env(hostile.host_dir, secret)
     (hostile.host_dir / "cryptsetup-benchmark.txt").write_text(CRYPTSETUP_TEXT)
     _hostile_job_names(hostile.host_dir)
+    _impossible_numbers(hostile.host_dir)
+    hostile.impossible = {f"{HOST}/{path}": why for path, why in IMPOSSIBLE.items()}
+    retyped = hostile.raw_dir / RETYPED_HOST
+    shutil.copytree(SAMPLE_HOST, retyped)
+    for path in retyped.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
     # a recorded result swapped for a link to a valid fio result outside, carrying the secret
     rep = json.loads((hostile.host_dir / LINKED_REP).read_text())

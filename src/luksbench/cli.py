@@ -19,8 +19,22 @@ def _fail(command: str, message) -> int:
     return 1
 
 
+#: text a spreadsheet would evaluate as a formula starts with one of these (the same rule as
+#: analysis.dictionary.FORMULA_START, which needs pandas; a unit test keeps them equal)
+FORMULA_START = "=+-@\t\r"
+
+
+def csv_text_cell(value):
+    """``value`` for a CSV a spreadsheet may open: text that starts like a formula gets a leading
+    ``'`` (numbers, a negative one too, stay numbers)."""
+    if isinstance(value, str) and value[:1] and value[0] in FORMULA_START:
+        return f"'{value}"
+    return value
+
+
 def _cmd_parse(args: argparse.Namespace) -> int:
-    """Rows of every file to CSV on stdout; each bad file named on stderr, exit 1 if any."""
+    """Rows of every file to CSV on stdout (formula-like text neutralised, see
+    :func:`csv_text_cell`); each bad file named on stderr, exit 1 if any."""
     from luksbench.formats import cryptsetup, fio
 
     parse, error_type, columns = {
@@ -40,7 +54,7 @@ def _cmd_parse(args: argparse.Namespace) -> int:
             status = _fail(f"parse {args.kind}", exc)
     writer = csv.DictWriter(sys.stdout, columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: csv_text_cell(v) for k, v in row.items()} for row in rows)
     return status
 
 

@@ -1,7 +1,9 @@
 """The workflow on a hostile raw run (tests/hostile.py): markup in every text the run carries, a
 config whose paper title, author and front matter are markup, spreadsheet formulas, links out of
-the run, links planted in the output folders. The paper, its HTML, the report and the CSVs are
-inert, nothing behind a link is read or written, and every link is a problem."""
+the run, links planted in the output folders, results with impossible numbers and a host folder
+whose name YAML would retype. The paper, its HTML, the report and the CSVs (the processed ones and
+``luksbench parse``'s) are inert, nothing behind a link is read or written, every link and every
+impossible result is a problem left out, and the retyped host stays the string it is."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ import pandas as pd
 import pytest
 from conftest import copy_workflow
 from hostile import (
+    HOST,
     PAPER_CONFIG,
+    RETYPED_HOST,
     SECRET,
     LiveMarkup,
     build_hostile_run,
@@ -116,10 +120,12 @@ def test_no_file_behind_a_link_reaches_any_output(analysed):
     with zipfile.ZipFile(work / "report.zip") as report:
         for name in report.namelist():
             assert SECRET.encode() not in report.read(name), name
-        paper = [n for n in report.namelist() if n.endswith("/index.html")]
+        paper = [n for n in report.namelist() if n.endswith("/paper.html")]
         assert paper, report.namelist()
         page = report.read(paper[0]).decode()
-    assert page == (work / f"paper/{RUN}/index.html").read_text()  # the same inert page
+    # the report's copy of the paper (figures downscaled): as inert as the paper
+    assert LiveMarkup.of(page).found == []
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
 @pytest.mark.slow
@@ -131,8 +137,9 @@ def test_the_csvs_hold_no_formula(analysed):
             for row in csv.reader(f):
                 bad = [c for c in row if c.startswith(FORMULA) and not _number(c)]
                 assert not bad, (path.name, bad)
-    fio = pd.read_csv(analysed["work"] / f"data/processed/{RUN}/fio.csv")
-    assert fio["job"].str.startswith("'=").all()  # the job names, as text
+    fio = pd.read_csv(analysed["work"] / f"data/processed/{RUN}/fio.csv", dtype=str)
+    hostile = fio[fio["host"] != RETYPED_HOST]
+    assert len(hostile) and hostile["job"].str.startswith("'=").all()  # the job names, as text
 
 
 @pytest.mark.slow
@@ -151,3 +158,57 @@ def test_every_link_of_the_raw_run_is_a_problem_named_in_the_paper(analysed):
     assert set(hostile.links) <= excluded, set(hostile.links) - excluded
     paper = (work / f"paper/{RUN}/index.md").read_text()
     assert paper.count("was left out: ") >= len(hostile.links)
+
+
+@pytest.mark.slow
+def test_every_impossible_result_is_a_problem_left_out_and_named_in_the_paper(analysed):
+    work, hostile = analysed["work"], analysed["hostile"]
+    processed = work / f"data/processed/{RUN}"
+    problems = pd.read_parquet(processed / "problems.parquet")
+    excluded = problems[problems["severity"] == "excluded"]
+    assert len(hostile.impossible) == 2
+    for path, why in hostile.impossible.items():
+        reasons = list(excluded.loc[excluded["file"] == path, "reason"])
+        assert len(reasons) == 1 and why in reasons[0], (path, reasons)
+    files = set(pd.read_parquet(processed / "fio.parquet", columns=["file"])["file"])
+    assert files and not files & set(hostile.impossible)  # the latency table is drawn from fio
+    paper = (work / f"paper/{RUN}/index.md").read_text()
+    for path in hostile.impossible:
+        assert f"Raw file `{path}` was left out: numbers that cannot be true" in paper, path
+
+
+@pytest.mark.slow
+def test_a_host_name_yaml_would_retype_stays_the_string_it_is(analysed):
+    work = analysed["work"]
+    processed = work / f"data/processed/{RUN}"
+    for table in ("fio", "latency", "env", "stacks", "schedule", "cryptsetup", "loss"):
+        hosts = pd.read_parquet(processed / f"{table}.parquet")["host"]
+        assert pd.api.types.is_string_dtype(hosts), table
+        assert RETYPED_HOST in set(hosts) and HOST in set(hosts), (table, set(hosts))
+        with (processed / f"{table}.csv").open(newline="") as f:
+            rows = list(csv.reader(f))
+        column = rows[0].index("host")
+        assert RETYPED_HOST in {row[column] for row in rows[1:]}, table
+    paper = (work / f"paper/{RUN}/index.md").read_text()
+    assert f"`{RETYPED_HOST}`" in paper and f"| {RETYPED_HOST} | `luks` |" in paper
+    assert "| 7 |" not in paper and "`7`" not in paper
+    page = (work / f"paper/{RUN}/index.html").read_text()
+    assert f"<td>{RETYPED_HOST}</td>" in page and "<td>7</td>" not in page
+
+
+@pytest.mark.slow
+def test_luksbench_parse_writes_no_formula(analysed):
+    hostile = analysed["hostile"]
+    reps = sorted(
+        p
+        for p in hostile.host_dir.glob("fio/*/*/rep*.json")
+        if not p.is_symlink() and not p.name.endswith(".cpu.json")
+    )
+    command = [sys.executable, "-m", "luksbench.cli", "parse", "fio", *map(str, reps)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    rows = list(csv.reader(done.stdout.splitlines()))
+    assert len(rows) > len(reps) // 2, done.stderr[-2000:]
+    for row in rows:
+        bad = [c for c in row if c.startswith(FORMULA) and not _number(c)]
+        assert not bad, bad
+    assert any(c.startswith("'=cmd") for row in rows for c in row)

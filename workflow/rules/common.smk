@@ -18,6 +18,7 @@ from luksbench.analysis.contrasts import check_config as check_comparisons
 from luksbench.analysis.ingest import PROCESSED_TABLES
 from luksbench.analysis.loss import LOSS_TABLES
 from luksbench.analysis.stats import check_regions
+from luksbench.publish.text import rst_text
 from luksbench.studies import (
     STUDIES_DIR,
     apply_study,
@@ -216,7 +217,8 @@ def abs_raw_dir(wildcards):
 class FigureIndex:
     """A run's figure index (figures/<run>/index.json, written by notebook 03), read only when
     `snakemake --report` asks for a figure's caption or family. A param of no plain type, so it
-    is no rerun trigger."""
+    is no rerun trigger. What report/figure.rst prints is reStructuredText escaped (a host or
+    stack name from a raw run is in figure names and captions)."""
 
     def __init__(self, figures_dir):
         self.figures_dir = figures_dir
@@ -230,10 +232,14 @@ class FigureIndex:
         return next(e for e in read_index(self.figures_dir) if e["name"] == name)
 
     def caption(self, name):
-        return self.entry(name)["caption"]
+        return rst_text(self.entry(name)["caption"])
+
+    def name(self, name):
+        return rst_text(name)
 
     def family(self, name):
-        """(heading, introduction) of the figure's family, as the paper has them."""
+        """(heading, introduction) of the figure's family, as the paper has them (the catalog's
+        own text, no data)."""
         from luksbench.publish.catalog import FIGURE_FAMILIES
 
         heading, intro = FIGURE_FAMILIES[self.entry(name)["family"]]

@@ -34,7 +34,7 @@ import pandas as pd
 from luksbench.analysis import cpucost, dictionary, saturation, tails
 from luksbench.analysis.stats import active_rows, with_dtypes, with_pattern
 from luksbench.formats import cryptsetup, opensslspeed
-from luksbench.formats.envdoc import env_facts
+from luksbench.formats.envdoc import env_facts, parse_env_json
 from luksbench.formats.fio import (
     FIO_COLUMNS,
     FioParseError,
@@ -1027,9 +1027,47 @@ def symbolic_links(raw_dir: Path) -> list[tuple[Path, str]]:
         for name in sorted((*subdirs, *files)):
             path = os.path.join(folder, name)
             if os.path.islink(path):
-                why = f"a symbolic link (to {os.readlink(path)}): not followed, left out"
+                why = f"a symbolic link (to {_link_target(path, raw_dir)}): not followed, left out"
                 out.append((Path(path), why))
     return out
+
+
+def _link_target(link: str, raw_dir: Path) -> str:
+    """Where ``link`` points, as a reader of the published problems needs it: relative to the run
+    folder when it stays inside, else no absolute path of the machine (only the file's name)."""
+    target = os.readlink(link)
+    inside = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    root = os.path.normpath(raw_dir)
+    if inside.startswith(root + os.sep):
+        return inside[len(root) + 1 :]
+    return f"{os.path.basename(target.rstrip('/')) or target}, outside the run folder"
+
+
+def machine_paths(env: pd.DataFrame, raw_dir: Path) -> dict[str, str]:
+    """{absolute path of the measuring machine: what a published table shows instead}: the run's
+    raw folder (paths inside it relative), each host's scratch directory (``<scratch_dir>``) and
+    each planned device that is no ``/dev`` path (``<device BLOCK>``), also as JSON escapes them."""
+    names = {}
+    for raw in dict.fromkeys((str(Path(raw_dir)), str(Path(raw_dir).resolve()))):
+        names |= {f"{raw}/": "", raw: "."}
+    for env_json in env.get("env_json", []):
+        doc = parse_env_json(env_json)
+        scratch = (doc.get("plan") or {}).get("scratch_dir")
+        if isinstance(scratch, str) and len(scratch.rstrip("/")) > 1:
+            names[scratch.rstrip("/")] = "<scratch_dir>"
+        for device in doc.get("job_devices") or []:
+            path = device.get("device") if isinstance(device, dict) else None
+            if isinstance(path, str) and path.startswith("/") and not path.startswith("/dev/"):
+                names[path.rstrip("/") or path] = f"<device {device.get('block_device') or '?'}>"
+    names = {path: name for path, name in names.items() if path.startswith("/") and path != "/"}
+    return names | {json.dumps(p)[1:-1]: n for p, n in names.items() if json.dumps(p)[1:-1] != p}
+
+
+def _without_raw_dir(reason: str, raw_dir: Path) -> str:
+    """A problem's reason with the run folder's absolute path cut (parse errors name the file)."""
+    for raw in dict.fromkeys((str(Path(raw_dir).resolve()), str(Path(raw_dir)))):
+        reason = reason.replace(f"{raw}/", "")
+    return reason
 
 
 def ingest_run(
@@ -1069,7 +1107,11 @@ def ingest_run(
     prefix = f"{raw_dir}/"  # the paths are raw_dir / <path inside the run>: no resolve() needed
     tables["problems"] = pd.DataFrame.from_records(
         [
-            (p[len(prefix) :] if p.startswith(prefix) else _relative(Path(p), raw_dir), sev, why)
+            (
+                p[len(prefix) :] if p.startswith(prefix) else _relative(Path(p), raw_dir),
+                sev,
+                _without_raw_dir(str(why), raw_dir),
+            )
             for p, sev, why in records
         ],
         columns=PROBLEMS_COLUMNS,
@@ -1115,7 +1157,11 @@ def write_processed(
     processed_dir.mkdir(parents=True, exist_ok=True)
     for name in PROCESSED_TABLES:
         tables[name].attrs = {}  # the problems and notes, reported above; not table data
-    return dictionary.write_tables(processed_dir, {name: tables[name] for name in PROCESSED_TABLES})
+    return dictionary.write_tables(
+        processed_dir,
+        {name: tables[name] for name in PROCESSED_TABLES},
+        machine_paths(tables["env"], raw_dir),
+    )
 
 
 def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:

@@ -234,6 +234,20 @@ def md_escape(value) -> str:
     return _MD_LINE_START.sub(r"\1\\\2", text)
 
 
+def rst_text(value) -> str:
+    """``value`` as plain reStructuredText inside a paragraph (the Snakemake report's captions):
+    every ASCII punctuation character behind a backslash (no emphasis, literal, reference, role,
+    substitution or target of its own) and every line break or control character a space (so no
+    directive such as ``.. include::`` or ``.. raw::`` can start a line)."""
+    text = "".join(
+        " " if ch.isspace() or ord(ch) < 32 or ord(ch) == 127 else ch for ch in str(value)
+    )
+    text = text.strip()  # "**text**": strong emphasis ends at a character that is no space
+    return "".join(
+        f"\\{ch}" if ch.isascii() and not ch.isalnum() and ch != " " else ch for ch in text
+    )
+
+
 def md_escape_json(text: str) -> str:
     """A JSON document (a processed table's ``*_json`` cell) with every key and string escaped by
     :func:`md_escape`; text that is not JSON is escaped as a whole."""
