@@ -477,16 +477,7 @@ def _add_next_command(commands) -> None:
     nxt.set_defaults(func=_cmd_next)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="luksbench",
-        description=DESCRIPTION,
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def _add_parse_command(commands) -> None:
     parse = commands.add_parser("parse", help="parse tool output into tidy CSV on stdout")
     parse_kinds = parse.add_subparsers(dest="kind", required=True)
     for kind, what in (
@@ -497,9 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
         parse_kind.add_argument("files", nargs="+", metavar="FILE", help="files to parse")
         parse_kind.set_defaults(func=_cmd_parse)
 
-    _add_loss_commands(commands)
-    _add_next_command(commands)
 
+def _add_compare_command(commands) -> None:
     comp = commands.add_parser(
         "compare",
         help="change per cell and stack from run A to run B (two kernels, hosts, settings)",
@@ -551,6 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--raw-root", type=Path, default=Path("data/raw"), help="where raw runs are")
     comp.set_defaults(func=_cmd_compare)
 
+
+def _add_plan_command(commands) -> None:
     plan = commands.add_parser(
         "plan",
         help="print what a run will do (matrix, every destructive action) before anything runs",
@@ -592,6 +584,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--components (default 600)",
     )
     plan.set_defaults(func=_cmd_plan)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="luksbench",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    _add_parse_command(commands)
+    _add_loss_commands(commands)
+    _add_next_command(commands)
+    _add_compare_command(commands)
+    _add_plan_command(commands)
 
     from luksbench.testbox.cli import add_testbox_commands
 

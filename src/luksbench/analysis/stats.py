@@ -565,9 +565,8 @@ def _cell_stats(
     ``shared_baseline`` (net CPU metrics whose idle sample nets several pairs): "withheld", no
     interval, unless it is over sessions (the sample's error is then part of each session's
     level, which that interval covers) or the baseline's variance can be carried (a tuple from
-    :func:`baseline_carry`; :func:`_carried_scale`; ``covers`` says so). ``added`` (net CPU
-    metrics): variant minus baseline in the metric's unit, with a t-interval over the pairs (or
-    session means) at the row's level."""
+    :func:`baseline_carry`; :func:`_carried_scale`; ``covers`` says so). ``added`` (net CPU):
+    variant minus baseline in the metric's unit, its t-interval at the row's level."""
     usable, fio_error, ss_missed = _usable_unflagged(b, v, flags, all_or_none)
     ok = usable & ~fio_error & ~ss_missed
     d_all = np.log(v[ok] / b[ok])
@@ -583,16 +582,10 @@ def _cell_stats(
     two_level = sessions_planned >= 2 and means.size >= 2
     pilot, valid, scale = None, True, None
     if two_level:  # every estimate from the session means
-        _, inv = np.unique(su.astype(str), return_inverse=True)
-        count = np.bincount(inv)
-        d, bu, vu = means, np.bincount(inv, bu) / count, np.bincount(inv, vu) / count
-        if prior is not None:  # (posterior SD, its df + 1): the form of a Stein pilot
-            var, df = eb.posterior(float(d.var(ddof=1)), d.size - 1, prior)
-            scale = (math.sqrt(var), df + 1) if math.isfinite(var) else None
+        d, bu, vu, scale = _session_level(means, su, bu, vu, prior)
     elif pilot_pairs >= 2:
-        d_pilot = d_all[reps[ok] <= pilot_pairs]
-        valid = d_pilot.size >= 2
-        pilot = (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if valid else None
+        pilot = _pilot_scale(d_all[reps[ok] <= pilot_pairs])
+        valid = pilot is not None
     moderated = scale is not None
     withheld, carried = _shared_baseline(not two_level and shared_baseline, pilot, d, bu, vu)
     scale = carried or scale
@@ -637,6 +630,24 @@ def _cell_stats(
         # a carried idle baseline's error is in the ratio's interval, not in a plain t over vu - bu
         **_added(vu - bu, level, all_or_none and valid and not carried, estimates[-1]),
     }
+
+
+def _session_level(means, sessions, bu, vu, prior) -> tuple:
+    """(d, baseline, variant, scale) of a two-level cell: its session means, and with a
+    ``prior`` the moderated (posterior SD, its df + 1), the form of a Stein pilot (else None)."""
+    _, inv = np.unique(sessions.astype(str), return_inverse=True)
+    count = np.bincount(inv)
+    bu, vu = np.bincount(inv, bu) / count, np.bincount(inv, vu) / count
+    scale = None
+    if prior is not None:
+        var, df = eb.posterior(float(means.var(ddof=1)), means.size - 1, prior)
+        scale = (math.sqrt(var), df + 1) if math.isfinite(var) else None
+    return means, bu, vu, scale
+
+
+def _pilot_scale(d_pilot: np.ndarray) -> tuple[float, int] | None:
+    """Stein's (SD, n0) of the usable pilot pairs; None with fewer than two."""
+    return (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if d_pilot.size >= 2 else None
 
 
 def _usable_unflagged(b, v, flags, all_or_none: bool) -> tuple[np.ndarray, ...]:
