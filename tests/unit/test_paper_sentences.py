@@ -323,3 +323,31 @@ def test_iops_at_a_fixed_block_size_is_folded_into_bandwidth(processed):
     assert not paper.same_test_as_bandwidth(other)[first]
     kept = next(s for s in paper.loss_sections(other) if s["metric"] == "iops")
     assert len(kept["rows"]) == 1
+
+
+def test_drift_and_moderation_sentences_count_the_rows_they_talk_about():
+    """The intervals' adjustments are said from the loss table's drift and moderation columns:
+    nothing widened, some widened (how many, by how much), some moderated, or none to say."""
+    base = {
+        "metric": "bw_bytes",
+        "drift_rho": 0.1,
+        "drift_inflation": 1.0,
+        "drift_widening_pct": 0.0,
+        "moderated": False,
+        "prior_df": float("nan"),
+    }
+    (quiet,) = paper.interval_adjustments(pd.DataFrame([base]))
+    assert "No drift" in quiet and "stand as computed" in quiet
+    rows = [
+        base,
+        {**base, "drift_rho": 0.5, "drift_inflation": 1.44, "drift_widening_pct": 20.0},
+        {**base, "metric": "clat_p99_ns", "drift_rho": 0.5, "drift_inflation": 1.21},
+        {**base, "drift_inflation": float("nan"), "moderated": True, "prior_df": 4.0},
+    ]
+    rows[2]["drift_widening_pct"] = 10.0
+    drift, moderated = paper.interval_adjustments(pd.DataFrame(rows))
+    assert "bandwidth, p99 completion latency" in drift and "2 intervals were widened" in drift
+    assert "15 % in the median and 20 % at most" in drift and "0.50 at most" in drift
+    assert moderated.startswith("1 sessions interval(s)") and "4.0 in the median" in moderated
+    no_columns = pd.DataFrame([{"metric": "bw_bytes"}])
+    assert paper.interval_adjustments(no_columns) == []

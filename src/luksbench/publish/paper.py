@@ -756,6 +756,7 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
         "host_summary": host_summary(losses, hosts, name),
         **_tally(losses),
         "intervals_cover": intervals_cover(losses),
+        "interval_adjustments": interval_adjustments(losses),
         "limited_cells": limited_cells(losses),
         "limits": {"job": fmt_num(JOB_CPU_LIMIT_PCT, 0), "busy": fmt_num(BUSY_LIMIT_PCT, 0)}
         | {"unchecked": unchecked_cells(losses)},
@@ -794,6 +795,49 @@ def intervals_cover(losses: pd.DataFrame) -> str:
             "not the variation between sessions or machines (config `sessions: k` measures it)"
         )
     return "; where marked otherwise they ".join(parts) if parts else "are not computed"
+
+
+def interval_adjustments(losses: pd.DataFrame) -> list[str]:
+    """What widened or borrowed for the intervals, from the loss table's ``drift_*`` and
+    ``moderated``/``prior_df`` columns: drift of d across pairs the pairing does not cancel, and
+    sessions intervals moderated across a host's cells."""
+    out = []
+    rho = pd.to_numeric(losses.get("drift_inflation", pd.Series(dtype=float)), errors="coerce")
+    if rho.notna().any():
+        widened = losses[rho > 1]
+        if widened.empty:
+            out.append(
+                "No drift of d across pairs beyond what independent pairs give was found (lag-1 "
+                "and lag-2 autocorrelation pooled over each host's cells, 1 % test): the "
+                "intervals stand as computed."
+            )
+        else:
+            pct = widened["drift_widening_pct"].astype(float)
+            names = (metric_heading(m) for m in sorted_metrics(widened["metric"].unique()))
+            metrics = ", ".join(n[:1].lower() + n[1:] for n in names)
+            out.append(
+                f"Drift the pairing does not cancel was found in {metrics} (AR(1) coefficient "
+                f"{fmt_num(widened['drift_rho'].astype(float).max(), 2)} at most, pooled over "
+                f"each host's cells): {len(widened)} intervals were widened for it, by "
+                f"{fmt_num(pct.median(), 0)} % in the median and {fmt_num(pct.max(), 0)} % at "
+                "most (column `drift_widening_pct`)."
+            )
+    flags = losses.get("moderated", pd.Series(False, index=losses.index))
+    moderated = losses[flags.eq(True)]
+    if len(moderated):
+        df = pd.to_numeric(moderated["prior_df"], errors="coerce")
+        finite = df[df.abs() < float("inf")]
+        prior = (
+            f"prior degrees of freedom {fmt_num(finite.median(), 1)} in the median"
+            if len(finite)
+            else "the cells share one variance"
+        )
+        out.append(
+            f"{len(moderated)} sessions interval(s) over at most 3 sessions borrow variance from "
+            f"their host's other cells of the same metric (empirical Bayes; {prior}; column "
+            "`moderated`)."
+        )
+    return out
 
 
 def sequential_design(run: Run, pairs: list[Pair]) -> dict | None:
