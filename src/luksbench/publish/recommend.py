@@ -340,7 +340,8 @@ def paper_recommendation(losses: pd.DataFrame, hosts: list[dict], describe) -> d
             continue
         name = f"`{variant}`" if len(pairs) == 1 else label((baseline, variant))
         verdicts.append(
-            verdict(rows, name, describe) | {"not_measured": _not_measured(losses, rows)}
+            verdict(rows, name, describe)
+            | {"not_measured": _not_measured(losses, rows), "name": name}
         )
     caveats = []
     if any(h["backend"] == "userspace" for h in hosts):
