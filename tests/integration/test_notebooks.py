@@ -62,7 +62,7 @@ PARAMS = {
     },
     "03-figures": {*RUN_DIRS, "figures_dir", "workers"},
     "04-paper": {*RUN_DIRS, "figures_dir", "paper_dir", "reference_dir", "title", "author"}
-    | {"front_matter"},
+    | {"front_matter", "machine_paths"},
 }
 
 
