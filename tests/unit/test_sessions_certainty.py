@@ -55,11 +55,21 @@ def test_two_level_interval_covers_sessions_where_pooled_repetitions_do_not(tmp_
     assert 0.005 < two_level["sd_within_session"].mean() < 0.011
 
     # the same design analysed as if it were one session: pairs pooled over stack-ups, an
-    # interval of repetitions that misses the session-to-session variation
+    # interval of repetitions that misses the session-to-session variation, unless the drift
+    # check sees it: pairs of one stack-up share its shift, a serial correlation of d that the
+    # loss stage finds (pooled over the cells) and widens the intervals for
     pooled, truth = multi_session_run(tmp_path / "k1", rng, 200, 10, 0.02, 1)
     assert (pooled["interval"] == "t").all()
     assert (pooled["covers"] == "repetitions within sessions").all()
-    assert covers(pooled, truth).mean() < 0.8
+    assert (pooled["drift_inflation"] > 1).all()
+    factor = np.sqrt(pooled["drift_inflation"].to_numpy(float))
+    mean = pooled["mean_log_ratio"].to_numpy(float)
+    half = np.log1p(-pooled["ci_low"].to_numpy(float) / 100) - mean  # a loss: low loss, high ratio
+    unwidened = pooled.assign(
+        ci_low=-np.expm1(mean + half / factor) * 100, ci_high=-np.expm1(mean - half / factor) * 100
+    )
+    assert covers(unwidened, truth).mean() < 0.8
+    assert covers(pooled, truth).mean() >= 0.93
 
 
 def test_without_a_session_effect_the_two_level_interval_still_holds(tmp_path):
