@@ -148,7 +148,8 @@ def cycle(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cycle")
     run = f"cyc{os.getpid()}"
     plan = make_plan(tmp, run)
-    state, describe = tmp / "state.json", tmp / "stacks.json"
+    # (not stacks.json beside the state: stack-down removes that one, the workflow's copy)
+    state, describe = tmp / "state.json", tmp / "described.json"
     host_dir = tmp / "raw" / run / "tb1"
     manifest = host_dir / "fio" / "manifest.json"
     art: dict = {

@@ -361,24 +361,12 @@ def recover_interrupted_run():
         stale.unlink()
 
 
-def snakemakes_here():
-    """Other snakemake processes whose working directory is this one."""
-    here, found = os.path.realpath(os.getcwd()), []
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
-        with contextlib.suppress(OSError):
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
-            named = any("snakemake" in os.path.basename(os.fsdecode(a)) for a in argv)
-            if named and os.path.realpath(f"/proc/{pid}/cwd") == here:
-                found.append(pid)
-    return found
-
-
 def clear_stale_snakemake_lock():
     """A killed snakemake leaves its directory lock (.snakemake/locks), which refuses the same
     command ever after. When no snakemake runs here any more, the lock is stale: removed, as
     `snakemake --unlock` would."""
     locks = sorted(Path(".snakemake/locks").glob("*.lock"))
-    if locks and not snakemakes_here():
+    if locks and not orphans.snakemakes_here(os.getcwd()):
         for stale in locks:
             stale.unlink(missing_ok=True)
         print(

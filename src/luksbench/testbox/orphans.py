@@ -103,3 +103,15 @@ def recover(
     if isinstance(session_pid, int):
         stop_session_steps(session_pid, grace_s)
     return stack_down(Path(state_path))
+
+
+def snakemakes_here(workdir: str) -> list[int]:
+    """Other snakemake processes whose working directory is ``workdir``."""
+    here, found = os.path.realpath(workdir), []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
+            named = any("snakemake" in os.path.basename(os.fsdecode(a)) for a in argv)
+            if named and os.path.realpath(f"/proc/{pid}/cwd") == here:
+                found.append(pid)
+    return found
