@@ -24,14 +24,15 @@ rule all:
         paper=f"paper/{RUN}/index.md",
 
 
+# The test box's lifecycle (src/luksbench/orchestrate/lifecycle.py): stop signals reach the jobs,
+# the test box is released at the end, and a failed rule leaves no devices, mounts or daemons.
 onstart:
-    forward_stop_signals()
+    lifecycle.on_start()
 
 
 onsuccess:
-    release_test_box()
+    lifecycle.on_success(MEASURED_STATE)
 
 
 onerror:
-    # A failed rule must not leave dm/loop devices, FUSE mounts or daemons behind.
-    tear_down_after_failure()
+    lifecycle.on_error(MEASURED_STATE)

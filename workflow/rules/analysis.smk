@@ -1,7 +1,7 @@
 """Notebooks run by papermill: raw JSON -> tidy tables -> loss tables -> figures -> paper.
 
-Each rule lists its notebook and the package code it runs (common.smk: INGEST_CODE, ...) as
-inputs, so a change to either re-runs it; the executed notebooks are kept beside the processed
+Each rule lists its notebook and the package code it runs (common.smk: notebook_code, from the
+notebook's imports) as inputs, so a change to either re-runs it; the executed notebooks are kept beside the processed
 data as a record of what ran. Ingest writes the package's table list (PROCESSED_TABLES); the steps
 after it read those tables.
 """
@@ -30,7 +30,7 @@ rule ingest_raw:
         envs=env_captures,
         ciphers=cipher_benchmarks,
         teardown=teardown_records,
-        code=INGEST_CODE,
+        code=notebook_code(f"{NOTEBOOKS}/01-ingest.ipynb"),
     output:
         **processed(*PROCESSED_TABLES),
         notebook=f"{PROCESSED}/{{run}}/notebooks/01-ingest.ipynb",
@@ -61,7 +61,7 @@ rule compute_loss:
     input:
         **processed(*PROCESSED_TABLES),
         notebook=f"{NOTEBOOKS}/02-loss.ipynb",
-        code=ANALYSIS_CODE,
+        code=notebook_code(f"{NOTEBOOKS}/02-loss.ipynb"),
     output:
         **processed(*LOSS_TABLES),
         notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
@@ -97,7 +97,7 @@ rule plot_figures:
     input:
         **processed(*PROCESSED_TABLES, *LOSS_TABLES),
         notebook=f"{NOTEBOOKS}/03-figures.ipynb",
-        code=PUBLISH_CODE,
+        code=notebook_code(f"{NOTEBOOKS}/03-figures.ipynb"),
     output:
         # in `snakemake --report`: every figure, its caption and family from the figure index
         figures=report(
@@ -132,7 +132,8 @@ rule render_paper:
         notebook=f"{NOTEBOOKS}/04-paper.ipynb",
         figures="figures/{run}",
         references=sorted(str(p) for p in Path("data/reference").glob("*.csv")),
-        code=PUBLISH_CODE,
+        # and the report page's writer (publish/render.py) it runs after the notebook
+        code=notebook_code(f"{NOTEBOOKS}/04-paper.ipynb", "luksbench.publish.render"),
     output:
         paper="paper/{run}/index.md",
         html="paper/{run}/index.html",

@@ -1,12 +1,9 @@
 """Config validation, names, paths and input functions shared by all rules."""
 
-import contextlib
 import os
 import re
 import shlex
-import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,12 +22,12 @@ from luksbench.studies import (
     check_config_data,
     load_config_file,
 )
-from luksbench.testbox import lock, orphans
+from luksbench.orchestrate import lifecycle
+from luksbench.orchestrate.imports import notebook_modules, package_sources
 from luksbench.testbox.plan import plan_from_config, workloads, write_plan
 from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
 from luksbench.testbox.runner import measurement_final
-from luksbench.testbox.sysutil import descendants
 
 min_version("8.0")
 
@@ -121,22 +118,12 @@ def processed(*tables):
     return {table: f"{PROCESSED}/{{run}}/{table}.parquet" for table in tables}
 
 
-def package_files(*patterns):
-    """Package files an analysis step runs (globs per subpackage under src/luksbench), listed as
-    inputs so a change to that code, and only to that code, re-runs the step."""
-    root = Path("src/luksbench")
-    files = {p for pattern in patterns for p in root.glob(pattern) if p.is_file()}
-    return sorted(str(p) for p in files if "__pycache__" not in p.parts)
-
-
-FORMATS_CODE = package_files("__init__.py", "formats/**/*.py")
-# ingest and what it imports (cells, stats, tails, cpucost)
-INGEST_CODE = FORMATS_CODE + package_files(
-    *("analysis/__init__.py", "analysis/ingest.py", "analysis/cells.py", "analysis/stats.py"),
-    *("analysis/tails.py", "analysis/cpucost.py"),
-)
-ANALYSIS_CODE = FORMATS_CODE + package_files("analysis/**/*.py")
-PUBLISH_CODE = ANALYSIS_CODE + package_files("publish/**/*")
+def notebook_code(notebook, *modules):
+    """The package files a notebook runs (with ``modules`` its step runs besides): the luksbench
+    modules its cells import and all they import in turn (orchestrate/imports.py), listed as
+    inputs so a change to that code, and only to that code, re-runs the step; a new import is
+    followed without editing the rules."""
+    return package_sources([*notebook_modules(notebook), *modules], "src")
 
 
 # --- input functions
@@ -246,51 +233,10 @@ class FigureIndex:
         return heading, intro.replace(", {cpu_basis}", "")  # the CPU figures state their basis
 
 
-# Every test-box step this invocation runs belongs to its session: the test box stays locked
-# for the run from the environment capture to the end (testbox/lock.py).
-os.environ.setdefault(lock.SESSION_ENV, str(os.getpid()))
-
-
-def measured_state():
-    return Path(SCRATCH) / RUN / HOST / "state.json"
-
-
-def tear_down_after_failure():
-    """Called by `onerror`: tear down the stacks of this run if a state file says they are up."""
-    state = measured_state()
-    # A step whose job shell died (kill -9, OOM) lives on: stopped before its stacks go.
-    orphans.stop_session_steps(lock.current_session()["pid"], grace_s=30)
-    if state.exists():
-        print(f"luksbench: tearing down the stacks of {state} after the failure", file=sys.stderr)
-        command = ["luksbench.cli", "testbox", "stack-down", "--state", str(state)]
-        subprocess.run([sys.executable, "-m", *command], check=False)
-    release_test_box()
-
-
-def forward_stop_signals():
-    """Called by `onstart`: SIGINT or SIGTERM sent to the snakemake process alone (`kill PID`, a
-    service manager) reaches the jobs' processes in its process group too, as Ctrl-C reaches a
-    terminal's whole group, so run-fio stops its fio at once and `onerror` tears the stacks down.
-    (fio runs in a session of its own: only run-fio stops it, and then keeps no partial result.)"""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        snakemakes_own = signal.getsignal(signum)
-
-        def forward(signum, frame, snakemakes_own=snakemakes_own):
-            for pid in descendants(os.getpid()):
-                with contextlib.suppress(ProcessLookupError):
-                    if os.getpgid(pid) == os.getpgrp():
-                        os.kill(pid, signum)
-            if callable(snakemakes_own):
-                snakemakes_own(signum, frame)
-
-        signal.signal(signum, forward)
-
-
-def release_test_box():
-    """The run's hold on the test box ends with the workflow, unless its stacks are still up."""
-    state = measured_state()
-    if not state.exists():
-        lock.release(state)
+# The workflow's lifecycle (orchestrate/lifecycle.py): this invocation is the session of its
+# test-box steps; the Snakefile's onstart/onsuccess/onerror hooks call it with this state file.
+lifecycle.start_session()
+MEASURED_STATE = Path(SCRATCH) / RUN / HOST / "state.json"
 
 
 def min_pairs(wildcards):
@@ -323,59 +269,17 @@ def variant_stacks(wildcards):
     return [name for name in config["stacks"] if name != config["baseline"]]
 
 
-def _is_dry_run():
-    try:
-        if workflow.dryrun:
-            return True
-    except AttributeError:  # no executor yet while the Snakefile is parsed
-        pass
-    return any(arg in ("-n", "--dry-run", "--dryrun") for arg in sys.argv[1:])
-
-
 # The plan of the run measured here, resolved now: a config error (an unknown device, a stack on
 # a device that md claims, ...) stops every invocation before anything runs, naming the key.
 MEASURED_PLAN = plan_from_config(config, HOST, Path(SCRATCH) / RUN / HOST)
-if _is_dry_run():
+if lifecycle.is_dry_run(workflow.output_settings, sys.argv):
     print("\n".join(describe_plan(MEASURED_PLAN)), file=sys.stderr)
 
 
-# Invocations that only look (or unlock): they must not tear anything down.
-LOOKING = {"-n", "--dry-run", "--dryrun", "--unlock", "--report", "--lint", "--list", "-l"}
-LOOKING |= {"--summary", "-S", "--detailed-summary", "-D", "--dag", "--rulegraph", "--filegraph"}
-LOOKING |= {"--cleanup-metadata", "--list-target-rules", "--list-changes", "--lc", "--li", "--lp"}
-
-
-def recover_interrupted_run():
-    """Before the DAG is built: the stacks of this run that a killed snakemake left up (its
-    orphaned test-box steps stop themselves) are torn down, and a description of stacks that are
-    down is dropped, so stack_up runs again and the same command resumes."""
-    state = measured_state()
-    record = orphans.recover(state)
-    if record is not None and not record["ok"]:
-        raise WorkflowError(
-            f"the stacks a killed run left up could not all be torn down: {record['leftovers']}; "
-            f"see `luksbench testbox stack-down --state {state}`"
-        )
-    stale = state.with_name("stacks.json")
-    if not state.exists() and stale.exists():
-        stale.unlink()
-
-
-def clear_stale_snakemake_lock():
-    """A killed snakemake leaves its directory lock (.snakemake/locks), which refuses the same
-    command ever after. When no snakemake runs here any more, the lock is stale: removed, as
-    `snakemake --unlock` would."""
-    locks = sorted(Path(".snakemake/locks").glob("*.lock"))
-    if locks and not orphans.snakemakes_here(os.getcwd()):
-        for stale in locks:
-            stale.unlink(missing_ok=True)
-        print(
-            "luksbench: removed the directory lock of a snakemake that is no longer running "
-            "(what `snakemake --unlock` does)",
-            file=sys.stderr,
-        )
-
-
-if not LOOKING.intersection(sys.argv[1:]):
-    clear_stale_snakemake_lock()
-    recover_interrupted_run()
+# An invocation that runs the workflow (not a dry run, lint, report, ...; not a job's own
+# snakemake) first recovers what a killed run left behind, before the DAG is built.
+if not lifecycle.only_looks(workflow.output_settings, sys.argv, workflow.is_main_process):
+    try:
+        lifecycle.before_dag(MEASURED_STATE, os.getcwd())
+    except lifecycle.RecoveryError as exc:
+        raise WorkflowError(str(exc)) from exc
