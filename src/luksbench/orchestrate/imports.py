@@ -88,7 +88,7 @@ def package_sources(modules, src_dir: str | Path) -> list[str]:
         for found in imported_modules(tree, _package_of(module, path)):
             pending.extend(_with_parents(found))
     files = set(seen.values())
-    for module, path in seen.items():
+    for path in seen.values():
         if path.name == "__init__.py":
             files.update(_package_data(path.parent))
     return sorted(str(p) for p in files)
