@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from luksbench.testbox import safety
+from luksbench.testbox import disksafety, safety, scratchsafety
 from luksbench.testbox.safety import SafetyError, check_scratch_dir, others_can_change
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -175,7 +175,7 @@ def test_recorded_files_are_checked_and_unrecorded_ones_skipped(tmp_path):
 
 
 def test_loop_entry_reads_losetups_padded_columns():
-    entry = safety._loop_entry(
+    entry = scratchsafety._loop_entry(
         {
             "name": "/dev/loop1",
             "back-file": "/srv/vm.img (deleted)",
@@ -190,7 +190,7 @@ def test_loop_entry_reads_losetups_padded_columns():
         "back": (os.makedev(254, 0), 94),
         "offset": 1048576,
     }
-    assert safety._loop_entry({"name": "/dev/loop2", "back-file": None})["back"] is None
+    assert scratchsafety._loop_entry({"name": "/dev/loop2", "back-file": None})["back"] is None
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,7 @@ def test_open_for_writing_reads_fdinfo_flags(tmp_path, flags, writing):
     path.write_bytes(b"x")
     fd = os.open(path, flags | os.O_CLOEXEC)
     try:
-        assert safety._open_for_writing(os.getpid(), f"/proc/{os.getpid()}/fd/{fd}") is writing
+        assert disksafety._open_for_writing(os.getpid(), f"/proc/{os.getpid()}/fd/{fd}") is writing
     finally:
         os.close(fd)
 
@@ -236,7 +236,8 @@ def test_opened_same_file_refuses_a_swap_after_its_check(tmp_path, monkeypatch, 
         else:
             backing.write_bytes(b"other")
 
-    monkeypatch.setattr(safety, "check_same_file", check_then_swap)
+    # opened_same_file checks through its own module
+    monkeypatch.setattr(scratchsafety, "check_same_file", check_then_swap)
     ran = []
     with (
         pytest.raises(SafetyError, match=found),

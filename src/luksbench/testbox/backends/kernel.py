@@ -19,20 +19,33 @@ names it. Standard library only.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
-import re
 import secrets
-import stat
-import struct
 import subprocess
 import time
 from pathlib import Path
 
 from luksbench.testbox import safety
+from luksbench.testbox.backends.kernel_tools import (
+    crypt_target_version,
+    cryptsetup_perf_flags,
+    device_size,
+    dm_table,
+    free_md_device,
+    losetup_argv,
+    luks_dump,
+    luks_facts,
+    luks_format_argv,
+    luks_open_argv,
+    mdadm_create_argv,
+    mdstat,
+    mkfs_argv,
+    parse_cryptsetup_status,
+    usable_perf_flags,
+)
+from luksbench.testbox.backends.kernel_undo import leftovers as leftovers
+from luksbench.testbox.backends.kernel_undo import undo
 from luksbench.testbox.plan import MIB, NULL_CIPHERS, baseline_first, first_layer, plan_layers
-from luksbench.testbox.sysinfo import strip_dm_table_keys
 from luksbench.testbox.sysutil import (
     QUIET,
     TestboxError,
@@ -42,32 +55,6 @@ from luksbench.testbox.sysutil import (
     run_tool,
     write_json_atomic,
 )
-
-BLKGETSIZE64 = 0x80081272
-# dm-crypt target versions that brought the optional parameters (kernel 4.0, 5.9 and 6.10).
-PERF_FLAG_MIN_CRYPT_VERSION = {
-    "same_cpu_crypt": (1, 14, 0),
-    "submit_from_crypt_cpus": (1, 14, 0),
-    "no_read_workqueue": (1, 22, 0),
-    "no_write_workqueue": (1, 22, 0),
-    "high_priority": (1, 26, 0),
-}
-# Our arrays are /dev/md120 and up, skipping numbers in use: clear of the low numbers a system's
-# own arrays usually have (mdadm's automatic names count down from md127).
-MD_FIRST_MINOR = 120
-
-
-def device_size(path: str | Path) -> int:
-    """Size in bytes of a block device (BLKGETSIZE64) or regular file."""
-    st = os.stat(path)
-    if stat.S_ISBLK(st.st_mode):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
-        finally:
-            os.close(fd)
-        return struct.unpack("Q", buf)[0]
-    return st.st_size
 
 
 def loop_direct_io(loop: str) -> bool | None:
@@ -111,155 +98,6 @@ def check_recorded_files(objects: list[dict], before: str) -> None:
             safety.check_same_file(obj["path"], obj["identity"], before)
         elif obj["type"] == "loop" and obj.get("device"):
             safety.check_loop_backing(obj["device"], obj["identity"], before)
-
-
-# --- command lines (pure functions; unit-tested) -------------------------------------------------
-
-
-def losetup_argv(backing: str | Path) -> list[str]:
-    return ["losetup", "--direct-io=on", "--show", "-f", str(backing)]
-
-
-def luks_facts(cfg: dict, luks_type: str, sector: int) -> dict:
-    """How a luks layer is formatted, as its description records it."""
-    return {
-        "cipher": cfg.get("cipher", "aes-xts-plain64"),
-        "key_bits": int(cfg.get("key_bits", 512)),
-        "hash": cfg.get("hash", "sha256"),
-        "luks_type": luks_type,
-        "luks_type_requested": cfg.get("luks_type", "luks2"),
-        "sector_size": sector,
-        "pbkdf": "pbkdf2",
-        "pbkdf_iterations": int(cfg.get("pbkdf_iterations", 1000)),
-    }
-
-
-def luks_format_argv(
-    cfg: dict, target: str | Path, key_file: str | Path, luks_type: str
-) -> list[str]:
-    facts = luks_facts(cfg, luks_type, int(cfg.get("sector_size", 512)))
-    cipher = str(facts["cipher"])
-    argv = ["cryptsetup", "luksFormat", "--batch-mode", "--type", luks_type, "--cipher", cipher]
-    argv += ["--key-size", str(facts["key_bits"]), "--hash", str(facts["hash"])]
-    if luks_type == "luks2":
-        argv += ["--sector-size", str(facts["sector_size"])]
-        if cipher in NULL_CIPHERS:
-            # The null arm encrypts nothing; its key slot still needs a real cipher.
-            argv += ["--keyslot-cipher", "aes-xts-plain64", "--keyslot-key-size", "512"]
-    argv += ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", str(facts["pbkdf_iterations"])]
-    return [*argv, "--key-file", str(key_file), str(target)]
-
-
-def luks_dump(device: str | Path, key_file: str | Path, stack: str) -> str:
-    """``cryptsetup luksDump``, refused if it holds the key (it prints none: belt and braces)."""
-    dump = run_tool(["cryptsetup", "luksDump", str(device)], f"stack {stack}: luksDump").stdout
-    if Path(key_file).read_text() in dump:
-        raise TestboxError(f"stack {stack}: luksDump output contains key material")
-    return dump
-
-
-def luks_open_argv(
-    device: str | Path, name: str, key_file: str | Path, perf_flags: list[str] | None = None
-) -> list[str]:
-    argv = ["cryptsetup", "open", "--type", "luks", *[f"--perf-{f}" for f in perf_flags or []]]
-    return [*argv, "--key-file", str(key_file), str(device), name]
-
-
-def mdadm_create_argv(device: str, level: int, chunk_kib: int, members: list[str]) -> list[str]:
-    # --assume-clean: no initial resync competing with the measurements (parity is computed on
-    # write anyway); --run: no interactive confirmation.
-    argv = ["mdadm", "--create", device, "--run", "--assume-clean", "--metadata=1.2"]
-    argv += [f"--level={level}", f"--raid-devices={len(members)}", f"--chunk={chunk_kib}"]
-    return [*argv, *members]
-
-
-def mkfs_argv(fstype: str, device: str) -> list[str]:
-    if fstype == "ext4":
-        # Initialise inode tables and journal now, not lazily in the background during the runs.
-        return ["mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", device]
-    if fstype == "xfs":
-        return ["mkfs.xfs", "-f", "-q", device]
-    raise TestboxError(f"unsupported fstype {fstype!r}")
-
-
-# --- what the kernel and cryptsetup support ------------------------------------------------------
-
-
-def crypt_target_version() -> tuple[int, ...] | None:
-    """dm-crypt target version from ``dmsetup targets`` (None when unknown)."""
-    proc = run_quiet(["dmsetup", "targets"])
-    for line in proc.stdout.splitlines() if proc is not None and proc.returncode == 0 else []:
-        parts = line.split()
-        if parts[:1] == ["crypt"] and len(parts) > 1:
-            with contextlib.suppress(ValueError):
-                return tuple(int(x) for x in parts[1].lstrip("v").split("."))
-    return None
-
-
-def cryptsetup_perf_flags() -> set[str]:
-    proc = run_quiet(["cryptsetup", "--help"])
-    text = proc.stdout if proc is not None else ""
-    return {flag for flag in PERF_FLAG_MIN_CRYPT_VERSION if f"--perf-{flag}" in text}
-
-
-def usable_perf_flags(
-    wanted: list[str], cryptsetup_flags: set[str], crypt_version: tuple[int, ...] | None
-) -> tuple[list[str], dict[str, str]]:
-    """Split the requested perf flags into (applied, {skipped: reason})."""
-    applied, skipped = [], {}
-    for flag in wanted:
-        need = PERF_FLAG_MIN_CRYPT_VERSION[flag]
-        if flag not in cryptsetup_flags:
-            skipped[flag] = f"this cryptsetup has no --perf-{flag}"
-        elif crypt_version is not None and crypt_version < need:
-            have, since = (".".join(map(str, v)) for v in (crypt_version, need))
-            skipped[flag] = f"dm-crypt target v{have} is older than v{since}, which brought {flag}"
-        else:
-            applied.append(flag)
-    return applied, skipped
-
-
-def parse_cryptsetup_status(text: str) -> dict:
-    """``cryptsetup status NAME`` -> {type, cipher, keysize_bits, device, sector_size,
-    offset_sectors, size_sectors, flags}."""
-    out: dict = {}
-    for line in text.splitlines():
-        key, sep, value = line.strip().partition(":")
-        if not sep:
-            continue
-        key, value = key.strip().lower(), value.strip()
-        number = re.match(r"(\d+)", value)
-        if key == "offset" and number:
-            out["offset_sectors"] = int(number.group(1))
-        elif key == "size" and number:
-            out["size_sectors"] = int(number.group(1))
-        elif key == "keysize" and number:
-            out["keysize_bits"] = int(number.group(1))
-        elif key == "sector size" and number:
-            out["sector_size"] = int(number.group(1))
-        elif key in ("type", "cipher", "device", "mode", "flags"):
-            out[key] = value
-    return out
-
-
-def dm_table(name: str) -> str | None:
-    proc = run_quiet(["dmsetup", "table", name])
-    ok = proc is not None and proc.returncode == 0
-    return strip_dm_table_keys(proc.stdout.strip()) if ok else None
-
-
-def free_md_device() -> str:
-    for minor in range(MD_FIRST_MINOR, 1 << 20):
-        if not os.path.exists(f"/sys/block/md{minor}") and not os.path.exists(f"/dev/md{minor}"):
-            return f"/dev/md{minor}"
-    raise TestboxError("no free md device number")
-
-
-def mdstat() -> str | None:
-    try:
-        return Path("/proc/mdstat").read_text()
-    except OSError:
-        return None
 
 
 # --- the builder ---------------------------------------------------------------------------------
@@ -543,99 +381,6 @@ class KernelBuilder:
         desc.update(fs_size_bytes=vfs.f_blocks * vfs.f_frsize, over=below["description"])
         built = {"device": str(target), "device_type": "fsfile", "mountpoint": str(mnt)}
         return {**built, "size_bytes": size, "description": desc}
-
-
-# --- teardown ------------------------------------------------------------------------------------
-
-
-def _retry(argv: list[str], tries: int = 10) -> subprocess.CompletedProcess:
-    """Teardown commands are retried: udev or a closing process may hold the device briefly."""
-    proc = None
-    for attempt in range(tries):
-        proc = subprocess.run(argv, timeout=120, **QUIET)
-        if proc.returncode == 0:
-            return proc
-        time.sleep(0.2 * (attempt + 1))
-    return proc
-
-
-def _undo_run(argv: list[str], actions: list[str], errors: list[str], tries=10, done=None) -> None:
-    proc = _retry(argv, tries)
-    if proc.returncode == 0:
-        actions.append(done or " ".join(argv))
-    else:
-        errors.append(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
-
-
-def undo(objects: list[dict], actions: list[str], errors: list[str]) -> None:
-    """Remove every recorded object, newest first; objects already gone are fine."""
-    for obj in reversed(objects):
-        kind, path = obj["type"], obj.get("path")
-        try:
-            if kind == "mount" and safety.is_mounted(path):
-                umounts = (["umount", path], ["umount", "-l", path])  # lazy when busy
-                if any(_retry(argv, 5).returncode == 0 for argv in umounts):
-                    actions.append(f"umount {path}")
-                else:
-                    errors.append(f"umount {path} failed")
-            elif kind in ("file", "backing_file"):
-                if os.path.lexists(path) and not safety.is_mounted(path):
-                    os.unlink(path)
-                    actions.append(f"removed {path}")
-            elif kind == "dir" and os.path.isdir(path) and not safety.is_mounted(path):
-                with contextlib.suppress(OSError):
-                    os.rmdir(path)
-                    actions.append(f"removed directory {path}")
-            elif kind in ("crypt", "dm"):
-                _undo_mapping(kind, obj["name"], actions, errors)
-            elif kind == "md":
-                dev = obj["device"]
-                if os.path.exists(f"/sys/block/{os.path.basename(dev)}/md"):
-                    _undo_run(["mdadm", "--stop", dev], actions, errors)
-                for member in obj.get("members") or []:
-                    zero = ["mdadm", "--zero-superblock", member]
-                    if os.path.exists(member) and _retry(zero, 1).returncode == 0:
-                        actions.append(" ".join(zero))
-            elif kind == "wipe" and os.path.exists(obj["device"]):
-                done = f"wipefs --all {obj['device']} (our signatures)"
-                _undo_run(["wipefs", "--all", "--quiet", obj["device"]], actions, errors, 1, done)
-            elif kind == "loop":
-                for loop in safety.loop_devices_backed_by([obj["backing"]]):
-                    _undo_run(["losetup", "-d", loop], actions, errors, 5)
-        except Exception as exc:  # keep going: tear down as much as possible
-            errors.append(f"{kind} {obj}: {exc}")
-
-
-def _undo_mapping(kind: str, name: str, actions: list[str], errors: list[str]) -> None:
-    """Close a crypt mapping or remove a dm device of ours (never one without our prefix)."""
-    if not name.startswith(safety.MAPPER_PREFIX) or not os.path.exists(f"/dev/mapper/{name}"):
-        return
-    close = (
-        ["cryptsetup", "close", name] if kind == "crypt" else ["dmsetup", "remove", "--retry", name]
-    )
-    proc = _retry(close)
-    if proc.returncode == 0 or not os.path.exists(f"/dev/mapper/{name}"):
-        actions.append(f"{close[0]} {close[1]} {name}")
-    else:
-        errors.append(f"{' '.join(close)} failed: {proc.stderr.strip()}")
-
-
-def leftovers(objects: list[dict]) -> dict[str, list[str]]:
-    """What of the recorded objects still exists (empty lists: all gone)."""
-
-    def recorded(key: str, *types: str) -> list[str]:
-        return [o[key] for o in objects if o["type"] in types]
-
-    mounts = set(safety.mountpoints())
-    mapped = [n for n in recorded("name", "crypt", "dm") if os.path.exists(f"/dev/mapper/{n}")]
-    arrays = recorded("device", "md")
-    return {
-        "mounts": [p for p in recorded("path", "mount") if p in mounts],
-        "mapper_devices": mapped,
-        "md_devices": [d for d in arrays if os.path.exists(f"/sys/block/{os.path.basename(d)}/md")],
-        "loop_devices": safety.loop_devices_backed_by(recorded("backing", "loop")),
-        "files": [p for p in recorded("path", "file", "backing_file") if os.path.lexists(p)],
-    }
 
 
 # --- building a plan's stacks ------------------------------------------------------------------
