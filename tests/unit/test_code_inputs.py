@@ -36,9 +36,12 @@ def test_the_ingest_notebook_runs_the_same_code():
     assert str(SRC / "luksbench" / "analysis" / "saturation.py") in files
 
 
-def test_the_papers_code_has_the_template_it_renders():
-    files = package_sources(notebook_modules(REPO_DIR / "notebooks" / "04-paper.ipynb"), SRC)
-    assert str(SRC / "luksbench" / "publish" / "templates" / "paper.md.j2") in files
+def test_the_template_belongs_to_the_paper_not_to_every_user_of_its_package():
+    template = str(SRC / "luksbench" / "publish" / "templates" / "paper.md.j2")
+    paper = package_sources(notebook_modules(REPO_DIR / "notebooks" / "04-paper.ipynb"), SRC)
+    assert template in paper
+    loss = package_sources(notebook_modules(REPO_DIR / "notebooks" / "02-loss.ipynb"), SRC)
+    assert str(SRC / "luksbench" / "publish" / "text.py") in loss and template not in loss
 
 
 def write(path, text=""):
@@ -48,12 +51,13 @@ def write(path, text=""):
 
 @pytest.fixture
 def package(tmp_path):
-    """A small luksbench package: a imports b (inside a function, relatively), b imports nothing."""
+    """A small luksbench package: a imports b (inside a function, relatively), b imports no
+    luksbench module and reads its package's templates/."""
     root = tmp_path / "src" / "luksbench"
     write(root / "__init__.py")
     write(root / "steps" / "__init__.py")
     write(root / "steps" / "a.py", "import json\n\ndef run():\n    from . import b\n")
-    write(root / "steps" / "b.py", "import numpy as np\n")
+    write(root / "steps" / "b.py", 'import numpy as np\n\nPAGES = "templates/page.j2"\n')
     write(root / "other.py")
     write(root / "steps" / "templates" / "page.j2", "{{ x }}")
     return tmp_path / "src"
@@ -72,7 +76,8 @@ def test_a_new_import_is_followed_without_editing_any_list(package):
         "luksbench/steps/b.py",
         "luksbench/steps/templates/page.j2",
     ]
-    write(package / "luksbench" / "steps" / "b.py", "from luksbench.other import thing\n")
+    b = package / "luksbench" / "steps" / "b.py"
+    write(b, f"from luksbench.other import thing\n{b.read_text()}")
     after = relative(package_sources(["luksbench.steps.a"], package), package)
     assert after == sorted([*before, "luksbench/other.py"])
 

@@ -3,8 +3,8 @@
 The stacks stay up across the three rules. Their undo log (STATE, <scratch>/<run>/<host>/state.json)
 is no rule's output, so Snakemake never deletes it when a job fails: `onerror` tears the stacks down
 when any rule fails, and a run whose snakemake was killed is torn down when the workflow starts
-again (recover_interrupted_run). stacks.json (written last by stack-up, removed by stack-down) says
-the stacks are up.
+again (both in orchestrate/lifecycle.py). stacks.json (written last by stack-up, removed by
+stack-down) says the stacks are up.
 """
 
 

@@ -55,19 +55,30 @@ def _with_parents(module: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _package_data(package_dir: Path) -> list[Path]:
-    """Files the package reads at run time: everything in its subfolders that are not packages
-    (publish/templates/)."""
-    data = []
-    for sub in sorted(package_dir.iterdir()):
-        if sub.is_dir() and sub.name != "__pycache__" and not (sub / "__init__.py").exists():
-            data.extend(p for p in sub.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    return data
+def _data_dirs(path: Path) -> list[Path]:
+    """The data folders next to module ``path`` (subfolders that are not packages:
+    publish/templates/) that it names in a string (``PackageLoader("luksbench.publish",
+    "templates")``): the files it reads at run time."""
+    named = {
+        node.value.split("/")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+    return [
+        sub
+        for sub in sorted(path.parent.iterdir())
+        if sub.is_dir() and sub.name in named and not (sub / "__init__.py").exists()
+    ]
+
+
+def _data_files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
 
 
 def package_sources(modules, src_dir: str | Path) -> list[str]:
     """The source files under ``src_dir`` of ``modules`` (luksbench module names) and of every
-    luksbench module they import, transitively, with each package's __init__.py and data files;
+    luksbench module they import, transitively, with each package's __init__.py and the data
+    files a module names (its package's data folder);
     sorted paths as ``src_dir`` is given (relative stays relative). Other packages are ignored; a
     name in ``modules`` that is neither a module nor a name in one is an error naming it."""
     src_dir = Path(src_dir)
@@ -89,8 +100,8 @@ def package_sources(modules, src_dir: str | Path) -> list[str]:
             pending.extend(_with_parents(found))
     files = set(seen.values())
     for path in seen.values():
-        if path.name == "__init__.py":
-            files.update(_package_data(path.parent))
+        for folder in _data_dirs(path):
+            files.update(_data_files(folder))
     return sorted(str(p) for p in files)
 
 
