@@ -19,6 +19,7 @@ from luksbench.testbox import lock, safety
 from luksbench.testbox.backends import kernel, userspace
 from luksbench.testbox.backends.choose import resolve_plan_backend
 from luksbench.testbox.capture import tool_versions
+from luksbench.testbox.cephstack import ceph_leftovers, tear_down_ceph
 from luksbench.testbox.plan import MIB, baseline_first, device_uses, precondition_options
 from luksbench.testbox.precondition import precondition
 from luksbench.testbox.sysutil import (
@@ -292,7 +293,8 @@ def state_from_scratch(state_path: Path) -> dict | None:
     built = [*scratch.glob("luksbench-*.fuse"), *scratch.glob("luksbench-*.img")]
     names = sorted({p.name.removeprefix("luksbench-").rpartition(".")[0] for p in built})
     key_dirs = sorted(str(p) for p in scratch.glob(".luksbench-keys-*") if p.is_dir())
-    if not names and not key_dirs:
+    ceph_dir = scratch / "ceph"
+    if not names and not key_dirs and not ceph_dir.exists():
         return None
     log(f"luksbench testbox stack-down: {state_path} is missing; tearing down what {scratch} shows")
     stacks = {
@@ -309,6 +311,7 @@ def state_from_scratch(state_path: Path) -> dict | None:
     }
     state = {"run": scratch.parent.name, "host": scratch.name, "backend": "userspace"}
     state.update(order=names, stacks=stacks, objects=[], key_dirs=key_dirs, runtime_dir=None)
+    state["scratch_dir"] = str(scratch)
     return state
 
 
@@ -316,6 +319,8 @@ def _tear_down(state: dict, stacks: list[dict], actions: list[str], errors: list
     """Stop fio, then undo every stack newest first: daemons and mounts (userspace), the undo log
     (kernel), keys, backing files, the runtime directory. Keeps going after an error."""
     _kill_fio([e.get("device") for e in stacks], actions)
+    # A Ceph cluster (its daemons and clients) before the layers its OSDs sit on.
+    tear_down_ceph(state, actions, errors)
     # Userspace backend (and states written before the undo log): per-stack daemons and mounts.
     for entry in stacks:
         try:
@@ -382,6 +387,7 @@ def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
     mappers = [n for n in safety.mapper_names_with_prefix(prefix) if n in ours]
     mine = [(e.get("backing_file"), e.get("key_file"), _fuse_mountpoint(e)) for e in stacks]
     files_left = [p for paths in mine for p in paths if p and os.path.lexists(p)] + left["files"]
+    ceph_left = ceph_leftovers(state)
     checks = {
         "no_mounts": not ours_mounts and not left["mounts"],
         "no_processes": not procs,
@@ -392,6 +398,7 @@ def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
             d and os.path.exists(d) for d in [state.get("key_dir"), *state.get("key_dirs", [])]
         ),
         "no_files_left": not files_left,
+        "no_ceph": not any(ceph_left.values()),
     }
     details = {
         "mounts": ours_mounts + left["mounts"],
@@ -400,6 +407,7 @@ def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
         "mapper_devices": mappers,
         "md_devices": left["md_devices"],
         "files": files_left,
+        "ceph": ceph_left,
     }
     return checks, details
 

@@ -1,0 +1,195 @@
+"""A throwaway Ceph cluster for real: stack-up builds a plain and a luks layer (userspace backend
+here), one OSD on each, fio's rbd engine in crc and in secure mode with the mode read back from
+the client's own connections, and stack-down (also after a kill -9 of the builder) leaves no
+daemon, socket, folder or loop device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import testbox as tb
+
+from luksbench.testbox import ceph, cephrun, cephstack, safety
+from luksbench.testbox.sysutil import TestboxError, pid_alive
+
+pytestmark = [pytest.mark.device, pytest.mark.slow]
+
+TOOLS = ("fio", "cryptsetup", "qemu-storage-daemon", "fusermount3", "ceph-mon", "ceph-osd", "rbd")
+DEVICE_MIB = 1024
+IMAGE_MIB = 256
+MEMORY_LIMIT = 4 * 1024**3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _need_tools():
+    missing = [t for t in TOOLS if not (shutil.which(t) or os.path.exists(f"/usr/sbin/{t}"))]
+    if missing or os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.fail(
+            f"Ceph tests need root, /dev/fuse and {TOOLS}; missing: {missing}", pytrace=False
+        )
+
+
+@pytest.fixture
+def short_tmp():
+    """A short folder: Ceph's admin sockets must fit AF_UNIX's 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="lbceph-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_plan(tmp: Path, run: str, stacks: dict) -> Path:
+    plan = {
+        "run": run,
+        "host": "tb1",
+        "backend": "userspace",
+        "scratch_dir": str(tmp / "s"),
+        "device_size_mib": DEVICE_MIB,
+        "precondition": False,
+        "baseline": "plain",
+        "stacks": stacks,
+        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
+        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+        "repetitions": 1,
+        "seed": 1,
+    }
+    path = tmp / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def fio_rbd(cluster: dict, group: str, env: dict, rw: str, out: Path) -> dict:
+    pool = next(p for p in cluster["pools"] if p["group"] == group)
+    argv = ["fio", f"--name={group}", *cephrun.fio_rbd_target(pool), f"--rw={rw}", "--bs=4k"]
+    argv += ["--iodepth=16", "--time_based", "--runtime=2s", "--output-format=json"]
+    argv.append(f"--output={out}")
+    proc = cephrun.run_killable(
+        argv, env, cephrun.fio_timeout(2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())["jobs"][0]
+
+
+def loop_devices_over(state: dict) -> list[str]:
+    return safety.loop_devices_backed_by(
+        [e["backing_file"] for e in state["stacks"].values() if e.get("backing_file")]
+    )
+
+
+def assert_ceph_gone(top: Path, daemons: list[dict]) -> None:
+    assert not top.exists(), f"{top} left behind"
+    assert not ceph.cluster_processes(top)
+    for d in daemons:
+        assert not pid_alive(d["pid"]) or d["started"] != ceph._start_time(d["pid"])
+    assert not list(top.parent.rglob("*.asok"))
+
+
+def test_cluster_over_plain_and_luks_layers(short_tmp):
+    tmp = short_tmp
+    plan = write_plan(tmp, "cephx", {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}})
+    state_path, describe = tmp / "s" / "state.json", tmp / "stacks.json"
+    tb("stack-up", "--plan", plan, "--state", state_path, "--describe", describe, timeout=600)
+    state = json.loads(state_path.read_text())
+    try:
+        t0 = time.monotonic()
+        cluster = cephstack.ceph_up(
+            state_path, {"plain": ["plain"], "luks": ["luks"]}, image_mib=IMAGE_MIB
+        )
+        up_s = time.monotonic() - t0
+        top = Path(cluster["dir"])
+        assert top.parent == Path(state["scratch_dir"])
+        assert json.loads(state_path.read_text())["ceph"]["dir"] == str(top)
+        assert {o["group"]: o["encryption"] for o in cluster["osds"]} == {
+            "plain": None,
+            "luks": "luks (qemu luks driver)",
+        }
+        assert all(o["bluestore_label"] for o in cluster["osds"])
+        # Daemons listen on loopback only, and every file is under the run's scratch folder.
+        conf = Path(cluster["conf"]).read_text()
+        assert (
+            "/etc/ceph" not in conf and "/var/lib/ceph" not in conf and "/var/log/ceph" not in conf
+        )
+        assert "ms_service_mode = crc secure" in conf
+        assert not any(any(Path(p).iterdir()) for p in ("/var/lib/ceph/osd", "/var/lib/ceph/mon"))
+
+        before = ceph.daemon_usage(cluster)
+        results = {}
+        for group in ("plain", "luks"):
+            for mode in ceph.MODES:
+                log = tmp / f"probe-{group}-{mode}.log"
+                env, record = cephrun.prepare_rbd_run(cluster, group, mode, group == "luks", log)
+                osd = next(o["id"] for o in cluster["osds"] if o["group"] == group)
+                assert record["mode_probe"]["connections"][f"osd.{osd}"] == mode
+                assert record["osd_devices"][0]["encryption"] == (
+                    "luks (qemu luks driver)" if group == "luks" else None
+                )
+                job = fio_rbd(cluster, group, env, "randwrite", tmp / f"{group}-{mode}.json")
+                assert job["error"] == 0 and job["write"]["total_ios"] > 0
+                results[(group, mode)] = job["write"]["iops"]
+        after = ceph.daemon_usage(cluster)
+        for name in ("ceph-osd.0", "ceph-osd.1"):
+            assert after[name]["cpu_s"] > before[name]["cpu_s"]
+        peak = sum(u["peak_rss_bytes"] for u in after.values())
+        assert peak < MEMORY_LIMIT, after
+        print(f"cluster up {up_s:.1f} s; peak RSS {peak / 2**20:.0f} MiB; IOPS {results}")
+
+        # A run whose arm says otherwise is refused, naming both.
+        with pytest.raises(TestboxError, match=r"encrypted but osd.0 .* has no encryption"):
+            cephrun.check_encryption(cluster, "plain", True)
+        pool = next(p for p in cluster["pools"] if p["group"] == "plain")
+        probe = cephrun.probe_mode(cluster, pool, "crc", tmp / "probe-again.log")
+        probe["asked"] = "secure"
+        with pytest.raises(TestboxError, match=r"asks messenger mode secure .* used crc"):
+            cephrun.check_mode(probe, [0])
+    finally:
+        down = tb("stack-down", "--state", state_path, "--record", tmp / "down.json", check=False)
+    record = json.loads((tmp / "down.json").read_text())
+    assert down.returncode == 0 and record["ok"], record
+    assert record["checks"]["no_ceph"] and record["checks"]["no_processes"]
+    assert_ceph_gone(top, cluster["daemons"])
+    assert not loop_devices_over(state)
+    assert not state_path.exists()
+
+
+def test_stack_down_after_the_builder_is_killed(short_tmp):
+    """kill -9 of the process building the cluster: stack-down finds it from STATE and the
+    cluster's own record, and stops every daemon."""
+    tmp = short_tmp
+    plan = write_plan(tmp, "cephk", {"plain": {"kind": "plain"}})
+    state_path, describe = tmp / "s" / "state.json", tmp / "stacks.json"
+    tb("stack-up", "--plan", plan, "--state", state_path, "--describe", describe, timeout=600)
+    scratch = Path(json.loads(state_path.read_text())["scratch_dir"])
+    builder = (
+        "import sys; from luksbench.testbox import cephstack; "
+        "cephstack.ceph_up(sys.argv[1], {'plain': ['plain']}, image_mib=64)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", builder, str(state_path)])
+    record_path = ceph.cluster_dir(scratch) / ceph.RECORD_NAME
+    daemons: list = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            cluster = ceph.load_cluster(record_path.parent) or {}
+            daemons = cluster.get("daemons", [])
+            if any(d["tool"] == "ceph-osd" for d in daemons):
+                break
+            time.sleep(0.2)
+        assert any(d["tool"] == "ceph-osd" for d in daemons), "no OSD started within 120 s"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert any(pid_alive(d["pid"]) for d in daemons), "the daemons should outlive their builder"
+    down = tb("stack-down", "--state", state_path, "--record", tmp / "down.json", check=False)
+    record = json.loads((tmp / "down.json").read_text())
+    assert down.returncode == 0 and record["ok"], record
+    assert any("ceph-osd" in a for a in record["actions"]), record["actions"]
+    assert_ceph_gone(record_path.parent, daemons)
