@@ -16,27 +16,23 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import time
 import uuid
 from pathlib import Path
 
-from luksbench.testbox.safety import loop_devices_backed_by
+from luksbench.testbox.cephdown import RECORD_NAME, cluster_down, start_time
 from luksbench.testbox.sysutil import (
     TestboxError,
-    cmdline,
     log,
     pid_alive,
     read_text,
     run_tool,
-    stop_process,
     utc_now,
     write_json_atomic,
 )
 
 CLUSTER_DIR_NAME = "ceph"
-RECORD_NAME = "cluster.json"
 DAEMONS = ("ceph-mon", "ceph-osd")
 # Modes the daemons accept; the client's own list (CEPH_ARGS) then decides the connection's mode.
 DAEMON_MODES = "crc secure"
@@ -127,12 +123,6 @@ def ceph_cli(cluster: dict, *args: str, timeout: float = 60) -> str:
     return run_tool(argv, f"ceph cluster {cluster['fsid'][:8]}", timeout=timeout).stdout
 
 
-def _start_time(pid: int) -> str | None:
-    stat = read_text(f"/proc/{pid}/stat")
-    fields = stat.rpartition(")")[2].split() if stat else []
-    return fields[19] if len(fields) > 19 else None
-
-
 def _start_daemon(cluster: dict, tool: str, ident: str) -> dict:
     """Start ``tool -c conf -i ident``; it daemonizes itself (no zombie, no parent to outlive)
     once initialised and writes its pid file. Recorded before the start so teardown always
@@ -149,7 +139,7 @@ def _start_daemon(cluster: dict, tool: str, ident: str) -> dict:
         raise TestboxError(f"{exc}\n{name} log:\n{_log_tail(cluster, name)}") from exc
     if daemon["pid"] is None:
         raise TestboxError(f"{name} wrote no pid file; log:\n{_log_tail(cluster, name)}")
-    daemon["started"] = _start_time(daemon["pid"])
+    daemon["started"] = start_time(daemon["pid"])
     _save(cluster)
     return daemon
 
@@ -283,16 +273,6 @@ def _attach_loop(cluster: dict, osd: dict, path: str) -> str:
     return loop.strip()
 
 
-def _detach_loops(cluster: dict, actions: list[str], errors: list[str]) -> None:
-    over = [o["loop_over"] for o in cluster.get("osds", []) if o.get("loop_over")]
-    for loop in loop_devices_backed_by(over):
-        try:
-            run_tool(["losetup", "-d", loop], f"detach {loop}")
-            actions.append(f"detached OSD loop device {loop}")
-        except TestboxError as exc:
-            errors.append(str(exc))
-
-
 def _osd_up(cluster: dict, osd_id: int) -> bool:
     dump = json.loads(ceph_cli(cluster, "osd", "dump", "-f", "json", timeout=30))
     return any(o["osd"] == osd_id and o["up"] for o in dump["osds"])
@@ -365,96 +345,3 @@ def cluster_up(
     _save(cluster)
     log(f"  ceph: cluster {cluster['fsid'][:8]} up in {cluster['up_seconds']:.1f} s")
     return cluster
-
-
-def load_cluster(top: str | Path) -> dict | None:
-    try:
-        return json.loads((Path(top) / RECORD_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def cluster_processes(top: str | Path) -> list[int]:
-    """Ceph daemons (and clients) whose command line or environment names this cluster's conf."""
-    conf = str(Path(top) / "ceph.conf")
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        pid = int(entry)
-        argv = cmdline(pid)
-        environ = (read_text(f"/proc/{pid}/environ") or "").split("\0")
-        if (conf in argv or f"CEPH_CONF={conf}" in environ) and pid_alive(pid):
-            found.append(pid)
-    return sorted(found)
-
-
-def _recorded_pids(cluster: dict) -> list[int]:
-    """Recorded daemons still running as the same process (a reused pid is not ours)."""
-    return [
-        d["pid"]
-        for d in cluster.get("daemons", [])
-        if pid_alive(d["pid"]) and _start_time(d["pid"]) == d.get("started")
-    ]
-
-
-def cluster_down(top: str | Path) -> dict:
-    """Stop every daemon and client of the cluster in ``top`` (OSDs first), remove its folder,
-    and check nothing is left. Idempotent; works from the record alone (after a kill -9)."""
-    top = Path(top)
-    actions, errors = [], []
-    cluster = load_cluster(top) or {"daemons": []}
-    recorded = _recorded_pids(cluster)
-    order = sorted(set(recorded) | set(cluster_processes(top)), key=lambda p: p not in recorded)
-    osds_first = sorted(order, key=lambda p: "ceph-mon" in " ".join(cmdline(p)))
-    for pid in osds_first:
-        name = os.path.basename(cmdline(pid)[0] or "?")
-        if stopped_by := stop_process(pid, (signal.SIGTERM, signal.SIGKILL)):
-            actions.append(f"stopped {name} pid {pid} ({stopped_by})")
-        elif pid_alive(pid):
-            errors.append(f"{name} pid {pid} did not stop")
-    if not errors:
-        _detach_loops(cluster, actions, errors)
-    if top.exists() and not errors:
-        shutil.rmtree(top, ignore_errors=True)
-        actions.append(f"removed Ceph folder {top}")
-    left = cluster_leftovers(top, cluster)
-    if any(left.values()):
-        errors.append(f"Ceph leftovers: {left}")
-    return {"actions": actions, "errors": errors, "leftovers": left}
-
-
-def cluster_leftovers(top: str | Path, cluster: dict | None = None) -> dict:
-    top = Path(top)
-    pids = set(cluster_processes(top)) | set(_recorded_pids(cluster or {}))
-    sockets = [str(p) for p in top.rglob("*.asok")] if top.exists() else []
-    over = [o["loop_over"] for o in (cluster or {}).get("osds", []) if o.get("loop_over")]
-    left = {"pids": sorted(pids), "sockets": sockets, "loop_devices": loop_devices_backed_by(over)}
-    return {**left, "folder": [str(top)] if top.exists() else []}
-
-
-def _peak_rss_bytes(pid: int) -> int | None:
-    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
-def daemon_usage(cluster: dict) -> dict[str, dict | None]:
-    """Per recorded daemon (``ceph-osd.0``): CPU seconds used so far (user + system, from
-    /proc/<pid>/stat) and peak resident memory (VmHWM); None for a daemon that is gone or is no
-    longer the same process."""
-    tick = os.sysconf("SC_CLK_TCK")
-    usage: dict[str, dict | None] = {}
-    for d in cluster.get("daemons", []):
-        stat = read_text(f"/proc/{d['pid']}/stat")
-        fields = stat.rpartition(")")[2].split() if stat else []
-        if len(fields) > 19 and fields[19] == d.get("started"):
-            cpu = (int(fields[11]) + int(fields[12])) / tick
-            usage[f"{d['tool']}.{d['id']}"] = {
-                "cpu_s": cpu,
-                "peak_rss_bytes": _peak_rss_bytes(d["pid"]),
-            }
-        else:
-            usage[f"{d['tool']}.{d['id']}"] = None
-    return usage

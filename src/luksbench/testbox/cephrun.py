@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from luksbench.testbox.ceph import MODES, device_facts
-from luksbench.testbox.sysutil import TestboxError, tool_env
+from luksbench.testbox.sysutil import TestboxError, read_text, tool_env
 
 # Seconds fio gets beyond its runtime and ramp before its process group is killed.
 FIO_TIMEOUT_MARGIN_S = 60
@@ -167,3 +167,58 @@ def prepare_rbd_run(
     record = {"pool": pool["name"], "image": pool["image"], "messenger_mode": mode}
     record.update(mode_probe=probe, osd_devices=encryption, daemon_modes=cluster["daemon_modes"])
     return client_env(cluster["conf"], mode), record
+
+
+def _peak_rss_bytes(pid: int) -> int | None:
+    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def daemon_usage(cluster: dict) -> dict[str, dict | None]:
+    """Per recorded daemon (``ceph-osd.0``): CPU seconds used so far (user + system, from
+    /proc/<pid>/stat) and peak resident memory (VmHWM); None for a daemon that is gone or is no
+    longer the same process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    usage: dict[str, dict | None] = {}
+    for d in cluster.get("daemons", []):
+        stat = read_text(f"/proc/{d['pid']}/stat")
+        fields = stat.rpartition(")")[2].split() if stat else []
+        if len(fields) > 19 and fields[19] == d.get("started"):
+            cpu = (int(fields[11]) + int(fields[12])) / tick
+            usage[f"{d['tool']}.{d['id']}"] = {
+                "cpu_s": cpu,
+                "peak_rss_bytes": _peak_rss_bytes(d["pid"]),
+            }
+        else:
+            usage[f"{d['tool']}.{d['id']}"] = None
+    return usage
+
+
+def _cpu_delta(before: dict, after: dict) -> dict[str, float | None]:
+    """CPU seconds each daemon used between two :func:`daemon_usage` readings (None: it is gone
+    or was restarted in between)."""
+    delta: dict[str, float | None] = {}
+    for name, b in before.items():
+        a = after.get(name)
+        delta[name] = round(a["cpu_s"] - b["cpu_s"], 3) if a and b else None
+    return delta
+
+
+def run_rbd_fio(
+    cluster: dict, arm: dict, argv: list[str], timeout: float, probe_log: Path, **popen
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """One measured fio run of an RBD arm (``arm``: group, mode, encrypted): verify the arm,
+    run fio with the arm's client mode under ``timeout``, and record the verification and the
+    CPU seconds each Ceph daemon used during the run."""
+    env, record = prepare_rbd_run(
+        cluster, arm["group"], arm["mode"], bool(arm["encrypted"]), probe_log
+    )
+    before, t0 = daemon_usage(cluster), time.monotonic()
+    proc = run_killable(argv, env, timeout, **popen)
+    record["seconds"] = round(time.monotonic() - t0, 3)
+    after = daemon_usage(cluster)
+    record["daemon_cpu_s"] = _cpu_delta(before, after)
+    record["daemon_peak_rss_bytes"] = {n: (u or {}).get("peak_rss_bytes") for n, u in after.items()}
+    return proc, record

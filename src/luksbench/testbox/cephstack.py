@@ -11,8 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from luksbench.testbox import ceph, safety
-from luksbench.testbox.sysutil import TestboxError, run_tool, write_json_atomic
+from luksbench.testbox import ceph, cephdown, safety
+from luksbench.testbox.sysutil import TestboxError, write_json_atomic
 
 # The keys each Ceph layer kind reads (for plan.KIND_KEYS).
 CEPH_KIND_KEYS = {
@@ -95,22 +95,17 @@ def ceph_folders(state: dict) -> list[str]:
 def tear_down_ceph(state: dict, actions: list[str], errors: list[str]) -> None:
     """Stop the run's cluster before the layers under its OSDs go."""
     for top in ceph_folders(state):
-        result = ceph.cluster_down(top)
+        result = cephdown.cluster_down(top)
         actions += result["actions"]
         errors += result["errors"]
     # loop devices the cluster's record had no time to name (a builder killed right after losetup)
-    for loop in safety.loop_devices_backed_by((state.get("ceph") or {}).get("loop_over") or []):
-        try:
-            run_tool(["losetup", "-d", loop], f"detach {loop}")
-            actions.append(f"detached OSD loop device {loop}")
-        except TestboxError as exc:
-            errors.append(str(exc))
+    cephdown.detach_loops((state.get("ceph") or {}).get("loop_over") or [], actions, errors)
 
 
 def ceph_leftovers(state: dict) -> dict:
     left: dict[str, list] = {"pids": [], "sockets": [], "loop_devices": [], "folder": []}
     for top in ceph_folders(state):
-        for key, values in ceph.cluster_leftovers(top).items():
+        for key, values in cephdown.cluster_leftovers(top).items():
             left[key] += values
     loops = safety.loop_devices_backed_by((state.get("ceph") or {}).get("loop_over") or [])
     left["loop_devices"] = sorted(set(left["loop_devices"]) | set(loops))
