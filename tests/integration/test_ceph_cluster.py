@@ -20,6 +20,7 @@ import pytest
 from conftest import testbox as tb
 
 from luksbench.testbox import ceph, cephdown, cephrun, cephstack, safety
+from luksbench.testbox.stacks import stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, pid_alive
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
@@ -200,3 +201,68 @@ def test_stack_down_after_the_builder_is_killed(short_tmp):
     assert down.returncode == 0 and record["ok"], record
     assert any("ceph-osd" in a for a in record["actions"]), record["actions"]
     assert_ceph_gone(record_path.parent, daemons)
+
+
+LUKS_LAYER = {
+    "kind": "luks",
+    "cipher": "aes-xts-plain64",
+    "key_bits": 512,
+    "hash": "sha256",
+    "luks_type": "luks1",
+    "sector_size": 512,
+    "pbkdf_iterations": 1000,
+}
+
+
+def test_stack_up_builds_rbd_arms_over_osd_layers(short_tmp):
+    """Four arms as the Ceph study needs them (crc and secure clients over an OSD on a plain
+    layer and over one on a luks layer): stack-up builds one OSD per distinct osd layer, the
+    arms share them, each arm's run is verified, and stack-down leaves nothing."""
+    tmp = short_tmp
+    on_plain = {"kind": "osd", "over": {"kind": "plain"}}
+    on_luks = {"kind": "osd", "over": LUKS_LAYER}
+    arms = {
+        "rbd-crc": {"kind": "rbd", "mode": "crc", "over": on_plain},
+        "rbd-secure": {"kind": "rbd", "mode": "secure", "over": on_plain},
+        "luks-crc": {"kind": "rbd", "mode": "crc", "over": on_luks},
+        "luks-secure": {"kind": "rbd", "mode": "secure", "over": on_luks},
+    }
+    plan = json.loads(write_plan(tmp, "cephs", arms).read_text())
+    plan["baseline"] = "rbd-crc"
+    state_path = tmp / "s" / "state.json"
+    description = stack_up(plan, state_path, tmp / "stacks.json")
+    try:
+        state = json.loads(state_path.read_text())
+        assert list(state["stacks"]) == list(arms) and state["order"][0] == "rbd-crc"
+        assert sorted(state["ceph_layers"]) == ["osd0o0", "osd1o0"]
+        cluster = cephdown.load_cluster(state["ceph"]["dir"])
+        assert len(cluster["osds"]) == 2  # crc and secure arms share their OSD
+        assert description["stacks"]["luks-secure"]["osd_encrypted"] is True
+        assert description["stacks"]["rbd-secure"]["osd_devices"][0]["encryption"] is None
+        for name in arms:
+            entry = state["stacks"][name]
+            out = tmp / f"{name}.json"
+            argv = ["fio", f"--name={name}", *cephrun.fio_target_for(entry), "--rw=randread"]
+            argv += ["--bs=4k", "--iodepth=8", "--time_based", "--runtime=1s"]
+            argv += ["--output-format=json", f"--output={out}"]
+            proc, record = cephrun.run_entry_fio(
+                state,
+                entry,
+                argv,
+                cephrun.fio_timeout(1),
+                tmp / f"{name}.probe.log",
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            assert proc.returncode == 0, proc.stderr
+            assert set(record["mode_probe"]["connections"].values()) == {arms[name]["mode"]}
+            assert json.loads(out.read_text())["jobs"][0]["read"]["total_ios"] > 0
+    finally:
+        record = stack_down(state_path)
+    assert record["ok"], record
+    assert record["checks"]["no_ceph"] and record["checks"]["no_mounts"]
+    assert_ceph_gone(Path(state["ceph"]["dir"]), cluster["daemons"])
+    assert not safety.loop_devices_backed_by(
+        [e["mountpoint"] for e in state["ceph_layers"].values()]
+    )
+    assert not loop_devices_over({"stacks": state["ceph_layers"]})

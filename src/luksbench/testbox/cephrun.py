@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from luksbench.testbox.ceph import MODES, device_facts
+from luksbench.testbox.cephdown import load_cluster
 from luksbench.testbox.sysutil import TestboxError, read_text, tool_env
 
 # Seconds fio gets beyond its runtime and ramp before its process group is killed.
@@ -222,3 +223,21 @@ def run_rbd_fio(
     record["daemon_cpu_s"] = _cpu_delta(before, after)
     record["daemon_peak_rss_bytes"] = {n: (u or {}).get("peak_rss_bytes") for n, u in after.items()}
     return proc, record
+
+
+def fio_target_for(entry: dict, client: str = "admin") -> list[str]:
+    """fio's target options for an RBD arm's STATE entry (stack-up built its cluster)."""
+    arm = entry["ceph"]
+    return fio_rbd_target({"name": arm["pool"], "image": arm["image"]}, client)
+
+
+def run_entry_fio(
+    state: dict, entry: dict, argv: list[str], timeout: float, probe_log: Path, **popen
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """:func:`run_rbd_fio` for an RBD arm of the run's STATE: its cluster from the record in
+    the cluster's folder."""
+    top = (state.get("ceph") or {}).get("dir")
+    cluster = load_cluster(top) if top else None
+    if cluster is None or not cluster.get("complete"):
+        raise TestboxError(f"stack {entry['stack']}: the run's Ceph cluster ({top}) is not up")
+    return run_rbd_fio(cluster, entry["ceph"], argv, timeout, probe_log, **popen)

@@ -19,7 +19,13 @@ from luksbench.testbox import lock, safety
 from luksbench.testbox.backends import kernel, userspace
 from luksbench.testbox.backends.choose import resolve_plan_backend
 from luksbench.testbox.capture import tool_versions
-from luksbench.testbox.cephstack import ceph_leftovers, tear_down_ceph
+from luksbench.testbox.cephstack import (
+    attach_cluster,
+    ceph_leftovers,
+    layer_entries,
+    split_plan,
+    tear_down_ceph,
+)
 from luksbench.testbox.plan import MIB, baseline_first, device_uses, precondition_options
 from luksbench.testbox.precondition import precondition
 from luksbench.testbox.sysutil import (
@@ -47,8 +53,10 @@ def load_state(state_path: Path) -> dict:
 
 def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     """Check every device, bring every stack up, precondition, write STATE and DESCRIBE; returns
-    the description. A failure (or Ctrl-C) tears down everything built so far."""
+    the description. A failure (or Ctrl-C) tears down everything built so far. RBD arms over
+    ``osd`` layers: the backend builds the layers under the OSDs, then the run's Ceph cluster."""
     state_path, describe_path = Path(state_path), Path(describe_path)
+    plan, ceph_part = split_plan(plan)
     backend = _check_before_building(plan, state_path)
     scratch = safety.make_scratch_dir(plan["scratch_dir"])
     size = int(plan["device_size_mib"]) * MIB
@@ -68,6 +76,9 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
             described = kernel.build_kernel(plan, state, state_path, device_checks)
         else:
             described = userspace.build_userspace(plan, state, state_path, size)
+        if ceph_part:
+            described = attach_cluster(ceph_part, state, state_path, described)
+            plan = ceph_part["plan"]
         description = _finish(plan, state, state_path, described)
     except BaseException as exc:
         _undo_failed_stack_up(state_path, exc)
@@ -260,6 +271,7 @@ def stack_down(
             write_json_atomic(Path(record_path), record)
         return record
     stacks = [state["stacks"][n] for n in reversed(state.get("order") or list(state["stacks"]))]
+    stacks += layer_entries(state)  # the layers under a Ceph cluster's OSDs
     actions, errors = [], []
     _tear_down(state, stacks, actions, errors)
     checks, details = _verify_clean(state, stacks)
