@@ -21,7 +21,7 @@ from conftest import testbox as tb
 
 from luksbench.testbox import ceph, cephdown, cephrun, cephstack, safety
 from luksbench.testbox.stacks import stack_down, stack_up
-from luksbench.testbox.sysutil import TestboxError, pid_alive
+from luksbench.testbox.sysutil import TestboxError, cmdline, pid_alive
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
 
@@ -246,7 +246,6 @@ def test_stack_up_builds_rbd_arms_over_osd_layers(short_tmp):
             argv += ["--bs=4k", "--iodepth=8", "--time_based", "--runtime=1s"]
             argv += ["--output-format=json", f"--output={out}"]
             proc, record = cephrun.run_entry_fio(
-                state,
                 entry,
                 argv,
                 cephrun.fio_timeout(1),
@@ -266,3 +265,31 @@ def test_stack_up_builds_rbd_arms_over_osd_layers(short_tmp):
         [e["mountpoint"] for e in state["ceph_layers"].values()]
     )
     assert not loop_devices_over({"stacks": state["ceph_layers"]})
+
+
+def test_a_mode_the_daemons_refuse_fails_without_hanging(short_tmp):
+    """Daemons started crc-only (``daemon_modes``): a client asking for secure is refused at
+    once or killed at the probe's timeout; nothing of it keeps running."""
+    tmp = short_tmp
+    plan = write_plan(tmp, "cephm", {"plain": {"kind": "plain"}})
+    state_path, describe = tmp / "s" / "state.json", tmp / "stacks.json"
+    tb("stack-up", "--plan", plan, "--state", state_path, "--describe", describe, timeout=600)
+    try:
+        cluster = cephstack.ceph_up(
+            state_path, {"plain": ["plain"]}, image_mib=64, daemon_modes="crc"
+        )
+        assert "ms_service_mode = crc\n" in Path(cluster["conf"]).read_text()
+        pool = cluster["pools"][0]
+        t0 = time.monotonic()
+        with pytest.raises(TestboxError, match="secure") as refused:
+            cephrun.probe_mode(cluster, pool, "secure", tmp / "refused.log")
+        print(f"refused after {time.monotonic() - t0:.1f} s: {refused.value}")
+        assert time.monotonic() - t0 < cephrun.PROBE_TIMEOUT_S + 10
+        running = [cmdline(p)[0] for p in cephdown.cluster_processes(cluster["dir"])]
+        assert all(os.path.basename(c) in ceph.DAEMONS for c in running), running
+        probe = cephrun.probe_mode(cluster, pool, "crc", tmp / "accepted.log")
+        assert set(probe["connections"].values()) == {"crc"}
+    finally:
+        down = tb("stack-down", "--state", state_path, "--record", tmp / "down.json", check=False)
+    assert down.returncode == 0, down.stderr
+    assert_ceph_gone(Path(cluster["dir"]), cluster["daemons"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from luksbench.testbox import ceph, cephrun, cephstack
+from luksbench.testbox import ceph, cephrun
 from luksbench.testbox.sysutil import TestboxError, pid_alive
 
 # Lines as Ceph 16.2.15's client logs them at --debug_ms=1 (from a run on this machine).
@@ -89,16 +89,16 @@ def test_a_client_ignoring_sigterm_is_killed_with_its_process_group(tmp_path):
 
 def test_osd_and_rbd_layer_checks():
     osd = {"kind": "osd", "over": {"kind": "luks", "over": "d0"}}
-    assert cephstack.check_ceph_layer(osd, "stacks.a") == []
-    assert cephstack.check_ceph_layer({"kind": "osd"}, "stacks.a") == [
+    assert ceph.check_ceph_layer(osd, "stacks.a") == []
+    assert ceph.check_ceph_layer({"kind": "osd"}, "stacks.a") == [
         "stacks.a: an osd layer sits on exactly one layer ('over')"
     ]
-    assert cephstack.check_ceph_layer({"kind": "rbd", "mode": "secure", "over": osd}, "s") == []
+    assert ceph.check_ceph_layer({"kind": "rbd", "mode": "secure", "over": osd}, "s") == []
     assert (
         "sits on osd layers only"
-        in cephstack.check_ceph_layer({"kind": "rbd", "over": {"kind": "plain"}}, "s")[0]
+        in ceph.check_ceph_layer({"kind": "rbd", "over": {"kind": "plain"}}, "s")[0]
     )
-    assert "mode" in cephstack.check_ceph_layer({"kind": "rbd", "mode": "tls", "over": osd}, "s")[0]
+    assert "mode" in ceph.check_ceph_layer({"kind": "rbd", "mode": "tls", "over": osd}, "s")[0]
 
 
 def test_a_too_deep_scratch_folder_is_refused_before_anything_starts(tmp_path):

@@ -46,6 +46,28 @@ LUKS_MAGIC = b"LUKS\xba\xbe"
 BLUESTORE_LABEL = b"bluestore block device"
 
 
+# The keys each Ceph layer kind reads (for plan.KIND_KEYS).
+CEPH_KIND_KEYS = {
+    "osd": {"over"},
+    "rbd": {"over", "members", "mode", "image_mib", "pool", "image", "client", "secure_mode"},
+}
+
+
+def check_ceph_layer(layer: dict, where: str) -> list[str]:
+    """Problems with an ``osd`` or ``rbd`` layer (empty: fine): an OSD sits on one layer, an
+    RBD image on OSD layers, and an arm's client mode is crc or secure."""
+    kind, problems = layer.get("kind"), []
+    below = [layer["over"]] if "over" in layer else list(layer.get("members") or [])
+    if kind == "osd" and ("over" not in layer or "members" in layer):
+        problems.append(f"{where}: an osd layer sits on exactly one layer ('over')")
+    if kind == "rbd" and below:
+        if any(not isinstance(b, dict) or b.get("kind") != "osd" for b in below):
+            problems.append(f"{where}: an rbd layer sits on osd layers only")
+        if layer.get("mode", "crc") not in MODES:
+            problems.append(f"{where}.mode: {layer.get('mode')!r} is not one of {MODES}")
+    return problems
+
+
 def cluster_dir(scratch: str | Path) -> Path:
     return Path(scratch) / CLUSTER_DIR_NAME
 

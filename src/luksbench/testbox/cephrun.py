@@ -93,7 +93,11 @@ def probe_mode(cluster: dict, pool: dict, mode: str, log_path: Path) -> dict:
         bench, env, PROBE_TIMEOUT_S, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     if proc.returncode != 0:
-        raise TestboxError(f"mode probe ({mode}) exited {proc.returncode}: {proc.stderr.strip()}")
+        said = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise TestboxError(
+            f"mode probe ({mode}) exited {proc.returncode}: {said} (daemons accept "
+            f"{cluster['daemon_modes']!r}; client log {log_path})"
+        )
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
     return {
         "asked": mode,
@@ -232,12 +236,12 @@ def fio_target_for(entry: dict, client: str = "admin") -> list[str]:
 
 
 def run_entry_fio(
-    state: dict, entry: dict, argv: list[str], timeout: float, probe_log: Path, **popen
+    entry: dict, argv: list[str], timeout: float, probe_log: Path, **popen
 ) -> tuple[subprocess.CompletedProcess, dict]:
-    """:func:`run_rbd_fio` for an RBD arm of the run's STATE: its cluster from the record in
-    the cluster's folder."""
-    top = (state.get("ceph") or {}).get("dir")
-    cluster = load_cluster(top) if top else None
+    """:func:`run_rbd_fio` for an RBD arm's STATE entry: its cluster from the record in the
+    cluster's folder."""
+    top = entry["ceph"]["cluster_dir"]
+    cluster = load_cluster(top)
     if cluster is None or not cluster.get("complete"):
         raise TestboxError(f"stack {entry['stack']}: the run's Ceph cluster ({top}) is not up")
     return run_rbd_fio(cluster, entry["ceph"], argv, timeout, probe_log, **popen)

@@ -16,27 +16,6 @@ from luksbench.testbox.cephrun import check_encryption
 from luksbench.testbox.plan import MIB, first_layer
 from luksbench.testbox.sysutil import TestboxError, log, write_json_atomic
 
-# The keys each Ceph layer kind reads (for plan.KIND_KEYS).
-CEPH_KIND_KEYS = {
-    "osd": {"over"},
-    "rbd": {"over", "members", "mode", "image_mib", "pool", "image", "client", "secure_mode"},
-}
-
-
-def check_ceph_layer(layer: dict, where: str) -> list[str]:
-    """Problems with an ``osd`` or ``rbd`` layer (empty: fine): an OSD sits on one layer, an
-    RBD image on OSD layers, and an arm's client mode is crc or secure."""
-    kind, problems = layer.get("kind"), []
-    below = [layer["over"]] if "over" in layer else list(layer.get("members") or [])
-    if kind == "osd" and ("over" not in layer or "members" in layer):
-        problems.append(f"{where}: an osd layer sits on exactly one layer ('over')")
-    if kind == "rbd" and below:
-        if any(not isinstance(b, dict) or b.get("kind") != "osd" for b in below):
-            problems.append(f"{where}: an rbd layer sits on osd layers only")
-        if layer.get("mode", "crc") not in ceph.MODES:
-            problems.append(f"{where}.mode: {layer.get('mode')!r} is not one of {ceph.MODES}")
-    return problems
-
 
 def osd_specs(entries: dict, groups: dict[str, list[str]]) -> list[dict]:
     """OSD specs over the devices of the named STATE entries, in device class ``group``."""
@@ -153,9 +132,9 @@ def split_plan(plan: dict) -> tuple[dict, dict | None]:
         return plan, None
     problems = []
     for name, arm in arms.items():
-        problems += check_ceph_layer(arm, f"stacks.{name}")
+        problems += ceph.check_ceph_layer(arm, f"stacks.{name}")
         for i, osd in enumerate(_osd_layers(arm)):
-            problems += check_ceph_layer(osd, f"stacks.{name}.osd[{i}]")
+            problems += ceph.check_ceph_layer(osd, f"stacks.{name}.osd[{i}]")
     if problems:
         raise TestboxError("; ".join(problems))
     for name in arms:
@@ -203,7 +182,7 @@ def attach_cluster(ceph_part: dict, state: dict, state_path: Path, described: di
         for arm in g["arms"]:
             mode = ceph_part["arms"][arm].get("mode", "crc")
             ceph_entry = {"group": g["name"], "mode": mode, "encrypted": g["encrypted"]}
-            ceph_entry.update(pool=pool["name"], image=pool["image"])
+            ceph_entry.update(pool=pool["name"], image=pool["image"], cluster_dir=cluster["dir"])
             entry = {"stack": arm, "kind": "rbd", "device": None, "device_type": "rbd"}
             entry.update(size_bytes=image_mib * MIB, mountpoint=None, ceph=ceph_entry)
             state["stacks"][arm] = entry
