@@ -106,3 +106,36 @@ def test_a_too_deep_scratch_folder_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(TestboxError, match="too deep for Ceph's admin sockets"):
         ceph.cluster_up(deep, [{"block": "/nonexistent", "group": "g"}], image_mib=16)
     assert not (deep / "ceph").exists()
+
+
+def test_split_plan_shares_one_osd_group_between_arms_over_the_same_osd_layers():
+    from luksbench.testbox import cephstack
+
+    on_plain = {"kind": "osd", "over": {"kind": "plain"}}
+    on_luks = {"kind": "osd", "over": {"kind": "luks"}}
+    plan = {
+        "baseline": "rbd-crc",
+        "device_size_mib": 1024,
+        "stacks": {
+            "rbd-crc": {"kind": "rbd", "mode": "crc", "over": on_plain},
+            "rbd-secure": {"kind": "rbd", "mode": "secure", "over": on_plain},
+            "luks-crc": {"kind": "rbd", "mode": "crc", "over": on_luks},
+            "local": {"kind": "plain"},
+        },
+    }
+    backend_plan, part = cephstack.split_plan(plan)
+    assert backend_plan["stacks"] == {
+        "local": {"kind": "plain"},
+        "osd0o0": {"kind": "plain"},
+        "osd1o0": {"kind": "luks"},
+    }
+    assert backend_plan["baseline"] == "osd0o0"  # the arms and their baseline come back after
+    groups = {g["name"]: (g["arms"], g["encrypted"]) for g in part["groups"]}
+    assert groups == {"osd0": (["rbd-crc", "rbd-secure"], False), "osd1": (["luks-crc"], True)}
+    assert cephstack.split_plan({"stacks": {"a": {"kind": "plain"}}}) == (
+        {"stacks": {"a": {"kind": "plain"}}},
+        None,
+    )
+    bad = {**plan, "stacks": {"x": {"kind": "rbd", "mode": "tls", "over": on_plain}}}
+    with pytest.raises(TestboxError, match=r"stacks\.x\.mode"):
+        cephstack.split_plan(bad)
