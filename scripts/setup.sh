@@ -21,6 +21,10 @@ declare -A debian_package=(
   # tests/vm/test_vmbox.py builds a Debian guest and boots it to run dm-crypt and MD for real
   [mmdebstrap]=mmdebstrap
   [qemu-system-x86_64]=qemu-system-x86
+  # Ceph arms: a throwaway monitor and BlueStore OSDs per run (testbox/ceph.py); no daemon starts on install
+  [ceph-mon]=ceph-mon
+  [ceph-osd]=ceph-osd
+  [ceph]=ceph-common  # also brings rbd, ceph-authtool, monmaptool
 )
 missing_packages=()
 for tool in "${!debian_package[@]}"; do
@@ -37,7 +41,7 @@ if [ ${#missing_packages[@]} -gt 0 ]; then
   else
     echo "setup: missing system packages: ${missing_packages[*]}" >&2
     echo "  Debian/Ubuntu: sudo apt-get install ${missing_packages[*]}" >&2
-    echo "  Fedora:        sudo dnf install fio cryptsetup qemu-storage-daemon fuse3 python3" >&2
+    echo "  Fedora:        sudo dnf install fio cryptsetup qemu-storage-daemon fuse3 python3 ceph-mon ceph-osd ceph-common" >&2
     exit 1
   fi
 fi

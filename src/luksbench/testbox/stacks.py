@@ -19,6 +19,13 @@ from luksbench.testbox import lock, safety
 from luksbench.testbox.backends import kernel, userspace
 from luksbench.testbox.backends.choose import resolve_plan_backend
 from luksbench.testbox.capture import tool_versions
+from luksbench.testbox.cephstack import (
+    attach_cluster,
+    ceph_leftovers,
+    layer_entries,
+    split_plan,
+    tear_down_ceph,
+)
 from luksbench.testbox.plan import MIB, baseline_first, device_uses, precondition_options
 from luksbench.testbox.precondition import precondition
 from luksbench.testbox.sysutil import (
@@ -46,8 +53,10 @@ def load_state(state_path: Path) -> dict:
 
 def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
     """Check every device, bring every stack up, precondition, write STATE and DESCRIBE; returns
-    the description. A failure (or Ctrl-C) tears down everything built so far."""
+    the description. A failure (or Ctrl-C) tears down everything built so far. RBD arms over
+    ``osd`` layers: the backend builds the layers under the OSDs, then the run's Ceph cluster."""
     state_path, describe_path = Path(state_path), Path(describe_path)
+    plan, ceph_part = split_plan(plan)
     backend = _check_before_building(plan, state_path)
     scratch = safety.make_scratch_dir(plan["scratch_dir"])
     size = int(plan["device_size_mib"]) * MIB
@@ -67,6 +76,9 @@ def stack_up(plan: dict, state_path: Path, describe_path: Path) -> dict:
             described = kernel.build_kernel(plan, state, state_path, device_checks)
         else:
             described = userspace.build_userspace(plan, state, state_path, size)
+        if ceph_part:
+            described = attach_cluster(ceph_part, state, state_path, described)
+            plan = ceph_part["plan"]
         description = _finish(plan, state, state_path, described)
     except BaseException as exc:
         _undo_failed_stack_up(state_path, exc)
@@ -259,6 +271,7 @@ def stack_down(
             write_json_atomic(Path(record_path), record)
         return record
     stacks = [state["stacks"][n] for n in reversed(state.get("order") or list(state["stacks"]))]
+    stacks += layer_entries(state)  # the layers under a Ceph cluster's OSDs
     actions, errors = [], []
     _tear_down(state, stacks, actions, errors)
     checks, details = _verify_clean(state, stacks)
@@ -292,7 +305,8 @@ def state_from_scratch(state_path: Path) -> dict | None:
     built = [*scratch.glob("luksbench-*.fuse"), *scratch.glob("luksbench-*.img")]
     names = sorted({p.name.removeprefix("luksbench-").rpartition(".")[0] for p in built})
     key_dirs = sorted(str(p) for p in scratch.glob(".luksbench-keys-*") if p.is_dir())
-    if not names and not key_dirs:
+    ceph_dir = scratch / "ceph"
+    if not names and not key_dirs and not ceph_dir.exists():
         return None
     log(f"luksbench testbox stack-down: {state_path} is missing; tearing down what {scratch} shows")
     stacks = {
@@ -309,6 +323,7 @@ def state_from_scratch(state_path: Path) -> dict | None:
     }
     state = {"run": scratch.parent.name, "host": scratch.name, "backend": "userspace"}
     state.update(order=names, stacks=stacks, objects=[], key_dirs=key_dirs, runtime_dir=None)
+    state["scratch_dir"] = str(scratch)
     return state
 
 
@@ -316,6 +331,8 @@ def _tear_down(state: dict, stacks: list[dict], actions: list[str], errors: list
     """Stop fio, then undo every stack newest first: daemons and mounts (userspace), the undo log
     (kernel), keys, backing files, the runtime directory. Keeps going after an error."""
     _kill_fio([e.get("device") for e in stacks], actions)
+    # A Ceph cluster (its daemons and clients) before the layers its OSDs sit on.
+    tear_down_ceph(state, actions, errors)
     # Userspace backend (and states written before the undo log): per-stack daemons and mounts.
     for entry in stacks:
         try:
@@ -382,6 +399,7 @@ def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
     mappers = [n for n in safety.mapper_names_with_prefix(prefix) if n in ours]
     mine = [(e.get("backing_file"), e.get("key_file"), _fuse_mountpoint(e)) for e in stacks]
     files_left = [p for paths in mine for p in paths if p and os.path.lexists(p)] + left["files"]
+    ceph_left = ceph_leftovers(state)
     checks = {
         "no_mounts": not ours_mounts and not left["mounts"],
         "no_processes": not procs,
@@ -392,6 +410,7 @@ def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
             d and os.path.exists(d) for d in [state.get("key_dir"), *state.get("key_dirs", [])]
         ),
         "no_files_left": not files_left,
+        "no_ceph": not any(ceph_left.values()),
     }
     details = {
         "mounts": ours_mounts + left["mounts"],
@@ -400,6 +419,7 @@ def _verify_clean(state: dict, stacks: list[dict]) -> tuple[dict, dict]:
         "mapper_devices": mappers,
         "md_devices": left["md_devices"],
         "files": files_left,
+        "ceph": ceph_left,
     }
     return checks, details
 

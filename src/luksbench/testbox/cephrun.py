@@ -1,0 +1,247 @@
+"""fio against a Ceph cluster (ioengine=rbd): each run's client messenger mode set through
+``CEPH_ARGS``, verified from a probe client's log rather than taken from the arm's label, the
+OSDs' device encryption checked, and fio run under a hard timeout that kills its process group
+(a mode the daemons refuse makes librados retry forever, ignoring SIGTERM). Standard library only.
+
+Why a probe and not the measured run's own log: ``--debug_ms=1`` logs every message (about 25 %
+fewer IOPS here), so the mode is read from a short client started with the same ``CEPH_CONF`` and
+``CEPH_ARGS`` just before the measured run, against the same daemons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from luksbench.testbox.ceph import MODES, device_facts
+from luksbench.testbox.cephdown import load_cluster
+from luksbench.testbox.sysutil import TestboxError, read_text, tool_env
+
+# Seconds fio gets beyond its runtime and ramp before its process group is killed.
+FIO_TIMEOUT_MARGIN_S = 60
+PROBE_TIMEOUT_S = 30
+# A connection's line once it is ready: its mode and whether it has an rx/tx cipher.
+READY_LINE = re.compile(
+    r"conn\(0x[0-9a-f]+ 0x[0-9a-f]+ (?P<mode>crc|secure|unknown) :-?\d+ s=READY [^)]*?"
+    r"rx=(?P<rx>0x[0-9a-f]+|0) tx=(?P<tx>0x[0-9a-f]+|0)\)\.ready entity=(?P<entity>\S+)"
+)
+
+
+def client_env(conf: str, mode: str, extra: str = "") -> dict[str, str]:
+    """The environment of a client whose connections (to monitor and OSDs) ask for ``mode``."""
+    if mode not in MODES:
+        raise TestboxError(f"messenger mode {mode!r} is not one of {MODES}")
+    args = f"--ms_client_mode={mode} --ms_mon_client_mode={mode} {extra}".strip()
+    return {**tool_env(), "CEPH_CONF": conf, "CEPH_ARGS": args}
+
+
+def connection_modes(log_text: str) -> dict[str, str]:
+    """entity (mon.0, osd.3) -> the mode its ready connection used, from a ``--debug_ms=1`` log;
+    'secure' only when the connection has a cipher both ways, 'crc' only when it has none."""
+    found: dict[str, str] = {}
+    for m in READY_LINE.finditer(log_text):
+        ciphers = (m["rx"] != "0", m["tx"] != "0")
+        if m["mode"] == "secure" and all(ciphers):
+            mode = "secure"
+        elif m["mode"] == "crc" and not any(ciphers):
+            mode = "crc"
+        else:
+            mode = f"{m['mode']} (rx={m['rx']} tx={m['tx']})"
+        previous = found.setdefault(m["entity"], mode)
+        if previous != mode:
+            found[m["entity"]] = f"{previous} and {mode}"
+    return found
+
+
+def run_killable(argv: list[str], env: dict, timeout: float, **kw) -> subprocess.CompletedProcess:
+    """Run ``argv`` in its own process group; past ``timeout`` the whole group gets SIGKILL and
+    TestboxError says so (librados ignores SIGTERM while it retries a refused connection)."""
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, text=True, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise TestboxError(
+            f"`{' '.join(argv[:3])} ...` did not finish within {timeout:.0f} s (CEPH_ARGS "
+            f"{env.get('CEPH_ARGS')!r}): killed its process group; a messenger mode the "
+            "daemons refuse makes the client retry forever"
+        ) from None
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def probe_mode(cluster: dict, pool: dict, mode: str, log_path: Path) -> dict:
+    """Read a few blocks of ``pool``'s image with a client asking for ``mode`` and log level
+    ``debug_ms=1``: which mode each connection (monitor, OSDs) used."""
+    log_path.unlink(missing_ok=True)
+    env = client_env(cluster["conf"], mode, f"--debug_ms=1 --log_file={log_path}")
+    bench = ["rbd", "-p", pool["name"], "bench", "--io-type", "read", "--io-size", "4K"]
+    bench += ["--io-total", "256K", "--io-pattern", "rand", "--io-threads", "1", pool["image"]]
+    t0 = time.monotonic()
+    proc = run_killable(
+        bench, env, PROBE_TIMEOUT_S, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    if proc.returncode != 0:
+        said = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise TestboxError(
+            f"mode probe ({mode}) exited {proc.returncode}: {said} (daemons accept "
+            f"{cluster['daemon_modes']!r}; client log {log_path})"
+        )
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return {
+        "asked": mode,
+        "connections": connection_modes(text),
+        "probe_seconds": round(time.monotonic() - t0, 2),
+        "log": str(log_path),
+    }
+
+
+def check_mode(probe: dict, osd_ids: list[int]) -> None:
+    """The monitor and every OSD of the pool answered in the asked mode (TestboxError names
+    the arm's mode and the one used)."""
+    asked, seen = probe["asked"], probe["connections"]
+    wanted = ["mon", *(f"osd.{i}" for i in osd_ids)]
+    for who in wanted:
+        used = [m for e, m in seen.items() if e == who or (who == "mon" and e.startswith("mon."))]
+        if not used:
+            raise TestboxError(
+                f"arm asks messenger mode {asked}; the probe client made no ready connection to "
+                f"{who} (log {probe['log']}), so the mode is unverified"
+            )
+        if any(m != asked for m in used):
+            raise TestboxError(
+                f"arm asks messenger mode {asked} but the connection to {who} used {used[0]} "
+                f"(log {probe['log']}); refusing the run"
+            )
+
+
+def check_encryption(cluster: dict, group: str, encrypted: bool) -> list[dict]:
+    """Every OSD of ``group`` sits on an encrypted device when the arm says so, and on a plain
+    one when not (TestboxError names both); the facts, read again now."""
+    facts = []
+    for osd in (o for o in cluster["osds"] if o["group"] == group):
+        now = device_facts(osd["block"], osd.get("backing_file"))
+        is_encrypted = now["encryption"] is not None
+        if is_encrypted != encrypted:
+            said = "encrypted" if encrypted else "plain"
+            found = now["encryption"] or "no encryption"
+            raise TestboxError(
+                f"arm says the OSD device is {said} but osd.{osd['id']} on {osd['block']} has "
+                f"{found}; refusing the run"
+            )
+        facts.append({"osd": osd["id"], **now})
+    return facts
+
+
+def fio_rbd_target(pool: dict, client: str = "admin") -> list[str]:
+    """fio's target options for the pool's image (the rest of the job is the runner's)."""
+    return [
+        "--ioengine=rbd",
+        f"--clientname={client}",
+        f"--pool={pool['name']}",
+        f"--rbdname={pool['image']}",
+    ]
+
+
+def fio_timeout(runtime_s: float, ramp_s: float = 0) -> float:
+    return float(runtime_s) + float(ramp_s) + FIO_TIMEOUT_MARGIN_S
+
+
+def prepare_rbd_run(
+    cluster: dict, group: str, mode: str, encrypted: bool, log_path: Path
+) -> tuple[dict, dict]:
+    """Before one measured run: verify mode and encryption; (environment for fio, record)."""
+    pool = next((p for p in cluster["pools"] if p["group"] == group), None)
+    if pool is None:
+        raise TestboxError(f"the cluster has no pool for OSD group {group!r}")
+    osd_ids = [o["id"] for o in cluster["osds"] if o["group"] == group]
+    encryption = check_encryption(cluster, group, encrypted)
+    probe = probe_mode(cluster, pool, mode, log_path)
+    check_mode(probe, osd_ids)
+    record = {"pool": pool["name"], "image": pool["image"], "messenger_mode": mode}
+    record.update(mode_probe=probe, osd_devices=encryption, daemon_modes=cluster["daemon_modes"])
+    return client_env(cluster["conf"], mode), record
+
+
+def _peak_rss_bytes(pid: int) -> int | None:
+    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def daemon_usage(cluster: dict) -> dict[str, dict | None]:
+    """Per recorded daemon (``ceph-osd.0``): CPU seconds used so far (user + system, from
+    /proc/<pid>/stat) and peak resident memory (VmHWM); None for a daemon that is gone or is no
+    longer the same process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    usage: dict[str, dict | None] = {}
+    for d in cluster.get("daemons", []):
+        stat = read_text(f"/proc/{d['pid']}/stat")
+        fields = stat.rpartition(")")[2].split() if stat else []
+        if len(fields) > 19 and fields[19] == d.get("started"):
+            cpu = (int(fields[11]) + int(fields[12])) / tick
+            usage[f"{d['tool']}.{d['id']}"] = {
+                "cpu_s": cpu,
+                "peak_rss_bytes": _peak_rss_bytes(d["pid"]),
+            }
+        else:
+            usage[f"{d['tool']}.{d['id']}"] = None
+    return usage
+
+
+def _cpu_delta(before: dict, after: dict) -> dict[str, float | None]:
+    """CPU seconds each daemon used between two :func:`daemon_usage` readings (None: it is gone
+    or was restarted in between)."""
+    delta: dict[str, float | None] = {}
+    for name, b in before.items():
+        a = after.get(name)
+        delta[name] = round(a["cpu_s"] - b["cpu_s"], 3) if a and b else None
+    return delta
+
+
+def run_rbd_fio(
+    cluster: dict, arm: dict, argv: list[str], timeout: float, probe_log: Path, **popen
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """One measured fio run of an RBD arm (``arm``: group, mode, encrypted): verify the arm,
+    run fio with the arm's client mode under ``timeout``, and record the verification and the
+    CPU seconds each Ceph daemon used during the run."""
+    env, record = prepare_rbd_run(
+        cluster, arm["group"], arm["mode"], bool(arm["encrypted"]), probe_log
+    )
+    before, t0 = daemon_usage(cluster), time.monotonic()
+    proc = run_killable(argv, env, timeout, **popen)
+    record["seconds"] = round(time.monotonic() - t0, 3)
+    after = daemon_usage(cluster)
+    record["daemon_cpu_s"] = _cpu_delta(before, after)
+    record["daemon_peak_rss_bytes"] = {n: (u or {}).get("peak_rss_bytes") for n, u in after.items()}
+    return proc, record
+
+
+def fio_target_for(entry: dict, client: str = "admin") -> list[str]:
+    """fio's target options for an RBD arm's STATE entry (stack-up built its cluster)."""
+    arm = entry["ceph"]
+    return fio_rbd_target({"name": arm["pool"], "image": arm["image"]}, client)
+
+
+def run_entry_fio(
+    entry: dict, argv: list[str], timeout: float, probe_log: Path, **popen
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """:func:`run_rbd_fio` for an RBD arm's STATE entry: its cluster from the record in the
+    cluster's folder."""
+    top = entry["ceph"]["cluster_dir"]
+    cluster = load_cluster(top)
+    if cluster is None or not cluster.get("complete"):
+        raise TestboxError(f"stack {entry['stack']}: the run's Ceph cluster ({top}) is not up")
+    return run_rbd_fio(cluster, entry["ceph"], argv, timeout, probe_log, **popen)
