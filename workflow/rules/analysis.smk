@@ -64,6 +64,8 @@ rule compute_loss:
         code=ANALYSIS_CODE,
     output:
         **processed(*LOSS_TABLES),
+        # every number the paper's answer quotes, with its source row (+ CSV beside it)
+        paper_numbers=f"{PROCESSED}/{{run}}/paper_numbers.parquet",
         notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
     log:
         "logs/{run}/compute_loss.log",
@@ -89,6 +91,7 @@ rule compute_loss:
         " -r comparisons {params.comparisons:q}"
         " -p confidence {params.confidence:q} -p equivalence_margin_pct {params.margin:q}"
         " -r decision_regions {params.regions:q} -p min_pairs {params.min_pairs:q} > {log:q} 2>&1"
+        " && python -m luksbench.analysis.paper_numbers {output.paper_numbers:q} >> {log:q} 2>&1"
 
 
 rule plot_figures:
@@ -128,7 +131,7 @@ rule render_paper:
     """The paper / blog post (index.md with front matter + self-contained index.html), generated
     from the processed tables, the figures and the transcribed published results only."""
     input:
-        **processed(*PROCESSED_TABLES, *LOSS_TABLES),
+        **processed(*PROCESSED_TABLES, *LOSS_TABLES, "paper_numbers"),
         notebook=f"{NOTEBOOKS}/04-paper.ipynb",
         figures="figures/{run}",
         references=sorted(str(p) for p in Path("data/reference").glob("*.csv")),
