@@ -83,7 +83,7 @@ def test_a_numbers_table_of_another_loss_table_is_refused(processed, tmp_path):
     shutil.copytree(processed, out)
     loss = pd.read_parquet(out / "loss.parquet")
     loss.iloc[:-1].to_parquet(out / "loss.parquet")
-    with pytest.raises(ValueError, match="paper_numbers.parquet was written from a loss table"):
+    with pytest.raises(ValueError, match=r"paper_numbers\.parquet was written from a loss table"):
         render_paper(out, tmp_path / "none", tmp_path / "post" / "index.md", "s")
 
 

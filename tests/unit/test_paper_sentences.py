@@ -24,6 +24,7 @@ from luksbench.analysis.tails import TOO_FEW
 from luksbench.publish import (
     catalog,
     figures,
+    figures_arms,
     paper_figures,
     paper_gaps,
     paper_sentences,
@@ -184,7 +185,7 @@ def test_partly_withheld_cells_are_marked_not_drawn(processed):
     metric = "busy_cpu_s_per_gib"
     marked = figures.withheld_by_cell(loss, metric)
     assert len(marked) == 8 and set(marked.values()) == {"net CPU <= 0"}
-    fig = figures.cpu_figure(arms, metric, withheld_cells=marked)
+    fig = figures_arms.cpu_figure(arms, metric, withheld_cells=marked)
     notes = [t for ax in fig.axes for t in ax.texts if t.get_text().startswith("withheld")]
     assert len(notes) == len(marked)
     heights = [p.get_height() for ax in fig.axes for p in ax.patches]

@@ -18,7 +18,7 @@ import pytest
 from luksbench.analysis import ingest, tails
 from luksbench.analysis.loss import write_loss
 from luksbench.formats import fio as fio_format
-from luksbench.publish import figures, paper_sentences, text
+from luksbench.publish import figures, figures_arms, paper_sentences, text
 from luksbench.publish.paper_tables import loss_sections
 from luksbench.publish.text import metric_heading
 
@@ -126,7 +126,7 @@ def test_figure_points_are_the_loss_tables_percentiles(processed):
         for side in ("baseline", "variant"):
             got = keyed[(r[side], *(r[k] for k in keys))]
             assert got == pytest.approx(r[f"{side}_mean"], rel=1e-12)
-    fig = figures.latency_figure(lat, arms, "randread", stacks=["plain", "luks"])
+    fig = figures_arms.latency_figure(lat, arms, "randread", stacks=["plain", "luks"])
     points = sorted(
         round(float(y), 9)
         for ax in fig.axes

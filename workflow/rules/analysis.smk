@@ -121,10 +121,12 @@ rule plot_figures:
         processed_dir=notebook_path(f"{PROCESSED}/{{run}}"),
         figures_dir=notebook_path("figures/{run}"),
         figure_index=lambda wildcards: FigureIndex(f"figures/{wildcards.run}"),
+        per_host_max=config["analysis"]["per_host_figures_max"],
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -r run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
-        " -p figures_dir {params.figures_dir:q} -p workers {threads:q} > {log:q} 2>&1"
+        " -p figures_dir {params.figures_dir:q} -p workers {threads:q}"
+        " -p per_host_figures_max {params.per_host_max:q} > {log:q} 2>&1"
 
 
 rule render_paper:

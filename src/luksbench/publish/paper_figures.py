@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_index, read_skipped
+from luksbench.publish.catalog import FIGURE_FAMILIES, INDEX, read_hosts, read_index, read_skipped
 from luksbench.publish.text import cpu_basis, md_escape_keeping_code, rw_rank
 
 
@@ -19,6 +19,7 @@ def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[
     indexed = (Path(figures_dir) / INDEX).exists()
     entries = read_index(figures_dir) if indexed else []
     not_drawn = read_skipped(figures_dir) if indexed else []
+    hosts = read_hosts(figures_dir) if indexed else {}
     sections = []
     for kind, (heading, intro) in FIGURE_FAMILIES.items():
         found = sorted(  # the SCS post's order: read, write, randread, randwrite; bandwidth first
@@ -48,6 +49,8 @@ def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[
             for e in found
         ]
         intro = intro.replace("{cpu_basis}", cpu_basis(net))
+        for key, value in hosts.items():  # the fleet's host count and the per-host limit
+            intro = intro.replace("{" + key + "}", f"{value:,}")
         sections.append(
             {"kind": kind, "heading": heading, "intro": intro, "figures": figures}
             | {"skipped": skipped}
@@ -57,7 +60,8 @@ def figure_sections(figures_dir: Path, out_md: Path, net: bool = False) -> list[
 
 def summary_figure(sections: list[dict]) -> dict | None:
     """The figure that answers at a glance, for the top of the post: the (first host's)
-    bandwidth heatmap, else the headline comparison's cost chart (its data all withheld: none)."""
+    bandwidth heatmap, else (a fleet) every host's bandwidth loss, else the headline comparison's
+    cost chart (its data all withheld: none)."""
     drawn = {f["name"]: f for sec in sections for f in sec["figures"]}
     heatmaps = sorted(n for n in drawn if n.startswith("heatmap-") and n.endswith("-bw_bytes"))
     if heatmaps:
@@ -66,6 +70,12 @@ def summary_figure(sections: list[dict]) -> dict | None:
             "latency, CPU and every other metric are in the tables and figures below"
         )
         return drawn[heatmaps[0]] | {"note": note}
+    if "fleet-bw_bytes" in drawn:
+        note = (
+            "Every host's bandwidth loss per cell, coloured by its decision; the tables below "
+            "have each host's interval"
+        )
+        return drawn["fleet-bw_bytes"] | {"note": note}
     if "loss" in drawn:
         return drawn["loss"] | {"note": "Every cell's interval against the decision regions"}
     return None
