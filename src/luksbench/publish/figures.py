@@ -398,17 +398,21 @@ def fleet_figure(
         fontsize="medium",
     )
     legend_below(fig, ax, "decision", ncols=4)
+    for handle in fig.legends[0].legend_handles if fig.legends else []:
+        handle.set_sizes([30])  # the legend's dots legible however small the hosts' are
     return fig
 
 
 def _fleet_withheld(ax, df: pd.DataFrame, cells: list[str]) -> None:
     """Beside each cell: how many hosts have no effect to draw there, and why."""
     gone = df[df["why"].ne("")]
-    for (cell, why), rows in gone.groupby(["cell", "why"], sort=False):
+    for cell, rows in gone.groupby("cell", sort=False):
+        counts = rows.groupby("why")["host"].nunique()
+        text = "; ".join(f"{n} withheld: {why}" for why, n in counts.items())
         ax.text(
             1.01,
             cells.index(cell),
-            f"{rows['host'].nunique()} withheld: {why}",
+            text,
             transform=ax.get_yaxis_transform(),
             va="center",
             fontsize="x-small",

@@ -66,7 +66,7 @@ def loss_sections(loss: pd.DataFrame) -> list[dict]:
                 "verdict": r["verdict"],
                 "q": fmt_num(r["q_value"], 3),
             }
-            for _, r in sub.iterrows()
+            for r in sub.to_dict("records")
         ]
         sections.append(
             {"metric": metric, "heading": heading, "unit": unit, "kind": sub["effect"].iloc[0]}
@@ -195,10 +195,10 @@ def scs_tables(losses: pd.DataFrame) -> list[dict]:
                 label += f"{variant}{versus}, QD{int(qd)}"
                 if several_jobs:
                     label += f", job `{g['job'].iloc[0]}`"
-                at = g.drop_duplicates("bs_bytes").set_index("bs_bytes")
+                at = {r["bs_bytes"]: r for r in g.drop_duplicates("bs_bytes").to_dict("records")}
                 cells = [
-                    f"{effect_ci(at.loc[b])} {decision_kind(at.loc[b, 'decision'])}"
-                    if b in at.index
+                    f"{effect_ci(at[b])} {decision_kind(at[b]['decision'])}"
+                    if b in at
                     else "not measured"
                     for b in cols
                 ]
