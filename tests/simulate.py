@@ -3,6 +3,8 @@ design benchmark). Not a test module."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -455,3 +457,43 @@ def _write_cpu_host(raw, host, rng, cells, pairs, per_round, sd_idle, background
             path = Path(raw) / host / "fio" / "sessions" / f"look{j}.json"
             path.write_text(json.dumps(record))
     return 100 * (factor - 1), per_gib * (factor - 1)
+
+
+def fleet_tables(processed, out, n_hosts: int, seed: int = 0):
+    """A fleet of ``n_hosts`` hosts (``h0000``, ``h0001``, ...) from the processed tables of a
+    one-host run in ``processed``: every table with a ``host`` column repeated once per host with
+    the host renamed, each host's loss rows shifted by a host's own offset (effect and interval
+    together, up to +-4 points; the decisions stay the source's). Synthetic processed tables for
+    the publishing steps (figures, paper) at fleet scale: no statistic is recomputed. Returns
+    ``out``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from luksbench.analysis.paper_numbers import write_paper_numbers
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    hosts = [f"h{k:04d}" for k in range(n_hosts)]
+    shift = np.random.default_rng(seed).uniform(-4, 4, n_hosts)
+    for path in sorted(Path(processed).glob("*.parquet")):
+        table = pd.read_parquet(path)
+        if "host" in table.columns and len(table):
+            table = _per_host(table, hosts, shift if path.stem in ("loss", "cpu_loss") else None)
+        pq.write_table(pa.Table.from_pandas(table, preserve_index=False), out / path.name)
+    write_paper_numbers(out)
+    return out
+
+
+def _per_host(table: pd.DataFrame, hosts: list[str], shift) -> pd.DataFrame:
+    """``table`` once per host, the host renamed (and ``shift[k]`` added to host k's effects)."""
+    n = len(table)
+    whole = table.iloc[np.tile(np.arange(n), len(hosts))].reset_index(drop=True)
+    names = np.repeat(np.array(hosts, dtype=object), n)
+    for column in ("host", "hostname", "host_dir", "fio_hostname"):
+        if column in whole.columns:
+            whole[column] = names
+    if shift is not None:
+        offset = np.repeat(shift, n)
+        for column in ("effect_pct", "ci_low", "ci_high", "selection_ci_low", "selection_ci_high"):
+            whole[column] = whole[column].astype(float) + offset
+    return whole

@@ -19,7 +19,7 @@ from luksbench.analysis import ingest
 from luksbench.analysis.loss import write_loss
 from luksbench.formats.cryptsetup import parse_cryptsetup_file
 from luksbench.formats.opensslspeed import OPENSSL_SPEED_FILE, SOURCE, parse_openssl_speed_file
-from luksbench.publish import catalog, figures, render
+from luksbench.publish import catalog, figures_arms, render
 from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
 from luksbench.publish.run import load_run
 from luksbench.testbox import lock
@@ -88,11 +88,11 @@ def test_ceiling_figure_and_text_say_userspace_estimate(measured):
     luks = [c for c in ceilings if c["reason"] is None]
     assert luks and all(c["source"] == SOURCE for c in luks)
     assert all("userspace estimate (openssl)" in ceiling_text(c) for c in luks)
-    fig = figures.ceiling_figure(run.tables["arms"], ceilings)
+    fig = figures_arms.ceiling_figure(run.tables["arms"], ceilings)
     lines = _ceiling_lines(fig)
     assert lines and all(SOURCE in c.get_label() for c in lines)
     assert SOURCE in " ".join(fig._suptitle.get_text().split())  # wrapped
-    cipher_fig = figures.cipher_figure(run.cryptsetup)
+    cipher_fig = figures_arms.cipher_figure(run.cryptsetup)
     ticks = [t.get_text() for ax in cipher_fig.axes for t in ax.get_yticklabels()]
     assert any(SOURCE in t for t in ticks)
 

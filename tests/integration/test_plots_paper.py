@@ -13,7 +13,7 @@ from simulate import rerecord
 
 from luksbench.analysis import ingest, stats
 from luksbench.analysis.loss import CPU_METRICS, write_loss
-from luksbench.publish import catalog, paper, render, style
+from luksbench.publish import catalog, paper_sentences, render, style
 from luksbench.publish.ceilings import crypto_ceilings
 from luksbench.publish.text import bs_human, fmt_ci, fmt_pct
 
@@ -56,12 +56,12 @@ def test_figures_written_with_provenance(figures, processed):
         assert png.stat().st_size > 1000 and svg.stat().st_size > 1000
         text = Image.open(png).text
         assert text["run"] == "tumrun" and text["figure"] == name
-        assert text["made_by"].startswith("luksbench.publish.figures.")
+        assert text["made_by"].startswith("luksbench.publish.figures")
         assert "fio.parquet" in json.loads(text["sources_sha256"])
         for key in ("git_commit", "config_hash", "fio_version", "cryptsetup_version"):
             assert text[key], (name, key)
         head = svg.read_text()
-        assert "luksbench.publish.figures." in head and "<dc:date>" not in head
+        assert "luksbench.publish.figures" in head and "<dc:date>" not in head
         assert '"git_commit"' in head and '"config_hash"' in head
 
 
@@ -145,7 +145,7 @@ def test_paper_numbers_come_from_the_tables(processed, figures, tmp_path):
     tldr = md.read_text().split("**TL;DR.**")[1].split("\n")[0]
     rows = loss[(loss["n"] > 0) & (loss["derived_from"].fillna("") == "")]
     for metric, g in rows.groupby("metric"):
-        assert f"{paper.decision_counts(g)} of {len(g)} cells" in tldr, metric
+        assert f"{paper_sentences.decision_counts(g)} of {len(g)} cells" in tldr, metric
         if g["decision"].isin(["material", "moderate"]).any():  # the largest, adjusted
             w = g[g["largest"]].iloc[0]
             ci = fmt_ci(w["selection_ci_low"], w["selection_ci_high"])
@@ -239,7 +239,7 @@ def test_recommendation_follows_the_stated_thresholds():
             _loss_row(rw="write", bs="1m", eff=2.0, lo=0.5, hi=4.9, verdict="significant"),
         ]
     )
-    rec = paper.recommendation(small, hosts)
+    rec = paper_sentences.recommendation(small, hosts)
     assert "Bandwidth ±5 / 20 %" in rec["thresholds"]
     (verdict,) = rec["verdicts"]
     assert verdict["turn_on"] and "turn it on: no cell of Bandwidth" in verdict["text"]
@@ -249,21 +249,21 @@ def test_recommendation_follows_the_stated_thresholds():
     assert rec["caveats"] == []
     material = _loss_row(rw="write", bs="4k", eff=30, lo=20.5, hi=40, verdict="significant")
     big = pd.concat([small, pd.DataFrame([material | {"material_listed": True}])])
-    rec = paper.recommendation(big, [{"backend": "userspace"}])
+    rec = paper_sentences.recommendation(big, [{"backend": "userspace"}])
     (verdict,) = rec["verdicts"]
     assert not verdict["turn_on"] and "do not turn it on" in verdict["text"]
     assert "material (listed after Benjamini-Hochberg" in verdict["metrics"][0]
     assert "in 1 of 3 cells (30.0 %)" in verdict["metrics"][0]
     assert "not the kernel's dm-crypt" in rec["caveats"][0]
     # material on its own interval but not after the adjustment: still in the way, said so
-    alone = paper.recommendation(big.assign(material_listed=False), hosts)["verdicts"][0]
+    alone = paper_sentences.recommendation(big.assign(material_listed=False), hosts)["verdicts"][0]
     assert "do not turn it on" in alone["text"]
     assert "material on its own interval, not after adjusting" in alone["metrics"][0]
     # a cell whose interval straddles 20 % is undecided, not material, and in the way
     edge = pd.DataFrame(
         [_loss_row(rw="read", bs="1m", eff=30, lo=19.9, hi=40, verdict="significant")]
     )
-    verdict = paper.recommendation(edge, hosts)["verdicts"][0]
+    verdict = paper_sentences.recommendation(edge, hosts)["verdicts"][0]
     assert (
         "undecided, the interval reaching past 20 % (material) in 1 of 1" in verdict["metrics"][0]
     )
@@ -272,7 +272,7 @@ def test_recommendation_follows_the_stated_thresholds():
     tight = pd.DataFrame(
         [_loss_row(rw="read", bs="4k", eff=0.6, lo=0.4, hi=0.8, verdict="significant")]
     )
-    assert paper.recommendation(tight, hosts)["verdicts"][0]["turn_on"]
+    assert paper_sentences.recommendation(tight, hosts)["verdicts"][0]["turn_on"]
     # and three cells wholly between 5 and 20 % are decided: moderate, not "need more pairs"
     moderate = pd.DataFrame(
         [
@@ -280,7 +280,7 @@ def test_recommendation_follows_the_stated_thresholds():
             for rw in ("read", "write", "randread")
         ]
     )
-    verdict = paper.recommendation(moderate, hosts)["verdicts"][0]
+    verdict = paper_sentences.recommendation(moderate, hosts)["verdicts"][0]
     assert "only where a moderate cost is acceptable" in verdict["text"]
     assert "moderate in 3 of 3 cells (10.0 %)" in verdict["metrics"][0]
     assert "undecided" not in verdict["metrics"][0]
@@ -334,7 +334,7 @@ def test_latency_histograms_come_from_the_raw_json_plus(sample):
     import pandas as pd
 
     from luksbench.formats import fio as fio_parser
-    from luksbench.publish import figures as plots
+    from luksbench.publish import figures_arms as plots
 
     fio = pd.read_parquet(sample["processed"] / "fio.parquet")
     lat = pd.read_parquet(sample["processed"] / "latency.parquet")
@@ -634,11 +634,11 @@ def test_html_renders_in_a_real_browser(sample, tmp_path):
 def test_throughput_bars_show_the_repetitions_and_say_they_are_unpaired(sample):
     import pandas as pd
 
-    from luksbench.publish import figures
+    from luksbench.publish import figures_arms
 
     processed = sample["processed"]
     arms, fio = (pd.read_parquet(processed / f"{t}.parquet") for t in ("arms", "fio"))
-    fig = figures.throughput_figure(arms, fio, "read")
+    fig = figures_arms.throughput_figure(arms, fio, "read")
     from matplotlib.collections import PathCollection  # what scatter draws
 
     scattered = [c for ax in fig.axes for c in ax.collections if isinstance(c, PathCollection)]

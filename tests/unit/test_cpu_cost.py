@@ -15,7 +15,7 @@ import yaml
 from luksbench.analysis import cpucost, ingest, stats
 from luksbench.analysis.loss import write_loss
 from luksbench.formats.layout import Workload
-from luksbench.publish import catalog, paper, text
+from luksbench.publish import catalog, paper_figures, text
 from luksbench.publish.run import Run, load_run
 from luksbench.testbox.plan import PlanError, check_patterns, resolve_patterns
 from luksbench.testbox.runner import fio_argv
@@ -192,5 +192,7 @@ def test_cpu_captions_say_net_only_when_the_values_are(tmp_path):
         figures_dir.mkdir(parents=True)
         entry = {"family": "cpu", "name": specs[0].name, "caption": "c", "files": ["x.png"]}
         (figures_dir / catalog.INDEX).write_text(json.dumps({"figures": [entry]}))
-        sections = paper.figure_sections(figures_dir, tmp_path / "p.md", text.cpu_net(run.fio))
+        sections = paper_figures.figure_sections(
+            figures_dir, tmp_path / "p.md", text.cpu_net(run.fio)
+        )
         assert words in sections[0]["intro"] and not_words not in sections[0]["intro"]

@@ -14,7 +14,8 @@ from snakemake.utils import validate
 
 from luksbench.analysis import saturation
 from luksbench.formats.layout import Workload
-from luksbench.publish.paper import job_devices, limited_cells, unchecked_cells
+from luksbench.publish.paper import job_devices
+from luksbench.publish.paper_tables import limited_cells, unchecked_cells
 from luksbench.studies import available_studies, load_config
 from luksbench.testbox import jobs
 from luksbench.testbox.plan import (

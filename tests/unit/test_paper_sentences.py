@@ -21,7 +21,16 @@ from luksbench.analysis import ingest
 from luksbench.analysis.cpucost import NOT_ABOVE_IDLE
 from luksbench.analysis.loss import CPU_METRICS, write_loss
 from luksbench.analysis.tails import TOO_FEW
-from luksbench.publish import catalog, figures, paper, references
+from luksbench.publish import (
+    catalog,
+    figures,
+    figures_arms,
+    paper_figures,
+    paper_gaps,
+    paper_sentences,
+    paper_tables,
+    references,
+)
 from luksbench.publish.render import render_paper
 from luksbench.publish.run import Run, load_run
 from luksbench.publish.style import interval_bars
@@ -84,7 +93,7 @@ def test_a_withheld_metric_is_no_cell_on_one_stack_only(processed, tmp_path):
     assert (loss["note"].str.startswith(TOO_FEW) & loss["n"].eq(0)).any()  # p99.9 withheld
     text = _paper(_situation(processed, tmp_path, loss=_withhold_cpu(loss)), tmp_path)
     assert "one stack only" not in text
-    assert paper.unpaired_cells(_withhold_cpu(loss)) == []
+    assert paper_gaps.unpaired_cells(_withhold_cpu(loss)) == []
 
 
 def test_a_cell_measured_on_one_stack_is_named_with_the_stack_that_has_results(processed):
@@ -92,11 +101,11 @@ def test_a_cell_measured_on_one_stack_is_named_with_the_stack_that_has_results(p
     cell = loss["workload"] == "randread-4k-qd1"
     loss.loc[cell, ["n", "variant_mean", "effect_pct", "ci_low", "ci_high"]] = [0, *[np.nan] * 4]
     loss.loc[cell, "note"] = ""
-    cells = paper.unpaired_cells(loss)
+    cells = paper_gaps.unpaired_cells(loss)
     assert cells == ["randread-4k-qd1 (only `plain`, comparison `luks` vs `plain`)"]
     run = load_run(processed)
     run = Run(run.processed_dir, run.tables | {"loss": loss})
-    sentence = next(g for g in paper.gaps(run, {"latency", "cpu"}) if "one stack" in g)
+    sentence = next(g for g in paper_gaps.gaps(run, {"latency", "cpu"}) if "one stack" in g)
     assert sentence.startswith("1 cells have results on one stack only")
 
 
@@ -104,8 +113,8 @@ def test_a_row_whose_pairs_were_all_dropped_is_said_so_not_called_one_stack_only
     loss = pd.read_parquet(processed / "loss.parquet")
     row = loss.index[(loss["workload"] == "read-4k-qd1") & (loss["metric"] == "bw_bytes")][0]
     loss.loc[row, ["n", "n_dropped", "effect_pct"]] = [0, 3, np.nan]
-    assert paper.unpaired_cells(loss) == []
-    assert paper.all_pairs_dropped(loss) == ["`luks` vs `plain` read-4k-qd1 Bandwidth"]
+    assert paper_gaps.unpaired_cells(loss) == []
+    assert paper_gaps.all_pairs_dropped(loss) == ["`luks` vs `plain` read-4k-qd1 Bandwidth"]
 
 
 def test_a_planned_stack_without_results_is_named(processed):
@@ -115,7 +124,7 @@ def test_a_planned_stack_without_results_is_named(processed):
     doc["plan"]["stacks"]["xts2"] = doc["plan"]["stacks"]["luks"]
     env.loc[env.index[0], "env_json"] = json.dumps(doc)
     run = Run(run.processed_dir, run.tables | {"env": env})
-    said = [g for g in paper.gaps(run, {"latency", "cpu"}) if "no results" in g]
+    said = [g for g in paper_gaps.gaps(run, {"latency", "cpu"}) if "no results" in g]
     assert len(said) == 1 and "`xts2`" in said[0], said
 
 
@@ -124,7 +133,7 @@ def test_all_cpu_withheld_no_order_effect_over_cells_the_table_withholds(process
     order = pd.read_parquet(processed / "order.parquet")
     cpu = order[order["metric"].isin(CPU_METRICS)]
     assert (cpu["n_cells"] >= 2).all()  # the order table has CPU cells all the same
-    quoted = paper.order_effects(order, "plain", "luks", loss)
+    quoted = paper_sentences.order_effects(order, "plain", "luks", loss)
     assert quoted and not any(metric_heading(m) in q for m in CPU_METRICS for q in quoted)
     # every quoted count is the number of cells the loss table decides for that metric
     for q in quoted:
@@ -132,7 +141,7 @@ def test_all_cpu_withheld_no_order_effect_over_cells_the_table_withholds(process
         metric = next(m for m in order["metric"] if metric_heading(m) == name)
         decided = loss[(loss["metric"] == metric) & loss["note"].eq("") & loss["n"].ge(2)]
         assert int(n) == len(decided), q
-    withheld = paper.order_withheld(order, "plain", "luks", loss)
+    withheld = paper_sentences.order_withheld(order, "plain", "luks", loss)
     assert len(withheld) == len(CPU_METRICS)
     assert all("all its cells are withheld (net CPU <= 0)" in w for w in withheld)
     text = _paper(_situation(processed, tmp_path, loss=loss), tmp_path)
@@ -162,7 +171,7 @@ def test_all_cpu_withheld_draws_no_cpu_figure_and_says_why(processed, tmp_path):
     skipped = catalog.read_skipped(figures_dir)
     assert {e["name"] for e in skipped} >= {s.name for s in cpu}
     assert not {e["name"] for e in catalog.read_index(figures_dir)} & {s.name for s in cpu}
-    sections = paper.figure_sections(figures_dir, tmp_path / "p.md")
+    sections = paper_figures.figure_sections(figures_dir, tmp_path / "p.md")
     said = next(s for s in sections if s["kind"] == "cpu")
     assert not said["figures"] and len(said["skipped"]) == len(cpu)
     # the reason is Markdown-escaped as every text in the paper: "<" is written "&lt;"
@@ -176,7 +185,7 @@ def test_partly_withheld_cells_are_marked_not_drawn(processed):
     metric = "busy_cpu_s_per_gib"
     marked = figures.withheld_by_cell(loss, metric)
     assert len(marked) == 8 and set(marked.values()) == {"net CPU <= 0"}
-    fig = figures.cpu_figure(arms, metric, withheld_cells=marked)
+    fig = figures_arms.cpu_figure(arms, metric, withheld_cells=marked)
     notes = [t for ax in fig.axes for t in ax.texts if t.get_text().startswith("withheld")]
     assert len(notes) == len(marked)
     heights = [p.get_height() for ax in fig.axes for p in ax.patches]
@@ -192,9 +201,9 @@ def test_partly_withheld_cells_are_marked_not_drawn(processed):
 @pytest.mark.parametrize(
     ("flags", "bias"),
     [
-        ({"fio_bound": True, "cpu_saturated": False}, paper.BIAS_FIO_BOUND),
-        ({"fio_bound": False, "cpu_saturated": True}, paper.BIAS_UNKNOWN),
-        ({"fio_bound": True, "cpu_saturated": True}, paper.BIAS_UNKNOWN),
+        ({"fio_bound": True, "cpu_saturated": False}, paper_tables.BIAS_FIO_BOUND),
+        ({"fio_bound": False, "cpu_saturated": True}, paper_tables.BIAS_UNKNOWN),
+        ({"fio_bound": True, "cpu_saturated": True}, paper_tables.BIAS_UNKNOWN),
     ],
 )
 def test_a_limited_baseline_says_the_direction_of_its_bias_only_where_known(
@@ -205,7 +214,7 @@ def test_a_limited_baseline_says_the_direction_of_its_bias_only_where_known(
     for flag, value in flags.items():
         loss[flag] = loss[flag].astype(bool)
         loss.loc[cell, flag] = value
-    listed = paper.limited_cells(loss)
+    listed = paper_tables.limited_cells(loss)
     assert [c["cell"] for c in listed] == ["read-4k-qd32 read"]
     assert listed[0]["bias"] == bias
     text = _section(
@@ -304,24 +313,24 @@ def test_the_answer_comes_first_then_the_summary_figure(processed, tmp_path):
 
 def test_iops_at_a_fixed_block_size_is_folded_into_bandwidth(processed):
     loss = pd.read_parquet(processed / "loss.parquet")
-    folded = paper.same_test_as_bandwidth(loss)
+    folded = paper_tables.same_test_as_bandwidth(loss)
     iops, bw = loss[folded], loss[loss["metric"] == "bw_bytes"]
     assert len(iops) == len(bw) and (loss[loss["metric"] == "iops"].index == iops.index).all()
     key = ["workload", "direction", "job_slot"]
     same = iops.set_index(key)["decision"].sort_index()
     assert same.equals(bw.set_index(key)["decision"].sort_index())
-    assert not [t for t in paper.scs_tables(loss) if ": IOPS" in t["title"]]
-    titles = [t["title"] for t in paper.scs_tables(loss) if "bandwidth" in t["title"]]
+    assert not [t for t in paper_tables.scs_tables(loss) if ": IOPS" in t["title"]]
+    titles = [t["title"] for t in paper_tables.scs_tables(loss) if "bandwidth" in t["title"]]
     assert titles and all("(and IOPS: the same test" in t for t in titles)
-    sections = paper.loss_sections(loss)
+    sections = paper_tables.loss_sections(loss)
     assert "iops" not in {s["metric"] for s in sections}
     assert next(s for s in sections if s["metric"] == "bw_bytes")["iops_folded"]
     # an IOPS row with a decision of its own keeps its row
     other = loss.copy()
     first = other.index[other["metric"].eq("iops")][0]
     other.loc[first, "decision"] = "material"
-    assert not paper.same_test_as_bandwidth(other)[first]
-    kept = next(s for s in paper.loss_sections(other) if s["metric"] == "iops")
+    assert not paper_tables.same_test_as_bandwidth(other)[first]
+    kept = next(s for s in paper_tables.loss_sections(other) if s["metric"] == "iops")
     assert len(kept["rows"]) == 1
 
 
@@ -336,7 +345,7 @@ def test_drift_and_moderation_sentences_count_the_rows_they_talk_about():
         "moderated": False,
         "prior_df": float("nan"),
     }
-    (quiet,) = paper.interval_adjustments(pd.DataFrame([base]))
+    (quiet,) = paper_sentences.interval_adjustments(pd.DataFrame([base]))
     assert "No drift" in quiet and "stand as computed" in quiet
     rows = [
         base,
@@ -345,9 +354,9 @@ def test_drift_and_moderation_sentences_count_the_rows_they_talk_about():
         {**base, "drift_inflation": float("nan"), "moderated": True, "prior_df": 4.0},
     ]
     rows[2]["drift_widening_pct"] = 10.0
-    drift, moderated = paper.interval_adjustments(pd.DataFrame(rows))
+    drift, moderated = paper_sentences.interval_adjustments(pd.DataFrame(rows))
     assert "bandwidth, p99 completion latency" in drift and "2 intervals were widened" in drift
     assert "15 % in the median and 20 % at most" in drift and "0.50 at most" in drift
     assert moderated.startswith("1 sessions interval(s)") and "4.0 in the median" in moderated
     no_columns = pd.DataFrame([{"metric": "bw_bytes"}])
-    assert paper.interval_adjustments(no_columns) == []
+    assert paper_sentences.interval_adjustments(no_columns) == []

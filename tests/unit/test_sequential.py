@@ -188,7 +188,7 @@ def test_the_paper_lists_each_sequential_cell_with_its_device_time():
 
     from luksbench.analysis import stats
     from luksbench.analysis.sequential import DECIDED, FIXED_COLUMNS, fixed_design
-    from luksbench.publish.paper import sequential_design
+    from luksbench.publish.paper_sentences import sequential_design
     from luksbench.publish.run import Run
 
     rng = np.random.default_rng(9)

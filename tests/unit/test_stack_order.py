@@ -96,7 +96,7 @@ def test_an_injected_order_effect_cancels_from_the_loss_and_is_measured(tmp_path
 
 
 def test_the_paper_states_the_measured_order_effect(tmp_path):
-    from luksbench.publish.paper import order_effects
+    from luksbench.publish.paper_sentences import order_effects
 
     raw = ordered_run(tmp_path / "raw" / "ordered", 4)
     processed = tmp_path / "processed"

@@ -18,8 +18,8 @@ import pytest
 from luksbench.analysis import ingest, tails
 from luksbench.analysis.loss import write_loss
 from luksbench.formats import fio as fio_format
-from luksbench.publish import figures, paper
-from luksbench.publish.paper import loss_sections
+from luksbench.publish import figures, figures_arms, paper_sentences, text
+from luksbench.publish.paper_tables import loss_sections
 from luksbench.publish.text import metric_heading
 
 matplotlib.use("Agg")
@@ -126,7 +126,7 @@ def test_figure_points_are_the_loss_tables_percentiles(processed):
         for side in ("baseline", "variant"):
             got = keyed[(r[side], *(r[k] for k in keys))]
             assert got == pytest.approx(r[f"{side}_mean"], rel=1e-12)
-    fig = figures.latency_figure(lat, arms, "randread", stacks=["plain", "luks"])
+    fig = figures_arms.latency_figure(lat, arms, "randread", stacks=["plain", "luks"])
     points = sorted(
         round(float(y), 9)
         for ax in fig.axes
@@ -141,7 +141,7 @@ def test_figure_points_are_the_loss_tables_percentiles(processed):
 
 def test_the_tldr_counts_withheld_cells_so_they_add_up_to_the_matrix(processed):
     loss = pd.read_parquet(processed / "loss.parquet")
-    sentences = paper.tldr_sentences(loss, [{"backend_short": "fio"}], {"reps_text": "3"})
+    sentences = paper_sentences.tldr_sentences(loss, [{"backend_short": "fio"}], {"reps_text": "3"})
     cells = loss.drop_duplicates(["host", "workload", "job_slot", "direction"])
     for metric in tails.PERCENTILES:
         rows = loss[loss["metric"] == metric]
@@ -161,7 +161,7 @@ def test_the_heatmap_marks_each_cell_with_the_loss_tables_decision(processed):
         fig = figures.loss_heatmap(loss, metric)
         shown = sorted(t.get_text().split("\n")[-1] for ax in fig.axes for t in ax.texts)
         withheld = rows["note"].str.startswith(tails.TOO_FEW)
-        expected = [paper.decision_kind(d) for d in rows.loc[~withheld, "decision"]]
+        expected = [text.decision_kind(d) for d in rows.loc[~withheld, "decision"]]
         expected += ["I/Os"] * int(withheld.sum())  # "too few\nI/Os", as the table says
         assert shown == sorted(expected), metric
         assert {"undecided", "material"} <= set(shown) or {"undecided", "moderate"} <= set(shown)
@@ -173,7 +173,7 @@ def test_the_tldr_counts_every_withheld_row_with_its_reason(processed):
     loss = pd.read_parquet(processed / "loss.parquet")
     cpu = loss.index[loss["metric"] == "busy_cpu_s_per_gib"]
     loss.loc[cpu[:2], ["note", "n", "decision"]] = [NOT_ABOVE_IDLE, 0, "insufficient"]
-    sentences = paper.tldr_sentences(loss, [{"backend_short": "fio"}], {"reps_text": "3"})
+    sentences = paper_sentences.tldr_sentences(loss, [{"backend_short": "fio"}], {"reps_text": "3"})
     text = next(s for s in sentences if s.startswith(metric_heading("busy_cpu_s_per_gib")))
     counts = re.search(r"margins\): (.*?) of (\d+) cells", text)
     assert int(counts[2]) == len(cpu), text

@@ -64,6 +64,8 @@ rule compute_loss:
         code=notebook_code(f"{NOTEBOOKS}/02-loss.ipynb"),
     output:
         **processed(*LOSS_TABLES),
+        # every number the paper's answer quotes, with its source row (+ CSV beside it)
+        paper_numbers=f"{PROCESSED}/{{run}}/paper_numbers.parquet",
         notebook=f"{PROCESSED}/{{run}}/notebooks/02-loss.ipynb",
     log:
         "logs/{run}/compute_loss.log",
@@ -89,6 +91,7 @@ rule compute_loss:
         " -r comparisons {params.comparisons:q}"
         " -p confidence {params.confidence:q} -p equivalence_margin_pct {params.margin:q}"
         " -r decision_regions {params.regions:q} -p min_pairs {params.min_pairs:q} > {log:q} 2>&1"
+        " && python -m luksbench.analysis.paper_numbers {output.paper_numbers:q} >> {log:q} 2>&1"
 
 
 rule plot_figures:
@@ -118,17 +121,19 @@ rule plot_figures:
         processed_dir=notebook_path(f"{PROCESSED}/{{run}}"),
         figures_dir=notebook_path("figures/{run}"),
         figure_index=lambda wildcards: FigureIndex(f"figures/{wildcards.run}"),
+        per_host_max=config["analysis"]["per_host_figures_max"],
     shell:
         "papermill {params.papermill} {input.notebook:q} {output.notebook:q}"
         " -r run {wildcards.run:q} -p processed_dir {params.processed_dir:q}"
-        " -p figures_dir {params.figures_dir:q} -p workers {threads:q} > {log:q} 2>&1"
+        " -p figures_dir {params.figures_dir:q} -p workers {threads:q}"
+        " -p per_host_figures_max {params.per_host_max:q} > {log:q} 2>&1"
 
 
 rule render_paper:
     """The paper / blog post (index.md with front matter + self-contained index.html), generated
     from the processed tables, the figures and the transcribed published results only."""
     input:
-        **processed(*PROCESSED_TABLES, *LOSS_TABLES),
+        **processed(*PROCESSED_TABLES, *LOSS_TABLES, "paper_numbers"),
         notebook=f"{NOTEBOOKS}/04-paper.ipynb",
         figures="figures/{run}",
         references=sorted(str(p) for p in Path("data/reference").glob("*.csv")),

@@ -30,6 +30,7 @@ TABLES = {
     "reps": "every repetition's value per stack and cell (the dots of the figures)",
     "order": "the effect of the stack order within pairs, per comparison and metric",
     "tuning": "dm-crypt settings ranked against the reference arm (and the unencrypted ceiling)",
+    "paper_numbers": "every number the paper's answer quotes, one row each, with its source row",
 }
 
 # column[, column ...] | unit | meaning
@@ -154,6 +155,11 @@ fio_error, ss_not_attained | | the repetition had a fio error; fio's steady stat
 n_cells, n_in_order, n_reversed | | cells and pairs run in order and reversed
 order_log | | order effect on d
 order_pct | % | order effect in percent
+key | | the quoted number's name: `<variant>-vs-<baseline>[/<metric>]/<quantity>[/<label>]`
+value | as `unit` | the quoted number
+unit | | unit of `value` (%, cells, pairs, rows)
+quantity, label | | what the number is (cells, count, largest_effect_pct, ...); the decision a count is of
+source_table, source_row | | the processed table a number is read from; its 0-based row (empty: a count over the family)
 """
 ENTRIES = [
     ([n.strip() for n in names.split(",")], unit.strip(), meaning.strip())

@@ -3,7 +3,8 @@
 ``figure_specs(run)`` lists one :class:`FigureSpec` per figure; ``make_figures`` draws them, saves
 each as PNG + SVG with its provenance and writes the figure index ``figures/<run>/index.json``
 that the paper and notebook 03 read. ``FIGURE_FAMILIES``: each family's heading and introduction
-in paper order.
+in paper order. A fleet (more hosts than config ``analysis.per_host_figures_max``) gets one figure
+per metric across its hosts instead of one family of figures per host.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from luksbench.analysis.loss import CPU_METRICS
 from luksbench.analysis.stats import METRICS
 from luksbench.analysis.tails import MIN_BEYOND
 from luksbench.formats.layout import replace_file
-from luksbench.publish import figures
+from luksbench.publish import figures, figures_arms
 from luksbench.publish.ceilings import available_ciphers, crypto_ceilings, undescribed
 from luksbench.publish.run import Run, load_run, package_version, provenance_facts
 from luksbench.publish.style import figure_paths, save_figure
@@ -113,6 +115,15 @@ FIGURE_FAMILIES = {
         "Effect per cell and metric with its interval against the decision regions (shaded), one "
         "chart per comparison; colour = the decision by magnitude, as in the tables.",
     ),
+    "fleet": (
+        "The fleet, host by host",
+        "This run has {hosts} hosts, more than `analysis.per_host_figures_max` ({per_host_max}): "
+        "instead of one family of figures per host (throughput, latency, heatmaps, CPU cost, "
+        "crypto ceiling) and the hosts side by side, one figure per metric and comparison shows "
+        "every host's effect in every cell, one dot per host coloured by that host's decision "
+        "(each host paired with its own baseline; the intervals are in the tables). The cipher "
+        "benchmark and the tables keep every host.",
+    ),
     "hosts": (
         "Hosts side by side",
         "Each test box's effect per cell with its interval, one colour per host. Every host is "
@@ -140,6 +151,10 @@ def caption(stem: str, headline: Pair | None = None) -> str:
         )
     if kind == "hosts":
         return metric_heading(rest) + ": hosts side by side"
+    if kind == "fleet":
+        metric, _, pair = rest.partition("-")
+        versus = f" ({pair.replace('-vs-', ' vs ')})" if pair else ""
+        return f"{metric_heading(metric)}: every host per cell{versus}"
     if kind == "latency":
         return f"{rest}: completion-latency percentiles" + (
             f" ({rw_words(rest)})" if rest in ("read", "write", "randread", "randwrite") else ""
@@ -147,7 +162,24 @@ def caption(stem: str, headline: Pair | None = None) -> str:
     return FIGURE_FAMILIES.get(kind, (stem,))[0]
 
 
-def figure_specs(run: Run) -> list[FigureSpec]:
+def per_host_figures_max() -> int:
+    """Config ``analysis.per_host_figures_max`` as the config schema sets it (the workflow passes
+    the run's config value; this is for a notebook or script run without one)."""
+    import yaml  # papermill's dependency; the workflow extra's own
+
+    schema = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
+    if not schema.exists():  # installed: the schema is shared data (luksbench.studies.INSTALLED)
+        schema = Path(sys.prefix) / "share" / "luksbench" / schema.name
+    keys = yaml.safe_load(schema.read_text())["properties"]["analysis"]["properties"]
+    return int(keys["per_host_figures_max"]["default"])
+
+
+def is_fleet(run: Run, per_host_max: int) -> bool:
+    """More hosts than ``per_host_max``: one figure across the hosts, not a family per host."""
+    return len(run.hosts) > per_host_max
+
+
+def figure_specs(run: Run, per_host_max: int | None = None) -> list[FigureSpec]:
     """Every figure of ``run``, in drawing order.
 
     Names (``<host>-`` after the kind when the run has several hosts):
@@ -157,7 +189,14 @@ def figure_specs(run: Run) -> list[FigureSpec]:
     ``cpu-<metric>`` (busy / system CPU s per GiB; none without CPU sidecars), ``ceiling`` (per
     host: the ceiling or why there is none), ``hosts-<metric>`` (several hosts only: the hosts
     side by side), ``ciphers`` (only when cipher rows exist), ``loss`` (the headline
-    comparison) and ``loss-<variant>-vs-<baseline>`` (every other comparison)."""
+    comparison) and ``loss-<variant>-vs-<baseline>`` (every other comparison).
+
+    A fleet (more hosts than ``per_host_max``, default :func:`per_host_figures_max`) gets
+    ``fleet-<metric>[-<variant>-vs-<baseline>]`` per metric and comparison instead: the count
+    of figures does not grow with the hosts."""
+    per_host_max = per_host_figures_max() if per_host_max is None else per_host_max
+    if is_fleet(run, per_host_max):
+        return _fleet_specs(run)
     multi = len(run.hosts) > 1
     stacks = run.stack_order()
     ceilings = crypto_ceilings(run.cryptsetup, run.stacks, run.env)
@@ -177,13 +216,14 @@ def _name(kind: str, scope: str | None, *rest) -> str:
 
 #: family -> (drawing function, tables it draws, further tables its kwargs are read from)
 _DRAWN = {
-    "throughput": (figures.throughput_figure, ("arms", "reps"), ()),
-    "latency": (figures.latency_figure, ("latency", "arms"), ()),
+    "throughput": (figures_arms.throughput_figure, ("arms", "reps"), ()),
+    "latency": (figures_arms.latency_figure, ("latency", "arms"), ()),
     "heatmap": (figures.loss_heatmap, ("loss",), ()),
-    "cpu": (figures.cpu_figure, ("arms",), ("fio",)),
-    "ceiling": (figures.ceiling_figure, ("arms",), ("cryptsetup", "stacks", "env")),
+    "cpu": (figures_arms.cpu_figure, ("arms",), ("fio",)),
+    "ceiling": (figures_arms.ceiling_figure, ("arms",), ("cryptsetup", "stacks", "env")),
     "hosts": (figures.hosts_figure, ("loss",), ()),
-    "ciphers": (figures.cipher_figure, ("cryptsetup",), ()),
+    "fleet": (figures.fleet_figure, ("loss",), ()),
+    "ciphers": (figures_arms.cipher_figure, ("cryptsetup",), ()),
     "loss": (figures.loss_figure, ("loss",), ()),
 }
 
@@ -288,18 +328,39 @@ def _run_specs(run: Run, multi: bool) -> list[FigureSpec]:
     return specs
 
 
+def _fleet_specs(run: Run) -> list[FigureSpec]:
+    """A fleet's figures: per comparison (headline first) and metric, every host's effect per
+    cell; the cipher benchmark (one panel per host) is left to the tables, said so."""
+    specs = []
+    for k, (baseline, variant) in enumerate(run.pairs):
+        rows = run.loss[(run.loss["baseline"] == baseline) & (run.loss["variant"] == variant)]
+        for metric in dict.fromkeys(rows["metric"]):
+            pair = "" if k == 0 else f"{variant}-vs-{baseline}"
+            kwargs = {"metric": metric, "comparison": (baseline, variant)}
+            params = {"metric": metric, "baseline": baseline, "variant": variant}
+            skip = figures.all_withheld(rows[rows["metric"] == metric])
+            specs.append(_spec(_name("fleet", None, metric, pair), kwargs, params, skip=skip))
+    if len(run.cryptsetup) and len(available_ciphers(run.cryptsetup)):
+        why = f"a fleet of {len(run.hosts)} hosts: every host's cipher benchmark is in the tables"
+        specs.append(_spec("ciphers", skip=why))
+    return specs
+
+
 def make_figures(
     processed_dir: Path,
     figures_dir: Path,
     run: str,
     notebook: str | None = None,
     workers: int | None = None,
+    per_host_max: int | None = None,
 ) -> dict[str, list[Path]]:
     """Draw every figure of :func:`figure_specs` for the processed run in ``processed_dir`` into
     ``figures_dir`` and write its index; returns {name: [png, svg]}. ``notebook`` (the notebook
-    that made them) goes into the provenance; ``workers``: see :func:`_draw_all`."""
+    that made them) goes into the provenance; ``workers``: see :func:`_draw_all`;
+    ``per_host_max``: config ``analysis.per_host_figures_max`` (None: the schema's default)."""
     data, figures_dir = load_run(processed_dir), Path(figures_dir)
-    specs = figure_specs(data)
+    per_host_max = per_host_figures_max() if per_host_max is None else per_host_max
+    specs = figure_specs(data, per_host_max)
     facts = {
         **provenance_facts(data.env, notebook),
         "luksbench_version": package_version(),
@@ -314,7 +375,7 @@ def make_figures(
             plt.close(fig)
 
     drawn = dict(_draw_all([s for s in specs if not s.skip], draw, workers))
-    write_index(figures_dir, run, specs)
+    write_index(figures_dir, run, specs, {"hosts": len(data.hosts), "per_host_max": per_host_max})
     return drawn
 
 
@@ -365,9 +426,12 @@ def _draw_nth(k: int) -> list[Path]:
         raise RuntimeError(f"{specs[k].name}: {type(exc).__name__}: {exc}") from exc
 
 
-def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:
+def write_index(
+    figures_dir: Path, run: str, specs: list[FigureSpec], hosts: dict | None = None
+) -> Path:
     """``<figures_dir>/index.json``: the run's figures in catalog order (name, family, files
-    relative to the folder, caption, inputs = the processed tables drawn from)."""
+    relative to the folder, caption, inputs = the processed tables drawn from); ``hosts``: the
+    run's host count and the per-host limit it was drawn with (``hosts``, ``per_host_max``)."""
     entries = [
         {
             "name": spec.name,
@@ -385,7 +449,7 @@ def write_index(figures_dir: Path, run: str, specs: list[FigureSpec]) -> Path:
         if s.skip
     ]
     path = Path(figures_dir) / INDEX
-    index = {"run": run, "figures": entries, "skipped": skipped}
+    index = {"run": run, "figures": entries, "skipped": skipped, **(hosts or {})}
     return replace_file(path, (json.dumps(index, indent=1) + "\n").encode())
 
 
@@ -393,6 +457,12 @@ def read_index(figures_dir: Path) -> list[dict]:
     """The figure entries of ``<figures_dir>/index.json`` (FileNotFoundError naming the step that
     writes it)."""
     return _index(figures_dir)["figures"]
+
+
+def read_hosts(figures_dir: Path) -> dict:
+    """index.json's host count and per-host limit (``hosts``, ``per_host_max``; {} if absent)."""
+    index = _index(figures_dir)
+    return {k: index[k] for k in ("hosts", "per_host_max") if k in index}
 
 
 def read_skipped(figures_dir: Path) -> list[dict]:

@@ -58,10 +58,11 @@ def scs_long(scs: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _who(row, losses: pd.DataFrame) -> str:
+def _who(row, losses: pd.DataFrame | bool) -> str:
     """The comparison of a row for the published-results tables: `variant` (and its baseline
-    when the comparisons have several baselines)."""
-    if losses["baseline"].nunique() > 1:
+    when the comparisons have several baselines: ``losses``, or whether they have)."""
+    several = losses if isinstance(losses, bool) else losses["baseline"].nunique() > 1
+    if several:
         return f"`{row['variant']}` vs `{row['baseline']}`"
     return f"`{row['variant']}`"
 
@@ -81,22 +82,24 @@ def compare_scs(losses: pd.DataFrame, scs: pd.DataFrame | None) -> dict:
     ours = ours.assign(
         _rw=ours["rw"].map(rw_rank), _m=ours["metric"].map({"bw_bytes": 0, "iops": 1})
     )
-    for _, r in ours.sort_values(["host", "_rw", "_m", "iodepth", "bs_bytes"]).iterrows():
-        m = ref[
-            (ref["rw"] == r["rw"])
-            & (ref["our_metric"] == r["metric"])
-            & (ref["bs_bytes"] == int(r["bs_bytes"]))
-            & (ref["iodepth"] == int(r["iodepth"]))
-        ]
-        if m.empty:
+    # the published losses of each (rw, metric, block size, iodepth), per device
+    keys = ["rw", "our_metric", "bs_bytes", "iodepth"]
+    published = {
+        (rw, metric, int(bs), int(qd)): dict(zip(g["device"], g["loss_pct"], strict=True))
+        for (rw, metric, bs, qd), g in ref.groupby(keys, sort=False)
+    }
+    several = losses["baseline"].nunique() > 1
+    ordered = ours.sort_values(["host", "_rw", "_m", "iodepth", "bs_bytes"], kind="stable")
+    for r in ordered.to_dict("records"):
+        at = published.get((r["rw"], r["metric"], int(r["bs_bytes"]), int(r["iodepth"])))
+        if at is None:
             continue
-        published = m.set_index("device")["loss_pct"]
         rows.append(
             {
                 "workload": cell_words(r, multi_host),
                 "metric": metric_heading(str(r["metric"])),
-                "ours": f"{effect_ci(r)} ({decision_kind(r['decision'])}, {_who(r, losses)})",
-                "scs": [fmt_pct(published.get(d), 2) for d in devices],
+                "ours": f"{effect_ci(r)} ({decision_kind(r['decision'])}, {_who(r, several)})",
+                "scs": [fmt_pct(at.get(d), 2) for d in devices],
             }
         )
     return {"present": True, "rows": rows, "devices": devices}
@@ -109,18 +112,19 @@ def compare_ceph(losses: pd.DataFrame, ceph: pd.DataFrame | None) -> dict:
     bw = losses[losses["metric"] == "bw_bytes"]
     multi_host = losses["host"].nunique() > 1
     rows, matched = [], set()
+    several = losses["baseline"].nunique() > 1
     for i, ref in ceph.iterrows():
         m = bw[
             (bw["rw"] == ref["rw"])
             & (bw["bs_bytes"] == int(ref["bs_bytes"]))
             & (bw["iodepth"] == int(ref["iodepth"]))
         ]
-        for _, r in m.iterrows():
+        for r in m.to_dict("records"):
             matched.add(i)
             rows.append(
                 {
                     "workload": cell_words(r, multi_host),
-                    "ours": f"{effect_ci(r)} ({decision_kind(r['decision'])}, {_who(r, losses)})",
+                    "ours": f"{effect_ci(r)} ({decision_kind(r['decision'])}, {_who(r, several)})",
                     "test_set": str(ref["test_set"]),
                     "configuration": str(ref["configuration"]),
                     "published": str(ref["pct_of_unencrypted_as_published"]),
@@ -157,6 +161,7 @@ def compare_raid5(
         cells = zip(bw["host"], bw["workload"], strict=True)
         bw = bw.assign(_direct=[cell_direct.get(cell) for cell in cells])
     multi_host = losses["host"].nunique() > 1
+    several, several_variants = bw["baseline"].nunique() > 1, bw["variant"].nunique() > 1
     rows = []
     for _, ref in raid5.iterrows():
         claim = f"“{ref['claim_as_published']}”"
@@ -184,9 +189,9 @@ def compare_raid5(
             (f"{r['host']}: " if multi_host else "")
             + f"{bs_human(r['bs_bytes'])} QD{int(r['iodepth'])}"
             + (f" [{pattern_name(r)}]" if pattern_name(r) else "")
-            + (f" ({_who(r, bw)})" if bw["variant"].nunique() > 1 else "")
+            + (f" ({_who(r, several)})" if several_variants else "")
             + f" {effect_ci(r)}"
-            for _, r in m.iterrows()
+            for r in m.to_dict("records")
         )
         rows.append({"claim": claim, "ours": f"`{ref['rw']}`: {ours}"})
     return {"present": True, "rows": rows}
