@@ -43,7 +43,9 @@ class LossSettings:
     source: str = "given"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "comparisons", tuple(parse(list(self.comparisons))))
+        given = self.comparisons  # a list, or JSON text (the notebooks' parameter)
+        given = given if isinstance(given, str) else list(given or [])
+        object.__setattr__(self, "comparisons", tuple(parse(given)))
         if self.metrics is not None:
             object.__setattr__(self, "metrics", tuple(self.metrics) or None)
         object.__setattr__(self, "decision_regions", dict(self.decision_regions or {}))
