@@ -10,7 +10,6 @@ loss`` all call it; :func:`write_loss` writes its tables with the settings recor
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -119,7 +118,7 @@ def write_loss(
     if settings is None:
         settings = run_settings(processed_dir, plan_baseline(tables["env"]))
     if changes:
-        settings = dataclasses.replace(settings, **changes, source="given")
+        settings = settings.replaced(**changes)
     out = loss_tables(tables, settings)
     out_dir.mkdir(parents=True, exist_ok=True)
     dictionary.write_tables(out_dir, out)

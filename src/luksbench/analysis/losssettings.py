@@ -13,7 +13,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 from luksbench.analysis.contrasts import Pair, parse, resolve
@@ -48,7 +48,14 @@ class LossSettings:
         object.__setattr__(self, "comparisons", tuple(parse(given)))
         if self.metrics is not None:
             object.__setattr__(self, "metrics", tuple(self.metrics) or None)
-        object.__setattr__(self, "decision_regions", dict(self.decision_regions or {}))
+        regions = self.decision_regions  # a mapping, or JSON text (the notebooks' parameter)
+        regions = json.loads(regions) if isinstance(regions, str) else regions
+        object.__setattr__(self, "decision_regions", dict(regions or {}))
+
+    def replaced(self, **changes) -> LossSettings:
+        """These settings with ``changes`` (fields) in place, the source saying so."""
+        source = f"{self.source}, with {', '.join(changes)} given" if changes else self.source
+        return dataclasses.replace(self, **changes, source=source)
 
     @classmethod
     def from_config(cls, config: dict, source: str = "the run's config") -> LossSettings:
@@ -140,3 +147,15 @@ def run_settings(processed_dir: Path, plan_baseline: str | None = None) -> LossS
         file=sys.stderr,
     )
     return settings
+
+
+def settings_with(processed_dir: Path, plan_baseline: str | None = None, **given) -> LossSettings:
+    """The settings a notebook computes with: the ``given`` ones (its parameters; None: not
+    given) in place of the run's (:func:`run_settings`). Given all, as the workflow gives them
+    from the run's config, nothing else is read."""
+    given = {key: value for key, value in given.items() if value is not None}
+    required = {f.name for f in dataclasses.fields(LossSettings)}
+    required = {n for n in required if LossSettings.__dataclass_fields__[n].default is MISSING}
+    if required <= set(given):
+        return LossSettings(**given, source="the notebook's parameters")
+    return run_settings(processed_dir, plan_baseline).replaced(**given)

@@ -3,7 +3,6 @@ built by the same :func:`luksbench.analysis.loss.loss_tables` as the workflow's.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -41,5 +40,5 @@ def loss_table_from_raw(
         source="the default config",
     )
     if changes:
-        settings = dataclasses.replace(settings, **changes, source="given")
+        settings = settings.replaced(**changes)
     return raw_loss_table(raw_dir, settings)
