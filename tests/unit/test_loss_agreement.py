@@ -4,7 +4,6 @@ the loss stage records the settings its tables were computed with."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import subprocess
 import sys
@@ -48,11 +47,13 @@ def paper_loss(processed: Path, settings: LossSettings) -> pd.DataFrame:
 @pytest.mark.parametrize("options", [[], ["--confidence", "0.9", "--region", "throughput=3,10"]])
 def test_the_cli_and_the_paper_agree_on_every_row_of_the_sample(processed, options):
     cli = cli_loss(*options)
-    base = default_settings()
-    settings = dataclasses.replace(base, exact_pairs=True, comparisons=[("plain", "luks")])
+    # the workflow's settings: the run's config (the default config here: every stack against
+    # the baseline), with the same changes as the CLI's options
+    settings = default_settings()
     if options:
-        regions = {**base.decision_regions, "throughput": (3.0, 10.0)}
-        settings = dataclasses.replace(settings, confidence=0.9, decision_regions=regions)
+        regions = {**settings.decision_regions, "throughput": (3.0, 10.0)}
+        settings = settings.replaced(confidence=0.9, decision_regions=regions)
+    assert not settings.exact_pairs and settings.comparisons == ()
     paper = paper_loss(processed, settings)
     assert list(cli.columns) == list(paper.columns)
     assert len(cli) == len(paper) > 0
@@ -63,7 +64,7 @@ def test_the_cli_and_the_paper_agree_on_every_row_of_the_sample(processed, optio
 
 
 def test_the_loss_stage_records_its_settings_and_a_run_alone_reuses_them(processed, capsys):
-    settings = dataclasses.replace(default_settings(), confidence=0.9, source="the run's config")
+    settings = default_settings().replaced(confidence=0.9)
     write_loss(processed, settings, metrics=["bw_bytes"])
     recorded = LossSettings.read(processed / SETTINGS_FILE)
     assert recorded.confidence == 0.9 and recorded.metrics == ("bw_bytes",)

@@ -112,12 +112,7 @@ def cell_stats(cell: CellData, settings: TestSettings, prior: eb.Prior | None = 
     usable, fio_error, ss_missed = _usable_unflagged(b, v, flags, cell.all_or_none)
     ok = usable & ~fio_error & ~ss_missed
     d_all = np.log(v[ok] / b[ok])
-    # with sessions a pair is judged within its session: a session's own level is the
-    # variation the two-level interval is there to capture, not an outlier
-    means, _, _ = session_components(d_all, sessions[ok])
-    _, inv = np.unique(sessions[ok].astype(str), return_inverse=True)
-    within = d_all - means[inv] if sessions_planned >= 2 and means.size >= 2 else d_all
-    flagged = flag_outliers(within, flags[ok, 0], flags[ok, 1])
+    flagged = _outliers(d_all, sessions[ok], flags[ok], sessions_planned)
     use = ~flagged if settings.exclude_outliers else np.ones_like(flagged)
     d, bu, vu, su = d_all[use], b[ok][use], v[ok][use], sessions[ok][use]
     means, sd_within, sd_between = session_components(d, su)
@@ -174,6 +169,16 @@ def cell_stats(cell: CellData, settings: TestSettings, prior: eb.Prior | None = 
         # a carried idle baseline's error is in the ratio's interval, not in a plain t over vu - bu
         **_added(vu - bu, level, cell.all_or_none and valid and not carried, basis.inflation),
     }
+
+
+def _outliers(d: np.ndarray, sessions: np.ndarray, flags: np.ndarray, planned: int) -> np.ndarray:
+    """:func:`flag_outliers` of a cell's usable pairs; with sessions a pair is judged within its
+    session: a session's own level is the variation the two-level interval is there to capture,
+    not an outlier."""
+    means, _, _ = session_components(d, sessions)
+    _, inv = np.unique(sessions.astype(str), return_inverse=True)
+    within = d - means[inv] if planned >= 2 and means.size >= 2 else d
+    return flag_outliers(within, flags[:, 0], flags[:, 1])
 
 
 def _session_level(means, sessions, bu, vu, prior) -> tuple:
