@@ -99,11 +99,8 @@ def aligned(rows: list[list[str]], right: set[int]) -> str:
 
 def _write_loss(table, fmt: str, out, confidence: float) -> None:
     from luksbench.analysis.dictionary import csv_safe_frame
-    from luksbench.analysis.headline import HEADLINE_COLUMNS
-    from luksbench.analysis.saturation import LOSS_FLAG_COLUMNS
-    from luksbench.analysis.stats import LOSS_COLUMNS
 
-    columns = [*LOSS_COLUMNS, *LOSS_FLAG_COLUMNS, *HEADLINE_COLUMNS]
+    columns = list(table.columns)  # loss.parquet's: the workflow's loss table, row for row
     if fmt == "csv":  # cells a spreadsheet would evaluate neutralised (analysis.dictionary)
         csv_safe_frame(table[columns]).to_csv(out, index=False)
     elif fmt == "json":
@@ -116,19 +113,21 @@ def _write_loss(table, fmt: str, out, confidence: float) -> None:
 
 def _cmd_loss(args: argparse.Namespace) -> int:
     from luksbench.analysis.ingest import IngestError
-    from luksbench.analysis.rawloss import loss_table_from_raw
+    from luksbench.analysis.losssettings import LossSettings
+    from luksbench.analysis.rawloss import raw_loss_table
 
     try:
-        table = loss_table_from_raw(
-            Path(args.raw_dir),
-            baseline=args.baseline,
-            variant=args.variant,
+        settings = LossSettings.one_pair(
+            args.baseline,
+            args.variant,
             metrics=args.metric or None,
             confidence=args.confidence,
             equivalence_margin_pct=args.equivalence_margin,
             exclude_outliers=args.exclude_outliers,
             decision_regions=dict(args.region or []),
+            source="luksbench loss options",
         )
+        table = raw_loss_table(Path(args.raw_dir), settings)
     except (IngestError, FileNotFoundError, ValueError) as exc:
         return _fail("loss", exc)
     to_terminal = args.out is None and sys.stdout.isatty()

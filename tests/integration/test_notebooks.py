@@ -37,11 +37,14 @@ DEFAULTS = {
     "reference_dir": "../data/reference",
     "title": "",
     "author": "luksbench",
-    "baseline": "plain",
-    "variant": "luks",
-    "comparisons": "[]",
-    "decision_regions": "{}",
-    "confidence": 0.95,
+    # the loss settings: None = the run's (as recorded beside its loss tables, else the default
+    # config's, printed); the workflow passes every one from the run's config
+    "baseline": None,
+    "variant": None,
+    "comparisons": None,
+    "decision_regions": None,
+    "confidence": None,
+    "equivalence_margin_pct": None,
     "strict": False,
     "workers": 2,
     "loss_dir": "",
@@ -104,8 +107,21 @@ def test_notebooks_thin_and_asserting():
             "".join(c["source"]) for c in load(name)["cells"] if c["cell_type"] == "code"
         )
         assert "from luksbench" in code, f"{name}: the work is done by the package"
-        assert code.count("assert ") >= 3, f"{name}: invariants for nbval"
         assert "def " not in code, f"{name}: logic belongs in the package"
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_each_notebook_ends_with_a_short_sanity_check_a_reader_understands(name):
+    """One or two asserts under a "Check" heading that says in a sentence what they check; the
+    invariants that are really tests live in tests/ (test_sample_tables, test_published_sample)."""
+    cells = load(name)["cells"]
+    heading = max(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Check"))
+    sentence, check = "".join(cells[heading]["source"]), "".join(cells[heading + 1]["source"])
+    assert len(sentence.split("\n\n", 1)[-1]) > 40, f"{name}: say what the check checks"
+    asserts = check.count("assert ")
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert 1 <= asserts <= 2 and code.count("assert ") == asserts, name
+    assert len(check.splitlines()) <= 8, f"{name}: a sanity check, not a test suite"
 
 
 def test_the_loss_notebook_names_every_table_it_writes():

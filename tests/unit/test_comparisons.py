@@ -171,7 +171,9 @@ def run(tmp_path_factory) -> dict:
     )
     processed = base / "processed" / "cmp"
     ingest.write_processed(raw, processed, workers=2)
-    loss, _ = write_loss(processed, "plain", "luks", comparisons=json.dumps(COMPARISONS))
+    loss, _ = write_loss(
+        processed, baseline="plain", variant="luks", comparisons=json.dumps(COMPARISONS)
+    )
     figures_dir = base / "figures" / "cmp"
     figures = catalog.make_figures(processed, figures_dir, "cmp", workers=2)
     md = render.render_paper(processed, figures_dir, base / "paper" / "cmp" / "index.md", "cmp")
@@ -321,7 +323,7 @@ def test_the_headline_falls_back_to_the_first_comparison(run, tmp_path):
         {"baseline": "raid0", "variant": "raid0-luks"},
         {"baseline": "luks", "variant": "raid0-luks"},
     ]
-    loss, _ = write_loss(processed, "plain", "luks", comparisons=given)
+    loss, _ = write_loss(processed, baseline="plain", variant="luks", comparisons=given)
     assert comparisons.comparison_pairs(loss) == [("raid0", "raid0-luks"), ("luks", "raid0-luks")]
     md = render.render_paper(processed, tmp_path / "figures", tmp_path / "index.md", "cmp")
     assert "What does raid0-luks cost?" in md.read_text().splitlines()[1]
@@ -336,13 +338,13 @@ def test_a_comparison_without_results_is_left_out_with_a_note(run, tmp_path, cap
         {"baseline": "plain", "variant": "null-cipher"},
         {"baseline": "plain", "variant": "luks"},
     ]
-    loss, _ = write_loss(processed, "plain", "null-cipher", comparisons=given)
+    loss, _ = write_loss(processed, baseline="plain", variant="null-cipher", comparisons=given)
     assert comparisons.comparison_pairs(loss) == [("plain", "luks")]
     assert "`null-cipher` against `plain` left out: no results for `null-cipher`" in (
         capsys.readouterr().err
     )
     with pytest.raises(comparisons.ComparisonError, match="nothing to compare"):
-        write_loss(processed, "plain", "x", comparisons=given[:1])
+        write_loss(processed, baseline="plain", variant="x", comparisons=given[:1])
 
 
 def test_adaptive_pilot_sds_cover_every_comparison(run):

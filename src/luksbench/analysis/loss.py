@@ -1,9 +1,11 @@
 """The loss tables of a run, written beside the tidy tables: the only producer of statistics.
 
-``write_loss`` reads ``fio.parquet`` and writes every statistic figures and paper show
-(:data:`LOSS_TABLES`, described in :mod:`luksbench.analysis.dictionary`): the loss table of every
-comparison, headline first, with its notes and the baseline's saturation flags, and the tables
-derived from it or from the same pairs.
+:func:`loss_tables` builds every statistic figures and paper show (:data:`LOSS_TABLES`,
+described in :mod:`luksbench.analysis.dictionary`) from the processed tables and one
+:class:`~luksbench.analysis.losssettings.LossSettings`: the loss table of every comparison,
+headline first, with its notes, the baseline's saturation flags and the fixed-design columns, and
+the tables derived from it or from the same pairs. The workflow, the notebooks and ``luksbench
+loss`` all call it; :func:`write_loss` writes its tables with the settings recorded beside them.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from luksbench.analysis import (
     tails,
     tuning,
 )
-from luksbench.analysis.contrasts import resolve
 from luksbench.analysis.ingest import PROCESSED_TABLES, raw_run_dir, write_processed
+from luksbench.analysis.losssettings import SETTINGS_FILE, LossSettings, run_settings
+from luksbench.formats.envdoc import parse_env_json
 
 #: CPU cost net of the idle baseline (:mod:`luksbench.analysis.cpucost`): per GiB, utilisation
 #: beside it, per I/O (at equal load in a fixed-rate pattern's cells)
@@ -32,70 +35,111 @@ CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct", "busy_
 ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
 #: the tables :func:`write_loss` writes (``<processed_dir>/<name>.parquet``)
 LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order", "tuning")
+#: the processed tables :func:`loss_tables` reads (fio required, the others may be missing)
+INPUT_TABLES = ("fio", "schedule", "stacks", "env")
 
 
-def write_loss(
-    processed_dir: Path,
-    baseline: str = "plain",
-    variant: str = "luks",
-    metrics: list[str] | None = None,
-    confidence: float = 0.95,
-    equivalence_margin_pct: float = stats.DEFAULT_EQUIVALENCE_MARGIN_PCT,
-    comparisons=None,
-    decision_regions: dict | None = None,
-    out_dir: Path | None = None,
-) -> tuple[pd.DataFrame, Path]:
-    """Write the :data:`LOSS_TABLES` of ``processed_dir``'s tables (parquet and CSV) beside them,
-    or to ``out_dir`` (a notebook exploring other settings); returns the loss table and its path.
-    ``comparisons``: config ``analysis.comparisons``."""
-    processed_dir = Path(processed_dir)
-    out_dir = Path(out_dir) if out_dir is not None else processed_dir
-    fio = pd.read_parquet(processed_dir / "fio.parquet")
-    pairs = resolve(fio["stack"].dropna().unique(), baseline, variant, comparisons)
-    margin, regions = equivalence_margin_pct, decision_regions
-    table = stats.loss_tables(fio, pairs, metrics, confidence, margin, decision_regions=regions)
-    notes = tails.too_few_notes(table, fio)
-    notes = notes.where(notes != "", cpucost.within_noise_notes(table, fio))
-    no_pilot = table["interval"].eq("none")
-    notes[no_pilot] = [
-        f"{n}; {stats.NO_PILOT_NOTE}" if n else stats.NO_PILOT_NOTE for n in notes[no_pilot]
-    ]
-    withheld = table["interval"].eq("withheld")
-    notes[withheld] = [
-        f"{n}; {cpucost.SHARED_BASELINE}" if n else cpucost.SHARED_BASELINE for n in notes[withheld]
-    ]
-    table["note"] = notes
-    table[headline.HEADLINE_COLUMNS] = headline.selection_columns(table)
-    table[saturation.LOSS_FLAG_COLUMNS] = saturation.loss_flags(table, fio)
-    settings = (metrics, confidence, margin)
-    fixed = sequential.fixed_design(table, fio, *settings, decision_regions=regions)
-    table[sequential.FIXED_COLUMNS] = fixed
+def loss_tables(tables: dict[str, pd.DataFrame], settings: LossSettings) -> dict[str, pd.DataFrame]:
+    """Every table of :data:`LOSS_TABLES` from the processed tables (:data:`INPUT_TABLES` by
+    name; only ``fio`` is required) computed with ``settings``."""
+    fio = tables["fio"]
+    empty = pd.DataFrame()
+    pairs = settings.pairs(fio["stack"].dropna().unique())
+    table = annotated_loss(fio, pairs, settings)
     arm_metrics = stats.measured(fio, ARM_METRICS)
-    tables = {
+    confidence = settings.confidence
+    return {
         "loss": table,
         "cpu_loss": table[table["metric"].isin(stats.measured(fio, CPU_METRICS))],
         "arms": stats.arm_summary(fio, arm_metrics, confidence),
         "reps": stats.rep_values(fio, arm_metrics),
-        "order": order_effects(fio, processed_dir / "schedule.parquet", pairs, table, confidence),
+        "order": order_effects(fio, tables.get("schedule", empty), pairs, table, confidence),
         "tuning": tuning.tuning_table(
-            table, *_tables(processed_dir, "stacks", "env"), variant, baseline, comparisons
+            table,
+            tables.get("stacks", empty),
+            tables.get("env", empty),
+            settings.variant,
+            settings.baseline,
+            list(settings.comparisons),
         ),
     }
+
+
+def annotated_loss(fio: pd.DataFrame, pairs, settings: LossSettings) -> pd.DataFrame:
+    """The loss table of ``pairs`` with its notes, selection columns, the baseline's saturation
+    flags and the fixed-design columns of sequential cells."""
+    metrics = list(settings.metrics) if settings.metrics else None
+    options = {
+        "exclude_outliers": settings.exclude_outliers,
+        "decision_regions": settings.decision_regions,
+    }
+    args = (metrics, settings.confidence, settings.equivalence_margin_pct)
+    table = stats.loss_tables(fio, pairs, *args, **options)
+    table["note"] = _notes(table, fio)
+    table[headline.HEADLINE_COLUMNS] = headline.selection_columns(table)
+    table[saturation.LOSS_FLAG_COLUMNS] = saturation.loss_flags(table, fio)
+    table[sequential.FIXED_COLUMNS] = sequential.fixed_design(table, fio, *args, **options)
+    return table
+
+
+def _notes(table: pd.DataFrame, fio: pd.DataFrame) -> pd.Series:
+    """Each row's note: too few I/Os for its percentile, CPU within noise, no pilot, withheld."""
+    notes = tails.too_few_notes(table, fio)
+    notes = notes.where(notes != "", cpucost.within_noise_notes(table, fio))
+    for kind, text in (("none", stats.NO_PILOT_NOTE), ("withheld", cpucost.SHARED_BASELINE)):
+        rows = table["interval"].eq(kind)
+        notes[rows] = [f"{n}; {text}" if n else text for n in notes[rows]]
+    return notes
+
+
+def read_tables(processed_dir: Path, names=INPUT_TABLES) -> dict[str, pd.DataFrame]:
+    """Processed tables by name (an empty one where the file is missing; fio is required)."""
+    processed_dir = Path(processed_dir)
+    out = {}
+    for name in names:
+        path = processed_dir / f"{name}.parquet"
+        out[name] = pd.read_parquet(path) if path.exists() or name == "fio" else pd.DataFrame()
+    return out
+
+
+def write_loss(
+    processed_dir: Path,
+    settings: LossSettings | None = None,
+    out_dir: Path | None = None,
+    **changes,
+) -> tuple[pd.DataFrame, Path]:
+    """Write :func:`loss_tables` of ``processed_dir``'s tables (parquet and CSV) and the settings
+    (:data:`SETTINGS_FILE`) beside them, or to ``out_dir`` (a notebook exploring other settings);
+    returns the loss table and its path. ``settings``: None for the run's (:func:`run_settings`);
+    ``changes``: fields of :class:`LossSettings` replaced (e.g. ``metrics=["bw_bytes"]``)."""
+    processed_dir = Path(processed_dir)
+    out_dir = Path(out_dir) if out_dir is not None else processed_dir
+    tables = read_tables(processed_dir)
+    if settings is None:
+        settings = run_settings(processed_dir, plan_baseline(tables["env"]))
+    if changes:
+        settings = settings.replaced(**changes)
+    out = loss_tables(tables, settings)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dictionary.write_tables(out_dir, tables)
-    return table, out_dir / "loss.parquet"
+    dictionary.write_tables(out_dir, out)
+    settings.write(out_dir / SETTINGS_FILE)
+    return out["loss"], out_dir / "loss.parquet"
 
 
-def _tables(processed_dir: Path, *names: str) -> list[pd.DataFrame]:
-    """Processed tables by name; an empty one where the file is missing."""
-    paths = [processed_dir / f"{name}.parquet" for name in names]
-    return [pd.read_parquet(p) if p.exists() else pd.DataFrame() for p in paths]
+def plan_baseline(env: pd.DataFrame) -> str | None:
+    """The baseline the run's plan names (the env table's plan), None if it names none."""
+    if env.empty or "env_json" not in env:
+        return None
+    found = {(parse_env_json(doc).get("plan") or {}).get("baseline") for doc in env["env_json"]}
+    found.discard(None)
+    return found.pop() if len(found) == 1 else None
 
 
 def run_tables(run: str, raw_dir: Path, processed_dir: Path, loss: bool = True) -> Path:
     """``processed_dir`` holding run ``run``'s tables: where missing (a notebook opened on its own
     in a fresh clone) ingested from ``raw_dir`` and, with ``loss``, the loss tables computed with
-    the default settings. A run that does not exist, or another run's tables, are refused."""
+    the run's recorded settings, else the default config's (named on stderr). A run that does
+    not exist, or another run's tables, are refused."""
     processed_dir = Path(processed_dir)
     if not all((processed_dir / f"{t}.parquet").exists() for t in PROCESSED_TABLES):
         write_processed(raw_run_dir(run, raw_dir), processed_dir)
@@ -107,10 +151,9 @@ def run_tables(run: str, raw_dir: Path, processed_dir: Path, loss: bool = True) 
     return processed_dir
 
 
-def order_effects(fio: pd.DataFrame, schedule_path: Path, pairs, loss, confidence: float):
+def order_effects(fio: pd.DataFrame, schedule: pd.DataFrame, pairs, loss, confidence: float):
     """:func:`stats.order_effect` of every comparison for the loss table's metrics (empty
     without a schedule table)."""
-    schedule = pd.read_parquet(schedule_path) if schedule_path.exists() else None
     if schedule is None or schedule.empty:
         return pd.DataFrame(columns=stats.ORDER_COLUMNS)
     metrics = list(dict.fromkeys(loss["metric"]))

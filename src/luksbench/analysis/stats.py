@@ -2,7 +2,7 @@
 
 Rep k of every stack forms pair k (same cell, same session, run back to back). Per cell
 (:data:`CELL_KEYS`; pairs never cross hosts) and metric, the log ratios of the complete pairs,
-``d_k = ln(variant_k / baseline_k)``, get an interval on mean d (which one: :func:`_cell_stats`);
+``d_k = ln(variant_k / baseline_k)``, get an interval on mean d (which one: :func:`luksbench.analysis.cellstats.cell_stats`);
 ``r = exp(mean d)`` is the geometric-mean ratio (effects multiply). The effect is always how much
 worse the variant is, in percent: ``loss_pct = 100 (1 - r)`` for higher-is-better metrics
 (bounds swapped), ``increase_pct = 100 (r - 1)`` for the others; ``effect_pct`` repeats the filled
@@ -12,10 +12,7 @@ is :mod:`luksbench.analysis.crossrun`.
 
 from __future__ import annotations
 
-import functools
 import math
-import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -24,6 +21,42 @@ from scipy import stats as sps
 from luksbench.analysis import drift
 from luksbench.analysis import moderated as eb
 from luksbench.analysis.cells import CELL_ATTRS, CELL_KEYS, active_rows, with_pattern
+from luksbench.analysis.cellstats import CROSS_CHECK_COLUMNS, CellData, TestSettings, cell_stats  # noqa: F401
+
+# the math the table rests on, named here too for the callers that know it as stats.*
+from luksbench.analysis.statmath import (  # noqa: F401
+    BOOTSTRAP_MIN_PAIRS,
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    OUTLIER_MIN_PAIRS,
+    OUTLIER_Z,
+    LogRatioCI,
+    WelchLogCI,
+    _check_confidence,
+    _scale,
+    _t_pvalue,
+    _t_quantile,
+    benjamini_hochberg,
+    bonferroni,
+    bootstrap_log_ratio_ci,
+    decision,
+    effect_bounds_from_ratio,
+    effect_from_log_ratio,
+    effect_with_equivalence,
+    fieller_ratio_ci,
+    flag_outliers,
+    half_width_log,
+    modified_z,
+    paired_log_ratio_ci,
+    paired_t_pvalue,
+    session_components,
+    stein_pairs,
+    table_verdicts,
+    tost_confidence,
+    usable_pairs,
+    welch_log_ratio_ci,
+    welch_t_pvalue,
+)
 
 _HIGHER_IS_WORSE = ("lat_mean_ns", "clat_mean_ns", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
 _HIGHER_IS_WORSE += ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
@@ -43,16 +76,6 @@ DEFAULT_DECISION_REGIONS = {"throughput": (5.0, 20.0), "latency": (10.0, 50.0), 
 DERIVED_FROM = {"iops": "bw_bytes", "busy_cpu_us_per_io": "busy_cpu_s_per_gib"}
 #: +- percentage points inside which a cell counts as "equivalent" (config analysis.equivalence_margin_pct)
 DEFAULT_EQUIVALENCE_MARGIN_PCT = 2.0
-#: bootstrap intervals only from this many pairs on (fewer: the bootstrap distribution is too coarse)
-BOOTSTRAP_MIN_PAIRS = 20
-BOOTSTRAP_RESAMPLES = 9999
-BOOTSTRAP_SEED = 20231124
-#: modified z-score (Iglewicz & Hoaglin) above which a pair's log ratio is flagged
-OUTLIER_Z = 3.5
-#: ... computed only from this many pairs on: with fewer the MAD is too ill-determined (with 3
-#: normal pairs 29 % of cells would get a flag; with 6-20 pairs still 10-15 %, see flag_outliers)
-OUTLIER_MIN_PAIRS = 6
-
 #: columns naming a row of a loss or comparison table: the cell, the metric and its direction
 ROW_COLUMNS = ["workload", "rw", "bs_bytes", "iodepth", "direction", "job", "job_slot"]
 ROW_COLUMNS += ["metric", "higher_is_better"]
@@ -181,235 +204,6 @@ def pair_values(fio: pd.DataFrame, baseline: str, variant: str, metrics: list[st
     return paired.sort_values([*CELL_KEYS, "metric", "session", "rep"]).reset_index(drop=True)
 
 
-def usable_pairs(baseline: np.ndarray, variant: np.ndarray) -> np.ndarray:
-    """Mask of pairs with both sides present and > 0 (a log ratio exists)."""
-    b, v = np.asarray(baseline, float), np.asarray(variant, float)
-    with np.errstate(invalid="ignore"):
-        return np.isfinite(b) & np.isfinite(v) & (b > 0) & (v > 0)
-
-
-@dataclass(frozen=True)
-class LogRatioCI:
-    n: int
-    mean: float
-    sd: float
-    low: float
-    high: float
-
-
-@functools.lru_cache(maxsize=1024)
-def _t_quantile(confidence: float, df: int) -> float:
-    return float(sps.t.ppf(0.5 + confidence / 2, df=df))
-
-
-def _check_confidence(confidence: float) -> None:
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), not {confidence}")
-
-
-def _scale(d: np.ndarray, pilot: tuple[float, int] | None) -> tuple[float, int]:
-    """(SD, degrees of freedom) the interval of ``d`` rests on: the pilot's (s0, n0 - 1) for
-    Stein's interval, else the sample's own (sd, n - 1)."""
-    if pilot is not None:
-        return float(pilot[0]), pilot[1] - 1
-    return (float(d.std(ddof=1)) if d.size > 1 else math.nan), d.size - 1
-
-
-def paired_log_ratio_ci(
-    d: np.ndarray, confidence: float = 0.95, pilot: tuple[float, int] | None = None
-) -> LogRatioCI:
-    """Paired t-interval on the mean of log ratios ``d``; bounds NaN for n < 2. ``pilot=(s0,
-    n0)``: Stein's interval, ``mean(d) +- t_{n0-1} s0 / sqrt(n)`` with s0 the SD of the n0 pilot
-    pairs that chose n: exact coverage whatever n the pilot chose (the final SD would not be)."""
-    _check_confidence(confidence)
-    d = np.asarray(d, float)
-    n = int(d.size)
-    mean = float(d.mean()) if n else math.nan
-    if n < 2:
-        return LogRatioCI(n, mean, math.nan, math.nan, math.nan)
-    sd, df = _scale(d, pilot)
-    half = _t_quantile(confidence, df) * sd / math.sqrt(n)
-    return LogRatioCI(n, mean, sd, mean - half, mean + half)
-
-
-def _t_pvalue(mean: float, se: float, df: float) -> float:
-    """Two-sided p-value of ``t = mean / se``; 0 or 1 when the standard error is 0."""
-    if se == 0:
-        return 1.0 if mean == 0 else 0.0
-    return float(2 * sps.t.sf(abs(mean / se), df=df))
-
-
-def paired_t_pvalue(d: np.ndarray, pilot: tuple[float, int] | None = None) -> float:
-    """Two-sided p-value of the paired t-test ``mean(d) = 0`` (as ``scipy.stats.ttest_1samp``;
-    with ``pilot``, Stein's test, see :func:`paired_log_ratio_ci`); NaN for n < 2."""
-    d = np.asarray(d, float)
-    if d.size < 2:
-        return math.nan
-    sd, df = _scale(d, pilot)
-    return _t_pvalue(float(d.mean()), sd / math.sqrt(d.size), df)
-
-
-@dataclass(frozen=True)
-class WelchLogCI:
-    n_a: int
-    n_b: int
-    mean: float
-    se: float
-    df: float
-    low: float
-    high: float
-
-
-def welch_log_ratio_ci(
-    log_a: np.ndarray, log_b: np.ndarray, confidence: float = 0.95
-) -> WelchLogCI:
-    """Welch t-interval on ``mean(log_b) - mean(log_a)`` of two independent samples (unequal
-    variances, Welch-Satterthwaite df): the unpaired :func:`paired_log_ratio_ci`. Bounds NaN
-    unless both samples have two values; both SDs 0: the point (df = n_a + n_b - 2)."""
-    _check_confidence(confidence)
-    a, b = np.asarray(log_a, float), np.asarray(log_b, float)
-    na, nb = int(a.size), int(b.size)
-    mean = float(b.mean() - a.mean()) if na and nb else math.nan
-    if na < 2 or nb < 2:
-        return WelchLogCI(na, nb, mean, math.nan, math.nan, math.nan, math.nan)
-    va, vb = float(a.var(ddof=1)) / na, float(b.var(ddof=1)) / nb
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return WelchLogCI(na, nb, mean, 0.0, float(na + nb - 2), mean, mean)
-    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
-    half = _t_quantile(confidence, df) * se
-    return WelchLogCI(na, nb, mean, se, df, mean - half, mean + half)
-
-
-def welch_t_pvalue(log_a: np.ndarray, log_b: np.ndarray) -> float:
-    """Two-sided p-value of Welch's t-test ``mean(log_a) = mean(log_b)`` (as
-    ``scipy.stats.ttest_ind(equal_var=False)``); NaN unless both samples have two values."""
-    ci = welch_log_ratio_ci(log_a, log_b)
-    return math.nan if math.isnan(ci.se) else _t_pvalue(ci.mean, ci.se, ci.df)
-
-
-def fieller_ratio_ci(
-    baseline: np.ndarray, variant: np.ndarray, confidence: float = 0.95
-) -> tuple[float, float]:
-    """Paired Fieller interval for the ratio of means ``theta = mean(variant) / mean(baseline)``.
-
-    The theta for which the paired t-test of ``variant_i - theta * baseline_i`` does not reject:
-    ``(v - theta b)^2 <= t^2 (s_vv - 2 theta s_bv + theta^2 s_bb) / n``, bounded exactly when
-    ``b^2 > t^2 s_bb / n`` (else both bounds NaN, as for n < 2). Both arms are positive, so is
-    their ratio: a bound below 0 is clipped to 0 (NaN if both are)."""
-    _check_confidence(confidence)
-    b, v = np.asarray(baseline, float), np.asarray(variant, float)
-    n = b.size
-    if n < 2:
-        return math.nan, math.nan
-    bm, vm = float(b.mean()), float(v.mean())
-    cov = np.cov(np.vstack([b, v]), ddof=1)
-    s_bb, s_bv, s_vv = float(cov[0, 0]), float(cov[0, 1]), float(cov[1, 1])
-    q = _t_quantile(confidence, n - 1) ** 2 / n
-    a = bm * bm - q * s_bb
-    if a <= 0:
-        return math.nan, math.nan
-    half_b = bm * vm - q * s_bv  # the quadratic is a theta^2 - 2 half_b theta + c <= 0
-    c = vm * vm - q * s_vv
-    root = math.sqrt(max(half_b * half_b - a * c, 0.0))  # >= 0 up to rounding: vm/bm is inside
-    low, high = (half_b - root) / a, (half_b + root) / a
-    return (max(low, 0.0), high) if high > 0 else (math.nan, math.nan)
-
-
-def bootstrap_log_ratio_ci(d: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
-    """Seeded BCa bootstrap interval for mean d over whole pairs, from :data:`BOOTSTRAP_MIN_PAIRS`
-    pairs on (NaN below); the percentile method where BCa is undefined (e.g. all d equal)."""
-    _check_confidence(confidence)
-    d = np.asarray(d, float)
-    if d.size < BOOTSTRAP_MIN_PAIRS:
-        return math.nan, math.nan
-    for method in ("BCa", "percentile"):
-        options = {"n_resamples": BOOTSTRAP_RESAMPLES, "method": method}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", sps.DegenerateDataWarning)
-            rng = np.random.default_rng(BOOTSTRAP_SEED)
-            res = sps.bootstrap((d,), np.mean, confidence_level=confidence, **options, rng=rng)
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(lo) and math.isfinite(hi):
-            return lo, hi
-    return math.nan, math.nan
-
-
-def modified_z(d: np.ndarray) -> np.ndarray:
-    """Iglewicz-Hoaglin modified z-score ``0.6745 (d - median) / MAD``; with MAD = 0 the mean absolute
-    deviation stands in (``(d - median) / (1.253314 mean|d - median|)``); all 0 when both are 0."""
-    d = np.asarray(d, float)
-    if d.size == 0:
-        return d
-    dev = d - np.median(d)
-    mad = float(np.median(np.abs(dev)))
-    if mad > 0:
-        return 0.6745 * dev / mad
-    meanad = float(np.mean(np.abs(dev)))
-    return dev / (1.253314 * meanad) if meanad > 0 else np.zeros_like(d)
-
-
-def flag_outliers(
-    d: np.ndarray, fio_error: np.ndarray | None = None, ss_not_attained: np.ndarray | None = None
-) -> np.ndarray:
-    """Pairs to flag: |modified z of d| > :data:`OUTLIER_Z` within the cell (cells with at least
-    :data:`OUTLIER_MIN_PAIRS` pairs), or a fio error / an unattained steady state on either arm.
-    Flags only: normal pairs get a flag in 10-15 % of cells, so the loss table keeps them."""
-    d = np.asarray(d, float)
-    flags = np.zeros(d.shape, dtype=bool)
-    if d.size >= OUTLIER_MIN_PAIRS:
-        flags = np.abs(modified_z(d)) > OUTLIER_Z
-    for extra in (fio_error, ss_not_attained):
-        if extra is not None:
-            flags |= np.asarray(extra, dtype=bool)
-    return flags
-
-
-def effect_from_log_ratio(
-    mean: float, low: float, high: float, better_high: bool
-) -> tuple[float, float, float]:
-    """(effect_pct, ci_low, ci_high): loss for higher-is-better metrics, increase otherwise."""
-    if better_high:
-        return 100 * (1 - math.exp(mean)), 100 * (1 - math.exp(high)), 100 * (1 - math.exp(low))
-    return 100 * (math.exp(mean) - 1), 100 * (math.exp(low) - 1), 100 * (math.exp(high) - 1)
-
-
-def effect_bounds_from_ratio(low: float, high: float, better_high: bool) -> tuple[float, float]:
-    """Bounds on a ratio (variant / baseline) as (low, high) effect %, swapped for losses."""
-    if better_high:
-        return 100 * (1 - high), 100 * (1 - low)
-    return 100 * (low - 1), 100 * (high - 1)
-
-
-def tost_confidence(confidence: float) -> float:
-    """Confidence of the interval the equivalence check (TOST at alpha = 1 - confidence) uses."""
-    return 1 - 2 * (1 - confidence)
-
-
-def effect_with_equivalence(ci, eq, better_high: bool, margin_pct: float) -> tuple[float, dict]:
-    """(effect %, {ci_low, ci_high, equiv_low, equiv_high, equivalent}) of an interval ``ci`` on
-    a mean log ratio and ``eq``, its :func:`tost_confidence` interval (None: no check)."""
-    effect = lo = hi = eq_lo = eq_hi = math.nan
-    if not math.isnan(ci.mean):
-        effect, lo, hi = effect_from_log_ratio(ci.mean, ci.low, ci.high, better_high)
-    if eq is not None and not math.isnan(eq.low):
-        _, eq_lo, eq_hi = effect_from_log_ratio(eq.mean, eq.low, eq.high, better_high)
-    equivalent = bool(-margin_pct < eq_lo and eq_hi < margin_pct)
-    bounds = {"ci_low": lo, "ci_high": hi, "equiv_low": eq_lo, "equiv_high": eq_hi}
-    return effect, {**bounds, "equivalent": equivalent}
-
-
-def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
-    """BH-adjusted q-values (scipy's ``false_discovery_control``) of the finite p-values; NaN stays
-    NaN and is not counted in the family."""
-    p = np.asarray(p, float)
-    q = np.full_like(p, math.nan)
-    ok = np.isfinite(p)
-    if ok.any():
-        q[ok] = sps.false_discovery_control(p[ok], method="bh")
-    return q
-
-
 def check_regions(regions: dict | None) -> dict[str, tuple[float, float]]:
     """Decision regions per metric family: :data:`DEFAULT_DECISION_REGIONS` updated with
     ``regions`` (family -> (lower, upper) or {"lower_pct", "upper_pct"}); 0 < lower < upper."""
@@ -426,325 +220,6 @@ def check_regions(regions: dict | None) -> dict[str, tuple[float, float]]:
             raise ValueError(f"decision_regions.{family}: need 0 < lower < upper, not {margins}")
         out[family] = (lower, upper)
     return out
-
-
-def decision(low: float, high: float, lower: float, upper: float) -> str:
-    """The region (below) the whole interval [low, high] (effect %, positive = the variant is
-    worse) lies in; else ``undecided: straddles`` the boundaries inside it; ``insufficient``
-    without an interval."""
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "insufficient"
-    regions = (
-        ("negligible", -lower, lower),
-        ("moderate", lower, upper),
-        ("material", upper, math.inf),
-        ("moderate gain", -upper, -lower),
-        ("material gain", -math.inf, -upper),
-    )
-    for name, a, b in regions:
-        if a <= low and high <= b:
-            return name
-    inside = [x for x in (-upper, -lower, lower, upper) if low < x < high]
-    return "undecided: straddles " + ", ".join(f"{x:g} %" for x in inside)
-
-
-def bonferroni(half, scale, df, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """(half-width, level) of t-intervals ``mean +- half`` (``half`` = t quantile x ``scale``,
-    ``df`` degrees of freedom) at the Bonferroni level of a family of ``m``: each interval's own
-    error split by m, so that all m hold together with the confidence each had alone."""
-    half, scale = np.asarray(half, float), np.asarray(scale, float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        alpha = 2 * sps.t.sf(half / scale, df) / max(m, 1)
-        wide = np.where(scale > 0, sps.t.isf(alpha / 2, df) * scale, half)
-    return wide, 1 - alpha
-
-
-def table_verdicts(
-    n: np.ndarray, q: np.ndarray, equivalent: np.ndarray, confidence: float
-) -> np.ndarray:
-    """Verdict per row: insufficient (n < 2) > significant (q <= 1 - confidence) > equivalent >
-    inconclusive."""
-    alpha = 1 - confidence
-    n, q, eq = np.asarray(n), np.asarray(q, float), np.asarray(equivalent, bool)
-    out = np.full(n.shape, "inconclusive", dtype=object)
-    out[eq] = "equivalent"
-    with np.errstate(invalid="ignore"):
-        out[np.isfinite(q) & (q <= alpha)] = "significant"
-    out[n < 2] = "insufficient"
-    return out
-
-
-def half_width_log(half_width_pct: float) -> float:
-    """Target half-width on the log scale for ``half_width_pct`` points: ``ln(1 + h/100)``
-    (0.01980 for 2). At zero effect mean +- h maps to [-1.96, +2.00] points on the increase scale
-    and [-2.00, +1.96] on the loss scale: neither side exceeds the target (``-ln(1 - h/100)``
-    would let one side reach 2.04)."""
-    if not half_width_pct > 0:
-        raise ValueError(f"half-width must be > 0 percentage points, not {half_width_pct}")
-    return math.log1p(half_width_pct / 100)
-
-
-def stein_pairs(
-    sd_pilot,
-    pilot_pairs: int = 4,
-    half_width_pct: float = 2.0,
-    max_pairs: int = 12,
-    confidence: float = 0.95,
-):
-    """Stein's two-stage rule: pairs needed so that the interval on mean d has half-width <= h.
-
-    ``N = max(n0, ceil((t_{1-alpha/2, n0-1} s / h)^2))``, s the pilot SD of d (NaN: the cap), h =
-    :func:`half_width_log`, capped at ``max_pairs``. Vectorised over ``sd_pilot``. Returns (pairs
-    to run, the uncapped real-valued requirement, whether the cap was hit: the cell is *noisy*)."""
-    _check_confidence(confidence)
-    if pilot_pairs < 2:
-        raise ValueError("a pilot needs at least 2 pairs (an SD)")
-    if max_pairs < pilot_pairs:
-        raise ValueError(f"max_pairs ({max_pairs}) < pilot_pairs ({pilot_pairs})")
-    s = np.asarray(sd_pilot, float)
-    t = _t_quantile(confidence, pilot_pairs - 1)
-    required = np.where(np.isfinite(s), (t * s / half_width_log(half_width_pct)) ** 2, np.inf)
-    needed = np.maximum(pilot_pairs, np.ceil(np.minimum(required, 1e9) - 1e-9))
-    capped = needed > max_pairs
-    pairs = np.minimum(needed, max_pairs).astype(int)
-    if pairs.ndim == 0:
-        return int(pairs), float(required), bool(capped)
-    return pairs, required, capped
-
-
-def session_components(d: np.ndarray, sessions: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """Session means of ``d``, and the within- and between-session SDs of d: one-way random
-    effects by the method of moments (ANOVA; unequal pairs per session through the usual n0),
-    the between part clipped at 0; NaN where not estimable."""
-    labels, inv = np.unique(np.asarray(sessions, dtype=str), return_inverse=True)
-    n_j = np.bincount(inv, minlength=labels.size)
-    means = np.bincount(inv, weights=d, minlength=labels.size) / np.maximum(n_j, 1)
-    n, m = d.size, labels.size
-    ms_within = ((d - means[inv]) ** 2).sum() / (n - m) if n > m else math.nan
-    if m < 2:
-        return means, math.sqrt(ms_within), math.nan
-    if not math.isfinite(ms_within):  # one pair per session: the parts cannot be told apart
-        return means, math.nan, math.nan
-    ms_between = (n_j * (means - d.mean()) ** 2).sum() / (m - 1)
-    n0 = (n - (n_j**2).sum() / n) / (m - 1)
-    return means, math.sqrt(ms_within), math.sqrt(max(0.0, (ms_between - ms_within) / n0))
-
-
-def _cell_stats(
-    b: np.ndarray,
-    v: np.ndarray,
-    reps: np.ndarray,
-    sessions: np.ndarray,
-    flags: np.ndarray,
-    better_high: bool,
-    confidence: float,
-    margin_pct: float,
-    exclude_outliers: bool,
-    pilot_pairs: float = math.nan,
-    all_or_none: bool = False,
-    sessions_planned: int = 1,
-    look_confidence: float = math.nan,
-    drift_fit: tuple[float, bool] = (math.nan, False),
-    shared_baseline: bool | tuple = False,
-    prior: eb.Prior | None = None,
-) -> dict:
-    """One row of the loss table but for the cross-table q-value and verdict.
-
-    ``interval``: "sessions" with ``sessions_planned`` >= 2 and pairs from two sessions or more
-    (t over the session means of d, on which every estimate then rests); "stein" with
-    ``pilot_pairs`` n0 (an adaptive cell whose N came from a pilot SD: the SD of the usable pairs
-    among reps 1..n0), "none" with fewer than two of those (a t-interval after a pilot-chosen N
-    under-covers); "sequential" with ``look_confidence`` (everything at that level, the p-value
-    Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks); else "t".
-    ``prior``: a "sessions" interval rests on the variance of the session means moderated by it
-    (:mod:`luksbench.analysis.moderated`; ``moderated``, ``prior_df``, ``interval_df``).
-    ``all_or_none`` (net CPU metrics): a value <= 0 on either side leaves no pair usable, as
-    dropping the cell's low values would select on the outcome. ``drift_fit``: (AR(1)
-    coefficient of d pooled over the run's cells, detected?) (:mod:`luksbench.analysis.drift`):
-    a "t" or "sequential" interval widens by the square root of its variance inflation.
-    ``shared_baseline`` (net CPU metrics whose idle sample nets several pairs): "withheld", no
-    interval, unless it is over sessions (the sample's error is then part of each session's
-    level, which that interval covers) or the baseline's variance can be carried (a tuple from
-    :func:`baseline_carry`; :func:`_carried_scale`; ``covers`` says so). ``added`` (net CPU):
-    variant minus baseline in the metric's unit, its t-interval at the row's level."""
-    usable, fio_error, ss_missed = _usable_unflagged(b, v, flags, all_or_none)
-    ok = usable & ~fio_error & ~ss_missed
-    d_all = np.log(v[ok] / b[ok])
-    # with sessions a pair is judged within its session: a session's own level is the
-    # variation the two-level interval is there to capture, not an outlier
-    means, _, _ = session_components(d_all, sessions[ok])
-    _, inv = np.unique(sessions[ok].astype(str), return_inverse=True)
-    within = d_all - means[inv] if sessions_planned >= 2 and means.size >= 2 else d_all
-    flagged = flag_outliers(within, flags[ok, 0], flags[ok, 1])
-    use = ~flagged if exclude_outliers else np.ones_like(flagged)
-    d, bu, vu, su = d_all[use], b[ok][use], v[ok][use], sessions[ok][use]
-    means, sd_within, sd_between = session_components(d, su)
-    two_level = sessions_planned >= 2 and means.size >= 2
-    pilot, valid, scale = None, True, None
-    if two_level:  # every estimate from the session means
-        d, bu, vu, scale = _session_level(means, su, bu, vu, prior)
-    elif pilot_pairs >= 2:
-        pilot = _pilot_scale(d_all[reps[ok] <= pilot_pairs])
-        valid = pilot is not None
-    moderated = scale is not None
-    withheld, carried = _shared_baseline(not two_level and shared_baseline, pilot, d, bu, vu)
-    scale = carried or scale
-    valid = valid and not withheld
-    sequential = not two_level and look_confidence > 0
-    level = look_confidence if sequential else confidence
-    looks = (1 - confidence) / (1 - level)  # the p-value's scale: K under Bonferroni, else 1
-    ci = paired_log_ratio_ci(d, level, pilot or scale)
-    if not valid:
-        ci = LogRatioCI(ci.n, ci.mean, ci.sd, math.nan, math.nan)
-    one = "one session" if means.size <= 1 else "sessions"
-    kind = "sessions" if two_level else "none" if not valid else "stein" if pilot else "t"
-    kind = "sequential" if sequential else kind
-    kind = "withheld" if withheld else kind
-    one += " and its idle baseline's error, carried" if carried else ""
-    widens = kind in ("t", "sequential")
-    inflation = drift.cell_inflation(*drift_fit, ci.n) if widens else math.nan
-    estimates = (ci, d, bu, vu, pilot or scale, valid, better_high, level, margin_pct, looks)
-    estimates += (inflation if widens else 1.0,)
-    return {
-        "n": int(use.sum()),
-        "n_dropped": int((~usable).sum()),
-        "n_fio_error": int(fio_error.sum()),
-        "n_ss_not_attained": int(ss_missed.sum()),
-        "baseline_mean": float(bu.mean()) if ci.n else math.nan,
-        "variant_mean": float(vu.mean()) if ci.n else math.nan,
-        **_estimates(*estimates),
-        "n_outliers": int(flagged.sum()),
-        "outlier_reps": ",".join(str(int(r)) for r in reps[ok][flagged]),
-        "interval": kind,
-        "pilot_sd_log_ratio": math.nan if pilot is None else pilot[0],
-        "covers": "sessions" if two_level else f"repetitions within {one}",
-        "sessions": int(means.size),
-        "sd_within_session": sd_within,
-        "sd_between_sessions": sd_between,
-        "drift_rho": drift_fit[0],
-        "drift_inflation": inflation,
-        "drift_widening_pct": 100 * (math.sqrt(inflation) - 1),
-        "moderated": moderated,
-        "prior_df": prior.df if moderated else math.nan,
-        "interval_df": float(_scale(d, pilot or scale)[1]) if ci.n >= 2 and valid else math.nan,
-        # a carried idle baseline's error is in the ratio's interval, not in a plain t over vu - bu
-        **_added(vu - bu, level, all_or_none and valid and not carried, estimates[-1]),
-    }
-
-
-def _session_level(means, sessions, bu, vu, prior) -> tuple:
-    """(d, baseline, variant, scale) of a two-level cell: its session means, and with a
-    ``prior`` the moderated (posterior SD, its df + 1), the form of a Stein pilot (else None)."""
-    _, inv = np.unique(sessions.astype(str), return_inverse=True)
-    count = np.bincount(inv)
-    bu, vu = np.bincount(inv, bu) / count, np.bincount(inv, vu) / count
-    scale = None
-    if prior is not None:
-        var, df = eb.posterior(float(means.var(ddof=1)), means.size - 1, prior)
-        scale = (math.sqrt(var), df + 1) if math.isfinite(var) else None
-    return means, bu, vu, scale
-
-
-def _pilot_scale(d_pilot: np.ndarray) -> tuple[float, int] | None:
-    """Stein's (SD, n0) of the usable pilot pairs; None with fewer than two."""
-    return (float(d_pilot.std(ddof=1)), int(d_pilot.size)) if d_pilot.size >= 2 else None
-
-
-def _usable_unflagged(b, v, flags, all_or_none: bool) -> tuple[np.ndarray, ...]:
-    """Masks (usable, fio error, steady state not attained) of a cell's pairs: a usable pair
-    fio flagged (the run failed or never settled) is no measurement of the cell; the loss table
-    leaves it out, counted per reason, and the sequential design measures a replacement."""
-    usable = usable_pairs(b, v)
-    if all_or_none and (np.less_equal(b, 0) | np.less_equal(v, 0)).any():
-        usable[:] = False
-    return usable, usable & flags[:, 0], usable & flags[:, 1]
-
-
-def _shared_baseline(shared, pilot, d, bu, vu) -> tuple[bool, tuple | None]:
-    """(withheld, carried scale) of a cell whose idle baseline is ``shared`` (False, True, or a
-    :func:`baseline_carry` tuple): carried where its variance is known and the interval is not
-    Stein's, else withheld."""
-    if not shared:
-        return False, None
-    carried = (
-        _carried_scale(d, bu, vu, *shared) if isinstance(shared, tuple) and not pilot else None
-    )
-    return carried is None, carried
-
-
-def _carried_scale(d, bu, vu, var_rate, df_rate, share, coef_b, coef_v):
-    """(SD, df + 1) of a t-interval on mean d that carries a shared idle baseline's error: the
-    pairs' own variance s^2 / n plus g^2 var_rate share, where g = coef_b / mean(b) -
-    coef_v / mean(v) is how d moves with the idle rate, ``share`` sum_j (n_j / n)^2 over the
-    pairs' idle samples and ``var_rate`` the variance of the host's idle samples (``df_rate``
-    degrees of freedom); Welch-Satterthwaite df. None when not estimable."""
-    n = d.size
-    if n < 2 or not (df_rate >= 1 and math.isfinite(var_rate)):
-        return None
-    own = float(d.var(ddof=1)) / n
-    g = coef_b / float(bu.mean()) - coef_v / float(vu.mean())
-    extra = g * g * var_rate * share
-    total = own + extra
-    if not (math.isfinite(total) and total > 0):
-        return None
-    df = total**2 / (own**2 / (n - 1) + extra**2 / df_rate)
-    return math.sqrt(total * n), df + 1
-
-
-def _added(diff: np.ndarray, confidence: float, wanted: bool, inflation: float = 1.0) -> dict:
-    """``added``, ``added_low``, ``added_high``: mean of ``diff`` (variant minus baseline) with its
-    t-interval, widened for drift as the row's interval is (``inflation``); NaN unless ``wanted``,
-    bounds NaN below 2 values."""
-    ci = paired_log_ratio_ci(diff, confidence) if wanted else LogRatioCI(0, *[math.nan] * 4)
-    ci = _widened(ci, inflation)
-    return {"added": ci.mean, "added_low": ci.low, "added_high": ci.high}
-
-
-CROSS_CHECK_COLUMNS = ("fieller_low", "fieller_high", "boot_low", "boot_high")
-
-
-def _widened(ci: LogRatioCI, inflation: float) -> LogRatioCI:
-    """``ci`` with its half-width times the square root of ``inflation`` (NaN or <= 1: as is)."""
-    if not inflation > 1:
-        return ci
-    f = math.sqrt(inflation)
-    return LogRatioCI(
-        ci.n, ci.mean, ci.sd, ci.mean - f * (ci.mean - ci.low), ci.mean + f * (ci.high - ci.mean)
-    )
-
-
-def _estimates(
-    ci, d, bu, vu, pilot, valid, better_high, confidence, margin_pct, looks=1.0, inflation=1.0
-) -> dict:
-    """A row's effect with its interval, test and equivalence check, and the Fieller and
-    bootstrap cross-checks, from the values its interval rests on (pairs or session means), all at
-    ``confidence``; the p-value scaled by ``looks`` (a sequential look's (1 - confidence) / (1 -
-    look level): K under Bonferroni). ``inflation`` (drift): the interval, the equivalence
-    interval and the test rest on the variance s^2 / n times it; the cross-checks do not."""
-    eq_conf = tost_confidence(confidence)
-    eq = paired_log_ratio_ci(d, eq_conf, pilot) if ci.n >= 2 and valid and eq_conf > 0 else None
-    ci, eq = _widened(ci, inflation), eq and _widened(eq, inflation)
-    p = paired_t_pvalue(d, pilot)
-    if inflation > 1 and d.size >= 2:  # the interval's own scale and df, widened alike
-        sd, df = _scale(d, pilot)
-        p = _t_pvalue(ci.mean, sd * math.sqrt(inflation / d.size), df)
-    effect_pct, bounds = effect_with_equivalence(ci, eq, better_high, margin_pct)
-    f_lo, f_hi = fieller_ratio_ci(bu, vu, confidence)
-    fieller = effect_bounds_from_ratio(f_lo, f_hi, better_high)  # NaN bounds stay NaN
-    b_lo, b_hi = bootstrap_log_ratio_ci(d, confidence)
-    boot = effect_from_log_ratio(ci.mean, b_lo, b_hi, better_high)[1:]
-    return {
-        "mean_log_ratio": ci.mean,
-        "sd_log_ratio": ci.sd,
-        "ratio": math.exp(ci.mean) if ci.n else math.nan,
-        "effect": "loss" if better_high else "increase",
-        "effect_pct": effect_pct,
-        "loss_pct": effect_pct if better_high else math.nan,
-        "increase_pct": math.nan if better_high else effect_pct,
-        "p_value": float(np.minimum(1, looks * p)) if valid else math.nan,
-        **bounds,
-        **dict(zip(CROSS_CHECK_COLUMNS, (*fieller, *boot), strict=True)),
-    }
 
 
 DESIGN_COLUMNS = ["target_pairs", "noisy", "pilot_pairs"]
@@ -810,23 +285,28 @@ def loss_table(
     ok = usable_pairs(base_v, var_v)
     series = {k: np.log(var_v[p][ok[p]] / base_v[p][ok[p]]) for k, p in groups.items()}
     drift_fits = drift.pooled_by(series, lambda key: (key[0], key[-1]))
-    settings = (confidence, equivalence_margin_pct, exclude_outliers)
+    settings = TestSettings(confidence, equivalence_margin_pct, exclude_outliers)
     rows, calls = [], []
     for key, pos in groups.items():
         cell = dict(zip([*CELL_KEYS, "metric"], key, strict=True))
-        better_high, host = METRICS[cell["metric"]], cell["host"]
-        arrays = [a[pos] for a in (base_v, var_v, reps, sessions, flags)]
-        pilot = float(pilots.get((host, cell["workload"]), math.nan))
+        host, where = cell["host"], (cell["host"], cell["workload"])
         cpu = METRIC_FAMILIES[cell["metric"]] == "cpu"
-        level = float(levels.get((host, cell["workload"]), math.nan))
-        sessions_ = int(planned.get(host, 1))
-        fit = drift_fits[(host, cell["metric"])]
-        shared_ = cpu and (host, cell["workload"]) in shared
-        carry = carries.get((host, cell["workload"], cell["metric"]))
-        shared_ = carry if shared_ and carry is not None else shared_
-        calls.append((*arrays, better_high, *settings, pilot, cpu, sessions_, level, fit, shared_))
-        rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **_cell_stats(*calls[-1])})
-    _moderate_sessions(rows, calls)
+        shared_ = cpu and where in shared
+        carry = carries.get((*where, cell["metric"]))
+        data = CellData(
+            *(a[pos] for a in (base_v, var_v, reps, sessions, flags)),
+            better_high=METRICS[cell["metric"]],
+            pilot_pairs=float(pilots.get(where, math.nan)),
+            all_or_none=cpu,
+            sessions_planned=int(planned.get(host, 1)),
+            look_confidence=float(levels.get(where, math.nan)),
+            drift_fit=drift_fits[(host, cell["metric"])],
+            shared_baseline=carry if shared_ and carry is not None else shared_,
+        )
+        calls.append(data)
+        row = cell_stats(data, settings)
+        rows.append({**cell, **{a: v[pos[0]] for a, v in attrs.items()}, **row})
+    _moderate_sessions(rows, calls, settings)
     table = pd.DataFrame(
         rows, columns=[c for c in LOSS_COLUMNS if c not in (*DESIGN_COLUMNS, "look_confidence")]
     )
@@ -854,7 +334,7 @@ def loss_table(
     return with_dtypes(table, LOSS_DTYPES)
 
 
-def _moderate_sessions(rows: list[dict], calls: list[tuple]) -> None:
+def _moderate_sessions(rows: list[dict], cells: list[CellData], settings: TestSettings) -> None:
     """The "sessions" rows of ``rows`` over at most :data:`moderated.MODERATE_UP_TO` sessions
     again, each interval on its variance moderated by the prior of its host and metric
     (:func:`moderated.fit_prior` over all those rows' session-mean variances); rows of a host and
@@ -870,7 +350,7 @@ def _moderate_sessions(rows: list[dict], calls: list[tuple]) -> None:
             continue
         for i in members:
             if rows[i]["sessions"] <= eb.MODERATE_UP_TO:
-                rows[i] |= _cell_stats(*calls[i], prior=prior)
+                rows[i] |= cell_stats(cells[i], settings, prior=prior)
 
 
 def shared_idle_cells(fio: pd.DataFrame, stacks) -> set[tuple]:
@@ -886,8 +366,8 @@ def shared_idle_cells(fio: pd.DataFrame, stacks) -> set[tuple]:
 
 def baseline_carry(fio: pd.DataFrame, baseline: str, variant: str) -> dict:
     """(host, workload, metric) -> (var_rate, df_rate, share, coef_b, coef_v) for
-    :func:`_carried_scale`, for CPU busy time per GiB and per I/O: the variance of the host's
-    idle busy rates over its distinct samples (m - 1 df; needs m >= 2), the share of the pairs'
+    ``cellstats._carried_scale``, for CPU busy time per GiB and per I/O: the variance of the
+    host's idle busy rates over its distinct samples (m - 1 df; needs m >= 2), the share of the pairs'
     samples (baseline arm) and each arm's mean coefficient of the idle rate in the value
     (interval / GiB; 1e6 interval / I/Os)."""
     need = {"idle_sample", "cpu_net", "idle_busy_cpu_s", "cpu_interval_s", "io_gib", "file"}
@@ -1040,7 +520,7 @@ def order_effect(
 
 
 def interval_scales(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per loss row, what its interval rests on (:func:`_cell_stats`): ``sign`` (-1 where the
+    """Per loss row, what its interval rests on (:func:`luksbench.analysis.cellstats.cell_stats`): ``sign`` (-1 where the
     effect is a loss: effect % = 100 sign (ratio - 1)), ``mean`` (mean d), ``half`` (the
     interval's half-width on d, from ``ci_low``/``ci_high``), ``df`` (``interval_df``: sessions,
     moderated or not, Stein's pilot, the pairs) and ``se``, the half-width over the row's own t
