@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

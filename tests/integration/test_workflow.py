@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
