@@ -49,6 +49,19 @@ def fixtures_dir() -> Path:
     return FIXTURES_DIR
 
 
+@pytest.fixture(scope="session")
+def processed_sample(tmp_path_factory) -> Path:
+    """The shipped sample (data/raw/sample) ingested and its loss tables written, once a session:
+    shared by every test that reads it, so none may write into it (copy it first)."""
+    from luksbench.analysis import ingest
+    from luksbench.analysis.loss import write_loss
+
+    out = tmp_path_factory.mktemp("processed") / "sample"
+    ingest.write_processed(REPO_DIR / "data" / "raw" / "sample", out, workers=1)
+    write_loss(out)
+    return out
+
+
 @pytest.fixture
 def fio_servers(tmp_path):
     """Two `fio --server` daemons on 127.0.0.1 (stopped afterwards)."""
