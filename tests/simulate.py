@@ -466,28 +466,24 @@ BOUNDARIES = np.array([-20.0, -5.0, 5.0, 20.0])
 
 
 def luksbench(*args):
-    """``luksbench ARGS`` as a command; fails with its stderr unless it exits 0."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "luksbench.cli", *map(str, args)], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return done
-
-
-def cli(*args) -> str:
-    """``luksbench ARGS`` in this process (no interpreter start per round); its stdout."""
+    """``luksbench ARGS`` through the CLI's entry point in this process (no interpreter start);
+    fails with its stderr unless it returns 0."""
     import contextlib
     import io
+    import subprocess
 
     from luksbench.cli import main
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main([str(a) for a in args]) == 0
-    return out.getvalue()
+    argv, out, err = [str(a) for a in args], io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    assert code == 0, err.getvalue()
+    return subprocess.CompletedProcess(["luksbench", *argv], code, out.getvalue(), err.getvalue())
+
+
+def cli(*args) -> str:
+    """The stdout of ``luksbench ARGS`` (:func:`luksbench`)."""
+    return luksbench(*args).stdout
 
 
 def loss_csv(raw, *args) -> pd.DataFrame:
