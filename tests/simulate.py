@@ -99,6 +99,41 @@ def two_stage(rng, n_cells, sigma, log_ratio, n0=4, half_width_pct=2.0, cap=12):
     return fio, pairs, capped
 
 
+def loss_row(d, metric="bw_bytes", level=0.95, kind="t", pilot=None, n=None, **columns) -> dict:
+    """A loss-table row of the log ratios ``d`` as :mod:`luksbench.analysis.stats` computes it
+    (``d`` None or empty: a withheld row without pairs); ``columns``: the cell's own (workload,
+    baseline, variant, ...). ``pilot``: (sd, pairs) of a two-stage design's pilot."""
+    import math
+
+    better = stats.higher_is_better(metric)
+    d = np.array([] if d is None else d, float)
+    ci = stats.paired_log_ratio_ci(d, level, pilot)
+    effect, low, high = (math.nan,) * 3
+    if d.size:
+        effect, low, high = stats.effect_from_log_ratio(ci.mean, ci.low, ci.high, better)
+    lower, upper = stats.DEFAULT_DECISION_REGIONS[stats.METRIC_FAMILIES[metric]]
+    return {
+        **columns,
+        "metric": metric,
+        "higher_is_better": better,
+        "n": n or d.size,
+        "sessions": d.size if kind == "sessions" else 1,
+        "mean_log_ratio": ci.mean,
+        "sd_log_ratio": ci.sd,
+        "interval": kind,
+        "pilot_pairs": pilot[1] if pilot else np.nan,
+        "pilot_sd_log_ratio": pilot[0] if pilot else np.nan,
+        "confidence": 0.95,
+        "look_confidence": level if kind == "sequential" else np.nan,
+        "effect_pct": effect,
+        "ci_low": low,
+        "ci_high": high,
+        "decision": stats.decision(low, high, lower, upper),
+        "decision_lower_pct": lower,
+        "decision_upper_pct": upper,
+    }
+
+
 # ----------------------------------------------------------------------- raw runs with known ratios
 
 
