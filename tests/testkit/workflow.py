@@ -83,3 +83,29 @@ def our_processes(workdir: Path) -> list[str]:
         if str(workdir) in cmdline and "pytest" not in cmdline:
             found.append(cmdline)
     return found
+
+
+def snakemake_cli(
+    *args: str, cwd: Path = REPO, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """``snakemake --cores 1 ARGS`` in ``cwd`` (the repository or a workflow copy)."""
+    return subprocess.run(
+        [str(BIN / "snakemake"), "--cores", "1", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run as {rule: count}."""
+    counts: dict[str, int] = {}
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Job stats"))
+    for line in lines[start + 3 :]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        counts[parts[0]] = int(parts[1])
+    return counts

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from testkit.plans import EXPECTED, STUDIES_DIR, load_study, luks_layers, validated
 from testkit.workflow import copy_workflow
+from testkit.workflow import snakemake_cli as snakemake
 
 from luksbench.studies import StudyError, apply_study, available_studies
 from luksbench.testbox.plan import (
@@ -67,16 +68,6 @@ def study_cell_ids(study: dict) -> set[str]:
     for name, pattern in (study.get("patterns") or {}).items():
         ids |= cell_ids(pattern["matrix"], name)
     return ids
-
-
-def snakemake(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "snakemake"), "--cores", "1", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.fixture(scope="module")
