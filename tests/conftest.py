@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,79 +49,44 @@ def fixtures_dir() -> Path:
     return FIXTURES_DIR
 
 
-# What a workflow run needs besides raw data (the tests run copies, never the repo's own data).
-# (profiles/default: the workflow's own defaults, e.g. resuming an interrupted run)
-WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "notebooks", "src", "data/reference")
-WORKFLOW_FILES += ("profiles/default", "report")
+@pytest.fixture(scope="session")
+def processed_sample(tmp_path_factory) -> Path:
+    """The shipped sample (data/raw/sample) ingested and its loss tables written, once a session:
+    shared by every test that reads it, so none may write into it (copy it first)."""
+    from luksbench.analysis import ingest
+    from luksbench.analysis.loss import write_loss
+
+    out = tmp_path_factory.mktemp("processed") / "sample"
+    ingest.write_processed(REPO_DIR / "data" / "raw" / "sample", out, workers=1)
+    write_loss(out)
+    return out
 
 
-def copy_workflow(dest: Path, extra: tuple[str, ...] = ()) -> Path:
-    """A copy of the workflow (plus ``extra`` repo paths, e.g. data/raw/sample) to run in."""
-    import shutil
+@pytest.fixture
+def fio_servers(tmp_path):
+    """Two `fio --server` daemons on 127.0.0.1 (stopped afterwards)."""
+    from testkit.testbox import free_port
 
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in (*WORKFLOW_FILES, *extra):
-        source = REPO_DIR / name
-        if source.is_dir():
-            ignore = shutil.ignore_patterns("__pycache__")
-            shutil.copytree(source, dest / name, ignore=ignore, dirs_exist_ok=True)
-        else:
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    return dest
+    from luksbench.testbox.runner import check_servers
+    from luksbench.testbox.sysutil import TestboxError
 
-
-def luksbench_testbox_argv(*args) -> list[str]:
-    """The command line of `luksbench testbox <args>` (for a Popen that a test interrupts)."""
-    return [sys.executable, "-m", "luksbench.cli", "testbox", *map(str, args)]
-
-
-def run_fio_args(plan, state, host_dir, manifest, *extra) -> list:
-    """Arguments of `testbox run-fio` for a plan, its stacks' state and a raw host folder."""
-    return [
-        "run-fio",
-        "--plan",
-        plan,
-        "--state",
-        state,
-        "--raw-host-dir",
-        host_dir,
-        "--manifest",
-        manifest,
-        *extra,
-    ]
-
-
-def testbox(*args, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `luksbench testbox <args>` as the workflow does; fail with its stderr unless ``check``
-    is false."""
-    proc = subprocess.run(
-        luksbench_testbox_argv(*args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"testbox {args[0]} exited {proc.returncode}\n{proc.stderr}")
-    return proc
-
-
-def loop_plan(run: str, scratch_dir: Path, **overrides) -> dict:
-    """A small valid kernel-backend plan: two loop stacks (plain baseline, other), one randread
-    4k cell, 1 s runs without ramp; ``overrides`` replace top-level keys."""
-    return {
-        "run": run,
-        "host": "h",
-        "backend": "kernel",
-        "scratch_dir": str(scratch_dir),
-        "device_size_mib": 64,
-        "precondition": False,
-        "baseline": "plain",
-        "stacks": {"plain": {"kind": "loop"}, "other": {"kind": "loop"}},
-        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
-        "repetitions": 1,
-        "seed": 1,
-        **overrides,
-    }
+    servers = []
+    for i in (1, 2):
+        port, pidfile = free_port(), tmp_path / f"fio-server{i}.pid"
+        subprocess.run(
+            ["fio", f"--server=ip:127.0.0.1,{port}", f"--daemonize={pidfile}"], check=True
+        )
+        servers.append(
+            {"name": f"client{i}", "address": "127.0.0.1", "port": port, "pidfile": pidfile}
+        )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            check_servers(servers, timeout=1)
+            break
+        except TestboxError:
+            time.sleep(0.2)
+    yield [{k: v for k, v in s.items() if k != "pidfile"} for s in servers]
+    for s in servers:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(s["pidfile"].read_text()), 15)

@@ -101,6 +101,41 @@ def two_stage(rng, n_cells, sigma, log_ratio, n0=4, half_width_pct=2.0, cap=12):
     return fio, pairs, capped
 
 
+def loss_row(d, metric="bw_bytes", level=0.95, kind="t", pilot=None, n=None, **columns) -> dict:
+    """A loss-table row of the log ratios ``d`` as :mod:`luksbench.analysis.stats` computes it
+    (``d`` None or empty: a withheld row without pairs); ``columns``: the cell's own (workload,
+    baseline, variant, ...). ``pilot``: (sd, pairs) of a two-stage design's pilot."""
+    import math
+
+    better = stats.higher_is_better(metric)
+    d = np.array([] if d is None else d, float)
+    ci = stats.paired_log_ratio_ci(d, level, pilot)
+    effect, low, high = (math.nan,) * 3
+    if d.size:
+        effect, low, high = stats.effect_from_log_ratio(ci.mean, ci.low, ci.high, better)
+    lower, upper = stats.DEFAULT_DECISION_REGIONS[stats.METRIC_FAMILIES[metric]]
+    return {
+        **columns,
+        "metric": metric,
+        "higher_is_better": better,
+        "n": n or d.size,
+        "sessions": d.size if kind == "sessions" else 1,
+        "mean_log_ratio": ci.mean,
+        "sd_log_ratio": ci.sd,
+        "interval": kind,
+        "pilot_pairs": pilot[1] if pilot else np.nan,
+        "pilot_sd_log_ratio": pilot[0] if pilot else np.nan,
+        "confidence": 0.95,
+        "look_confidence": level if kind == "sequential" else np.nan,
+        "effect_pct": effect,
+        "ci_low": low,
+        "ci_high": high,
+        "decision": stats.decision(low, high, lower, upper),
+        "decision_lower_pct": lower,
+        "decision_upper_pct": upper,
+    }
+
+
 # ----------------------------------------------------------------------- raw runs with known ratios
 
 
@@ -349,24 +384,26 @@ def write_session_run(raw, rng, workloads, jobs, sd_session, sessions, pairs, pl
     return true_loss, lv - lb
 
 
-def write_sessions_only_run(raw, rng, cells, sd_session, sessions, reps, shift=0.0, sd_rep=0.005):
-    """A raw run of ``cells`` cells (one job each) of stacks plain and luks, each session its
+def write_sessions_only_run(
+    raw, rng, workloads, sd_session, sessions, reps, shift=0.0, sd_rep=0.005, jobs=1
+):
+    """A raw run of ``workloads * jobs`` cells of stacks plain and luks, each session its
     own level N(0, sd_session) per stack and cell, each repetition its own noise N(0, sd_rep),
     every value times exp(``shift``): two such runs differ by ``shift`` (a change of the system),
     their sessions by chance. Returns the log values per stack."""
     import json
 
-    n = sessions * reps
+    cells, n = workloads * jobs, sessions * reps
     logs = {}
     for stack in ("plain", "luks"):
         level = np.repeat(rng.normal(0, sd_session, (cells, sessions)), reps, axis=1)
         logs[stack] = 18 + shift + level + rng.normal(0, sd_rep, (cells, n))
-    write_raw_reps(raw, logs, [range(1, n + 1)] * cells)
+    write_raw_reps(raw, logs, [range(1, n + 1)] * workloads, jobs)
     runs = [
         {"rep": k, "stack": s, "workload": sim_workload(w), "session": f"s{(k - 1) // reps}"}
         | {"path": f"fio/{s}/{sim_workload(w)}/rep{k}.json", "status": "ok"}
         for s in logs
-        for w in range(cells)
+        for w in range(workloads)
         for k in range(1, n + 1)
     ]
     doc = {"run": raw.name, "host": SIM_HOST, "sessions": sessions, "runs": runs}
@@ -497,3 +534,101 @@ def _per_host(table: pd.DataFrame, hosts: list[str], shift) -> pd.DataFrame:
         for column in ("effect_pct", "ci_low", "ci_high", "selection_ci_low", "selection_ci_high"):
             whole[column] = whole[column].astype(float) + offset
     return whole
+
+
+# ------------------------------------------------------------ counting against the truth put in
+
+# The throughput regions' boundaries (loss %): the truths the certainty tests put cells at.
+BOUNDARIES = np.array([-20.0, -5.0, 5.0, 20.0])
+
+
+def luksbench(*args):
+    """``luksbench ARGS`` through the CLI's entry point in this process (no interpreter start);
+    fails with its stderr unless it returns 0."""
+    import contextlib
+    import io
+    import subprocess
+
+    from luksbench.cli import main
+
+    argv, out, err = [str(a) for a in args], io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    assert code == 0, err.getvalue()
+    return subprocess.CompletedProcess(["luksbench", *argv], code, out.getvalue(), err.getvalue())
+
+
+def cli(*args) -> str:
+    """The stdout of ``luksbench ARGS`` (:func:`luksbench`)."""
+    return luksbench(*args).stdout
+
+
+def loss_csv(raw, *args) -> pd.DataFrame:
+    """``luksbench loss RAW ...`` as a table, rows in cell order (workload, then job slot)."""
+    import io
+
+    table = pd.read_csv(io.StringIO(luksbench("loss", raw, *args).stdout))
+    return table.sort_values(["iodepth", "job_slot", "metric"]).reset_index(drop=True)
+
+
+def covers(rows: pd.DataFrame, true_loss: np.ndarray) -> np.ndarray:
+    """Whether each row's [ci_low, ci_high] holds its true loss (rows and truths aligned)."""
+    return ((rows["ci_low"] <= true_loss) & (true_loss <= rows["ci_high"])).to_numpy()
+
+
+def wrong_decision(decisions: pd.Series, true_loss: np.ndarray) -> np.ndarray:
+    """A decided region (not undecided) that does not hold the true loss."""
+    import math
+
+    lower, upper = stats.DEFAULT_DECISION_REGIONS["throughput"]
+    regions = {
+        "negligible": (-lower, lower),
+        "moderate": (lower, upper),
+        "material": (upper, math.inf),
+        "moderate gain": (-upper, -lower),
+        "material gain": (-math.inf, -upper),
+    }
+    out = []
+    for dec, truth in zip(decisions, true_loss, strict=True):
+        a, b = regions.get(dec, (-math.inf, math.inf))
+        out.append(not a <= truth <= b)
+    return np.array(out)
+
+
+def sequential_run(
+    tmp_path, rng, sd_d, true_loss, *extra, min_pairs=3, cap=12, rho=None, flagged=0.0
+):
+    """Rounds until ``luksbench next`` says done; returns (loss rows, targets doc, rounds).
+    ``rho``: d drifts as an AR(1) series with this coefficient across each cell's pairs.
+    ``flagged``: this share of runs (each stack's, drawn after the noise) is 30 % slow and fio
+    reports its steady state not attained; then room for 2 ``cap`` pairs (with replacements)."""
+    import io
+    import json
+    import math
+
+    cells, room = sd_d.size, 2 * cap if flagged else cap
+    if rho is None:
+        lb, lv = simulate_logs(rng, cells, room, sd_d / math.sqrt(2), np.log1p(-true_loss / 100), 0)
+    else:
+        lb, lv = drifting_logs(rng, cells, room, sd_d, np.log1p(-true_loss / 100), rho)
+    draw = (lambda: rng.random(lb.shape) < flagged) if flagged else lambda: lb < -np.inf
+    unsettled = {s: draw() for s in ("plain", "luks")}
+    lb, lv = lb + 18 + np.log(0.7) * unsettled["plain"], lv + 18 + np.log(0.7) * unsettled["luks"]
+    raw, logs = tmp_path / "seq", {"plain": lb, "luks": lv}
+    write_raw_reps(raw, logs, [range(1, min_pairs + 1)] * cells, unsettled=unsettled)
+    targets = raw / "sim" / "fio" / "targets.json"
+    rounds = 0
+    while rounds <= room:
+        rounds += 1
+        out = cli(
+            *("next", raw, "--host", "sim", "--baseline", "plain", "--variant", "luks"),
+            *("--min-pairs", min_pairs, "--max-pairs", cap, "--out", targets, *extra),
+        )
+        doc = json.loads(targets.read_text())
+        if doc["done"]:
+            assert out.rstrip().endswith(f"done; wrote {targets}")
+            break
+        pairs = [doc["pairs"][f"randread-4k-qd{w + 1}"] for w in range(cells)]
+        write_raw_reps(raw, logs, [range(1, n + 1) for n in pairs], unsettled=unsettled)
+    loss = pd.read_csv(io.StringIO(cli("loss", raw, "--metric", "bw_bytes")))
+    return loss.sort_values("iodepth").reset_index(drop=True), doc, rounds

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow, job_counts
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -50,18 +50,6 @@ def dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=600,
     )
-
-
-def job_counts(output: str) -> dict[str, int]:
-    lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Job stats"))
-    counts = {}
-    for line in lines[start + 3 :]:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        counts[parts[0]] = int(parts[1])
-    return counts
 
 
 def group_rules(output: str) -> set[str]:

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import copy_workflow, run_fio_args
+from testkit.testbox import run_fio_args
+from testkit.workflow import copy_workflow
 
 from luksbench.testbox.plan import plan_from_config
 from luksbench.testbox.runner import MIN_FREE_BYTES

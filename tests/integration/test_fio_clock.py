@@ -8,7 +8,7 @@ import re
 import subprocess
 
 import pytest
-from conftest import loop_plan
+from testkit.testbox import loop_plan
 
 from luksbench.testbox.plan import check_plan, workloads
 from luksbench.testbox.runner import _CLOCKSOURCES, _one_run, fio_clocksource

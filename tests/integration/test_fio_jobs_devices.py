@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import loop_plan, run_fio_args
-from conftest import testbox as tb
+from testkit.testbox import loop_plan, run_fio_args
+from testkit.testbox import testbox as tb
 
 from luksbench.analysis import ingest, saturation, stats
 from luksbench.analysis.loss import write_loss

@@ -9,8 +9,8 @@ import os
 
 import pandas as pd
 import pytest
-from conftest import loop_plan, run_fio_args
-from conftest import testbox as tb
+from testkit.testbox import loop_plan, run_fio_args
+from testkit.testbox import testbox as tb
 
 from luksbench.analysis import cpucost, ingest
 from luksbench.analysis.loss import write_loss

@@ -3,53 +3,18 @@ per-server results in one raw file, parsed per host."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from conftest import loop_plan
-from conftest import testbox as tb
+from testkit.testbox import free_port, loop_plan
+from testkit.testbox import testbox as tb
 
 from luksbench.formats.fio import parse_fio_file
 from luksbench.testbox.plan import PlanError, check_plan
 from luksbench.testbox.runner import check_servers, client_argv
 from luksbench.testbox.sysutil import TestboxError
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def fio_servers(tmp_path):
-    """Two `fio --server` daemons on 127.0.0.1 (stopped afterwards)."""
-    servers = []
-    for i in (1, 2):
-        port, pidfile = free_port(), tmp_path / f"fio-server{i}.pid"
-        subprocess.run(
-            ["fio", f"--server=ip:127.0.0.1,{port}", f"--daemonize={pidfile}"], check=True
-        )
-        servers.append(
-            {"name": f"client{i}", "address": "127.0.0.1", "port": port, "pidfile": pidfile}
-        )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            check_servers(servers, timeout=1)
-            break
-        except TestboxError:
-            time.sleep(0.2)
-    yield [{k: v for k, v in s.items() if k != "pidfile"} for s in servers]
-    for s in servers:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(s["pidfile"].read_text()), 15)
 
 
 def test_client_argv_moves_job_options_into_a_job_file(tmp_path):

@@ -13,9 +13,7 @@ import re
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
-from test_fleet import fio_servers  # noqa: F401 (fixture: two fio servers, stopped afterwards)
-from test_workflow_run import our_mounts, our_processes, snakemake
+from testkit.workflow import copy_workflow, our_mounts, our_processes, snakemake
 
 from luksbench.formats.fio import parse_fio_file
 
@@ -50,7 +48,7 @@ fleet:
 
 
 @pytest.fixture
-def fleet_run(tmp_path, fio_servers):  # noqa: F811
+def fleet_run(tmp_path, fio_servers):
     """The workflow copied and run end to end against the two servers; (workdir, servers)."""
     servers = [{**s, "name": name} for s, name in zip(fio_servers, ("east", "west"), strict=True)]
     work = copy_workflow(tmp_path / "wf")

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
 from hostile import (
     HOST,
     PAPER_CONFIG,
@@ -28,6 +27,7 @@ from hostile import (
     files_outside,
     plant_output_links,
 )
+from testkit.workflow import copy_workflow
 
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 RUN = "hostile"

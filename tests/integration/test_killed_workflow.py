@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
-from conftest import testbox as tb
+from testkit.testbox import testbox as tb
+from testkit.workflow import copy_workflow
 
 from luksbench.testbox import lock
 from luksbench.testbox.plan import plan_from_config

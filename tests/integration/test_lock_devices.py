@@ -7,10 +7,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_lock import CONFIG, LUKSBENCH
+from testkit.testbox import luksbench_testbox_argv, small_config
 
 from luksbench.testbox import lock
 from luksbench.testbox.plan import plan_from_config
+
+CONFIG = small_config("holder")
+LUKSBENCH = luksbench_testbox_argv()
 
 
 @pytest.mark.device

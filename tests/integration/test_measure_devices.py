@@ -9,7 +9,6 @@ import shutil
 import subprocess
 
 import pytest
-from test_measure import MIB
 
 import luksbench.testbox.precondition as precondition_module
 from luksbench.testbox.precondition import (
@@ -19,6 +18,8 @@ from luksbench.testbox.precondition import (
     steady_state_round_argv,
 )
 from luksbench.testbox.sysutil import TestboxError
+
+MIB = 1024 * 1024
 
 
 def test_fio_accepts_the_command_lines(tmp_path):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
 from simulate import rerecord
+from testkit.workflow import copy_workflow
 
 from luksbench.analysis import ingest, stats
 from luksbench.analysis.loss import write_loss

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow
 
 from luksbench.analysis.loss import LOSS_TABLES
 from luksbench.analysis.tails import TOO_FEW

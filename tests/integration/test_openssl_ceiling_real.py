@@ -13,7 +13,7 @@ from pathlib import Path
 
 import matplotlib.collections
 import pytest
-from conftest import testbox as run_testbox
+from testkit.testbox import testbox as run_testbox
 
 from luksbench.analysis import ingest
 from luksbench.analysis.loss import write_loss

@@ -9,9 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_fio_args
-from conftest import testbox as tb
-from test_patterns import KIB, LARGEBLOCK, MIB, config, plan_of
+from testkit.plans import KIB, LARGEBLOCK, MIB
+from testkit.plans import pattern_config as config
+from testkit.plans import pattern_plan as plan_of
+from testkit.testbox import run_fio_args
+from testkit.testbox import testbox as tb
 
 from luksbench.analysis import ingest
 from luksbench.formats.layout import Workload, fio_rep_path

@@ -20,7 +20,7 @@ from luksbench.publish.text import bs_human, fmt_ci, fmt_pct
 
 @pytest.fixture(scope="module")
 def processed(external_dir, tmp_path_factory) -> Path:
-    from test_ingest import build_raw  # tests/unit is on sys.path (pyproject: pythonpath)
+    from testkit.raw import build_raw
 
     base = tmp_path_factory.mktemp("pp")
     raw = build_raw(external_dir, base / "raw" / "tumrun")

@@ -8,13 +8,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_preflight import BIN, CONFIG, REPO
+from testkit.paths import BIN, REPO
+from testkit.testbox import small_config
 
 from luksbench.testbox.plan import plan_from_config
 from luksbench.testbox.preflight import (
     NoSpace,
     check_scratch_space,
 )
+
+CONFIG = small_config("preflight", precondition=True)
 
 
 def test_the_workflow_stops_before_touching_anything_when_fio_is_missing(tmp_path):

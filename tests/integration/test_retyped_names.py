@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow
 
 BIN = Path(sys.executable).parent
 

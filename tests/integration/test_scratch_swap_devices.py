@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import loop_plan
+from testkit.testbox import loop_plan
 
 from luksbench.testbox import safety, stacks
 from luksbench.testbox.backends import kernel, userspace

@@ -8,8 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from test_certainty import covers, wrong_decision
-from test_sequential import BOUNDARIES, sequential_run
+from simulate import BOUNDARIES, covers, sequential_run, wrong_decision
 
 from luksbench.analysis.boundary import look_levels
 

@@ -10,8 +10,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import copy_workflow
-from test_workflow_run import BIN, SMALL_RUN, our_mounts, rep_files, snakemake
+from testkit.paths import BIN
+from testkit.workflow import SMALL_RUN, copy_workflow, our_mounts, rep_files, snakemake
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
 

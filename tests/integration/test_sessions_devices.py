@@ -8,9 +8,8 @@ import json
 import os
 
 import pytest
-from conftest import run_fio_args
-from conftest import testbox as tb
-from test_testbox_devices import assert_clean, make_plan
+from testkit.testbox import assert_clean, make_plan, run_fio_args
+from testkit.testbox import testbox as tb
 
 from luksbench.analysis import ingest, stats
 from luksbench.formats.manifest import session_records

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import luksbench_testbox_argv, run_fio_args
-from conftest import testbox as tb
+from testkit.testbox import luksbench_testbox_argv, run_fio_args
+from testkit.testbox import testbox as tb
 
 from luksbench.formats.fio import parse_fio_file
 from luksbench.testbox import safety

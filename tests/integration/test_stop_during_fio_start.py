@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import loop_plan
+from testkit.testbox import loop_plan
 
 from luksbench.testbox import runner
 from luksbench.testbox.plan import check_plan, workloads

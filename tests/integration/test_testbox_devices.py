@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import luksbench_testbox_argv, run_fio_args
-from conftest import testbox as tb
+from testkit.testbox import assert_clean, luksbench_testbox_argv, make_plan, run_fio_args
+from testkit.testbox import testbox as tb
 
 from luksbench.formats.manifest import session_records
 from luksbench.testbox import safety
@@ -42,59 +42,6 @@ def _need_tools():
         )
 
 
-def make_plan(
-    tmp: Path,
-    run: str,
-    *,
-    cells=(("randread", "4k", 1), ("randread", "4k", 32)),
-    reps=2,
-    runtime_s=1,
-    ioengine="libaio",
-    backend="userspace",
-    plain_only=False,
-) -> Path:
-    plan = {
-        "run": run,
-        "host": "tb1",
-        "backend": backend,
-        "scratch_dir": str(tmp / "scratch"),
-        "device_size_mib": 64,
-        "precondition": {"enabled": True, "fill_passes": 1},
-        "baseline": "plain",
-        "stacks": {
-            "plain": {"kind": "plain"},
-            "luks": {
-                "kind": "luks",
-                "cipher": "aes-xts-plain64",
-                "key_bits": 512,
-                "hash": "sha256",
-                "luks_type": "luks2",
-                "sector_size": 512,
-                "pbkdf_iterations": 1000,
-            },
-        },
-        "matrix": {
-            "rw": sorted({c[0] for c in cells}),
-            "bs": sorted({c[1] for c in cells}),
-            "iodepth": sorted({c[2] for c in cells}),
-        },
-        "fio": {
-            "ioengine": ioengine,
-            "direct": True,
-            "runtime_s": runtime_s,
-            "ramp_time_s": 0,
-            "output_format": "json+",
-        },
-        "repetitions": reps,
-        "seed": 20231124,
-    }
-    if plain_only:
-        del plan["stacks"]["luks"]
-    path = tmp / "plan.json"
-    path.write_text(json.dumps(plan))
-    return path
-
-
 def all_cmdlines() -> str:
     out = []
     for entry in os.listdir("/proc"):
@@ -102,42 +49,6 @@ def all_cmdlines() -> str:
             with contextlib.suppress(OSError):
                 out.append(Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"))
     return "\n".join(out)
-
-
-def assert_clean(state: dict) -> None:
-    stacks = state["stacks"].values()
-    mounts = safety.mountpoints()
-    for obj in state.get("objects", []):
-        if obj["type"] in ("backing_file", "file"):
-            assert not os.path.exists(obj["path"])
-        if obj["type"] == "loop":
-            assert not safety.loop_devices_backed_by([obj["backing"]])
-        if obj["type"] == "mount":
-            assert obj["path"] not in mounts
-    for e in stacks:
-        if e["mountpoint"]:
-            assert e["mountpoint"] not in mounts
-            assert not os.path.exists(e["mountpoint"])
-        if e.get("backing_file"):  # userspace: one per stack; kernel: in the undo log
-            assert not os.path.exists(e["backing_file"])
-            assert not safety.loop_devices_backed_by([e["backing_file"]])
-        if e.get("key_file"):
-            assert not os.path.exists(e["key_file"])
-        pid = (e.get("daemon") or {}).get("pid")
-        assert (
-            pid is None
-            or not pid_alive(pid)
-            or "qemu-storage-daemon"
-            not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        )
-    assert not find_our_processes(
-        [e["mountpoint"] for e in stacks if e["mountpoint"]]
-        + [e["backing_file"] for e in stacks if e.get("backing_file")]
-    )
-    if state.get("key_dir"):
-        assert not os.path.exists(state["key_dir"])
-    if state.get("runtime_dir"):
-        assert not os.path.exists(state["runtime_dir"])
 
 
 # --- the full cycle, once; the tests below check its artefacts ------------------------------------

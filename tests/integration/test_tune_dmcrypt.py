@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
 

@@ -3,40 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow, job_counts
+from testkit.workflow import snakemake_cli as snakemake
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-def snakemake(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "snakemake"), "--cores", "1", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-def job_counts(output: str) -> dict[str, int]:
-    """The 'Job stats' table of a dry run as {rule: count}."""
-    counts: dict[str, int] = {}
-    lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Job stats"))
-    for line in lines[start + 3 :]:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        counts[parts[0]] = int(parts[1])
-    return counts
 
 
 def test_lint_is_clean():

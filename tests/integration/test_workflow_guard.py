@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow
 
 BIN = Path(sys.executable).parent
 

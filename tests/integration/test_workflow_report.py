@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow
 
 from luksbench.publish.catalog import FIGURE_FAMILIES
 

@@ -13,30 +13,23 @@ import re
 import shutil
 import socket
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import copy_workflow
+from testkit.workflow import (
+    SMALL_RUN,
+    copy_workflow,
+    our_mounts,
+    our_processes,
+    rep_files,
+    snakemake,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
-
-SMALL_RUN = """\
-run: e2e
-device_size_mib: 64
-matrix:
-  rw: [randread, write]
-  bs: [4k]
-  iodepth: [4]
-fio:
-  runtime_s: 1
-  ramp_time_s: 0
-repetitions: 3
-"""
 
 
 @pytest.fixture(scope="module")
@@ -45,47 +38,6 @@ def workdir(tmp_path_factory) -> Path:
     work = copy_workflow(tmp_path_factory.mktemp("workflow"))
     (work / "small.yaml").write_text(SMALL_RUN)
     return work
-
-
-def snakemake(
-    workdir: Path, *args: str, env: dict | None = None, configfiles=("small.yaml",)
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        # --configfile takes several values: it goes last.
-        [str(BIN / "snakemake"), "--cores", "1", *args, "--configfile", *configfiles],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-
-
-def rep_files(workdir: Path, run: str = "e2e") -> dict[Path, tuple[float, bytes]]:
-    return {
-        p: (p.stat().st_mtime, p.read_bytes())
-        for p in sorted((workdir / "data" / "raw" / run).glob("*/fio/*/*/rep*.json"))
-        if not p.name.endswith(".cpu.json")
-    }
-
-
-def our_mounts(workdir: Path) -> list[str]:
-    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    return [line for line in mounts if str(workdir) in line]
-
-
-def our_processes(workdir: Path) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(workdir) in cmdline and "pytest" not in cmdline:
-            found.append(cmdline)
-    return found
 
 
 def test_a_small_run_is_measured_and_published(workdir):

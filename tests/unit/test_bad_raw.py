@@ -13,16 +13,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from testkit.paths import SAMPLE
+from testkit.raw import SAMPLE_HOST as HOST
+from testkit.raw import sample_rep as rep
 
 from luksbench.analysis import ingest
 from luksbench.analysis.loss import write_loss
-
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "raw" / "sample"
-HOST = next(p.name for p in SAMPLE.iterdir() if p.is_dir())
-
-
-def rep(raw_dir: Path, stack: str, workload: str, k: int) -> Path:
-    return raw_dir / HOST / "fio" / stack / workload / f"rep{k}.json"
 
 
 def replace(path: Path, text: str) -> None:

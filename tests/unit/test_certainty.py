@@ -10,57 +10,26 @@ sqrt(0.95 * 0.05 / n): 0.34 points at n = 4000, 0.49 at 2000.
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from simulate import fio_frame, simulate_logs, two_stage, write_raw_reps
+from simulate import (
+    BOUNDARIES,
+    covers,
+    fio_frame,
+    loss_csv,
+    luksbench,
+    simulate_logs,
+    two_stage,
+    write_raw_reps,
+    wrong_decision,
+)
 
 from luksbench.analysis import stats
 from luksbench.analysis.loss import write_loss
-
-BOUNDARIES = (-20.0, -5.0, 5.0, 20.0)  # the throughput regions' boundaries (loss %)
-
-
-def luksbench(*args) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "luksbench.cli", *map(str, args)], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return done
-
-
-def loss_csv(raw, *args) -> pd.DataFrame:
-    """``luksbench loss RAW ...`` as a table, rows in cell order (workload, then job slot)."""
-    table = pd.read_csv(io.StringIO(luksbench("loss", raw, *args).stdout))
-    return table.sort_values(["iodepth", "job_slot", "metric"]).reset_index(drop=True)
-
-
-def covers(rows: pd.DataFrame, true_loss: np.ndarray) -> np.ndarray:
-    return ((rows["ci_low"] <= true_loss) & (true_loss <= rows["ci_high"])).to_numpy()
-
-
-def wrong_decision(decisions: pd.Series, true_loss: np.ndarray) -> np.ndarray:
-    """A decided region (not undecided) that does not hold the true loss."""
-    lower, upper = stats.DEFAULT_DECISION_REGIONS["throughput"]
-    regions = {
-        "negligible": (-lower, lower),
-        "moderate": (lower, upper),
-        "material": (upper, math.inf),
-        "moderate gain": (-upper, -lower),
-        "material gain": (-math.inf, -upper),
-    }
-    out = []
-    for dec, truth in zip(decisions, true_loss, strict=True):
-        a, b = regions.get(dec, (-math.inf, math.inf))
-        out.append(not a <= truth <= b)
-    return np.array(out)
-
 
 # -------------------------------------------------------------------------------- fixed design
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow
 from PIL import Image
 from simulate import derived_run
+from testkit.workflow import copy_workflow
 
 from luksbench.analysis import contrasts as comparisons
 from luksbench.analysis import design as adaptive

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from snakemake.utils import validate
-from test_plan import CONFIG
+from testkit.plans import PLAN_CONFIG as CONFIG
 
 from luksbench.formats.layout import LayoutError, Workload, rep_of_key
 from luksbench.testbox.plan import PlanError, plan_from_config

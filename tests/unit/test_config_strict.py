@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import copy_workflow
 from snakemake.utils import validate
+from testkit.workflow import copy_workflow
 
 from luksbench.studies import (
     MAX_CONFIG_VALUES,

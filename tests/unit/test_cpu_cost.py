@@ -163,12 +163,12 @@ def _processed(raw: Path, out: Path) -> Run:
     return load_run(out)
 
 
-def test_cpu_captions_say_net_only_when_the_values_are(tmp_path):
+def test_cpu_captions_say_net_only_when_the_values_are(tmp_path, processed_sample):
     raw = tmp_path / "raw" / "idle"
     shutil.copytree(SAMPLE, raw)
     for p in [raw, *raw.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
-    gross = _processed(SAMPLE, tmp_path / "gross")  # the sample recorded no idle baseline
+    gross = load_run(processed_sample)  # the sample recorded no idle baseline
     # one idle sample per round, as the runner takes them (one per session nets every pair alike:
     # those CPU intervals are withheld and their figures not drawn)
     for session in (raw / "vm" / "fio" / "sessions").glob("*.json"):

@@ -3,23 +3,17 @@ the loss chart wraps its panels into rows instead of one strip of every metric."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib.colors
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
 
-from luksbench.analysis import ingest, loss
 from luksbench.publish import figures
-
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "raw" / "sample"
 
 
 @pytest.fixture(scope="module")
-def loss_table(tmp_path_factory):
-    out = tmp_path_factory.mktemp("processed")
-    ingest.write_processed(SAMPLE, out)
-    return loss.write_loss(out)[0]
+def loss_table(processed_sample):
+    return pd.read_parquet(processed_sample / "loss.parquet")
 
 
 def test_heatmap_marks_are_black_on_a_light_box_on_every_cell(loss_table):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import loop_plan
 from snakemake.utils import validate
+from testkit.testbox import loop_plan
 
 from luksbench.analysis import saturation
 from luksbench.formats.layout import Workload

@@ -11,43 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as sps
+from simulate import loss_row
 
 from luksbench.analysis import stats
 from luksbench.analysis.headline import HEADLINE_COLUMNS, selection_columns
 
 
 def row(d, metric="bw_bytes", level=0.95, kind="t", workload="w", variant="luks") -> dict:
-    """A loss-table row of the log ratios ``d`` as :mod:`luksbench.analysis.stats` computes it
-    (``d`` None: a withheld row without pairs)."""
-    better = stats.higher_is_better(metric)
-    d = np.array([] if d is None else d, float)
-    ci = stats.paired_log_ratio_ci(d, level)
-    effect, low, high = (math.nan,) * 3
-    if d.size:
-        effect, low, high = stats.effect_from_log_ratio(ci.mean, ci.low, ci.high, better)
-    lower, upper = stats.DEFAULT_DECISION_REGIONS[stats.METRIC_FAMILIES[metric]]
-    return {
-        "workload": workload,
-        "metric": metric,
-        "higher_is_better": better,
-        "baseline": "plain",
-        "variant": variant,
-        "n": d.size,
-        "sessions": 1,
-        "mean_log_ratio": ci.mean,
-        "sd_log_ratio": ci.sd,
-        "interval": kind,
-        "pilot_pairs": math.nan,
-        "pilot_sd_log_ratio": math.nan,
-        "confidence": 0.95,
-        "look_confidence": level if kind == "sequential" else np.nan,
-        "effect_pct": effect,
-        "ci_low": low,
-        "ci_high": high,
-        "decision": stats.decision(low, high, lower, upper),
-        "decision_lower_pct": lower,
-        "decision_upper_pct": upper,
-    }
+    """A loss-table row of the log ratios ``d`` (None: a withheld row without pairs)."""
+    return loss_row(d, metric, level, kind, workload=workload, baseline="plain", variant=variant)
 
 
 D = {  # log ratios of 4 pairs: losses of about 1, 10, 30 and 45 %

@@ -9,23 +9,13 @@ import subprocess
 import sys
 
 import pytest
+from testkit.testbox import small_config
 
 from luksbench.testbox import lock
 from luksbench.testbox.plan import plan_from_config
 
 LUKSBENCH = [sys.executable, "-m", "luksbench.cli", "testbox"]
-CONFIG = {
-    "run": "holder",
-    "backend": "auto",
-    "device_size_mib": 64,
-    "precondition": False,
-    "baseline": "plain",
-    "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
-    "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
-    "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
-    "repetitions": 1,
-    "seed": 1,
-}
+CONFIG = small_config("holder")
 GONE = {"pid": 0, "started": None}  # a session whose process has ended
 
 

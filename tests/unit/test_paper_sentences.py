@@ -17,9 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from luksbench.analysis import ingest
 from luksbench.analysis.cpucost import NOT_ABOVE_IDLE
-from luksbench.analysis.loss import CPU_METRICS, write_loss
+from luksbench.analysis.loss import CPU_METRICS
 from luksbench.analysis.tails import TOO_FEW
 from luksbench.publish import (
     catalog,
@@ -38,15 +37,11 @@ from luksbench.publish.text import decision_kind, metric_heading
 
 matplotlib.use("Agg")
 REPO = Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "data" / "raw" / "sample"
 
 
 @pytest.fixture(scope="module")
-def processed(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("sample")
-    ingest.write_processed(SAMPLE, out, workers=1)
-    write_loss(out)
-    return out
+def processed(processed_sample) -> Path:
+    return processed_sample
 
 
 def _situation(processed: Path, tmp: Path, **tables: pd.DataFrame) -> Path:

@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 from snakemake.utils import validate
+from testkit.paths import SCHEMA
+from testkit.plans import KIB, LARGEBLOCK, MIB, SYNC
+from testkit.plans import pattern_config as config
+from testkit.plans import pattern_plan as plan_of
 
 from luksbench.analysis import ingest
 from luksbench.formats.layout import Workload
@@ -21,7 +25,6 @@ from luksbench.testbox.plan import (
     cell_options,
     check_plan,
     plan_changes,
-    plan_from_config,
     workloads,
     write_plan,
 )
@@ -30,41 +33,6 @@ from luksbench.testbox.runner import fio_argv
 from luksbench.testbox.sysutil import TestboxError
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
-KIB, MIB = 1024, 2**20
-
-LARGEBLOCK = {
-    "description": "8 KiB buffered I/Os per block, fsync, seek to the next block",
-    "matrix": {"rw": ["randread", "randwrite"], "bs": ["4k", "8k", "64k", "1m"], "iodepth": [1]},
-    "io_bs": "8k",
-    "fsync_per_block": True,
-    "fio": {"ioengine": "psync", "direct": False},
-}
-SYNC = {
-    "matrix": {"rw": ["randread", "randwrite"], "bs": ["4k"], "iodepth": [1]},
-    "fio": {"ioengine": "psync", "direct": True, "sync": True},
-}
-
-
-def config(**over) -> dict:
-    """A schema-validated config (defaults filled) with two patterns."""
-    cfg = {
-        "run": "pt",
-        "device_size_mib": 64,
-        "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
-        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1, 32]},
-        "fio": {"runtime_s": 1, "ramp_time_s": 0},
-        "patterns": {"largeblock": copy.deepcopy(LARGEBLOCK), "sync": copy.deepcopy(SYNC)},
-        **over,
-    }
-    validate(cfg, str(SCHEMA))
-    return cfg
-
-
-def plan_of(cfg: dict, tmp_path: Path = Path("/nonexistent")) -> dict:
-    return plan_from_config(cfg, "box1", tmp_path / "scratch")
-
-
 # --- config -> plan ------------------------------------------------------------------------------
 
 

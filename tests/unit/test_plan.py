@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from testkit.plans import PLAN_CONFIG
 
 from luksbench.formats.layout import LayoutError, Workload, bs_label, bs_to_bytes
 from luksbench.testbox.plan import (
@@ -21,26 +22,7 @@ from luksbench.testbox.plan import (
     write_plan,
 )
 
-CONFIG = {
-    "run": "r1",
-    "host": "",
-    "backend": "auto",
-    "scratch_dir": "data/scratch",
-    "device_size_mib": 256,
-    "precondition": True,
-    "baseline": "plain",
-    "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}},
-    "matrix": {"rw": ["randread", "read"], "bs": ["4k", "1m"], "iodepth": [1, 32]},
-    "fio": {
-        "ioengine": "libaio",
-        "direct": True,
-        "runtime_s": 2,
-        "ramp_time_s": 1,
-        "output_format": "json+",
-    },
-    "repetitions": 3,
-    "seed": 7,
-}
+CONFIG = PLAN_CONFIG
 
 
 def test_plan_fills_stack_defaults_and_keeps_choices(tmp_path):

@@ -11,24 +11,12 @@ import sys
 import numpy as np
 import pytest
 from simulate import write_session_run
+from testkit.plans import PLAN_CONFIG
 
 from luksbench.testbox import planview
 from luksbench.testbox.plan import plan_from_config, workloads
 
-CONFIG = {
-    "run": "r1",
-    "host": "",
-    "backend": "auto",
-    "scratch_dir": "data/scratch",
-    "device_size_mib": 256,
-    "precondition": True,
-    "baseline": "plain",
-    "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}},
-    "matrix": {"rw": ["randread", "read"], "bs": ["4k", "1m"], "iodepth": [1, 32]},
-    "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 2, "ramp_time_s": 1},
-    "repetitions": 3,
-    "seed": 7,
-}
+CONFIG = PLAN_CONFIG
 
 
 def _warnings(plan) -> list[str]:

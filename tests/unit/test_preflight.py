@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from testkit.testbox import small_config
 
 from luksbench.testbox.plan import plan_from_config
 from luksbench.testbox.preflight import (
@@ -17,18 +18,7 @@ from luksbench.testbox.preflight import (
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
-CONFIG = {
-    "run": "preflight",
-    "backend": "auto",
-    "device_size_mib": 64,
-    "precondition": True,
-    "baseline": "plain",
-    "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
-    "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
-    "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
-    "repetitions": 1,
-    "seed": 1,
-}
+CONFIG = small_config("preflight", precondition=True)
 
 
 def test_the_tools_a_backend_needs():

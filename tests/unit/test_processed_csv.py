@@ -13,15 +13,10 @@ from luksbench.analysis.stats import LOSS_COLUMNS, ORDER_COLUMNS
 from luksbench.formats.cryptsetup import CRYPTSETUP_COLUMNS
 from luksbench.formats.fio import FIO_COLUMNS
 
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "raw" / "sample"
-
 
 @pytest.fixture(scope="module")
-def processed(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("processed")
-    ingest.write_processed(SAMPLE, out)
-    loss.write_loss(out)
-    return out
+def processed(processed_sample) -> Path:
+    return processed_sample
 
 
 def test_every_table_has_its_csv(processed):

@@ -14,7 +14,8 @@ import threading
 import time
 
 import pytest
-from test_bad_raw import SAMPLE, rep
+from testkit.paths import SAMPLE
+from testkit.raw import sample_rep as rep
 
 from luksbench.analysis import ingest
 from luksbench.formats.cryptsetup import parse_cryptsetup_file

@@ -5,8 +5,6 @@ and the budget lasts), ``luksbench loss`` at the end; truth = the ratio put in."
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 from pathlib import Path
@@ -15,57 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as sps
-from simulate import drifting_logs, simulate_logs, write_raw_reps
-from test_certainty import covers, wrong_decision
+from simulate import BOUNDARIES, covers, sequential_run, simulate_logs, wrong_decision
 
 from luksbench.analysis.sequential import DECIDED, look_confidence
 from luksbench.cli import main
 from luksbench.formats.targets import read_looks
-
-BOUNDARIES = np.array([-20.0, -5.0, 5.0, 20.0])
-
-
-def cli(*args) -> str:
-    """``luksbench ARGS`` in this process (no interpreter start per round); its stdout."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main([str(a) for a in args]) == 0
-    return out.getvalue()
-
-
-def sequential_run(
-    tmp_path, rng, sd_d, true_loss, *extra, min_pairs=3, cap=12, rho=None, flagged=0.0
-):
-    """Rounds until ``luksbench next`` says done; returns (loss rows, targets doc, rounds).
-    ``rho``: d drifts as an AR(1) series with this coefficient across each cell's pairs.
-    ``flagged``: this share of runs (each stack's, drawn after the noise) is 30 % slow and fio
-    reports its steady state not attained; then room for 2 ``cap`` pairs (with replacements)."""
-    cells, room = sd_d.size, 2 * cap if flagged else cap
-    if rho is None:
-        lb, lv = simulate_logs(rng, cells, room, sd_d / math.sqrt(2), np.log1p(-true_loss / 100), 0)
-    else:
-        lb, lv = drifting_logs(rng, cells, room, sd_d, np.log1p(-true_loss / 100), rho)
-    draw = (lambda: rng.random(lb.shape) < flagged) if flagged else lambda: lb < -np.inf
-    unsettled = {s: draw() for s in ("plain", "luks")}
-    lb, lv = lb + 18 + np.log(0.7) * unsettled["plain"], lv + 18 + np.log(0.7) * unsettled["luks"]
-    raw, logs = tmp_path / "seq", {"plain": lb, "luks": lv}
-    write_raw_reps(raw, logs, [range(1, min_pairs + 1)] * cells, unsettled=unsettled)
-    targets = raw / "sim" / "fio" / "targets.json"
-    rounds = 0
-    while rounds <= room:
-        rounds += 1
-        out = cli(
-            *("next", raw, "--host", "sim", "--baseline", "plain", "--variant", "luks"),
-            *("--min-pairs", min_pairs, "--max-pairs", cap, "--out", targets, *extra),
-        )
-        doc = json.loads(targets.read_text())
-        if doc["done"]:
-            assert out.rstrip().endswith(f"done; wrote {targets}")
-            break
-        pairs = [doc["pairs"][f"randread-4k-qd{w + 1}"] for w in range(cells)]
-        write_raw_reps(raw, logs, [range(1, n + 1) for n in pairs], unsettled=unsettled)
-    loss = pd.read_csv(io.StringIO(cli("loss", raw, "--metric", "bw_bytes")))
-    return loss.sort_values("iodepth").reset_index(drop=True), doc, rounds
 
 
 def first_decided_look(d, level, min_pairs=3):
@@ -130,7 +82,7 @@ def test_the_stopping_rule_through_the_cli_keeps_coverage_and_decisions(tmp_path
 
 
 def test_sequential_plan_first_round_budget_and_worst_case(tmp_path):
-    from test_plan import CONFIG
+    from testkit.plans import PLAN_CONFIG as CONFIG
 
     from luksbench.testbox.plan import PlanError, plan_from_config, workloads
     from luksbench.testbox.planview import describe_plan
@@ -163,7 +115,7 @@ def test_sequential_plan_first_round_budget_and_worst_case(tmp_path):
 def test_measurement_is_final_only_when_the_last_look_stopped_every_cell(tmp_path):
     """Every round's manifest is complete; the raw data is final only once targets.json is done
     (else an interrupted sequential run would never resume)."""
-    from test_plan import CONFIG
+    from testkit.plans import PLAN_CONFIG as CONFIG
 
     from luksbench.testbox.plan import plan_from_config, workloads
     from luksbench.testbox.runner import measurement_final

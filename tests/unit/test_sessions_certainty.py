@@ -5,14 +5,11 @@ not. Seeded; docs/statistics.md quotes these figures."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as sps
-from simulate import SIM_HOST, sim_workload, simulate_logs, write_raw_reps
-from test_certainty import covers, loss_csv, luksbench
+from simulate import covers, loss_csv, luksbench, write_session_run, write_sessions_only_run
 
 SESSIONS, PAIRS = 4, 3  # per session
 
@@ -21,23 +18,9 @@ def multi_session_run(raw, rng, workloads, jobs, sd_session, planned):
     """(loss rows, true loss): every cell measured in SESSIONS sessions of PAIRS pairs, each
     session shifting the cell's log ratio by its own N(0, sd_session) (a fresh LUKS format,
     fresh preconditioning: the variant runs a little better or worse in every stack-up)."""
-    cells = workloads * jobs
-    true_loss = rng.uniform(-10, 60, cells)
-    sigma = rng.uniform(0.002, 0.01, cells)
-    n = SESSIONS * PAIRS
-    lb, lv = simulate_logs(rng, cells, n, sigma, np.log1p(-true_loss / 100), order_drift=0)
-    effect = rng.normal(0, sd_session, (cells, SESSIONS))
-    lv = lv + np.repeat(effect, PAIRS, axis=1)
-    write_raw_reps(raw, {"plain": lb + 18, "luks": lv + 18}, [range(1, n + 1)] * workloads, jobs)
-    runs = [
-        {"rep": k, "stack": stack, "workload": sim_workload(w), "session": f"s{(k - 1) // PAIRS}"}
-        | {"path": f"fio/{stack}/{sim_workload(w)}/rep{k}.json", "status": "ok"}
-        for stack in ("plain", "luks")
-        for w in range(workloads)
-        for k in range(1, n + 1)
-    ]
-    manifest = {"run": "sim", "host": SIM_HOST, "sessions": planned, "runs": runs}
-    (raw / SIM_HOST / "fio" / "manifest.json").write_text(json.dumps(manifest))
+    true_loss, _ = write_session_run(
+        raw, rng, workloads, jobs, sd_session, SESSIONS, PAIRS, planned
+    )
     return loss_csv(raw, "--metric", "bw_bytes"), true_loss
 
 
@@ -79,35 +62,19 @@ def test_without_a_session_effect_the_two_level_interval_still_holds(tmp_path):
     assert 0.94 <= coverage <= 0.96, coverage
 
 
-def one_run(raw, rng, workloads, jobs, sd_session, sessions, reps=3):
-    """A run with no change at all, but each session its own level (N(0, sd_session)) on both
-    stacks, each repetition its own noise (sd 0.005); the manifest records the sessions."""
-    cells, n = workloads * jobs, sessions * reps
-    logs = {}
-    for stack in ("plain", "luks"):
-        level = np.repeat(rng.normal(0, sd_session, (cells, sessions)), reps, axis=1)
-        logs[stack] = 18 + level + rng.normal(0, 0.005, (cells, n))
-    write_raw_reps(raw, logs, [range(1, n + 1)] * workloads, jobs)
-    runs = [
-        {"rep": k, "stack": s, "workload": sim_workload(w), "session": f"s{(k - 1) // reps}"}
-        | {"path": f"fio/{s}/{sim_workload(w)}/rep{k}.json", "status": "ok"}
-        for s in logs
-        for w in range(workloads)
-        for k in range(1, n + 1)
-    ]
-    doc = {"run": raw.name, "host": SIM_HOST, "sessions": sessions, "runs": runs}
-    (raw / SIM_HOST / "fio" / "manifest.json").write_text(json.dumps(doc))
-    return logs
-
-
 @pytest.mark.slow
 def test_compare_takes_sessions_as_replicates(tmp_path):
     """Two runs of an unchanged system whose sessions differ by 2 % (sd): `luksbench compare`
     calls a cell changed at about the nominal rate; repetitions as replicates would not."""
     rng = np.random.default_rng(31)
     workloads, jobs, sessions, reps = 50, 10, 3, 3
-    logs_a = one_run(tmp_path / "a", rng, workloads, jobs, 0.02, sessions, reps)
-    logs_b = one_run(tmp_path / "b", rng, workloads, jobs, 0.02, sessions, reps)
+    # no change at all; each session its own level on both stacks, each repetition its own noise
+    logs_a = write_sessions_only_run(
+        tmp_path / "a", rng, workloads, 0.02, sessions, reps, jobs=jobs
+    )
+    logs_b = write_sessions_only_run(
+        tmp_path / "b", rng, workloads, 0.02, sessions, reps, jobs=jobs
+    )
     out = tmp_path / "cmp"
     luksbench("compare", tmp_path / "a", tmp_path / "b", "--metric", "bw_bytes", "--out", out)
     table = pd.read_csv(out / "compare.csv")

@@ -150,7 +150,7 @@ def test_inactive_directions_are_not_cells():
 
 
 def test_loss_table_from_real_fio(external_dir, tmp_path):
-    from test_ingest import build_raw  # tests/ is on sys.path (rootdir-relative import mode)
+    from testkit.raw import build_raw
 
     raw = build_raw(external_dir, tmp_path / "tumrun")
     loss = rawloss.loss_table_from_raw(

@@ -3,7 +3,6 @@ lists the full matrix; a user file naming a study merges as documented."""
 
 from __future__ import annotations
 
-import copy
 import re
 import subprocess
 import sys
@@ -12,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import copy_workflow
-from snakemake.utils import validate
+from testkit.plans import EXPECTED, STUDIES_DIR, load_study, luks_layers, validated
+from testkit.workflow import copy_workflow
+from testkit.workflow import snakemake_cli as snakemake
 
 from luksbench.studies import StudyError, apply_study, available_studies
 from luksbench.testbox.plan import (
@@ -26,99 +26,13 @@ from luksbench.testbox.plan import (
 from luksbench.testbox.planview import layer_layout
 
 REPO = Path(__file__).resolve().parents[2]
-STUDIES_DIR = REPO / "config" / "studies"
-SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 BIN = Path(sys.executable).parent
 
-TUNING_ARMS = ("luks-submit", "luks-samecpu", "luks-noreadwq", "luks-nowritewq", "luks-nowq")
-TUNING_ARMS += ("luks-highprio", "luks-4k", "luks-key256", "adiantum", "null-cipher")
-# What each study needs, from issue 3: the arms with the devices each one names, the baseline and
-# primary variant, the number of matrix cells and the study's seconds per fio run.
-EXPECTED = {
-    "scs-2023": {
-        "stacks": {
-            "raw": {"d0"},
-            "luks": {"d0"},
-            "linear": set(),
-            "null-cipher": {"d1"},
-            "raid0": {"d2", "d3", "d4"},
-            "raid0-luks": {"d5", "d6", "d7"},
-        },
-        "baseline": "raw",
-        "variant": "luks",
-        "cells": 4 * 6 * 2,
-        "runtime_s": 60,
-    },
-    "ceph-reef-2023": {
-        "stacks": {
-            "raw": {"d0"},
-            "luks": {"d0"},
-            "luks-4k": {"d1"},
-            "luks-submit": {"d2"},
-            "luks-nowq": {"d3"},
-            "null-cipher": {"d4"},
-        },
-        "baseline": "raw",
-        "variant": "luks-submit",
-        "cells": 2 * 2 * 2 + 2,  # + the "sync" set: 4k randread/randwrite at qd1, O_SYNC
-        "runtime_s": 300,
-    },
-    "raid5-2012": {
-        "stacks": {
-            "raid5": {f"d{i}" for i in range(0, 5)},
-            "luks-raid5": {f"d{i}" for i in range(5, 10)},
-            "linear-raid5": set(),
-            "ext4-luks-raid5": {f"d{i}" for i in range(10, 15)},
-        },
-        "baseline": "raid5",
-        "variant": "luks-raid5",
-        "cells": 2 * 11 * 1 + 2 * 19,  # + the large-block pattern: 4k..1g
-        "runtime_s": 30,
-    },
-    "ciphers-2010": {
-        "stacks": {
-            "raw": {"d0"},
-            "aes-xts": {"d0"},
-            "aes-cbc-essiv": {"d1"},
-            "serpent-xts": {"d2"},
-            "twofish-xts": {"d3"},
-            "cast5-cbc": {"d4"},
-            "adiantum": {"d5"},
-            "null-cipher": {"d6"},
-        },
-        "baseline": "raw",
-        "variant": "aes-xts",
-        "cells": 1,
-        "runtime_s": 30,
-    },
-    "tune-dmcrypt": {
-        "stacks": {
-            "plain": {"d0"},
-            "luks": {"d0"},
-            **{arm: {f"d{i}"} for i, arm in enumerate(TUNING_ARMS, start=1)},
-        },
-        "baseline": "plain",
-        "variant": "luks",
-        "cells": 2 * 2 + 2 + 2,  # + 1M sequential read/write at qd32, + 4k at equal load
-        "runtime_s": 30,
-    },
-}
 HEADER = re.compile(
     r"^luksbench plan: run (?P<run>\S+) on (?P<host>\S+): (?P<stacks>\d+) stacks x "
     r"(?P<cells>\d+) cells x (?P<reps>\d+) repetitions = (?P<runs>\d+) fio runs$",
     re.M,
 )
-
-
-def load_study(name: str) -> dict:
-    return yaml.safe_load((STUDIES_DIR / f"{name}.yaml").read_text())
-
-
-def validated(config: dict) -> dict:
-    """The config as the workflow sees it: checked against the schema, defaults filled."""
-    config = copy.deepcopy(config)
-    validate(config, str(SCHEMA))
-    return config
 
 
 def device_refs(layer, above: tuple[str, ...] = ()):
@@ -154,16 +68,6 @@ def study_cell_ids(study: dict) -> set[str]:
     for name, pattern in (study.get("patterns") or {}).items():
         ids |= cell_ids(pattern["matrix"], name)
     return ids
-
-
-def snakemake(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "snakemake"), "--cores", "1", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -233,12 +137,6 @@ def test_no_device_is_claimed_twice(name, tmp_path):
 
 
 # --- what each study set up --------------------------------------------------------------------
-
-
-def luks_layers(stack: dict) -> list[dict]:
-    return [
-        lay for _, lay in walk_layers(stack, "") if isinstance(lay, dict) and lay["kind"] == "luks"
-    ]
 
 
 def test_scs_2023_measures_its_luks_on_a_disk_and_under_raid0(tmp_path):

@@ -16,7 +16,6 @@ import pandas as pd
 import pytest
 
 from luksbench.analysis import ingest, tails
-from luksbench.analysis.loss import write_loss
 from luksbench.formats import fio as fio_format
 from luksbench.publish import figures, figures_arms, paper_sentences, text
 from luksbench.publish.paper_tables import loss_sections
@@ -28,11 +27,8 @@ SAMPLE = REPO / "data" / "raw" / "sample"
 
 
 @pytest.fixture(scope="module")
-def processed(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tails")
-    ingest.write_processed(SAMPLE, out, workers=1)
-    write_loss(out)
-    return out
+def processed(processed_sample) -> Path:
+    return processed_sample
 
 
 def fio_rule(bins: list[tuple[int, int]], percent: float) -> float:

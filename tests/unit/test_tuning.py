@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from simulate import loss_row as simulated_row
 
 from luksbench.analysis import stats
 from luksbench.analysis.tuning import (
@@ -58,34 +59,11 @@ COST = [0.60, 0.62, 0.58, 0.61, 0.59]  # CPU per I/O about 80 % higher: a materi
 def loss_row(baseline, variant, cell, metric, d, level=0.95, kind="t", pilot=None, n=None):
     """A loss-table row of d as :mod:`luksbench.analysis.stats` computes it."""
     workload, pattern, direction = cell
-    better = stats.higher_is_better(metric)
-    ci = stats.paired_log_ratio_ci(np.array(d), level, pilot)
-    effect, low, high = stats.effect_from_log_ratio(ci.mean, ci.low, ci.high, better)
-    lower, upper = stats.DEFAULT_DECISION_REGIONS[stats.METRIC_FAMILIES[metric]]
+    cell_columns = {"host": HOST, "workload": workload, "pattern": pattern, "direction": direction}
     return {
-        "host": HOST,
-        "workload": workload,
-        "pattern": pattern,
-        "direction": direction,
-        "metric": metric,
-        "higher_is_better": better,
-        "baseline": baseline,
-        "variant": variant,
-        "n": n or len(d),
-        "sessions": len(d) if kind == "sessions" else 1,
-        "mean_log_ratio": ci.mean,
-        "sd_log_ratio": ci.sd,
-        "interval": kind,
-        "pilot_pairs": pilot[1] if pilot else np.nan,
-        "pilot_sd_log_ratio": pilot[0] if pilot else np.nan,
-        "confidence": 0.95,
-        "look_confidence": level if kind == "sequential" else np.nan,
-        "effect_pct": effect,
-        "ci_low": low,
-        "ci_high": high,
-        "decision": stats.decision(low, high, lower, upper),
-        "decision_lower_pct": lower,
-        "decision_upper_pct": upper,
+        **simulated_row(
+            d, metric, level, kind, pilot, n, **cell_columns, baseline=baseline, variant=variant
+        ),
         "fio_bound": False,
         "cpu_saturated": False,
     }

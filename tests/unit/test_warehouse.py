@@ -18,18 +18,16 @@ SAMPLE = Path(__file__).resolve().parents[2] / "data" / "raw" / "sample"
 
 
 @pytest.fixture(scope="module")
-def processed_root(tmp_path_factory) -> Path:
+def processed_root(tmp_path_factory, processed_sample) -> Path:
     """Two analysed runs: the sample, and a two-host run (its host copied as a second box)."""
     base = tmp_path_factory.mktemp("warehouse")
-    raw_a = base / "raw" / "sample"
-    shutil.copytree(SAMPLE, raw_a)
     raw_b = base / "raw" / "fleet"
     shutil.copytree(SAMPLE, raw_b)
     shutil.copytree(raw_b / "vm", raw_b / "vm2")
     root = base / "processed"
-    for raw in (raw_a, raw_b):
-        ingest.write_processed(raw, root / raw.name, workers=1)
-        write_loss(root / raw.name)
+    shutil.copytree(processed_sample, root / "sample")
+    ingest.write_processed(raw_b, root / raw_b.name, workers=1)
+    write_loss(root / raw_b.name)
     return root
 
 
@@ -73,7 +71,7 @@ def test_file_backed_database_keeps_the_views(processed_root, tmp_path, monkeypa
     con.close()
 
 
-def test_command_line(processed_root):
+def test_command_line(processed_root, capsys):
     def warehouse_cli(*args: str) -> list[str]:
         root = str(processed_root)
         return [
@@ -93,21 +91,13 @@ def test_command_line(processed_root):
     )
     assert result.returncode == 0, result.stderr
     assert "loss_pct" in result.stdout and "fleet" in result.stdout
+    # the rest in this process (main is what `python -m` runs, as the call above shows)
+    root = ["--processed-root", str(processed_root)]
     sql = "SELECT run, count(*) AS n FROM fio GROUP BY run ORDER BY run"
-    result = subprocess.run(
-        warehouse_cli(sql, "--csv"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.stdout.splitlines() == ["run,n", "fleet,192", "sample,96"]
-    bad = subprocess.run(
-        warehouse_cli("SELECT * FROM nope"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 1 and "nope" in bad.stderr
+    assert warehouse.main([sql, "--csv", *root]) == 0
+    assert capsys.readouterr().out.splitlines() == ["run,n", "fleet,192", "sample,96"]
+    assert warehouse.main(["SELECT * FROM nope", *root]) == 1
+    assert "nope" in capsys.readouterr().err
 
 
 def test_no_processed_runs_is_a_clear_error(tmp_path):

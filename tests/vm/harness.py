@@ -556,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp = tempfile.TemporaryDirectory(prefix="luksbench-vmbox-workflow-")
             if needs_workflow(plans):
                 sys.path.insert(0, str(REPO_DIR / "tests"))
-                from conftest import copy_workflow  # the test suite's own list of workflow files
+                from testkit.workflow import copy_workflow  # the suite's list of workflow files
 
                 workflow_dir = copy_workflow(Path(tmp.name) / "workflow")
             with tmp:

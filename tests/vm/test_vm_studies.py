@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_studies import EXPECTED, load_study, luks_layers, validated
+from testkit.plans import EXPECTED, load_study, luks_layers, validated
 
 from luksbench.testbox.plan import (
     cell_options,

@@ -289,7 +289,7 @@ WORKFLOW_CASE = VMBOX_DIR / "workflow-plans/snakemake-small.json"
 )
 def test_snakemake_all_inside_the_guest(tmp_path_factory):
     """`snakemake --cores 1 all` in the guest: kernel backend, ingest, statistics, paper."""
-    from conftest import copy_workflow
+    from testkit.workflow import copy_workflow
 
     harness = _harness()
     if os.geteuid() != 0 or harness.missing_tools():
