@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import testbox as tb
+from testkit.testbox import testbox as tb
 
 from luksbench.testbox import ceph, cephdown, cephrun, cephstack, safety
 from luksbench.testbox.stacks import stack_down, stack_up

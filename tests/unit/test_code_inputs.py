@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_DIR, copy_workflow
+from testkit.paths import REPO as REPO_DIR
+from testkit.workflow import copy_workflow
 
 from luksbench.orchestrate.imports import notebook_modules, package_sources
 

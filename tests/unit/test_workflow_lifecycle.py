@@ -15,7 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import REPO_DIR, copy_workflow
+from testkit.paths import REPO as REPO_DIR
+from testkit.workflow import copy_workflow
 
 from luksbench.orchestrate import lifecycle
 from luksbench.testbox import lock
