@@ -25,7 +25,13 @@ CONFIG = {
     "baseline": "plain",
     "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}},
     "matrix": {"rw": ["randread", "read"], "bs": ["4k", "1m"], "iodepth": [1, 32]},
-    "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 2, "ramp_time_s": 1},
+    "fio": {
+        "ioengine": "libaio",
+        "direct": True,
+        "runtime_s": 2,
+        "ramp_time_s": 1,
+        "output_format": "json+",
+    },
     "repetitions": 3,
     "seed": 7,
 }
