@@ -74,6 +74,7 @@ def test_patterns_resolve_into_the_plan_with_every_key():
         **LARGEBLOCK,
         # fio overrides resolved against the top-level fio section: no nulls in the plan
         "fio": {"ioengine": "psync", "direct": False, "sync": False},
+        "rate_pct": None,  # unthrottled
     }
     assert plan["patterns"]["sync"] == {
         "description": "",
@@ -81,11 +82,12 @@ def test_patterns_resolve_into_the_plan_with_every_key():
         "io_bs": "",
         "fsync_per_block": False,
         "fio": {"ioengine": "psync", "direct": True, "sync": True},
+        "rate_pct": None,
     }
     inherit = plan_of(config(patterns={"p1": {"matrix": SYNC["matrix"]}}))["patterns"]["p1"]
     assert inherit["fio"] == {"ioengine": "libaio", "direct": True, "sync": False}
     # no patterns: no key, so the plans of runs measured before patterns existed stay equal
-    assert "patterns" not in plan_of(config(patterns={}))
+    assert plan_of(config(patterns={}))["patterns"] == {}
 
 
 def test_workloads_are_the_main_cells_and_every_patterns_cells_sorted():
