@@ -86,7 +86,7 @@ def test_patterns_resolve_into_the_plan_with_every_key():
     }
     inherit = plan_of(config(patterns={"p1": {"matrix": SYNC["matrix"]}}))["patterns"]["p1"]
     assert inherit["fio"] == {"ioengine": "libaio", "direct": True, "sync": False}
-    # no patterns: no key, so the plans of runs measured before patterns existed stay equal
+    # no patterns: an empty object (a version 1 plan without the key reads the same)
     assert plan_of(config(patterns={}))["patterns"] == {}
 
 

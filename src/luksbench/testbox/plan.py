@@ -274,8 +274,8 @@ def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
             "io_bs": spec.get("io_bs") or "",
             "fsync_per_block": spec.get("fsync_per_block", False),
             "fio": {
-                "ioengine": _inherit(over, "ioengine", fio.get("ioengine", "libaio")),
-                "direct": _inherit(over, "direct", fio.get("direct", True)),
+                "ioengine": _inherit(over, "ioengine", fio["ioengine"]),
+                "direct": _inherit(over, "direct", fio["direct"]),
                 "sync": _inherit(over, "sync", False),
                 **{k: over[k] for k in JOB_DEFAULTS if over.get(k) is not None},
             },
@@ -359,7 +359,7 @@ def check_job_options(fio: dict, where: str, run_fio: dict) -> None:
         value = fio.get(key, default)
         if key == "numjobs":
             ok = type(value) is int and 1 <= value <= MAX_NUMJOBS
-            if ok and value > 1 and run_fio.get("output_format", "json+") != "json+":
+            if ok and value > 1 and run_fio.get("output_format") != "json+":
                 raise PlanError(
                     f"{where}.numjobs: {value} jobs need fio.output_format json+ (their latency "
                     "percentiles come from the merged histograms), not "
@@ -384,8 +384,8 @@ def cell_options(plan: dict, w: Workload) -> dict:
     fio = plan["fio"]
     options = {
         **{k: fio.get(k, default) for k, default in JOB_DEFAULTS.items()},
-        "ioengine": fio.get("ioengine", "libaio"),
-        "direct": bool(fio.get("direct", True)),
+        "ioengine": fio["ioengine"],
+        "direct": bool(fio["direct"]),
         "sync": False,
         "io_bs_bytes": w.bs_bytes,
         "ios_per_block": 1,
