@@ -32,9 +32,7 @@ def layer_layout(layer, devices: dict) -> str:
     if kind in ("plain", "loop"):
         return f"{kind} (own scratch file)"
     if kind == "luks":
-        head = (
-            f"luks {layer['cipher']} {layer['key_bits']}-bit key {layer['luks_type']}"
-        )
+        head = f"luks {layer['cipher']} {layer['key_bits']}-bit key {layer['luks_type']}"
         if int(layer["sector_size"]) != SECTOR_BYTES:
             head += f" sector {layer['sector_size']}"
         if layer["perf_flags"]:
