@@ -22,7 +22,13 @@ CONFIG = {
     "baseline": "plain",
     "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
     "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
-    "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+    "fio": {
+        "ioengine": "libaio",
+        "direct": True,
+        "runtime_s": 1,
+        "ramp_time_s": 0,
+        "output_format": "json+",
+    },
     "repetitions": 1,
     "seed": 1,
 }
