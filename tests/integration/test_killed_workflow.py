@@ -277,7 +277,13 @@ def test_stack_down_without_its_state_removes_what_the_scratch_folder_shows(tmp_
         "baseline": "plain",
         "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
         "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {"runtime_s": 1, "ramp_time_s": 0},
+        "fio": {
+            "ioengine": "libaio",
+            "direct": True,
+            "runtime_s": 1,
+            "ramp_time_s": 0,
+            "output_format": "json+",
+        },
         "repetitions": 1,
         "seed": 1,
     }

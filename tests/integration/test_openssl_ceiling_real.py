@@ -130,7 +130,13 @@ def test_the_workflows_command_writes_the_estimate_beside_the_kernels(tmp_path):
         "baseline": "plain",
         "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}},
         "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+        "fio": {
+            "ioengine": "libaio",
+            "direct": True,
+            "runtime_s": 1,
+            "ramp_time_s": 0,
+            "output_format": "json+",
+        },
         "repetitions": 1,
         "seed": 1,
     }

@@ -143,7 +143,8 @@ def test_a_fixed_rate_cell_of_two_jobs_runs_at_the_asked_rate_in_all(tmp_path):
     fixed = {"description": "", "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]}}
     fixed |= {"io_bs": "", "fsync_per_block": False, "rate_pct": 50}
     fixed["fio"] = {"ioengine": "psync", "direct": False, "sync": False, "numjobs": 2}
-    plan = {"fio": {"runtime_s": 3, "ramp_time_s": 1}, "patterns": {"fixedrate": fixed}}
+    fio = {"ioengine": "libaio", "direct": True, "output_format": "json+"}
+    plan = {"fio": {**fio, "runtime_s": 3, "ramp_time_s": 1}, "patterns": {"fixedrate": fixed}}
     check_patterns(plan)
     target, out = tmp_path / "target.dat", tmp_path / "out.json"
     target.write_bytes(b"\1" * MIB)  # cached after the first reads: far above the rate here

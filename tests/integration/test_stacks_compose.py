@@ -38,7 +38,13 @@ def plan_file(tmp: Path, run: str, stacks: dict, devices: dict, **over) -> Path:
         "devices": devices,
         "stacks": stacks,
         "matrix": {"rw": ["randwrite"], "bs": ["4k"], "iodepth": [8]},
-        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+        "fio": {
+            "ioengine": "libaio",
+            "direct": True,
+            "runtime_s": 1,
+            "ramp_time_s": 0,
+            "output_format": "json+",
+        },
         "repetitions": 1,
         "seed": 1,
         **over,
@@ -168,7 +174,13 @@ def test_killed_run_leaves_layers_that_stack_down_removes(tmp_path):
         run,
         stacks,
         {"d0": {"size_mib": 64}},
-        fio={"ioengine": "libaio", "direct": True, "runtime_s": 30, "ramp_time_s": 0},
+        fio={
+            "ioengine": "libaio",
+            "direct": True,
+            "runtime_s": 30,
+            "ramp_time_s": 0,
+            "output_format": "json+",
+        },
     )
     state = tmp_path / "state.json"
     tb("stack-up", "--plan", plan, "--state", state, "--describe", tmp_path / "s.json")

@@ -59,7 +59,8 @@ PATTERN = {
 def test_a_fixed_rate_pattern_is_planned_and_runs_with_fio_rate_iops(tmp_path):
     patterns = resolve_patterns({"fixedrate": PATTERN}, {"ioengine": "libaio", "direct": True})
     assert patterns["fixedrate"]["rate_pct"] == 80
-    plan = {"fio": {"runtime_s": 2}, "patterns": patterns}
+    fio = {"ioengine": "libaio", "direct": True, "output_format": "json+"}
+    plan = {"fio": {**fio, "runtime_s": 2, "ramp_time_s": 0}, "patterns": patterns}
     check_patterns(plan)
     w = Workload("randread", 4096, 1, "fixedrate")
     argv = fio_argv(plan, {"device": "/dev/x"}, "plain", w, tmp_path / "o.json", 0, 1234)

@@ -84,6 +84,7 @@ def test_cpu_sidecar_keeps_its_keys_and_adds_rapl():
     rapl = {"package_joules": 1.0}
     s = runner.cpu_sidecar(before, after, 2.0, rapl)
     assert list(s) == [
+        "version",
         "interval_s",
         "clk_tck",
         "cpu_count",

@@ -102,11 +102,11 @@ ADAPTIVE = {
 
 def test_adaptive_plan_measures_the_pilot_first(tmp_path):
     fixed = plan_from_config(CONFIG, "box1", tmp_path)
-    assert "adaptive" not in fixed  # disabled: the plan is exactly the fixed design's
+    assert fixed["adaptive"] is None  # disabled: the plan is exactly the fixed design's
     plan = plan_from_config({**CONFIG, "adaptive": ADAPTIVE}, "box1", tmp_path)
     assert plan["repetitions"] == 4 and plan["adaptive"] == ADAPTIVE
     disabled = plan_from_config({**CONFIG, "adaptive": {**ADAPTIVE, "enabled": False}}, "b", "/t")
-    assert disabled["repetitions"] == 3 and "adaptive" not in disabled
+    assert disabled["repetitions"] == 3 and disabled["adaptive"] is None
     with pytest.raises(PlanError, match="max_pairs"):
         plan_from_config({**CONFIG, "adaptive": {**ADAPTIVE, "max_pairs": 3}}, "box1", tmp_path)
 

@@ -67,3 +67,15 @@ def test_plan_advises_from_an_earlier_runs_loss_table(tmp_path):
         [*command[:6], "--components", tmp_path / "plan.json"], capture_output=True
     )
     assert bad.returncode != 0 and b"plan.json" in bad.stderr
+
+
+def test_the_sessions_advice_aims_at_the_adaptive_designs_target_half_width(tmp_path):
+    adaptive = {"enabled": True, "mode": "two-stage", "pilot_pairs": 3, "max_pairs": 12}
+    plan = plan_from_config({**CONFIG, "adaptive": adaptive}, "box", tmp_path)
+    components = (0.02**2, 0.01**2)
+
+    def advice(target_pct: float) -> str:
+        plan["adaptive"]["target_half_width_pct"] = target_pct
+        return planview.sessions_advice(plan, components)[-1]
+
+    assert "for +-5 %" in advice(5.0) and "for +-1 %" in advice(1.0)

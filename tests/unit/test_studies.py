@@ -181,6 +181,7 @@ def test_ceph_reef_2023_has_the_tuned_luks_arms(tmp_path):
             "io_bs": "",
             "fsync_per_block": False,
             "fio": {"ioengine": "psync", "direct": True, "sync": True},
+            "rate_pct": None,
         }
     }
     assert "etcd" in plan["patterns"]["sync"]["description"]

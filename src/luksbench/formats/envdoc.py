@@ -1,7 +1,7 @@
 """``<host>/env.json``: the environment document, written once per host by ``luksbench testbox
 capture-env``, read by ingest (the env table; other keys are kept in ``env_json`` only)::
 
-    {"captured": "<ISO time, UTC>", "hostname": "...",
+    {"version": 2, "captured": "<ISO time, UTC>", "hostname": "...",
      "kernel": {"sysname", "release", "version", "machine"}, "cmdline": "...",
      "cpu": {"model", "vendor", "microcode", "count", "aes", "vaes", "avx2", "avx512f",
              "vpclmulqdq", "flags": [...]},
@@ -16,17 +16,40 @@ capture-env``, read by ingest (the env table; other keys are kept in ``env_json`
 Fleet servers (fio client/server mode) get no env.json; ingest gives them a row whose
 ``env_json`` is ``{"fleet_server": {...}, "coordinator": "<host>"}``.
 
-Standard library only: the test box imports this.
+Version 1 (no ``version``) is the same document; readers take the keys they know and leave
+the others (a capture records whatever the system offers). Standard library only: the test box
+imports this.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from luksbench.formats.layout import read_json_object
+from luksbench.formats.record import record_version, write_record
 
-read_env = read_json_object
+ENV_VERSION = 2
+ENV_VERSIONS = (1, 2)
+
+
+def read_env(path: Path) -> dict:
+    """The one reader of an env.json: its document as the current version's (ValueError when it
+    is no JSON object; RecordVersionError, naming the file, for an unknown version)."""
+    return migrated_env(read_json_object(path), str(path))
+
+
+def migrated_env(doc: dict, source: str = "env.json") -> dict:
+    """An environment document of any known version as the current one's: version 1 is version 2
+    without the field."""
+    record_version(doc, source, "environment (env.json)", ENV_VERSIONS)
+    return {**doc, "version": ENV_VERSION}
+
+
+def write_env(path: Path, doc: dict) -> None:
+    """The one writer of an env.json."""
+    write_record(path, doc, ENV_VERSION)
 
 
 def _text(value) -> str | None:

@@ -4,7 +4,7 @@ The runner rewrites ``manifest.json`` (the run's index) at the end of every ``ru
 and leaves a write-once copy in ``fio/sessions/<start time>.json`` (an adaptive pilot writes
 ``pilot-manifest.json``). The document (keys the readers use)::
 
-    {"run", "host", "seed", "repetitions", "cell_repetitions": {cell: n}, "targets", "adaptive",
+    {"version": 2, "run", "host", "seed", "repetitions", "cell_repetitions": {cell: n}, "targets", "adaptive",
      "backend", "backend_reason", "baseline", "fleet": {"mode": "clients", "hosts": [...]} | null,
      "stacks": [...], "unavailable_stacks": {stack: reason}, "cells": [...],
      "sessions", "session",                                    # planned k, this stack-up's id
@@ -19,7 +19,8 @@ and leaves a write-once copy in ``fio/sessions/<start time>.json`` (an adaptive 
                "cpu_path", "started", "ended", "skipped_existing", "status",
                "cpu_idle_sample": index in cpu_idle_samples}, ...]}
 
-Standard library only: the test box imports this.
+Version 1 (no ``version``) is the same document; readers take the keys they know and leave
+the others. Standard library only: the test box imports this.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from luksbench.formats.layout import read_json_object
+from luksbench.formats.record import record_version, write_record
 
 MANIFEST_NAME = "manifest.json"
 PILOT_MANIFEST_NAME = "pilot-manifest.json"
@@ -46,7 +48,27 @@ CELL_ORDER = (
     "least k repetitions (cell_repetitions)"
 )
 
-read_manifest = read_json_object
+MANIFEST_VERSION = 2
+MANIFEST_VERSIONS = (1, 2)
+
+
+def read_manifest(path: Path) -> dict:
+    """The one reader of a manifest or session record: its document as the current version's
+    (ValueError when it is no JSON object; RecordVersionError, naming the file, for an unknown
+    version)."""
+    return migrated_manifest(read_json_object(path), str(path))
+
+
+def migrated_manifest(doc: dict, source: str = "manifest") -> dict:
+    """A manifest of any known version as the current one's: version 1 is version 2 without the
+    field."""
+    record_version(doc, source, "manifest", MANIFEST_VERSIONS)
+    return {**doc, "version": MANIFEST_VERSION}
+
+
+def write_manifest(path: Path, doc: dict, mode: int = 0o644) -> None:
+    """The one writer of a manifest and of a session's record (written once: ``mode`` 0o444)."""
+    write_record(path, doc, MANIFEST_VERSION, mode)
 
 
 def session_records(host_dir: Path) -> list[tuple[Path, str]]:

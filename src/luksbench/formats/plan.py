@@ -3,65 +3,136 @@ config. This module checks the document as a whole (required keys, top-level val
 make two plans' measurements incomparable); :mod:`luksbench.testbox.plan` checks what stacks,
 patterns and block sizes mean. Standard library only: the test box imports this.
 
-Example (all keys are required; the workflow fills defaults)::
+The document (version 2) holds every key; the workflow fills them from the validated config
+(defaults: workflow/schemas/config.schema.yaml, the only place they are written)::
 
-    {
-      "run": "default",
-      "host": "testbox1",
-      "backend": "auto",                 # auto | kernel | userspace
-      "scratch_dir": "/abs/path/data/scratch/default/testbox1",
-      "device_size_mib": 1024,           # size of each backing file
-      "precondition": true,              # fill each stack sequentially once before measuring
-      "baseline": "plain",
-      "stacks": {
-        "plain": {"kind": "plain"},
-        "luks": {"kind": "luks", "cipher": "aes-xts-plain64", "key_bits": 512,
-                 "hash": "sha256", "luks_type": "luks2", "sector_size": 512,
-                 "pbkdf_iterations": 1000}
-      },
-      "matrix": {"rw": ["read", "write", "randread", "randwrite"],
-                 "bs": ["4k", "1m"], "iodepth": [1, 32]},
-      "fio": {"ioengine": "libaio", "direct": true, "runtime_s": 3, "ramp_time_s": 1,
-              "output_format": "json+"},
-      "repetitions": 3,
-      "seed": 20231124
-    }
+    {"version": 2, "run", "host", "backend",          # backend: auto | kernel | userspace
+     "scratch_dir", "device_size_mib", "precondition", "baseline", "devices", "stacks",
+     "matrix": {"rw": [...], "bs": [...], "iodepth": [...]}, "fio": {...},
+     "repetitions", "seed", "sessions",                # sessions k: every cell in k stack-ups
+     "patterns": {name: {"description", "matrix", "io_bs", "fsync_per_block", "fio",
+                         "rate_pct"}},                 # families of cells beside the matrix
+     "adaptive": {...} | null,                         # the design, a record, not a setting
+     "fleet": {"mode": "clients", "hosts": [...]} | null}
 
-Optional: ``"patterns": {"largeblock": {"description": "...", "matrix": {...}, "io_bs": "8k",
-"fsync_per_block": true, "fio": {"ioengine": "psync", "direct": false, "sync": false}}}``: families
-of cells beside the main matrix with their own fio options (resolved against the top-level
-``fio``: no nulls); ``"sessions": k`` (k >= 2): every cell measured in k stack-ups;
-``"adaptive": {"enabled": true, "pilot_pairs": 4, "target_half_width_pct": 2, "max_pairs": 12,
-"metric": "bw_bytes"}`` (or ``"mode": "sequential"`` with ``min_pairs`` and ``budget_h``; then
-``repetitions`` is the pilot's n0): a record of the design, not a measurement setting.
+A version 1 file (no ``version``) left out what a run did not use (sessions, patterns, devices,
+adaptive, fleet, a pattern's rate_pct); :func:`migrated_plan_document` fills them in.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from luksbench.formats.record import record_version, versioned
 
 REQUIRED_KEYS = ("run", "host", "backend", "scratch_dir", "device_size_mib", "precondition")
 REQUIRED_KEYS += ("baseline", "stacks", "matrix", "fio", "repetitions", "seed")
 BACKENDS = ("auto", "kernel", "userspace")
+# The fio settings the test box reads from every plan: the workflow copies them from the validated
+# config, whose schema holds their defaults (the test box keeps none of its own).
+FIO_KEYS = ("ioengine", "direct", "runtime_s", "ramp_time_s", "output_format")
+PLAN_VERSION = 2
+PLAN_VERSIONS = (1, 2)
 
 
 class PlanError(ValueError):
     """A plan file that is missing a key or holds a wrong value; the message names the key."""
 
 
-def read_plan_document(path: Path) -> dict:
-    """The JSON document of a plan file, unchecked (PlanError when it cannot be read)."""
+@dataclass(eq=True)
+class Plan(Mapping):
+    """A checked plan file's document, typed. Also a read-only mapping of the document's keys, for
+    the test-box modules that still index it."""
+
+    run: str
+    host: str
+    backend: str
+    scratch_dir: str
+    device_size_mib: int
+    precondition: bool | dict
+    baseline: str
+    stacks: dict
+    matrix: dict
+    fio: dict
+    repetitions: int
+    seed: int
+    devices: dict = field(default_factory=dict)
+    sessions: int = 1
+    patterns: dict = field(default_factory=dict)
+    adaptive: dict | None = None
+    fleet: dict | None = None
+    version: int = PLAN_VERSION
+
+    @classmethod
+    def from_document(cls, doc: dict, source: str = "plan") -> Plan:
+        """The record of a plan document of any known version (PlanError names the key)."""
+        doc = migrated_plan_document(doc, source)
+        unknown = sorted(set(doc) - set(PLAN_KEYS))
+        if unknown:
+            raise PlanError(f"{source}: unknown key(s) {', '.join(unknown)} (known: {PLAN_KEYS})")
+        check_document(doc, source)
+        missing = [k for k in FIO_KEYS if k not in doc["fio"]]
+        if missing:
+            raise PlanError(f"{source}: missing key(s) {', '.join(f'fio.{k}' for k in missing)}")
+        return cls(**{**doc, "version": PLAN_VERSION})
+
+    def to_document(self) -> dict:
+        return versioned({k: getattr(self, k) for k in PLAN_KEYS}, self.version)
+
+    def __getitem__(self, key: str):
+        if key not in PLAN_KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(PLAN_KEYS)
+
+    def __len__(self) -> int:
+        return len(PLAN_KEYS)
+
+
+PLAN_KEYS = tuple(f.name for f in fields(Plan))
+
+
+def migrated_plan_document(doc: dict, source: str = "plan") -> dict:
+    """A plan document of any known version as the current version's (RecordVersionError for an
+    unknown one, naming ``source``)."""
+    if record_version(doc, source, "plan", PLAN_VERSIONS) == 1:
+        doc = _migrate_v1(doc)
+    return versioned(doc, PLAN_VERSION)
+
+
+def _migrate_v1(doc: dict) -> dict:
+    """Version 1 left out what a run did not use; a pattern without rate_pct ran unthrottled."""
+    patterns = doc.get("patterns") or {}
+    patterns = {
+        n: {"rate_pct": None, **p} if isinstance(p, dict) else p for n, p in patterns.items()
+    }
+    absent = {"devices": {}, "sessions": 1, "adaptive": None, "fleet": None}
+    return {**absent, **doc, "patterns": patterns}
+
+
+def read_plan(path: Path) -> Plan:
+    """The one reader of a plan file: its record, any known version (PlanError, or
+    RecordVersionError for an unknown version, names the file)."""
     try:
-        return json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise PlanError(f"{path}: cannot read plan: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise PlanError(f"{path}: a plan must be a JSON object")
+    return Plan.from_document(doc, str(path))
 
 
-def write_plan_document(path: Path, plan: dict) -> None:
+def write_plan_file(path: Path, plan: Plan | dict) -> None:
+    """The one writer of a plan file: the current version's document."""
+    record = plan if isinstance(plan, Plan) else Plan.from_document(plan)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(record.to_document(), indent=2, sort_keys=True) + "\n")
 
 
 def check_document(plan: dict, source: str = "plan") -> None:
@@ -77,8 +148,8 @@ def check_document(plan: dict, source: str = "plan") -> None:
         raise PlanError(
             f"{source}: baseline {plan['baseline']!r} is not one of the stacks {sorted(plan['stacks'])}"
         )
-    for key in ("repetitions", "sessions"):  # sessions is optional
-        value = plan.get(key, 1)
+    for key in ("repetitions", "sessions"):
+        value = plan[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{source}: {key} must be an integer >= 1, not {value!r}")
     if not isinstance(plan["matrix"], dict):
@@ -89,7 +160,8 @@ def check_document(plan: dict, source: str = "plan") -> None:
 
 
 def check_run_options(plan: dict, source: str = "plan") -> None:
-    """The optional ``fleet`` (fio servers) and ``adaptive`` (two-stage design) sections."""
+    """The ``fleet`` (fio servers) and ``adaptive`` (two-stage design) sections of a current
+    version's document."""
     fleet = plan.get("fleet")
     if fleet is not None:
         hosts = fleet.get("hosts") or []
@@ -104,15 +176,17 @@ def check_run_options(plan: dict, source: str = "plan") -> None:
             raise PlanError(f"{source}: adaptive must be an object")
         sequential = adaptive.get("mode") == "sequential"
         first = "min_pairs" if sequential else "pilot_pairs"
-        n0 = int(adaptive.get(first, 3 if sequential else 4))
-        cap = int(adaptive.get("max_pairs", 12))
+        missing = [k for k in (first, "max_pairs") if k not in adaptive]
+        if missing:  # the plan carries the config's values, defaults filled
+            raise PlanError(f"{source}: adaptive lacks {', '.join(missing)}")
+        n0, cap = int(adaptive[first]), int(adaptive["max_pairs"])
         if n0 < 2:
             raise PlanError(f"{source}: adaptive.{first} must be >= 2, not {n0}")
         if cap < n0:
             raise PlanError(
                 f"{source}: adaptive.max_pairs ({cap}) must be >= adaptive.{first} ({n0})"
             )
-        if sequential and int(plan.get("sessions", 1)) > 1:
+        if sequential and int(plan["sessions"]) > 1:
             raise PlanError(
                 f"{source}: adaptive.mode sequential measures one session (sessions: 1)"
             )
@@ -128,6 +202,8 @@ _PATTERN_MEASUREMENT_KEYS = ("io_bs", "fsync_per_block", "fio")
 def plan_changes(measured: dict, new: dict) -> list[str]:
     """Differences that would mix incomparable measurements into one run, as 'key: old -> new'
     (more repetitions or cells, or another seed, resume or extend a run: not listed)."""
+    measured = migrated_plan_document(measured, "measured plan")
+    new = migrated_plan_document(new, "plan")
     changes: list[str] = []
     for key in _MEASUREMENT_KEYS:
         _diff(key, measured.get(key), new.get(key), changes)

@@ -3,7 +3,7 @@
 Written by the runner (after fio, before the result appears); read by ingest into the
 ``busy_cpu_s``, ``busy_cpu_pct``, ``sys_cpu_s`` and ``cpu_interval_s`` columns. The document::
 
-    {"interval_s": 6.02, "clk_tck": 100, "cpu_count": 2,
+    {"version": 2, "interval_s": 6.02, "clk_tck": 100, "cpu_count": 2,
      "delta_s": {"user": ..., "nice": ..., "system": ..., "idle": ..., "iowait": ...,
                  "irq": ..., "softirq": ..., "steal": ...},   # /proc/stat deltas, seconds
      "busy_s": ..., "busy_pct": ...,                           # busy: all but idle and iowait
@@ -16,6 +16,7 @@ sample of the run's round, taken just before the round's first fio run, with the
 ``started`` (UTC) and ``round``. The session's manifest lists the same samples
 (``cpu_idle_samples``; each run names its own by ``cpu_idle_sample``), which the analysis reads.
 
+Version 1 (no ``version``) is the same document; keys the reader does not use are kept.
 Standard library only: the test box imports this.
 """
 
@@ -27,6 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from luksbench.formats.layout import read_raw_file
+from luksbench.formats.record import record_version, write_record
+
+SIDECAR_VERSION = 2
+SIDECAR_VERSIONS = (1, 2)
 
 FIO_WINDOW = (
     "fio process lifetime (startup, ramp_time and runtime); aggregate cpu line of /proc/stat; "
@@ -37,8 +42,13 @@ FIO_WINDOW = (
 def cpu_sidecar_document(cpu: dict, rapl: dict | None = None, idle: dict | None = None) -> dict:
     """The sidecar of one fio run: ``cpu`` (/proc/stat deltas over the run), its RAPL energy and
     the idle sample it is netted with (left out when None)."""
-    doc = {**cpu, "window": FIO_WINDOW, "rapl": rapl}
+    doc = {"version": SIDECAR_VERSION, **cpu, "window": FIO_WINDOW, "rapl": rapl}
     return doc if idle is None else {**doc, "idle": idle}
+
+
+def write_cpu_sidecar(path: Path, doc: dict) -> None:
+    """The one writer of a CPU sidecar (written once: read-only)."""
+    write_record(path, doc, SIDECAR_VERSION, mode=0o444)
 
 
 def _number(value, *name: str) -> float:
@@ -66,6 +76,7 @@ def read_cpu_sidecar(
         raise ValueError(f"CPU sidecar is not readable JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError("CPU sidecar must be a JSON object")
+    record_version(data, str(path), "CPU sidecar", SIDECAR_VERSIONS)  # 1: 2 without the field
     delta = data.get("delta_s") or {}
     if not isinstance(delta, dict):
         raise ValueError("CPU sidecar: delta_s must be an object")

@@ -2,26 +2,39 @@
 analysis (:mod:`luksbench.analysis.design`, :mod:`luksbench.analysis.sequential`), read by the
 runner (``run-fio --targets``) and by ingest (the design columns). The document::
 
-    {"pairs": {"<workload id>": <pairs, int >= 1>, ...},   # what the runner reads
+    {"version": 2,
+     "pairs": {"<workload id>": <pairs, int >= 1>, ...},   # what the runner reads
      "noisy": ["<workload id>", ...],                       # cells whose target hit the cap
      "pilot_pairs": n0, "confidence": ...,                  # what Stein's interval needs,
      "cells": {"<workload id>": {"pilot_sd_log_ratio": ..., "required_pairs": ...,
                                  "pairs": ..., "capped": ...}, ...},
      "looks": [{"at": <UTC time>, "cells": {...}}, ...], ...}   # a sequential design's history
 
+Version 1 (no ``version``) is the same document; keys the readers do not use are kept.
 Standard library only: the test box imports this.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from luksbench.formats.layout import read_json_object
+from luksbench.formats.record import RecordVersionError, record_version, write_record
+
+TARGETS_VERSION = 2
+TARGETS_VERSIONS = (1, 2)
 
 
 class TargetsError(ValueError):
     """A targets file that cannot be used; the message says why (not which file)."""
+
+
+def read_targets_document(path: Path) -> dict:
+    """The one reader of a targets file: its document as the current version's (ValueError when
+    it is no JSON object; RecordVersionError, naming the file, for an unknown version)."""
+    doc = read_json_object(path)
+    record_version(doc, str(path), "targets", TARGETS_VERSIONS)
+    return {**doc, "version": TARGETS_VERSION}  # version 1 is version 2 without the field
 
 
 def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | None]]:
@@ -30,7 +43,9 @@ def read_targets(path: Path) -> dict[str, tuple[int, bool, int | None, float | N
     ran the cap whatever its data); the look confidence (a sequential design's: the cell's own, else
     the document's) None otherwise."""
     try:
-        doc = read_json_object(path)
+        doc = read_targets_document(path)
+    except RecordVersionError as exc:
+        raise TargetsError(str(exc)) from exc
     except ValueError as exc:
         raise TargetsError(f"targets file: {exc}") from exc
     if not isinstance(doc.get("pairs"), dict):
@@ -72,7 +87,9 @@ def read_looks(path: Path) -> list[dict]:
     be read or whose looks are not a list of {"cells": {...}} (the next look starts the history
     again: the looks are a record, no decision rests on them)."""
     try:
-        looks = read_json_object(path).get("looks") if Path(path).exists() else None
+        looks = read_targets_document(path).get("looks") if Path(path).exists() else None
+    except RecordVersionError:
+        raise
     except ValueError:
         return []
     return looks if isinstance(looks, list) and all(map(_is_look, looks)) else []
@@ -85,9 +102,5 @@ def _is_look(look) -> bool:
 
 
 def write_targets(path: Path, doc: dict) -> None:
-    """Write the targets document in one rename: the runner never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    """The one writer of a targets file, in one rename: the runner never sees half a file."""
+    write_record(path, doc, TARGETS_VERSION)

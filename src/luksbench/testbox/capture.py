@@ -114,7 +114,7 @@ def capture_env(plan: dict) -> dict:
         "euid": os.geteuid(),
         "system": capture_system(devices=disks or None, paths=scratch),
         "job_devices": jobs.device_facts(plan, cell_options(plan, Workload("read", 4096, 1))),
-        "plan": plan,
+        "plan": dict(plan),
     }
 
 

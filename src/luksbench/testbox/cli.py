@@ -16,6 +16,7 @@ import argparse
 import signal
 from pathlib import Path
 
+from luksbench.formats.envdoc import write_env
 from luksbench.formats.opensslspeed import OPENSSL_SPEED_FILE
 from luksbench.testbox import lock
 from luksbench.testbox.capture import benchmark_ciphers, benchmark_ciphers_userspace, capture_env
@@ -24,14 +25,14 @@ from luksbench.testbox.plan import PlanError, load_plan
 from luksbench.testbox.runner import Interrupted, raise_on_stop_signals, run_fio
 from luksbench.testbox.safety import SafetyError
 from luksbench.testbox.stacks import stack_down, stack_up
-from luksbench.testbox.sysutil import TestboxError, log, use_c_locale, write_json_atomic
+from luksbench.testbox.sysutil import TestboxError, log, use_c_locale
 
 
 def _cmd_capture_env(args) -> int:
     plan = load_plan(Path(args.plan))
     lock.acquire(plan)
     env = capture_env(plan)
-    write_json_atomic(Path(args.out), env)
+    write_env(Path(args.out), env)
     b = env["backend"]
     log(f"luksbench testbox capture-env: backend {b['selected']} ({b['reason']}); wrote {args.out}")
     return 0

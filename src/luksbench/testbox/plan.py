@@ -1,5 +1,6 @@
-"""The plan's meaning: building it from the config, checking it, its cells and layers. The
-document itself (keys, reading, writing) is :mod:`luksbench.formats.plan`.
+"""The plan's meaning: building it from the config, checking it, its cells and the devices its
+layers use. The record itself (keys, version, reading, writing) is :mod:`luksbench.formats.plan`;
+each layer kind's keys, defaults and resolution are :mod:`luksbench.testbox.layers`.
 """
 
 from __future__ import annotations
@@ -9,25 +10,33 @@ from pathlib import Path
 from luksbench.formats.envdoc import env_plan, read_env
 from luksbench.formats.layout import PATTERN_NAME_RE, LayoutError, Workload, bs_to_bytes
 from luksbench.formats.plan import (
+    Plan,
     PlanError,
     check_document,
     check_run_options,
+    migrated_plan_document,
     plan_changes,
-    read_plan_document,
-    write_plan_document,
+    read_plan,
+    write_plan_file,
 )
+from luksbench.testbox.layers import FS_DEFAULTS, LUKS_DEFAULTS, MD_DEFAULTS, PERF_FLAGS
+from luksbench.testbox.layers import NULL_CIPHERS as NULL_CIPHERS  # the test box imports these here
+from luksbench.testbox.layers import precondition_options as precondition_options
+from luksbench.testbox.layers import resolve_devices as resolve_devices
+from luksbench.testbox.layers import resolve_layer as resolve_layer
 from luksbench.testbox.sysutil import TestboxError
 
 
-def load_plan(path: Path) -> dict:
-    """A plan.json, checked (PlanError names the file and the problem)."""
-    plan = read_plan_document(path)
+def load_plan(path: Path) -> Plan:
+    """A plan file's record, checked (PlanError names the file and the problem)."""
+    plan = read_plan(path)
     check_plan(plan, source=str(path))
     return plan
 
 
 def check_plan(plan: dict, source: str = "plan") -> None:
     """The whole plan, document keys first; PlanError names the first problem."""
+    plan = migrated_plan_document(dict(plan), source)
     check_document(plan, source)
     check_stacks(plan, source)
     check_patterns(plan, source)
@@ -265,14 +274,13 @@ def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
             "io_bs": spec.get("io_bs") or "",
             "fsync_per_block": spec.get("fsync_per_block", False),
             "fio": {
-                "ioengine": _inherit(over, "ioengine", fio.get("ioengine", "libaio")),
-                "direct": _inherit(over, "direct", fio.get("direct", True)),
+                "ioengine": _inherit(over, "ioengine", fio["ioengine"]),
+                "direct": _inherit(over, "direct", fio["direct"]),
                 "sync": _inherit(over, "sync", False),
                 **{k: over[k] for k in JOB_DEFAULTS if over.get(k) is not None},
             },
         }
-        if spec.get("rate_pct") is not None:  # only then: plans of earlier runs stay equal
-            out[name]["rate_pct"] = spec["rate_pct"]
+        out[name]["rate_pct"] = spec.get("rate_pct")  # None: unthrottled
     return out
 
 
@@ -351,7 +359,7 @@ def check_job_options(fio: dict, where: str, run_fio: dict) -> None:
         value = fio.get(key, default)
         if key == "numjobs":
             ok = type(value) is int and 1 <= value <= MAX_NUMJOBS
-            if ok and value > 1 and run_fio.get("output_format", "json+") != "json+":
+            if ok and value > 1 and run_fio.get("output_format") != "json+":
                 raise PlanError(
                     f"{where}.numjobs: {value} jobs need fio.output_format json+ (their latency "
                     "percentiles come from the merged histograms), not "
@@ -376,8 +384,8 @@ def cell_options(plan: dict, w: Workload) -> dict:
     fio = plan["fio"]
     options = {
         **{k: fio.get(k, default) for k, default in JOB_DEFAULTS.items()},
-        "ioengine": fio.get("ioengine", "libaio"),
-        "direct": bool(fio.get("direct", True)),
+        "ioengine": fio["ioengine"],
+        "direct": bool(fio["direct"]),
         "sync": False,
         "io_bs_bytes": w.bs_bytes,
         "ios_per_block": 1,
@@ -490,148 +498,13 @@ def check_blocks_fit(plan: dict, source: str = "plan") -> None:
             )
 
 
-LUKS_DEFAULTS = {
-    "cipher": "aes-xts-plain64",
-    "key_bits": 512,
-    "hash": "sha256",
-    "luks_type": "luks2",
-    "sector_size": 512,
-    "pbkdf_iterations": 1000,
-    "perf_flags": [],
-}
-MD_DEFAULTS = {"level": 0, "chunk_kib": 512}
-FS_DEFAULTS = {"fstype": "ext4", "file_size_mib": 0}
-_LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
-KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
-PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
-PERF_FLAGS += ("high_priority",)
-NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
-# One set of defaults for the schema's documentation, the plan and the test box.
-PRECONDITION_DEFAULTS = {
-    "enabled": True,
-    "discard": True,
-    "fill_passes": 2,
-    "block_size": "128k",
-    "steady_state": False,
-    "ss_rw": "randwrite",
-    "ss_bs": "4k",
-    "ss_iodepth": 32,
-    "ss_round_s": 10,
-    "ss_max_rounds": 25,
-    "ss_window": 5,
-    "ss_range_pct": 20.0,
-    "ss_slope_pct": 10.0,
-}
-
-
-# The checked types of the precondition options (PRECONDITION_DEFAULTS has every key).
-_BOOL_OPTS = ("enabled", "discard", "steady_state")
-_INT_OPTS = {"fill_passes": 1, "ss_max_rounds": 1, "ss_window": 2, "ss_iodepth": 1}
-_NUMBER_OPTS = {"ss_round_s": 1, "ss_range_pct": 0, "ss_slope_pct": 0}
-_STR_OPTS = ("block_size", "ss_rw", "ss_bs")
-SS_RW = ("randwrite", "write", "randrw", "rw", "randread", "read")
-
-
-def precondition_options(value) -> dict:
-    """``precondition`` (an object, true/false, or None: the defaults) -> the full, checked
-    options; TestboxError names a bad or unknown key."""
-    opts = {"enabled": value} if isinstance(value, bool) else dict(value or {})
-    unknown = sorted(set(opts) - set(PRECONDITION_DEFAULTS))
-    if unknown:
-        raise TestboxError(
-            f"precondition: unknown option(s) {unknown}; known: {sorted(PRECONDITION_DEFAULTS)}"
-        )
-    merged = {**PRECONDITION_DEFAULTS, **opts}
-    for key in _BOOL_OPTS:
-        if not isinstance(merged[key], bool):
-            raise TestboxError(f"precondition.{key} must be true or false, not {merged[key]!r}")
-    for key, low in (*_INT_OPTS.items(), *_NUMBER_OPTS.items()):
-        v = merged[key]
-        what, types = ("an integer", int) if key in _INT_OPTS else ("a number", int | float)
-        if isinstance(v, bool) or not isinstance(v, types) or v < low:
-            raise TestboxError(f"precondition.{key} must be {what} >= {low}, not {v!r}")
-    for key in _STR_OPTS:
-        if not isinstance(merged[key], str) or not merged[key]:
-            raise TestboxError(f"precondition.{key} must be a non-empty string")
-    if merged["ss_rw"] not in SS_RW:
-        raise TestboxError(f"precondition.ss_rw must be one of {SS_RW}, not {merged['ss_rw']!r}")
-    if merged["ss_max_rounds"] < merged["ss_window"]:
-        raise TestboxError(
-            f"precondition.ss_max_rounds ({merged['ss_max_rounds']}) is smaller than "
-            f"precondition.ss_window ({merged['ss_window']}): the gate could never pass"
-        )
-    return merged
-
-
-# The keys each kind of layer reads; another kind's key is dropped when it holds the schema default.
-KIND_KEYS = {
-    "plain": {"size_mib"},
-    "loop": {"size_mib"},
-    "raw": {"device"},
-    "external": {"device"},
-    "luks": {"over", *LUKS_DEFAULTS},
-    "linear": {"like"},
-    "md": {"members", *MD_DEFAULTS},
-    "fs": {"over", *FS_DEFAULTS},
-    "rbd": {"pool", "image", "client", "secure_mode"},
-}
-SCHEMA_LAYER_DEFAULTS = {
-    **LUKS_DEFAULTS,
-    **MD_DEFAULTS,
-    **FS_DEFAULTS,
-    "size_mib": 0,
-    "client": "admin",
-    "secure_mode": "",
-    "optional": False,
-}
-
-
-def resolve_layer(spec, where: str):
-    """A stack's layer with defaults filled, recursively, holding only its kind's keys."""
-    if isinstance(spec, str):
-        return spec
-    if not isinstance(spec, dict) or "kind" not in spec:
-        raise PlanError(f"{where}: a layer must be a device name or an object with a 'kind'")
-    kind = spec["kind"]
-    if kind not in KINDS:
-        raise PlanError(f"{where}.kind: {kind!r} is not one of {', '.join(KINDS)}")
-    layer = {"kind": kind}
-    for key, value in spec.items():
-        if key == "kind":
-            continue
-        if key == "optional":  # any stack may be optional; False (the default) is not kept
-            if value:
-                layer[key] = True
-        elif key in KIND_KEYS[kind]:
-            layer[key] = value
-        elif key not in SCHEMA_LAYER_DEFAULTS or value != SCHEMA_LAYER_DEFAULTS[key]:
-            raise PlanError(
-                f"{where}.{key}: not a setting of kind {kind} "
-                f"(its settings: {', '.join(sorted(KIND_KEYS[kind])) or 'none'})"
-            )
-    layer = {**_LAYER_DEFAULTS.get(kind, {}), **layer}
-    if kind in ("plain", "loop") and not layer.get("size_mib"):
-        layer.pop("size_mib", None)
-    if "over" in layer:
-        layer["over"] = resolve_layer(layer["over"], f"{where}.over")
-    if "members" in layer:
-        layer["members"] = [
-            resolve_layer(m, f"{where}.members[{i}]") for i, m in enumerate(layer["members"])
-        ]
-    return layer
-
-
-def resolve_devices(devices: dict) -> dict:
-    """The allowlist with a real disk's defaults made explicit."""
-    disk = {"wipe_serial": "", "allow_unstable_path": False}
-    return {n: {**disk, **d} if "path" in d else dict(d) for n, d in (devices or {}).items()}
-
-
 def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
-    """Resolve a validated workflow config (defaults filled) into the test box's plan."""
+    """Resolve a validated workflow config (defaults filled) into the test box's plan document,
+    the current version's (every key there)."""
     stacks = {
         name: resolve_layer(stack, f"stacks.{name}") for name, stack in config["stacks"].items()
     }
+    fio = {k: v for k, v in config["fio"].items() if k not in JOB_DEFAULTS or JOB_DEFAULTS[k] != v}
     plan = {
         "run": config["run"],
         "host": host,
@@ -643,19 +516,14 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         "devices": resolve_devices(config.get("devices")),
         "stacks": stacks,
         "matrix": {k: list(v) for k, v in config["matrix"].items()},
-        "fio": {
-            k: v for k, v in config["fio"].items() if k not in JOB_DEFAULTS or JOB_DEFAULTS[k] != v
-        },
+        "fio": fio,
         "repetitions": config["repetitions"],
         "seed": config["seed"],
+        "patterns": resolve_patterns(config.get("patterns"), fio),
+        **{k: config[k] for k in ("sessions",) if k in config},
     }
-    if config.get("sessions", 1) > 1:  # absent otherwise, as for earlier runs' plans
-        plan["sessions"] = config["sessions"]
-    patterns = resolve_patterns(config.get("patterns"), plan["fio"])
-    if patterns:  # absent otherwise: plans of runs measured before patterns existed stay equal
-        plan["patterns"] = patterns
     fleet = config.get("fleet") or {}
-    if fleet.get("mode", "local") == "clients":
+    if fleet.get("mode") == "clients":
         # fio runs on every server at once (fio --client): the stacks' paths must be valid on each.
         plan["fleet"] = {"mode": "clients", "hosts": [dict(h) for h in fleet.get("hosts") or []]}
     adaptive = config.get("adaptive") or {}
@@ -664,6 +532,7 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         sequential = adaptive.get("mode") == "sequential"
         plan["repetitions"] = adaptive["min_pairs" if sequential else "pilot_pairs"]
         plan["adaptive"] = dict(adaptive)
+    plan = migrated_plan_document(plan, "config")  # what a config leaves out, as in version 1
     check_plan(plan, source="config")
     return plan
 
@@ -685,7 +554,7 @@ def write_plan(
                 + "\nChoose a new run name (config key 'run') to measure with the new settings."
             )
         lines.append(f"resuming run {plan['run']!r}: plan compatible with {measured_env}")
-    write_plan_document(out, plan)
+    write_plan_file(out, plan)
     lines.append(f"wrote {out}")
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)

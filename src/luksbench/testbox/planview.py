@@ -14,7 +14,13 @@ from pathlib import Path
 from luksbench.formats.layout import bs_label, bs_to_bytes
 from luksbench.testbox import safety
 from luksbench.testbox.jobs import IO_URING_ONLY
-from luksbench.testbox.plan import cell_options, precondition_options, walk_layers, workloads
+from luksbench.testbox.plan import (
+    SECTOR_BYTES,
+    cell_options,
+    precondition_options,
+    walk_layers,
+    workloads,
+)
 
 
 def layer_layout(layer, devices: dict) -> str:
@@ -26,17 +32,15 @@ def layer_layout(layer, devices: dict) -> str:
     if kind in ("plain", "loop"):
         return f"{kind} (own scratch file)"
     if kind == "luks":
-        head = (
-            f"luks {layer.get('cipher')} {layer.get('key_bits')}-bit key {layer.get('luks_type')}"
-        )
-        if int(layer.get("sector_size", 512)) != 512:
+        head = f"luks {layer['cipher']} {layer['key_bits']}-bit key {layer['luks_type']}"
+        if int(layer["sector_size"]) != SECTOR_BYTES:
             head += f" sector {layer['sector_size']}"
-        if layer.get("perf_flags"):
+        if layer["perf_flags"]:
             head += f" flags {','.join(layer['perf_flags'])}"
     elif kind == "md":
-        head = f"md raid{layer.get('level', 0)} chunk {layer.get('chunk_kib')}K"
+        head = f"md raid{layer['level']} chunk {layer['chunk_kib']}K"
     elif kind == "fs":
-        head = f"{layer.get('fstype', 'ext4')} file"
+        head = f"{layer['fstype']} file"
     elif kind in ("raw", "external"):
         return f"{kind} {layer_layout(layer['device'], devices)}"
     elif kind == "linear":
@@ -52,7 +56,7 @@ def layer_layout(layer, devices: dict) -> str:
 
 def _actions(plan: dict, name: str) -> list[str]:
     """Destructive actions of one stack, bottom-up."""
-    devices = plan.get("devices", {})
+    devices = plan["devices"]
     run = plan["run"]
     out: list[str] = []
 
@@ -141,11 +145,11 @@ def describe_plan(
     stacks, destructive actions, cells."""
     cells = workloads(plan)
     stacks = list(plan["stacks"])
-    reps, sessions = int(plan["repetitions"]), int(plan.get("sessions", 1))
+    reps, sessions = int(plan["repetitions"]), int(plan["sessions"])
     runs = len(cells) * len(stacks) * reps * sessions
     fio = plan["fio"]
-    seconds = runs * (int(fio.get("runtime_s", 0)) + int(fio.get("ramp_time_s", 0)))
-    rep_word = "repetitions" + (" (adaptive pilot)" if plan.get("adaptive") else "")
+    seconds = runs * (int(fio["runtime_s"]) + int(fio["ramp_time_s"]))
+    rep_word = "repetitions" + (" (adaptive pilot)" if plan["adaptive"] else "")
     lines = [
         f"luksbench plan: run {plan['run']} on {plan['host']}: {len(stacks)} stacks x "
         f"{len(cells)} cells x {reps} {rep_word}"
@@ -158,27 +162,27 @@ def describe_plan(
     main_cell = next((w for w in cells if not w.pattern), None)
     if main_cell:
         lines.append(f"  fio jobs: {jobs_text(cell_options(plan, main_cell))}")
-    adaptive = plan.get("adaptive") or {}
+    adaptive = plan["adaptive"] or {}
     if adaptive.get("mode") == "sequential":
-        worst = seconds / reps * int(adaptive.get("max_pairs", 12))
-        budget = float(adaptive.get("budget_h", 0))
+        worst = seconds / reps * int(adaptive["max_pairs"])
+        budget = float(adaptive["budget_h"])
         lines.append(
             f"  sequential: rounds until every cell is decided; budget "
             f"{f'{budget:g} h' if budget else 'none'}, worst case {worst / 3600:.2f} h "
-            f"({adaptive.get('max_pairs', 12)} pairs of every cell)"
+            f"({adaptive['max_pairs']} pairs of every cell)"
         )
         if 0 < budget * 3600 < seconds:  # the first round measures min_pairs whatever the budget
             lines.append(
                 f"  WARNING: the first round alone ({seconds / 3600:.2f} h, {reps} pairs of every "
                 f"cell) exceeds adaptive.budget_h ({budget:g} h): no cell gets a further pair"
             )
-    patterns = plan.get("patterns") or {}
+    patterns = plan["patterns"]
     if patterns:
         main = sum(1 for w in cells if not w.pattern)
         lines.append(
             f"  main matrix: {main} cells ({_matrix_text(plan['matrix'])}), fio: "
-            f"{fio.get('ioengine', 'libaio')}, "
-            f"{'O_DIRECT' if fio.get('direct', True) else 'buffered (page cache)'}"
+            f"{fio['ioengine']}, "
+            f"{'O_DIRECT' if fio['direct'] else 'buffered (page cache)'}"
         )
     for name, pattern in patterns.items():
         count = sum(1 for w in cells if w.pattern == name)
@@ -188,7 +192,7 @@ def describe_plan(
         lines.append(f"    fio: {pattern_fio_text(pattern)}")
         first = next(w for w in cells if w.pattern == name)
         lines.append(f"    fio jobs: {jobs_text(cell_options(plan, first))}")
-    devices = plan.get("devices", {})
+    devices = plan["devices"]
     lines += [f"  stack {name}: {layer_layout(plan['stacks'][name], devices)}" for name in stacks]
     for name, dev in devices.items():
         if "path" in dev:
@@ -288,7 +292,7 @@ def sessions_advice(
 ) -> list[str]:
     """Lines on the plan's sessions: a warning at k = 2, and with ``components`` (between- and
     within-session variance of d, e.g. :func:`read_components`) the Kalibera-Jones allocation."""
-    k, reps = int(plan.get("sessions", 1)), int(plan["repetitions"])
+    k, reps = int(plan["sessions"]), int(plan["repetitions"])
     lines = []
     if k == 2:
         lines.append(
@@ -302,7 +306,7 @@ def sessions_advice(
     cost_pair = len(plan["stacks"]) * len(workloads(plan)) * _run_seconds(plan)
     n = pairs_per_session(session_cost_s, cost_pair, var_session, var_pair)
     n_int = min(round(n), 50) if math.isfinite(n) else 50
-    h = float((plan.get("adaptive") or {}).get("half_width_pct") or ADVICE_HALF_WIDTH_PCT)
+    h = float((plan["adaptive"] or {}).get("target_half_width_pct") or ADVICE_HALF_WIDTH_PCT)
     need = sessions_needed(var_session, var_pair, n_int, h)
     lines.append(
         f"  sessions advice (Kalibera-Jones): session SD {math.sqrt(var_session):.4f}, pair SD "
@@ -316,4 +320,4 @@ def sessions_advice(
 
 def _run_seconds(plan: dict) -> float:
     fio = plan["fio"]
-    return float(fio.get("runtime_s", 3)) + float(fio.get("ramp_time_s", 0))
+    return float(fio["runtime_s"]) + float(fio["ramp_time_s"])

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from luksbench.formats.envdoc import read_env
 from luksbench.formats.fio import (
     FIO_COLUMNS,
     FioParseError,
@@ -40,14 +41,15 @@ from luksbench.formats.manifest import (
     read_manifest,
     result_sessions,
     run_times,
+    write_manifest,
 )
 from luksbench.formats.plan import plan_changes
-from luksbench.formats.sidecar import cpu_sidecar_document
-from luksbench.formats.targets import TargetsError, read_targets
+from luksbench.formats.sidecar import cpu_sidecar_document, write_cpu_sidecar
+from luksbench.formats.targets import TargetsError, read_targets, read_targets_document
 from luksbench.testbox import jobs, probes, safety, sysutil
 from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
 from luksbench.testbox.stacks import check_files_unchanged, load_state, stack_down, stack_up
-from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now, write_json_atomic
+from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now
 
 
 class Interrupted(BaseException):
@@ -235,7 +237,7 @@ def fio_argv(
         rw = [f"--rw={w.rw}"]
     argv = [
         "fio",
-        f"--output-format={f.get('output_format', 'json+')}",
+        f"--output-format={f['output_format']}",
         f"--output={output}",
         f"--name={stack}-{w.id}",
         *target[:1],
@@ -251,8 +253,8 @@ def fio_argv(
         argv.append(f"--fsync={cell['fsync']}")
     argv += [
         "--time_based",
-        f"--runtime={f.get('runtime_s', 3)}s",
-        f"--ramp_time={f.get('ramp_time_s', 0)}s",
+        f"--runtime={f['runtime_s']}s",
+        f"--ramp_time={f['ramp_time_s']}s",
         f"--numjobs={cell['numjobs']}",
     ]
     # several jobs: one entry each (ingest sums throughput and merges their histograms)
@@ -504,11 +506,13 @@ def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bo
     """Whether ``manifest_path`` records a complete measurement of this very plan (env.json's plan
     unchanged): then its raw files are final and no workflow step may rewrite them."""
     try:
-        manifest, measured = read_manifest(manifest_path), read_manifest(env_path)["plan"]
+        manifest, measured = read_manifest(manifest_path), read_env(env_path)["plan"]
         changed = plan_changes(measured, plan)
         # a sequential run is final once its last look stopped every cell
         if (plan.get("adaptive") or {}).get("mode") == "sequential" and not pilot:
-            changed = changed or not read_manifest(manifest_path.parent / "targets.json")["done"]
+            changed = (
+                changed or not read_targets_document(manifest_path.parent / "targets.json")["done"]
+            )
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
     stacks = {*manifest.get("stacks", []), *(manifest.get("unavailable_stacks") or {})}
@@ -642,7 +646,7 @@ def _open_session(
 
 def run_seconds(plan: dict) -> float:
     """How long one fio run measures (runtime and ramp), without its start-up."""
-    return float(plan["fio"].get("runtime_s", 3)) + float(plan["fio"].get("ramp_time_s", 0))
+    return float(plan["fio"]["runtime_s"]) + float(plan["fio"]["ramp_time_s"])
 
 
 def _announce(plan: dict, session: dict, targets: dict | None) -> None:
@@ -785,9 +789,9 @@ def _write_manifest(plan: dict, session: dict, outcome: dict) -> None:
     manifest = _manifest(plan, session, outcome)
     try:
         session_record = new_session_path(manifest_path.parent / SESSIONS_DIR, manifest["started"])
-        write_json_atomic(session_record, manifest, mode=0o444)
+        write_manifest(session_record, manifest, mode=0o444)
         if manifest["complete"]:
-            write_json_atomic(manifest_path, manifest)
+            write_manifest(manifest_path, manifest)
         else:
             manifest_path.unlink(missing_ok=True)
     except OSError as exc:
@@ -874,7 +878,7 @@ def _one_run(
             before, after, t1 - t0, probes.rapl_delta(rapl_before, rapl_after, t1 - t0), idle
         )
         # The sidecar goes first: the rep file's appearance is the commit point.
-        write_json_atomic(cpu_rep_path(path), sidecar, mode=0o444)
+        write_cpu_sidecar(cpu_rep_path(path), sidecar)
         os.chmod(tmp, 0o444)
         if path.exists():  # never overwrite a raw result (someone else wrote it meanwhile)
             return False, f"FAILED: {path} appeared during the run; not overwritten"

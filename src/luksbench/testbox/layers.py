@@ -1,0 +1,143 @@
+"""A stack's layers as the plan holds them: each kind's keys and defaults, resolving a config
+layer into the plan's, and the preconditioning options. Standard library only."""
+
+from __future__ import annotations
+
+from luksbench.formats.plan import PlanError
+from luksbench.testbox.sysutil import TestboxError
+
+LUKS_DEFAULTS = {
+    "cipher": "aes-xts-plain64",
+    "key_bits": 512,
+    "hash": "sha256",
+    "luks_type": "luks2",
+    "sector_size": 512,
+    "pbkdf_iterations": 1000,
+    "perf_flags": [],
+}
+MD_DEFAULTS = {"level": 0, "chunk_kib": 512}
+FS_DEFAULTS = {"fstype": "ext4", "file_size_mib": 0}
+_LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
+KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
+PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
+PERF_FLAGS += ("high_priority",)
+NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
+# One set of defaults for the schema's documentation, the plan and the test box.
+PRECONDITION_DEFAULTS = {
+    "enabled": True,
+    "discard": True,
+    "fill_passes": 2,
+    "block_size": "128k",
+    "steady_state": False,
+    "ss_rw": "randwrite",
+    "ss_bs": "4k",
+    "ss_iodepth": 32,
+    "ss_round_s": 10,
+    "ss_max_rounds": 25,
+    "ss_window": 5,
+    "ss_range_pct": 20.0,
+    "ss_slope_pct": 10.0,
+}
+
+
+# The checked types of the precondition options (PRECONDITION_DEFAULTS has every key).
+_BOOL_OPTS = ("enabled", "discard", "steady_state")
+_INT_OPTS = {"fill_passes": 1, "ss_max_rounds": 1, "ss_window": 2, "ss_iodepth": 1}
+_NUMBER_OPTS = {"ss_round_s": 1, "ss_range_pct": 0, "ss_slope_pct": 0}
+_STR_OPTS = ("block_size", "ss_rw", "ss_bs")
+SS_RW = ("randwrite", "write", "randrw", "rw", "randread", "read")
+
+
+def precondition_options(value) -> dict:
+    """``precondition`` (an object, true/false, or None: the defaults) -> the full, checked
+    options; TestboxError names a bad or unknown key."""
+    opts = {"enabled": value} if isinstance(value, bool) else dict(value or {})
+    unknown = sorted(set(opts) - set(PRECONDITION_DEFAULTS))
+    if unknown:
+        raise TestboxError(
+            f"precondition: unknown option(s) {unknown}; known: {sorted(PRECONDITION_DEFAULTS)}"
+        )
+    merged = {**PRECONDITION_DEFAULTS, **opts}
+    for key in _BOOL_OPTS:
+        if not isinstance(merged[key], bool):
+            raise TestboxError(f"precondition.{key} must be true or false, not {merged[key]!r}")
+    for key, low in (*_INT_OPTS.items(), *_NUMBER_OPTS.items()):
+        v = merged[key]
+        what, types = ("an integer", int) if key in _INT_OPTS else ("a number", int | float)
+        if isinstance(v, bool) or not isinstance(v, types) or v < low:
+            raise TestboxError(f"precondition.{key} must be {what} >= {low}, not {v!r}")
+    for key in _STR_OPTS:
+        if not isinstance(merged[key], str) or not merged[key]:
+            raise TestboxError(f"precondition.{key} must be a non-empty string")
+    if merged["ss_rw"] not in SS_RW:
+        raise TestboxError(f"precondition.ss_rw must be one of {SS_RW}, not {merged['ss_rw']!r}")
+    if merged["ss_max_rounds"] < merged["ss_window"]:
+        raise TestboxError(
+            f"precondition.ss_max_rounds ({merged['ss_max_rounds']}) is smaller than "
+            f"precondition.ss_window ({merged['ss_window']}): the gate could never pass"
+        )
+    return merged
+
+
+# The keys each kind of layer reads; another kind's key is dropped when it holds the schema default.
+KIND_KEYS = {
+    "plain": {"size_mib"},
+    "loop": {"size_mib"},
+    "raw": {"device"},
+    "external": {"device"},
+    "luks": {"over", *LUKS_DEFAULTS},
+    "linear": {"like"},
+    "md": {"members", *MD_DEFAULTS},
+    "fs": {"over", *FS_DEFAULTS},
+    "rbd": {"pool", "image", "client", "secure_mode"},
+}
+SCHEMA_LAYER_DEFAULTS = {
+    **LUKS_DEFAULTS,
+    **MD_DEFAULTS,
+    **FS_DEFAULTS,
+    "size_mib": 0,
+    "client": "admin",
+    "secure_mode": "",
+    "optional": False,
+}
+
+
+def resolve_layer(spec, where: str):
+    """A stack's layer with defaults filled, recursively, holding only its kind's keys."""
+    if isinstance(spec, str):
+        return spec
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise PlanError(f"{where}: a layer must be a device name or an object with a 'kind'")
+    kind = spec["kind"]
+    if kind not in KINDS:
+        raise PlanError(f"{where}.kind: {kind!r} is not one of {', '.join(KINDS)}")
+    layer = {"kind": kind}
+    for key, value in spec.items():
+        if key == "kind":
+            continue
+        if key == "optional":  # any stack may be optional; False (the default) is not kept
+            if value:
+                layer[key] = True
+        elif key in KIND_KEYS[kind]:
+            layer[key] = value
+        elif key not in SCHEMA_LAYER_DEFAULTS or value != SCHEMA_LAYER_DEFAULTS[key]:
+            raise PlanError(
+                f"{where}.{key}: not a setting of kind {kind} "
+                f"(its settings: {', '.join(sorted(KIND_KEYS[kind])) or 'none'})"
+            )
+    layer = {**_LAYER_DEFAULTS.get(kind, {}), **layer}
+    if kind in ("plain", "loop") and not layer.get("size_mib"):
+        layer.pop("size_mib", None)
+    if "over" in layer:
+        layer["over"] = resolve_layer(layer["over"], f"{where}.over")
+    if "members" in layer:
+        layer["members"] = [
+            resolve_layer(m, f"{where}.members[{i}]") for i, m in enumerate(layer["members"])
+        ]
+    return layer
+
+
+def resolve_devices(devices: dict) -> dict:
+    """The allowlist with a real disk's defaults made explicit."""
+    disk = {"wipe_serial": "", "allow_unstable_path": False}
+    return {n: {**disk, **d} if "path" in d else dict(d) for n, d in (devices or {}).items()}

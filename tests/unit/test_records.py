@@ -1,0 +1,181 @@
+"""The versioned records of luksbench.formats: plan, manifest and sessions, targets, env and the
+CPU sidecar. Each writes its version, reads every version it knows (a file without one is version
+1), and refuses a newer or unknown one naming the file and the version."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from luksbench.formats import envdoc, manifest, plan, sidecar, targets
+from luksbench.formats.record import RecordVersionError
+from luksbench.testbox.plan import load_plan, plan_changes
+
+PLAN_V1 = {  # as the workflow wrote plans before they had a version: unused sections left out
+    "run": "r",
+    "host": "h",
+    "backend": "auto",
+    "scratch_dir": "/srv/scratch/r/h",
+    "device_size_mib": 64,
+    "precondition": True,
+    "baseline": "plain",
+    "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
+    "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
+    "fio": {
+        "ioengine": "libaio",
+        "direct": True,
+        "runtime_s": 2,
+        "ramp_time_s": 1,
+        "output_format": "json+",
+    },
+    "repetitions": 3,
+    "seed": 7,
+}
+SIDECAR = {
+    "interval_s": 2.0,
+    "clk_tck": 100,
+    "cpu_count": 2,
+    "delta_s": {"user": 1.0, "system": 0.5, "idle": 2.0, "iowait": 0.5},
+    "busy_s": 1.5,
+    "busy_pct": 37.5,
+}
+
+
+def dump(path: Path, doc: dict) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def refused(read, path: Path, version) -> str:
+    """The message of reading a file of ``version``: it must name the file and the version."""
+    with pytest.raises(ValueError) as caught:
+        read(path)
+    message = str(caught.value)
+    assert str(path) in message and f"version {version!r}" in message, message
+    return message
+
+
+# --- plan ------------------------------------------------------------------------------------------
+
+
+def test_a_plan_round_trips_with_its_version(tmp_path):
+    record = plan.Plan.from_document({**PLAN_V1, "sessions": 2})
+    plan.write_plan_file(tmp_path / "plan.json", record)
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["version"] == plan.PLAN_VERSION == 2
+    again = plan.read_plan(tmp_path / "plan.json")
+    assert again == record and again.sessions == 2 and again.fio["runtime_s"] == 2
+
+
+def test_a_version_1_plan_is_migrated(tmp_path):
+    record = plan.read_plan(dump(tmp_path / "plan.json", PLAN_V1))
+    assert record.version == 2
+    assert (record.sessions, record.patterns, record.devices) == (1, {}, {})
+    assert record.adaptive is None and record.fleet is None
+    patterned = {**PLAN_V1, "patterns": {"p": {"matrix": PLAN_V1["matrix"]}}}
+    assert plan.Plan.from_document(patterned).patterns["p"]["rate_pct"] is None  # unthrottled
+    # resuming a run measured with a version 1 plan: the migrated plan is the same measurement
+    assert plan_changes(PLAN_V1, record.to_document()) == []
+
+
+@pytest.mark.parametrize("version", [3, 0, "2", True])
+def test_a_newer_or_unknown_plan_version_is_refused(tmp_path, version):
+    path = dump(tmp_path / "plan.json", {**PLAN_V1, "version": version})
+    message = refused(plan.read_plan, path, version)
+    assert ("update luksbench" in message) == (version == 3)
+    with pytest.raises(RecordVersionError):
+        load_plan(path)
+
+
+def test_a_plan_with_an_unknown_key_is_refused_naming_it(tmp_path):
+    path = dump(tmp_path / "plan.json", {**PLAN_V1, "repetition": 5})
+    with pytest.raises(plan.PlanError, match=re.escape(f"{path}: unknown key(s) repetition")):
+        plan.read_plan(path)
+
+
+def test_a_plan_without_the_fio_settings_the_test_box_reads_is_refused(tmp_path):
+    fio = {k: v for k, v in PLAN_V1["fio"].items() if k != "runtime_s"}
+    path = dump(tmp_path / "plan.json", {**PLAN_V1, "fio": fio})
+    with pytest.raises(plan.PlanError, match=r"missing key\(s\) fio\.runtime_s"):
+        plan.read_plan(path)
+
+
+def test_the_plan_record_reads_as_its_document():
+    record = plan.Plan.from_document(PLAN_V1)
+    assert dict(record) == record.to_document()
+    assert record["fio"] is record.fio and record.get("fleet") is None
+    with pytest.raises(KeyError):
+        record["nonsense"]
+
+
+# --- manifest, sessions, env, targets: documents kept whole ---------------------------------------
+
+DOCUMENTS = [
+    (manifest.write_manifest, manifest.read_manifest, {"run": "r", "complete": True, "runs": []}),
+    (envdoc.write_env, envdoc.read_env, {"captured": "2026-01-01T00:00:00Z", "plan": PLAN_V1}),
+    (targets.write_targets, targets.read_targets_document, {"pairs": {"read-4k-qd1": 5}}),
+]
+
+
+@pytest.mark.parametrize(("write", "read", "doc"), DOCUMENTS)
+def test_a_document_round_trips_with_its_version_and_keeps_unknown_keys(tmp_path, write, read, doc):
+    path = tmp_path / "record.json"
+    write(path, {**doc, "from_a_later_minor_change": [1, 2]})
+    assert json.loads(path.read_text())["version"] == 2
+    assert read(path) == {"version": 2, **doc, "from_a_later_minor_change": [1, 2]}
+
+
+@pytest.mark.parametrize(("write", "read", "doc"), DOCUMENTS)
+def test_a_version_1_document_reads_as_version_2(tmp_path, write, read, doc):
+    assert read(dump(tmp_path / "record.json", doc)) == {"version": 2, **doc}
+
+
+@pytest.mark.parametrize(("write", "read", "doc"), DOCUMENTS)
+@pytest.mark.parametrize("version", [3, -1, None])
+def test_a_newer_or_unknown_document_version_is_refused(tmp_path, write, read, doc, version):
+    refused(read, dump(tmp_path / "record.json", {**doc, "version": version}), version)
+
+
+def test_the_session_record_is_written_once_read_only(tmp_path):
+    path = tmp_path / "sessions" / "20260101T000000Z.json"
+    manifest.write_manifest(path, {"run": "r"}, mode=0o444)
+    assert path.stat().st_mode & 0o777 == 0o444
+
+
+def test_the_runner_and_ingest_reader_of_targets_refuse_a_newer_version(tmp_path):
+    path = dump(tmp_path / "targets.json", {"version": 3, "pairs": {"read-4k-qd1": 5}})
+    with pytest.raises(targets.TargetsError, match=re.escape(f"{path}: targets version 3")):
+        targets.read_targets(path)
+    with pytest.raises(RecordVersionError):
+        targets.read_looks(path)
+    targets.write_targets(path, {"pairs": {"read-4k-qd1": 5}})
+    assert targets.read_targets(path) == {"read-4k-qd1": (5, False, None, None)}
+
+
+# --- CPU sidecar -----------------------------------------------------------------------------------
+
+
+def test_a_cpu_sidecar_round_trips_with_its_version(tmp_path):
+    path = tmp_path / "rep1.cpu.json"
+    doc = sidecar.cpu_sidecar_document(SIDECAR, rapl=None)
+    sidecar.write_cpu_sidecar(path, doc)
+    assert json.loads(path.read_text())["version"] == 2 and path.stat().st_mode & 0o777 == 0o444
+    values = sidecar.read_cpu_sidecar(path)
+    assert values == {
+        "busy_cpu_s": 1.5,
+        "busy_cpu_pct": 37.5,
+        "sys_cpu_s": 0.5,
+        "cpu_interval_s": 2.0,
+    }
+    # version 1 (no version) reads the same; keys the reader does not use are left alone
+    old = dump(tmp_path / "rep2.cpu.json", {**SIDECAR, "energy": {"pkg": 1}})
+    assert sidecar.read_cpu_sidecar(old) == values
+
+
+@pytest.mark.parametrize("version", [3, "1"])
+def test_a_newer_or_unknown_cpu_sidecar_is_refused(tmp_path, version):
+    path = dump(tmp_path / "rep1.cpu.json", {**SIDECAR, "version": version})
+    refused(sidecar.read_cpu_sidecar, path, version)
