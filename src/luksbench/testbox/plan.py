@@ -16,6 +16,7 @@ from luksbench.formats.plan import (
     read_plan_document,
     write_plan_document,
 )
+from luksbench.testbox import ceph
 from luksbench.testbox.sysutil import TestboxError
 
 
@@ -110,6 +111,9 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
             )
         return
     kind = layer["kind"]
+    ceph_layer = kind == "osd" or (kind == "rbd" and ("over" in layer or "members" in layer))
+    if ceph_layer and ceph.check_ceph_layer(layer, where):
+        raise PlanError(f"{source}: " + "; ".join(ceph.check_ceph_layer(layer, where)))
 
     def need(key: str, allowed=None, default=None):  # a default is always allowed
         if key not in layer and default is None:
@@ -161,14 +165,16 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
             )
         if first_layer(plan["stacks"][layer["like"]], "linear"):
             raise PlanError(f"{source}: {where}.like: {layer['like']!r} is itself a linear arm")
-    elif kind == "rbd":
+    elif kind == "rbd" and not ceph_layer:
         need("pool")
         need("image")
-    if kind in ("plain", "loop", "raw", "external", "rbd", "linear") and (
-        "over" in layer or "members" in layer
+    if (
+        kind in ("plain", "loop", "raw", "external", "rbd", "linear")
+        and not ceph_layer
+        and ("over" in layer or "members" in layer)
     ):
         raise PlanError(f"{source}: {where}: kind {kind} sits on nothing (no 'over'/'members')")
-    if kind != "md" and "members" in layer:
+    if kind != "md" and not ceph_layer and "members" in layer:
         raise PlanError(f"{source}: {where}.members: only md layers have members")
 
 
@@ -503,6 +509,7 @@ MD_DEFAULTS = {"level": 0, "chunk_kib": 512}
 FS_DEFAULTS = {"fstype": "ext4", "file_size_mib": 0}
 _LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
 KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
+KINDS += ("osd",)
 PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
 PERF_FLAGS += ("high_priority",)
 NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
@@ -575,6 +582,7 @@ KIND_KEYS = {
     "fs": {"over", *FS_DEFAULTS},
     "rbd": {"pool", "image", "client", "secure_mode"},
 }
+KIND_KEYS.update(ceph.CEPH_KIND_KEYS)
 SCHEMA_LAYER_DEFAULTS = {
     **LUKS_DEFAULTS,
     **MD_DEFAULTS,
@@ -584,6 +592,7 @@ SCHEMA_LAYER_DEFAULTS = {
     "secure_mode": "",
     "optional": False,
 }
+SCHEMA_LAYER_DEFAULTS.update(ceph.CEPH_SCHEMA_DEFAULTS)
 
 
 def resolve_layer(spec, where: str):
