@@ -291,9 +291,22 @@ def communicate(proc: subprocess.Popen, run: dict | None) -> tuple[str, str]:
 
 
 def finish_entry_run(run: dict) -> dict:
-    """The run's Ceph record for its CPU sidecar (see :mod:`luksbench.formats.sidecar`): the
-    verification, and the CPU seconds and peak memory of each daemon over the fio run."""
+    """The run's Ceph record, the ``ceph`` key of its CPU sidecar ``rep<k>.cpu.json``:
+
+    ``pool``, ``image``; ``messenger_mode`` (the arm's client mode, verified); ``mode_probe``
+    (``asked``, ``connections``: entity -> mode its connection used, ``probe_seconds``, ``log``:
+    the probe client's log beside the rep, read-only); ``osd_devices`` (per OSD of the arm: its
+    block device, backing file and ``encryption``, None for plain); ``daemon_modes`` (what the
+    daemons accept); ``seconds`` (fio's wall time); ``daemon_cpu_s`` (``ceph-osd.0``, ``ceph-mon.a``
+    ...: user + system CPU seconds over the fio run, from /proc/<pid>/stat; None: the daemon
+    went away or restarted; every daemon of the cluster, an idle other group's OSD near 0);
+    ``daemon_peak_rss_bytes`` (VmHWM of each daemon so far)."""
     record = dict(run["record"])
+    probe = record["mode_probe"] = dict(record["mode_probe"])
+    log_path = Path(probe["log"])
+    if log_path.exists():
+        log_path.chmod(0o444)
+    probe["log"] = log_path.name
     record["seconds"] = round(time.monotonic() - run["t0"], 3)
     after = daemon_usage(run["cluster"])
     record["daemon_cpu_s"] = _cpu_delta(run["before"], after)
