@@ -51,6 +51,8 @@ CEPH_KIND_KEYS = {
     "osd": {"over"},
     "rbd": {"over", "members", "mode", "image_mib", "pool", "image", "client", "secure_mode"},
 }
+# The schema's defaults of the Ceph keys (plan.SCHEMA_LAYER_DEFAULTS: another kind drops them).
+CEPH_SCHEMA_DEFAULTS = {"mode": "crc", "image_mib": 0}
 
 
 def check_ceph_layer(layer: dict, where: str) -> list[str]:
@@ -367,3 +369,64 @@ def cluster_up(
     _save(cluster)
     log(f"  ceph: cluster {cluster['fsid'][:8]} up in {cluster['up_seconds']:.1f} s")
     return cluster
+
+
+# Resident memory one OSD needed here with osd_memory_target at its floor (and the monitor's).
+OSD_MEMORY_NEED_BYTES = 1536 * 1024 * 1024
+MON_MEMORY_NEED_BYTES = 128 * 1024 * 1024
+
+
+def is_cluster_layer(layer) -> bool:
+    """An ``osd`` layer or an ``rbd`` arm over osd layers: part of the cluster the run builds
+    (an ``rbd`` layer with neither 'over' nor 'members' uses an existing cluster)."""
+    if not isinstance(layer, dict):
+        return False
+    kind = layer.get("kind")
+    return kind == "osd" or (kind == "rbd" and ("over" in layer or "members" in layer))
+
+
+def layer_head(layer: dict) -> str:
+    """The plan printout's words for a cluster layer (what sits below follows them)."""
+    if layer["kind"] == "osd":
+        return "Ceph BlueStore OSD"
+    size = f"{layer['image_mib']} MiB" if layer.get("image_mib") else "auto-sized"
+    return f"rbd arm, client mode {layer.get('mode', 'crc')}, {size} image of the run's cluster,"
+
+
+def layer_actions(layer: dict, target) -> list[str]:
+    """The destructive actions of a cluster layer for the plan printout (``target``: the words
+    for the layer below)."""
+    if layer["kind"] == "osd":
+        return [
+            f"ceph-osd --mkfs BlueStore on {target(layer['over'])} (destroys its data; built "
+            "once for all arms over the same osd layers)"
+        ]
+    if is_cluster_layer(layer):
+        return ["create a size-1 pool and an RBD image, prefill it (dd through rbd)"]
+    return []
+
+
+def osd_groups(plan: dict) -> list[list]:
+    """The distinct sets of osd layers of the plan's arms (one OSD group each)."""
+    found: dict[str, list] = {}
+    for stack in plan["stacks"].values():
+        if is_cluster_layer(stack) and stack["kind"] == "rbd":
+            below = [stack["over"]] if "over" in stack else list(stack["members"])
+            found.setdefault(json.dumps(below, sort_keys=True), below)
+    return list(found.values())
+
+
+def plan_lines(plan: dict) -> list[str]:
+    """The plan printout's lines on the cluster the run builds (none when it builds none)."""
+    groups = osd_groups(plan)
+    if not groups:
+        return []
+    osds = sum(len(g) for g in groups)
+    need = osds * OSD_MEMORY_NEED_BYTES + MON_MEMORY_NEED_BYTES
+    return [
+        f"  ceph: stack-up builds a throwaway cluster under {plan['scratch_dir']}/ceph: one "
+        f"monitor, {osds} BlueStore OSD(s) in {len(groups)} group(s), a pool and a prefilled "
+        f"RBD image per group; daemons on 127.0.0.1, accepting messenger modes {DAEMON_MODES!r}",
+        f"  ceph: memory needed about {need / 2**30:.1f} GiB; every run's client mode is verified "
+        "by a probe and the OSDs' encryption read again; stack-down stops and removes it all",
+    ]

@@ -245,3 +245,70 @@ def run_entry_fio(
     if cluster is None or not cluster.get("complete"):
         raise TestboxError(f"stack {entry['stack']}: the run's Ceph cluster ({top}) is not up")
     return run_rbd_fio(cluster, entry["ceph"], argv, timeout, probe_log, **popen)
+
+
+def probe_log_path(rep_path: Path) -> Path:
+    """The mode probe's client log beside a run's raw result (``rep3.json`` ->
+    ``rep3.ceph-probe.log``): the evidence for the verified mode, kept with the run."""
+    return rep_path.with_name(rep_path.name.replace(".json", ".ceph-probe.log"))
+
+
+def prepare_entry_run(entry: dict, rep_path: Path, fio: dict) -> dict | None:
+    """None for a STATE entry that is no RBD arm of the run's own cluster. Before the runner starts fio on an RBD arm (and before its CPU window opens): verify the
+    arm's client mode (probe) and OSD encryption; the fio environment, the hard timeout and the
+    daemons' CPU reading to take the run's difference from."""
+    if not entry.get("ceph"):
+        return None
+    top = entry["ceph"]["cluster_dir"]
+    cluster = load_cluster(top)
+    if cluster is None or not cluster.get("complete"):
+        raise TestboxError(f"stack {entry['stack']}: the run's Ceph cluster ({top}) is not up")
+    arm = entry["ceph"]
+    env, record = prepare_rbd_run(
+        cluster, arm["group"], arm["mode"], bool(arm["encrypted"]), probe_log_path(rep_path)
+    )
+    timeout = fio_timeout(fio.get("runtime_s", 3), fio.get("ramp_time_s", 0))
+    run = {"cluster": cluster, "env": env, "timeout": timeout, "record": record}
+    run["before"], run["t0"] = daemon_usage(cluster), time.monotonic()
+    return run
+
+
+def communicate(proc: subprocess.Popen, run: dict | None) -> tuple[str, str]:
+    """``proc.communicate()``; for an RBD arm (``run`` from :func:`prepare_entry_run`) under its
+    hard timeout, past which fio's process group gets SIGKILL and TestboxError says why."""
+    if run is None:
+        return proc.communicate()
+    try:
+        return proc.communicate(timeout=run["timeout"])
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise TestboxError(
+            f"fio on the RBD arm did not finish within {run['timeout']:.0f} s (CEPH_ARGS "
+            f"{run['env'].get('CEPH_ARGS')!r}): killed its process group"
+        ) from None
+
+
+def finish_entry_run(run: dict) -> dict:
+    """The run's Ceph record, the ``ceph`` key of its CPU sidecar ``rep<k>.cpu.json``:
+
+    ``pool``, ``image``; ``messenger_mode`` (the arm's client mode, verified); ``mode_probe``
+    (``asked``, ``connections``: entity -> mode its connection used, ``probe_seconds``, ``log``:
+    the probe client's log beside the rep, read-only); ``osd_devices`` (per OSD of the arm: its
+    block device, backing file and ``encryption``, None for plain); ``daemon_modes`` (what the
+    daemons accept); ``seconds`` (fio's wall time); ``daemon_cpu_s`` (``ceph-osd.0``, ``ceph-mon.a``
+    ...: user + system CPU seconds over the fio run, from /proc/<pid>/stat; None: the daemon
+    went away or restarted; every daemon of the cluster, an idle other group's OSD near 0);
+    ``daemon_peak_rss_bytes`` (VmHWM of each daemon so far)."""
+    record = dict(run["record"])
+    probe = record["mode_probe"] = dict(record["mode_probe"])
+    log_path = Path(probe["log"])
+    if log_path.exists():
+        log_path.chmod(0o444)
+    probe["log"] = log_path.name
+    record["seconds"] = round(time.monotonic() - run["t0"], 3)
+    after = daemon_usage(run["cluster"])
+    record["daemon_cpu_s"] = _cpu_delta(run["before"], after)
+    record["daemon_peak_rss_bytes"] = {n: (u or {}).get("peak_rss_bytes") for n, u in after.items()}
+    return record

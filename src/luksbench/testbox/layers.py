@@ -4,6 +4,7 @@ layer into the plan's, and the preconditioning options. Standard library only.""
 from __future__ import annotations
 
 from luksbench.formats.plan import PlanError
+from luksbench.testbox import ceph
 from luksbench.testbox.sysutil import TestboxError
 
 LUKS_DEFAULTS = {
@@ -19,6 +20,7 @@ MD_DEFAULTS = {"level": 0, "chunk_kib": 512}
 FS_DEFAULTS = {"fstype": "ext4", "file_size_mib": 0}
 _LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
 KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
+KINDS += ("osd",)
 PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
 PERF_FLAGS += ("high_priority",)
 NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
@@ -91,6 +93,7 @@ KIND_KEYS = {
     "fs": {"over", *FS_DEFAULTS},
     "rbd": {"pool", "image", "client", "secure_mode"},
 }
+KIND_KEYS.update(ceph.CEPH_KIND_KEYS)
 SCHEMA_LAYER_DEFAULTS = {
     **LUKS_DEFAULTS,
     **MD_DEFAULTS,
@@ -100,6 +103,7 @@ SCHEMA_LAYER_DEFAULTS = {
     "secure_mode": "",
     "optional": False,
 }
+SCHEMA_LAYER_DEFAULTS.update(ceph.CEPH_SCHEMA_DEFAULTS)
 
 
 def resolve_layer(spec, where: str):

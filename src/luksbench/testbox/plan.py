@@ -19,6 +19,7 @@ from luksbench.formats.plan import (
     read_plan,
     write_plan_file,
 )
+from luksbench.testbox import ceph
 from luksbench.testbox.layers import FS_DEFAULTS, LUKS_DEFAULTS, MD_DEFAULTS, PERF_FLAGS
 from luksbench.testbox.layers import NULL_CIPHERS as NULL_CIPHERS  # the test box imports these here
 from luksbench.testbox.layers import precondition_options as precondition_options
@@ -119,6 +120,9 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
             )
         return
     kind = layer["kind"]
+    ceph_layer = kind == "osd" or (kind == "rbd" and ("over" in layer or "members" in layer))
+    if ceph_layer and ceph.check_ceph_layer(layer, where):
+        raise PlanError(f"{source}: " + "; ".join(ceph.check_ceph_layer(layer, where)))
 
     def need(key: str, allowed=None, default=None):  # a default is always allowed
         if key not in layer and default is None:
@@ -170,14 +174,16 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
             )
         if first_layer(plan["stacks"][layer["like"]], "linear"):
             raise PlanError(f"{source}: {where}.like: {layer['like']!r} is itself a linear arm")
-    elif kind == "rbd":
+    elif kind == "rbd" and not ceph_layer:
         need("pool")
         need("image")
-    if kind in ("plain", "loop", "raw", "external", "rbd", "linear") and (
-        "over" in layer or "members" in layer
+    if (
+        kind in ("plain", "loop", "raw", "external", "rbd", "linear")
+        and not ceph_layer
+        and ("over" in layer or "members" in layer)
     ):
         raise PlanError(f"{source}: {where}: kind {kind} sits on nothing (no 'over'/'members')")
-    if kind != "md" and "members" in layer:
+    if kind != "md" and not ceph_layer and "members" in layer:
         raise PlanError(f"{source}: {where}.members: only md layers have members")
 
 

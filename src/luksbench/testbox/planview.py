@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from luksbench.formats.layout import bs_label, bs_to_bytes
-from luksbench.testbox import safety
+from luksbench.testbox import ceph, safety
 from luksbench.testbox.jobs import IO_URING_ONLY
 from luksbench.testbox.plan import (
     SECTOR_BYTES,
@@ -45,6 +45,8 @@ def layer_layout(layer, devices: dict) -> str:
         return f"{kind} {layer_layout(layer['device'], devices)}"
     elif kind == "linear":
         return f"dm-linear over the luks payload region of stack {layer['like']}"
+    elif ceph.is_cluster_layer(layer):
+        head = ceph.layer_head(layer)
     elif kind == "rbd":
         return f"rbd {layer['pool']}/{layer['image']} (client {layer.get('client', 'admin')})"
     if "members" in layer:
@@ -86,6 +88,8 @@ def _actions(plan: dict, name: str) -> list[str]:
             out.append(f"mkfs.{fstype} {below} (destroys its data), mount")
         elif kind == "linear":
             out.append(f"dmsetup create dm-linear over the luks payload of stack {layer['like']}")
+        elif ceph.is_cluster_layer(layer):
+            out += ceph.layer_actions(layer, target)
         elif kind in ("raw", "external"):
             out.append(f"fio writes directly to {target(layer['device'])}")
     return out
@@ -199,6 +203,7 @@ def describe_plan(
             lines.append(f"  device {name}: {dev['path']} (real disk: WILL BE OVERWRITTEN)")
         else:
             lines.append(f"  device {name}: scratch file of {dev['size_mib']} MiB on a loop device")
+    lines += ceph.plan_lines(plan)
     lines.append("  destructive actions, in order:")
     lines += [f"    {name}: {action}" for name in stacks for action in _actions(plan, name)]
     pre = precondition_options(plan["precondition"])

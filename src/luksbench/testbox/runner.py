@@ -46,7 +46,7 @@ from luksbench.formats.manifest import (
 from luksbench.formats.plan import plan_changes
 from luksbench.formats.sidecar import cpu_sidecar_document, write_cpu_sidecar
 from luksbench.formats.targets import TargetsError, read_targets, read_targets_document
-from luksbench.testbox import jobs, probes, safety, sysutil
+from luksbench.testbox import cephrun, jobs, probes, safety, sysutil
 from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
 from luksbench.testbox.stacks import check_files_unchanged, load_state, stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now
@@ -212,7 +212,9 @@ def fio_argv(
             f"every stack ({io_size} bytes, the smallest device): use larger devices or take "
             f"{w.bs} out of the matrix"
         )
-    if entry.get("device_type") == "rbd":
+    if entry.get("ceph"):  # an RBD arm over the run's own cluster
+        target = cephrun.fio_target_for(entry)
+    elif entry.get("device_type") == "rbd":
         # Ceph: fio's rbd engine talks to the cluster itself (client keyring from ceph.conf).
         rbd = plan["stacks"][stack]
         target = [
@@ -842,6 +844,7 @@ def _one_run(
         argv = fio_argv(plan, entry, stack, w, tmp, io_size, rate_iops, devices)
         # The job file (fleet mode) is matched by the stale-file glob above.
         argv = _session_form(plan, argv, clocksource, tmp.with_suffix(".job.tmp"))
+        ceph_run = cephrun.prepare_entry_run(entry, path, plan["fio"])  # None: not a Ceph arm
         before, rapl_before, t0 = probes.read_proc_stat(), probes.read_rapl(), time.monotonic()
         # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
         # A stop signal waits until Popen returns (else fio would run on unknown and write its
@@ -855,11 +858,12 @@ def _one_run(
                 stderr=subprocess.PIPE,
                 text=True,
                 start_new_session=True,
+                env=ceph_run["env"] if ceph_run else None,
                 preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, unblocked),
             )
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
-        _, err = proc.communicate()
+        _, err = cephrun.communicate(proc, ceph_run)
         t1, after, rapl_after = time.monotonic(), probes.read_proc_stat(), probes.read_rapl()
         for line in err.strip().splitlines():
             log(f"    fio: {line}")
@@ -877,6 +881,8 @@ def _one_run(
         sidecar = cpu_sidecar(
             before, after, t1 - t0, probes.rapl_delta(rapl_before, rapl_after, t1 - t0), idle
         )
+        if ceph_run:
+            sidecar["ceph"] = cephrun.finish_entry_run(ceph_run)
         # The sidecar goes first: the rep file's appearance is the commit point.
         write_cpu_sidecar(cpu_rep_path(path), sidecar)
         os.chmod(tmp, 0o444)

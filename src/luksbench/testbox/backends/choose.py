@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from luksbench.testbox.cephstack import split_plan
 from luksbench.testbox.plan import NULL_CIPHERS, plan_layers
 from luksbench.testbox.sysutil import read_text, run_quiet, which
 
@@ -177,6 +178,7 @@ def resolve_backend(
 
 def resolve_plan_backend(plan: dict, try_modprobe: bool = True) -> dict:
     """:func:`resolve_backend` for what this plan's layers need."""
+    plan = split_plan(plan)[0]  # Ceph arms: the backend builds only the layers under the OSDs
     layers = list(plan_layers(plan))
     needs_dm = any(lay["kind"] in ("luks", "linear") for lay in layers)
     levels = tuple(sorted({int(lay.get("level", 0)) for lay in layers if lay["kind"] == "md"}))
