@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import copy_workflow
+from testkit.workflow import copy_workflow
 
 from luksbench.testbox import cephdown
 

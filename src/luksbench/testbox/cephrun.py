@@ -254,8 +254,8 @@ def probe_log_path(rep_path: Path) -> Path:
 
 
 def prepare_entry_run(entry: dict, rep_path: Path, fio: dict) -> dict | None:
-    """None for a STATE entry that is no RBD arm of the run's own cluster. Before the runner starts fio on an RBD arm (and before its CPU window opens): verify the
-    arm's client mode (probe) and OSD encryption; the fio environment, the hard timeout and the
+    """None for a STATE entry that is no RBD arm of the run's own cluster. Before the runner
+    starts fio on an RBD arm (and before its CPU window opens): verify the arm's client mode (probe) and OSD encryption; the fio environment, the hard timeout and the
     daemons' CPU reading to take the run's difference from."""
     if not entry.get("ceph"):
         return None
@@ -267,7 +267,7 @@ def prepare_entry_run(entry: dict, rep_path: Path, fio: dict) -> dict | None:
     env, record = prepare_rbd_run(
         cluster, arm["group"], arm["mode"], bool(arm["encrypted"]), probe_log_path(rep_path)
     )
-    timeout = fio_timeout(fio.get("runtime_s", 3), fio.get("ramp_time_s", 0))
+    timeout = fio_timeout(fio["runtime_s"], fio["ramp_time_s"])
     run = {"cluster": cluster, "env": env, "timeout": timeout, "record": record}
     run["before"], run["t0"] = daemon_usage(cluster), time.monotonic()
     return run
