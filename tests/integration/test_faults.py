@@ -19,7 +19,7 @@ from testkit.testbox import run_fio_args
 from testkit.workflow import copy_workflow
 
 from luksbench.testbox.plan import plan_from_config
-from luksbench.testbox.runner import MIN_FREE_BYTES
+from luksbench.testbox.sysutil import MIN_FREE_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

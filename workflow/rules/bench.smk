@@ -134,7 +134,7 @@ rule run_rounds:
             "decision_regions": config["analysis"]["decision_regions"],
         },
     run:
-        from luksbench.analysis.sequential import run_rounds
+        from luksbench.orchestrate.sequential import run_rounds
 
         stacks = ("--plan", input.plan, "--state", params.state, "--describe", input.stacks)
         where = (params.raw_dir, wildcards.host, output.manifest, log[0])

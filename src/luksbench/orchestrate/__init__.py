@@ -1,0 +1,1 @@
+"""Orchestration: the loops and hooks that drive the test box between analysis steps."""

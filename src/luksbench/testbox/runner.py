@@ -13,10 +13,7 @@ import contextlib
 import json
 import math
 import os
-import random
-import re
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
@@ -24,13 +21,7 @@ import time
 from pathlib import Path
 
 from luksbench.formats.envdoc import read_env
-from luksbench.formats.fio import (
-    FIO_COLUMNS,
-    FioParseError,
-    document_tuples,
-    job_entries,
-    load_fio_document,
-)
+from luksbench.formats.fio import job_entries
 from luksbench.formats.layout import REP_NAME, Workload, cpu_rep_path, fio_rep_path
 from luksbench.formats.manifest import (
     CELL_ORDER,
@@ -44,12 +35,34 @@ from luksbench.formats.manifest import (
     write_manifest,
 )
 from luksbench.formats.plan import plan_changes
-from luksbench.formats.sidecar import cpu_sidecar_document, write_cpu_sidecar
-from luksbench.formats.targets import TargetsError, read_targets, read_targets_document
+from luksbench.formats.sidecar import write_cpu_sidecar
+from luksbench.formats.targets import read_targets_document
 from luksbench.testbox import cephrun, jobs, probes, safety, sysutil
-from luksbench.testbox.plan import RANDOM_RW, baseline_first, cell_options, workloads
+from luksbench.testbox.fiocommand import (  # fio_argv ... steadiest_clock: callers import them here
+    _CLOCKSOURCES,  # noqa: F401
+    _session_form,
+    _summary,
+    _total,
+    check_fio_result,
+    check_servers,
+    client_argv,  # noqa: F401
+    fio_argv,
+    fio_clocksource,
+    fleet_clients,
+    steadiest_clock,  # noqa: F401
+)
+from luksbench.testbox.plan import baseline_first, cell_options, workloads
+from luksbench.testbox.schedule import (  # stacks_in_order ...: callers import them here
+    cell_repetitions,
+    cpu_sidecar,
+    load_targets,
+    round_idle_sample,
+    schedule,
+    session_pairs,
+    stacks_in_order,  # noqa: F401
+)
 from luksbench.testbox.stacks import check_files_unchanged, load_state, stack_down, stack_up
-from luksbench.testbox.sysutil import TestboxError, log, pid_alive, utc_now
+from luksbench.testbox.sysutil import TestboxError, check_free_space, log, pid_alive, utc_now
 
 
 class Interrupted(BaseException):
@@ -75,320 +88,6 @@ def raise_on_stop_signals(interrupt) -> dict:
     return {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
 
 
-def order_positions(plan: dict) -> dict[str, int]:
-    """Each cell's place in a seeded permutation of the plan's cells (see :func:`stacks_in_order`)."""
-    ids = sorted(w.id for w in workloads(plan))
-    random.Random(f"{plan['seed']}:stack-order").shuffle(ids)
-    return {w: p for p, w in enumerate(ids)}
-
-
-def stacks_in_order(stacks: list[str], round_no: int, position: int) -> list[str]:
-    """The stacks of a cell in round ``round_no``: rounds 1-2, 3-4, ... each run the cell once in
-    order (baseline first) and once reversed, so every even count of rounds is balanced. Which comes
-    first flips from block to block (AB BA BA AB: a linear drift cancels too) and alternates over
-    the cells' ``position`` (:func:`order_positions`): with an odd count half of the cells have the
-    extra pair in order and half reversed."""
-    block, second = divmod(round_no - 1, 2)
-    forward = (position + block) % 2 == second
-    return list(stacks) if forward else list(reversed(stacks))
-
-
-def load_targets(path: Path) -> dict[str, int]:
-    """Workload id -> pairs from an adaptive targets file; TestboxError naming a malformed one."""
-    try:
-        return {w: design[0] for w, design in read_targets(Path(path)).items()}
-    except TargetsError as exc:
-        raise TestboxError(f"{path}: {exc}") from exc
-
-
-def cell_repetitions(plan: dict, targets: dict[str, int] | None = None) -> dict[str, int]:
-    """Repetitions per cell: the plan's, or a cell's target when larger (adaptive stage 2)."""
-    fixed = int(plan["repetitions"])
-    return {w.id: max(fixed, int((targets or {}).get(w.id, fixed))) for w in workloads(plan)}
-
-
-def session_pairs(
-    plan: dict,
-    targets: dict[str, int] | None,
-    existing: dict[tuple[str, int], dict[str, str]],
-    session: str | None,
-) -> dict[str, list[int]]:
-    """The pairs (rep numbers) each cell runs in ``session``, the current stack-up.
-
-    ``existing``: (cell, rep) -> {stack: session that measured it}. A pair measured half in
-    another session is never completed here (other devices, keys, preconditioning): the cell gets
-    a new pair number. A session holds at most a cell's per-session pairs, all sessions together
-    ``sessions`` times that."""
-    stacks = set(baseline_first(plan))
-    per_session = cell_repetitions(plan, targets)
-    sessions = int(plan.get("sessions", 1))
-    pairs = {}
-    for w in workloads(plan):
-        reps = {rep: by for (cell, rep), by in existing.items() if cell == w.id}
-        here = sorted(rep for rep, by in reps.items() if set(by.values()) == {session})
-        elsewhere = sum(
-            set(by) >= stacks and len(set(by.values())) == 1 and session not in by.values()
-            for by in reps.values()
-        )
-        wanted = min(per_session[w.id], sessions * per_session[w.id] - elsewhere)
-        free = (r for r in range(1, len(reps) + wanted + 1) if r not in reps)
-        pairs[w.id] = sorted(here + [next(free) for _ in range(wanted - len(here))])
-    return pairs
-
-
-def schedule(
-    plan: dict, targets: dict[str, int] | None = None, pairs: dict[str, list[int]] | None = None
-) -> list[dict]:
-    """The whole matrix in run order: one entry per fio run.
-
-    Round k shuffles all cells with ``random.Random(seed + k)`` and runs those that need a k-th
-    pair (``pairs``; default 1..n per cell), so the rounds of the fixed design are the same with
-    or without targets. The stack order within a pair follows its number."""
-    cells = workloads(plan)
-    if pairs is None:
-        pairs = {w: list(range(1, n + 1)) for w, n in cell_repetitions(plan, targets).items()}
-    stacks = baseline_first(plan)
-    positions = order_positions(plan)
-    runs = []
-    # a later session's rounds continue the seeds after the pairs before it: its own cell order
-    offset = min((reps[0] for reps in pairs.values() if reps), default=1) - 1
-    for k in range(1, max(map(len, pairs.values()), default=0) + 1):
-        order = list(cells)
-        random.Random(int(plan["seed"]) + offset + k).shuffle(order)
-        for w in (w for w in order if len(pairs[w.id]) >= k):
-            rep = pairs[w.id][k - 1]
-            for pos, stack in enumerate(stacks_in_order(stacks, rep, positions[w.id])):
-                runs.append(
-                    {"round": k, "rep": rep, "stack": stack, "workload": w, "position_in_cell": pos}
-                )
-    for i, r in enumerate(runs, 1):
-        r["index"] = i
-    return runs
-
-
-def cpu_sidecar(
-    before: dict, after: dict, interval_s: float, rapl: dict | None = None, idle: dict | None = None
-) -> dict:
-    """The rep's sidecar: /proc/stat deltas over the fio run, its RAPL energy (None: absent) and
-    the idle sample of its round."""
-    return cpu_sidecar_document(probes.cpu_delta(before, after, interval_s), rapl, idle)
-
-
-def round_idle_sample(outcome: dict, round_: int) -> int:
-    """Index in ``outcome["idle_samples"]`` of the idle CPU sample of round ``round_``, taken now
-    if the round has none yet (just before its first measured run): one short sample per round
-    makes the baseline's error differ from pair to pair, so it averages out over the pairs and
-    their interval carries it (one sample per session would shift every pair of the session
-    alike); per round costs 2 s a round, beside each run it would cost 2 s a run."""
-    samples = outcome["idle_samples"]
-    for i, sample in enumerate(samples):
-        if sample["round"] == round_:
-            return i
-    samples.append({"round": round_, **probes.idle_baseline(when=f"before round {round_}")})
-    if outcome["cpu_idle_baseline"] is None:  # the session's first: what earlier readers know
-        outcome["cpu_idle_baseline"] = samples[-1]
-    return len(samples) - 1
-
-
-def fio_argv(
-    plan: dict,
-    entry: dict,
-    stack: str,
-    w: Workload,
-    output: Path,
-    io_size: int,
-    rate_iops: int | None = None,
-    devices: dict | None = None,
-) -> list[str]:
-    """fio's command line for one run of cell ``w`` on ``stack`` over the first ``io_size`` bytes
-    (0: all), at most ``rate_iops`` I/Os per second in all jobs, with the job options decided for
-    all the cell's ``devices``; TestboxError when the block does not fit ``io_size``."""
-    f = plan["fio"]
-    cell = cell_options(plan, w)
-    if io_size and w.bs_bytes > io_size:
-        what = f"pattern {w.pattern}: cell {w.id}" if w.pattern else f"cell {w.id}"
-        raise TestboxError(
-            f"{what} on stack {stack}: its block of {w.bs} is larger than the span fio uses on "
-            f"every stack ({io_size} bytes, the smallest device): use larger devices or take "
-            f"{w.bs} out of the matrix"
-        )
-    if entry.get("ceph"):  # an RBD arm over the run's own cluster
-        target = cephrun.fio_target_for(entry)
-    elif entry.get("device_type") == "rbd":
-        # Ceph: fio's rbd engine talks to the cluster itself (client keyring from ceph.conf).
-        rbd = plan["stacks"][stack]
-        target = [
-            "--ioengine=rbd",
-            f"--clientname={rbd.get('client', 'admin')}",
-            f"--pool={rbd['pool']}",
-            f"--rbdname={rbd['image']}",
-        ]
-    else:
-        target = [f"--filename={entry['device']}", f"--ioengine={cell['ioengine']}"]
-    n = cell["ios_per_block"]
-    if n > 1 and w.rw in RANDOM_RW:
-        # One random offset per block, then n sequential I/Os of io_bs. blockalign turns fio's
-        # random map off anyway; saying so keeps fio's notice out of the output.
-        rw = [
-            f"--rw={w.rw}:{n}",
-            "--rw_sequencer=sequential",
-            f"--blockalign={w.bs_bytes}",
-            "--norandommap",
-        ]
-    else:
-        rw = [f"--rw={w.rw}"]
-    argv = [
-        "fio",
-        f"--output-format={f['output_format']}",
-        f"--output={output}",
-        f"--name={stack}-{w.id}",
-        *target[:1],
-        *rw,
-        f"--bs={cell['io_bs_bytes']}",
-        f"--iodepth={w.iodepth}",
-        *target[1:],
-        f"--direct={1 if cell['direct'] else 0}",
-    ]
-    if cell["sync"]:
-        argv.append("--sync=1")
-    if cell["fsync"]:
-        argv.append(f"--fsync={cell['fsync']}")
-    argv += [
-        "--time_based",
-        f"--runtime={f['runtime_s']}s",
-        f"--ramp_time={f['ramp_time_s']}s",
-        f"--numjobs={cell['numjobs']}",
-    ]
-    # several jobs: one entry each (ingest sums throughput and merges their histograms)
-    argv += ["--group_reporting"] if cell["numjobs"] == 1 else []
-    argv += jobs.job_setup(cell, devices or {stack: entry.get("device")})["args"]
-    if io_size:
-        argv.append(f"--size={io_size}")
-    if rate_iops:  # fio's rate_iops holds for each job
-        argv.append(f"--rate_iops={math.ceil(rate_iops / cell['numjobs'])}")
-    return argv
-
-
-# fio's clock sources by the number its ``--debug=time`` start-up line prints (enum fio_cs).
-_CLOCKSOURCES = {"1": "gettimeofday", "2": "clock_gettime", "3": "cpu"}
-
-
-def fio_clocksource(timeout: float = 30, tries: int = 3) -> str | None:
-    """The clock source fio picks here (None: fio does not say), asked once per session so all
-    its runs use one clock. fio's TSC check can pass on one start-up and fail on the next (VMs):
-    see :func:`steadiest_clock`."""
-    argv = ["fio", "--debug=time", "--parse-only", "--name=clock", "--filename=/dev/null"]
-    picks = []
-    for _ in range(tries):
-        try:
-            proc = subprocess.run([*argv, "--size=1m"], timeout=timeout, **sysutil.QUIET)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        found = re.findall(r"gettime: clocksource=(\d+)", proc.stdout + proc.stderr)
-        picks.append(_CLOCKSOURCES.get(found[-1]) if found and proc.returncode == 0 else None)
-    return steadiest_clock(picks)
-
-
-def steadiest_clock(picks: list[str | None]) -> str | None:
-    """The TSC (``cpu``) only when fio chose it every time, else the first other clock fio chose
-    (None: fio did not say every time)."""
-    if not picks or None in picks:
-        return None
-    return next((pick for pick in picks if pick != "cpu"), "cpu")
-
-
-def fleet_clients(plan: dict) -> list[dict]:
-    """The fio servers every run is sent to (fleet mode ``clients``); empty: fio runs here."""
-    fleet = plan.get("fleet") or {}
-    return list(fleet.get("hosts") or []) if fleet.get("mode") == "clients" else []
-
-
-# Options that stay on the client's command line; every other one goes to the job file.
-_CLIENT_SIDE = ("--output-format=", "--output=")
-
-
-def client_argv(
-    local_argv: list[str], job_path: Path, clients: list[dict]
-) -> tuple[list[str], str]:
-    """fio's client/server form of a local command line: (argv, job file text). Every server runs
-    the job at once; the JSON has one ``client_stats`` entry per server."""
-    job_lines, client_side = [], []
-    for arg in local_argv[1:]:
-        if arg.startswith(_CLIENT_SIDE):
-            client_side.append(arg)
-        elif arg.startswith("--name="):
-            job_lines.insert(0, f"[{arg.split('=', 1)[1]}]")
-        else:
-            job_lines.append(arg[2:])
-    # One job file per --client: with one after several, fio 3.33 sends the job to one server.
-    servers = [
-        arg
-        for c in clients
-        for arg in (f"--client=ip:{c['address']},{int(c.get('port', 8765))}", str(job_path))
-    ]
-    return ["fio", *client_side, *servers], "\n".join(job_lines) + "\n"
-
-
-def _session_form(plan: dict, argv: list[str], clocksource: str | None, job: Path) -> list[str]:
-    """A run's fio command line on the session's clock; in fleet mode its client form (job file
-    ``job``)."""
-    if clocksource:
-        argv = [*argv, f"--clocksource={clocksource}"]
-    if fleet_clients(plan):
-        argv, job_text = client_argv(argv, job, fleet_clients(plan))
-        job.write_text(job_text)
-    return argv
-
-
-def check_servers(clients: list[dict], timeout: float = 5.0) -> None:
-    """Every fio server answers on its port, or TestboxError names the ones that do not."""
-    down = []
-    for c in clients:
-        address = (c["address"], c.get("port", 8765))
-        try:
-            socket.create_connection((address[0], int(address[1])), timeout).close()
-        except OSError as exc:
-            down.append(f"{c['name']} ({address[0]}:{address[1]}: {exc.strerror or exc})")
-    if down:
-        raise TestboxError(
-            f"fio servers not reachable: {'; '.join(down)} "
-            "(start `fio --server=ip:<address>,<port>` on each host)"
-        )
-
-
-def check_fio_result(path: Path) -> dict:
-    """The fio document in ``path`` if ingest's loader takes it and no job failed, else ValueError."""
-    try:
-        doc = load_fio_document(path, warn=log)
-        rows = document_tuples(path, doc)
-    except FioParseError as exc:
-        raise ValueError(f"fio output unreadable ({exc})") from exc
-    error_column = FIO_COLUMNS.index("error")
-    errors = [e for e in dict.fromkeys(r[error_column] for r in rows) if e]
-    if errors:
-        raise ValueError(f"fio job error {errors}")
-    return doc
-
-
-def _total(entry: dict, key: str) -> float:
-    """``key`` summed over an entry's read, write and trim statistics."""
-    return sum(entry.get(d, {}).get(key, 0.0) for d in ("read", "write", "trim"))
-
-
-def _summary(doc: dict) -> str:
-    entries = [e for _, e, _ in job_entries(doc)]
-    if len(entries) > 1 and doc.get("client_stats"):
-        per_host = ", ".join(
-            f"{e.get('hostname')}:{e.get('port')} {_total(e, 'bw_bytes') / 2**20:.1f}"
-            for e in entries
-        )
-        return f"MiB/s per server: {per_host}"
-    bw, iops = (sum(_total(e, key) for e in entries) for key in ("bw_bytes", "iops"))
-    iops_s = f"{iops / 1000:.1f}k" if iops >= 1000 else f"{iops:.0f}"
-    return f"{bw / 2**20:.1f} MiB/s, {iops_s} IOPS"
-
-
-#: seconds fio gets to stop its jobs after SIGINT before it is killed
 STOP_GRACE_S = 10
 
 
@@ -800,23 +499,6 @@ def _write_manifest(plan: dict, session: dict, outcome: dict) -> None:
         log(f"luksbench testbox run-fio: could not write the manifest {manifest_path}: {exc}")
         if outcome["interrupted"] is None and not outcome["failed"]:
             raise TestboxError(f"could not write the manifest {manifest_path}: {exc}") from exc
-
-
-# Room a fio run needs: its json+ result and CPU sidecar (~10-60 KiB), and the manifest.
-MIN_FREE_BYTES = 4 * 1024 * 1024
-
-
-def check_free_space(directory: Path, min_free: int = MIN_FREE_BYTES) -> None:
-    """Stop before a run whose result could not be stored (a full disk truncates fio's JSON)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fs = os.statvfs(directory)
-    free = fs.f_bavail * fs.f_frsize
-    if free < min_free:
-        raise TestboxError(
-            f"no space left for raw results in {directory}: {free // 1024} KiB free, "
-            f"{min_free // 1024} KiB needed per fio run; finished repetitions are kept, "
-            "free some space and run again to measure the rest"
-        )
 
 
 def _one_run(

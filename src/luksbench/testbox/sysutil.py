@@ -251,3 +251,20 @@ def wait_gone(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return not pid_alive(pid)
+
+
+# Room a fio run needs: its json+ result and CPU sidecar (~10-60 KiB), and the manifest.
+MIN_FREE_BYTES = 4 * 1024 * 1024
+
+
+def check_free_space(directory: Path, min_free: int = MIN_FREE_BYTES) -> None:
+    """Stop before a run whose result could not be stored (a full disk truncates fio's JSON)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fs = os.statvfs(directory)
+    free = fs.f_bavail * fs.f_frsize
+    if free < min_free:
+        raise TestboxError(
+            f"no space left for raw results in {directory}: {free // 1024} KiB free, "
+            f"{min_free // 1024} KiB needed per fio run; finished repetitions are kept, "
+            "free some space and run again to measure the rest"
+        )
