@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from simulate import rerecord
 
-from luksbench.analysis import ingest
+from luksbench.analysis import ingest, ingest_parse
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "raw" / "sample"
 
@@ -58,8 +58,8 @@ def raw(tmp_path) -> Path:
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Several chunks and a real process pool even for the sample's 192 files."""
-    monkeypatch.setattr(ingest, "CHUNK_FILES", 17)
-    monkeypatch.setattr(ingest, "PARALLEL_MIN_FILES", 1)
+    monkeypatch.setattr(ingest_parse, "CHUNK_FILES", 17)
+    monkeypatch.setattr(ingest_parse, "PARALLEL_MIN_FILES", 1)
 
 
 def test_parallel_chunks_equal_one_process(raw, small_chunks):

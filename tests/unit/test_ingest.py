@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from luksbench.analysis import ingest
+from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import FIO_COLUMNS
 
 TUM = "TUM-DSE__CVM_eval"
@@ -294,7 +295,7 @@ def test_env_facts_of_testbox_capture():
         "tools": {"fio": "fio-3.33", "cryptsetup": "cryptsetup 2.6.1", "qemu-storage-daemon": None},
         "backend": {"requested": "auto", "selected": "userspace", "reason": "auto: no dm"},
     }
-    facts = ingest.env_facts(env)
+    facts = env_facts(env)
     assert facts["kernel"] == "6.1.0-18-amd64"
     assert facts["backend"] == "userspace" and facts["backend_reason"] == "auto: no dm"
     assert facts["aes"] is True and facts["vaes"] is False
