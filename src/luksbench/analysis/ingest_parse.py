@@ -12,6 +12,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from luksbench.analysis.ingest_columns import (
@@ -104,7 +105,7 @@ _SIDECAR_OR_REP = re.compile(r"^rep\d+(\.cpu)?\.json\Z")
 
 
 def _ingest_rep_file(root: str, key: str, run: str, stats: list) -> tuple[list, list, list, list]:
-    """(rows in :data:`_CHUNK_COLUMNS` order, json+ bins (job_index, direction, ns, count),
+    """(rows in :data:`_CHUNK_COLUMNS` order, json+ bins (:func:`_histogram_arrays` or None),
     problems, notes: (key, why)) of one ``rep<k>.json`` and its CPU sidecar; ``stats`` receives
     the stat of each as read."""
     path = f"{root}/{key}"
@@ -114,27 +115,25 @@ def _ingest_rep_file(root: str, key: str, run: str, stats: list) -> tuple[list, 
         doc = load_fio_document(path, lambda note: notes.append((key, note)), _FAST_LOADS, stats)
         rows = document_tuples(path, doc)
     except (FioParseError, LayoutError) as exc:
-        return [], [], [(key, str(exc))], notes
+        return [], None, [(key, str(exc))], notes
     except (OSError, ValueError) as exc:  # parser bug or unreadable file: still name the file
-        return [], [], [(key, f"{type(exc).__name__}: {exc}")], notes
+        return [], None, [(key, f"{type(exc).__name__}: {exc}")], notes
     reason = _check_rows(rows, rep)
     if not reason and (impossible := implausible_numbers(doc, rows)):
         reason = f"numbers that cannot be true, left out: {impossible}"
     if reason:
-        return [], [], [(key, reason)], notes
+        return [], None, [(key, reason)], notes
     cpu_key = f"{key[: -len('.json')]}.cpu.json"
     try:
         cpu = read_cpu_sidecar(f"{root}/{cpu_key}", _FAST_LOADS or json.loads, stats)
     except ValueError as exc:  # a missing sidecar: no CPU values (one open, no stat first)
         if not isinstance(exc.__cause__, FileNotFoundError):
-            return [], [], [(cpu_key, f"{exc}; its fio result is left out too")], notes
+            return [], None, [(cpu_key, f"{exc}; its fio result is left out too")], notes
         cpu = _NO_CPU
     try:
-        bins = [
-            (i, d, ns, n) for (i, d), hist in document_histograms(doc).items() for ns, n in hist
-        ]
+        bins = _histogram_arrays(document_histograms(doc))
     except (TypeError, ValueError, AttributeError, KeyError) as exc:  # measurements stay usable
-        bins = []
+        bins = None
         notes.append((key, f"json+ latency histogram left out: {type(exc).__name__}: {exc}"))
     return _file_rows(key, run, rep, rows, cpu), bins, [], notes
 
@@ -177,19 +176,49 @@ def _chunk_frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame({c: _typed_column(c, v) for c, v in zip(columns, values, strict=True)})
 
 
+def _histogram_arrays(histograms: dict) -> tuple[np.ndarray, ...]:
+    """A file's json+ histograms ({(job_index, direction): [(ns, count), ...]}) as four arrays
+    (job_index, direction, ns, count), one element per bin: no Python object per bin is kept."""
+    parts = [
+        (i, d, np.asarray(h, dtype="int64").reshape(-1, 2)) for (i, d), h in histograms.items()
+    ]
+    sizes = [len(a) for *_, a in parts]
+    if not parts:
+        return tuple(np.empty(0, dtype=t) for t in ("int64", object, "int64", "int64"))
+    pairs = np.concatenate([a for *_, a in parts])
+    index = np.repeat(np.array([i for i, *_ in parts], dtype="int64"), sizes)
+    direction = np.repeat(np.array([d for _, d, _ in parts], dtype=object), sizes)
+    return index, direction, pairs[:, 0], pairs[:, 1]
+
+
+def _bins_frame(keys: list[str], bins: list[tuple[np.ndarray, ...]]) -> pd.DataFrame:
+    """Typed frame (:data:`_BIN_COLUMNS`) of the files' bin arrays, built from whole arrays."""
+    if not bins:
+        return _chunk_frame([], _BIN_COLUMNS)
+    sizes = [len(b[0]) for b in bins]
+    index, direction, ns, count = (np.concatenate([b[j] for b in bins]) for j in range(4))
+    key = np.repeat(np.array(keys, dtype=object), sizes)
+    text = {"_key": key, "direction": direction}
+    frame = {c: pd.array(v, dtype="string") for c, v in text.items()}
+    frame |= {"job_index": index, "ns": ns, "count": count}
+    return pd.DataFrame({c: frame[c] for c in _BIN_COLUMNS})
+
+
 def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Worker task: the typed rows and json+ bins of the files ``raw_dir/<key>``, and per key its
     problems, notes and stat key."""
     run = run_name(Path(raw_dir))
-    rows, bins, results = [], [], {}
+    rows, bins, bin_keys, results = [], [], [], {}
     for key in keys:
         read: list = []
         file_rows, histograms, problems, notes = _ingest_rep_file(raw_dir, key, run, read)
         stat = _file_stat(raw_dir, key, read)
         rows += file_rows
-        bins += [(key, *b) for b in histograms]
+        if histograms is not None and len(histograms[0]):
+            bins.append(histograms)
+            bin_keys.append(key)
         results[key] = {"problems": problems, "notes": notes, "stat": stat}
-    return _chunk_frame(rows, _CHUNK_COLUMNS), _chunk_frame(bins, _BIN_COLUMNS), results
+    return _chunk_frame(rows, _CHUNK_COLUMNS), _bins_frame(bin_keys, bins), results
 
 
 def _parse_files(
