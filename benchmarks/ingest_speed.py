@@ -18,7 +18,9 @@ repetitions numbered up to N. Then times, on a cold cache:
 job per file: fio 2.18 to 3.40); ``all`` adds the multi-job files (10 to 22 jobs per file). Goal:
 >= 8,000 files/s on 2 cores for FULL. The CPU seconds (this process and its workers) are printed
 beside the wall time: on a shared machine they say what the wall time would be on an idle one.
-Nothing is written outside the temporary folder (or --keep).
+Peak resident memory of the main process and of the largest worker (getrusage) is printed after
+FULL: goal under 4 GiB at 200,000 json+ results. Nothing is written outside the temporary folder
+(or --keep).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXTERNAL = REPO.parent / "shared" / "datasets" / "external"
 SAMPLE_HOST = REPO / "data" / "raw" / "sample" / "vm"
 GOAL_FILES_PER_S = 8000
+GOAL_PEAK_GIB = 4
 
 
 def machine() -> str:
@@ -133,6 +136,19 @@ def cpu_s() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
+def peak_rss_gib() -> tuple[float, float]:
+    """Peak resident memory (GiB) of this process and of its largest finished child (a worker):
+    getrusage's maxrss, in KiB on Linux. Peaks are since the process started: run one N per
+    invocation for a clean figure."""
+    import resource
+
+    own, children = (
+        resource.getrusage(who).ru_maxrss
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own / 2**20, children / 2**20
+
+
 def timed(func):
     """(seconds, result); what ingest prints per file (notes on the real multi-document
     templates) is counted, not shown."""
@@ -172,12 +188,17 @@ def bench(n: int, workers: int, kind: str, keep: Path | None) -> None:
         )
         import pandas as pd
 
+        main_gib, worker_gib = peak_rss_gib()
         rows = len(pd.read_parquet(out["fio"]))
         print(
             f"  FULL        {full_s:8.2f} s  {n / full_s:9,.0f} files/s  ({rows:,} rows, "
             f"{workers} workers, {main_cpu + workers_cpu:.2f} CPU s: main process "
             f"{main_cpu:.2f}, workers {workers_cpu:.2f})  goal >= {GOAL_FILES_PER_S:,} files/s: "
             + ("met" if n / full_s >= GOAL_FILES_PER_S else "NOT met")
+        )
+        print(
+            f"  PEAK MEMORY main process {main_gib:.2f} GiB, largest worker {worker_gib:.2f} GiB "
+            f"(resident; goal under {GOAL_PEAK_GIB} GiB at 200,000 json+ results)"
         )
         same_s, _ = timed(lambda: ingest.write_processed(raw, processed, workers=workers))
         print(f"  NO CHANGE   {same_s:8.2f} s  (all {n:,} files found unchanged in the cache)")

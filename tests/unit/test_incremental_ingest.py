@@ -11,11 +11,12 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from simulate import rerecord
 
-from luksbench.analysis import ingest
+from luksbench.analysis import ingest, ingest_parse
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "raw" / "sample"
 
@@ -58,8 +59,8 @@ def raw(tmp_path) -> Path:
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Several chunks and a real process pool even for the sample's 192 files."""
-    monkeypatch.setattr(ingest, "CHUNK_FILES", 17)
-    monkeypatch.setattr(ingest, "PARALLEL_MIN_FILES", 1)
+    monkeypatch.setattr(ingest_parse, "CHUNK_FILES", 17)
+    monkeypatch.setattr(ingest_parse, "PARALLEL_MIN_FILES", 1)
 
 
 def test_parallel_chunks_equal_one_process(raw, small_chunks):
@@ -178,3 +179,20 @@ def test_schedule_comes_from_every_session_record(raw):
     assert set(sched["status"]) == {"ok"}
     one = sched[(sched["host"] == "vm") & (sched["rep"] == 2)]
     assert set(one["round"]) == {2}
+
+
+def test_histogram_bins_travel_as_arrays_with_every_bin(raw):
+    """A file's json+ bins become four arrays (no tuple per bin) holding every (ns, count)."""
+    from luksbench.formats.fio import document_histograms, load_fio_document
+
+    path = next(raw.glob("vm/fio/*/*/rep1.json"))
+    histograms = document_histograms(load_fio_document(path, lambda _note: None))
+    assert histograms, "the sample's results carry json+ bins"
+    index, direction, ns, count = ingest_parse._histogram_arrays(histograms)
+    assert all(isinstance(a, np.ndarray) for a in (index, direction, ns, count))
+    got = sorted(zip(index.tolist(), direction.tolist(), ns.tolist(), count.tolist(), strict=True))
+    want = sorted((i, d, x, n) for (i, d), hist in histograms.items() for x, n in hist)
+    assert got == want
+    frame = ingest_parse._bins_frame([path.name], [(index, direction, ns, count)])
+    assert frame.columns.tolist() == ingest_parse._BIN_COLUMNS
+    assert frame["ns"].dtype == "int64" and frame["_key"].eq(path.name).all()

@@ -19,6 +19,7 @@ import pytest
 from testkit.raw import TUM, WORKLOAD, build_raw
 
 from luksbench.analysis import ingest
+from luksbench.formats.envdoc import env_facts
 from luksbench.formats.fio import FIO_COLUMNS
 
 
@@ -194,7 +195,7 @@ def test_env_facts_of_testbox_capture():
         "tools": {"fio": "fio-3.33", "cryptsetup": "cryptsetup 2.6.1", "qemu-storage-daemon": None},
         "backend": {"requested": "auto", "selected": "userspace", "reason": "auto: no dm"},
     }
-    facts = ingest.env_facts(env)
+    facts = env_facts(env)
     assert facts["kernel"] == "6.1.0-18-amd64"
     assert facts["backend"] == "userspace" and facts["backend_reason"] == "auto: no dm"
     assert facts["aes"] is True and facts["vaes"] is False
