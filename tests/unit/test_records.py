@@ -179,3 +179,25 @@ def test_a_cpu_sidecar_round_trips_with_its_version(tmp_path):
 def test_a_newer_or_unknown_cpu_sidecar_is_refused(tmp_path, version):
     path = dump(tmp_path / "rep1.cpu.json", {**SIDECAR, "version": version})
     refused(sidecar.read_cpu_sidecar, path, version)
+
+
+@pytest.mark.parametrize("name", ["env.json", "fio/manifest.json"])
+def test_ingest_refuses_an_env_or_manifest_of_a_newer_version_naming_file_and_version(
+    tmp_path, name
+):
+    import shutil
+
+    from testkit.paths import SAMPLE
+
+    from luksbench.analysis.ingest import ingest_run
+
+    raw = tmp_path / "sample"
+    shutil.copytree(SAMPLE, raw)
+    (host,) = [p for p in raw.iterdir() if p.is_dir()]
+    path = host / name
+    doc = json.loads(path.read_text())
+    path.chmod(0o644)
+    path.write_text(json.dumps({**doc, "version": 99}))
+    problems = ingest_run(raw, workers=1)["problems"]
+    named = problems[problems["file"].str.endswith(name)]
+    assert named["reason"].str.contains("version 99").any(), problems.to_string()

@@ -20,12 +20,14 @@ from luksbench.analysis.ingest_columns import (
 )
 from luksbench.analysis.stats import with_dtypes
 from luksbench.formats import cryptsetup, opensslspeed
-from luksbench.formats.envdoc import env_facts
+from luksbench.formats.envdoc import env_facts, migrated_env
 from luksbench.formats.layout import (
     read_json_object,
 )
 from luksbench.formats.manifest import (
+    SESSIONS_DIR,
     fleet_servers,
+    migrated_manifest,
     session_records,
     stack_descriptions,
 )
@@ -152,7 +154,14 @@ def _json_document(path: Path) -> dict:
 
 @functools.lru_cache(maxsize=4)  # emptied after each ingest_run
 def _decoded_json(path: str, version: tuple[int, int, int]) -> dict:
-    return read_json_object(Path(path))
+    """The document, its format version checked (RecordVersionError, a ValueError, names the
+    file and the version) for the versioned records ingest reads this way."""
+    doc, where = read_json_object(Path(path)), Path(path)
+    if where.name == "env.json":
+        return migrated_env(doc, path)
+    if where.name == "manifest.json" or where.parent.name == SESSIONS_DIR:
+        return migrated_manifest(doc, path)
+    return doc
 
 
 def _read_json(path: Path, problems: list) -> dict | None:
