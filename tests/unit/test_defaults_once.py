@@ -21,6 +21,7 @@ KNOWN_ELSEWHERE = {
     ("src/luksbench/analysis/design.py", "pilot_pairs"),
     ("src/luksbench/analysis/design.py", "target_half_width_pct"),
     ("src/luksbench/analysis/design.py", "max_pairs"),
+    ("src/luksbench/testbox/runner.py", "sessions"),  # [seq]
     ("src/luksbench/testbox/schedule.py", "sessions"),  # [seq]
     ("src/luksbench/testbox/stacks.py", "ioengine"),  # [ceph]
     ("src/luksbench/analysis/ingest.py", "sessions"),  # [ingest]
