@@ -20,7 +20,7 @@ def _fail(command: str, message) -> int:
 
 
 #: text a spreadsheet would evaluate as a formula starts with one of these (the same rule as
-#: analysis.dictionary.FORMULA_START, which needs pandas; a unit test keeps them equal)
+#: analysis.tablefiles.FORMULA_START, which needs pandas; a unit test keeps them equal)
 FORMULA_START = "=+-@\t\r"
 
 
@@ -98,10 +98,10 @@ def aligned(rows: list[list[str]], right: set[int]) -> str:
 
 
 def _write_loss(table, fmt: str, out, confidence: float) -> None:
-    from luksbench.analysis.dictionary import csv_safe_frame
+    from luksbench.analysis.tablefiles import csv_safe_frame
 
     columns = list(table.columns)  # loss.parquet's: the workflow's loss table, row for row
-    if fmt == "csv":  # cells a spreadsheet would evaluate neutralised (analysis.dictionary)
+    if fmt == "csv":  # cells a spreadsheet would evaluate neutralised (analysis.tablefiles)
         csv_safe_frame(table[columns]).to_csv(out, index=False)
     elif fmt == "json":
         out.write(table[columns].to_json(orient="records", indent=1) + "\n")
@@ -153,13 +153,13 @@ def _cmd_loss(args: argparse.Namespace) -> int:
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
-    from luksbench.analysis.design import write_targets
+    from luksbench.analysis.design import write_design_targets
     from luksbench.analysis.ingest import IngestError, fio_table
 
     adaptive = {"metric": args.metric, "pilot_pairs": args.pilot_pairs}
     adaptive |= {"target_half_width_pct": args.target_half_width, "max_pairs": args.max_pairs}
     try:
-        doc = write_targets(
+        doc = write_design_targets(
             fio_table(Path(args.raw_dir)),
             args.host,
             Path(args.out),
@@ -190,17 +190,17 @@ def _region(text: str) -> tuple[str, tuple[float, float]]:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from luksbench.analysis import crossrun
-    from luksbench.publish.crossrun import write_compare
+    from luksbench.analysis import runcompare
+    from luksbench.publish.comparepage import write_compare
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         return _fail(
             "compare", f"--out {args.out} is a file, not a folder: left as it is, nothing written"
         )
     try:
-        a = crossrun.load_run(args.run_a, args.processed_root, args.raw_root)
-        b = crossrun.load_run(args.run_b, args.processed_root, args.raw_root)
-        table = crossrun.compare_runs(
+        a = runcompare.load_run_data(args.run_a, args.processed_root, args.raw_root)
+        b = runcompare.load_run_data(args.run_b, args.processed_root, args.raw_root)
+        table = runcompare.compare_runs(
             a,
             b,
             hosts=args.host,
@@ -211,9 +211,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             unpaired=args.unpaired,
             moderate=not args.no_moderation,
         )
-        differences = crossrun.env_differences(a, b, crossrun.host_pairs(a, b, args.host))
+        differences = runcompare.env_differences(a, b, runcompare.host_pairs(a, b, args.host))
         out = write_compare(table, Path(args.out), a, b, differences)
-    except (crossrun.CompareError, OSError, ValueError) as exc:
+    except (runcompare.CompareError, OSError, ValueError) as exc:
         return _fail("compare", exc)
     sys.stdout.write(out["md"].read_text())
     counts = table["outcome"].value_counts()
@@ -229,7 +229,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     import socket
 
-    from luksbench.testbox.plan import PlanError, load_plan, plan_from_config
+    from luksbench.testbox.planbuild import PlanError, load_plan, plan_from_config
     from luksbench.testbox.planview import describe_plan, read_components
 
     try:
@@ -601,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare_command(commands)
     _add_plan_command(commands)
 
-    from luksbench.testbox.cli import add_testbox_commands
+    from luksbench.testbox.commands import add_testbox_commands
 
     add_testbox_commands(commands)
     return parser

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from luksbench.testbox.plan import PlanError
+from luksbench.testbox.planbuild import PlanError
 from luksbench.testbox.safety import MAPPER_PREFIX
 
 STUDIES_DIR = Path("config/studies")

@@ -18,7 +18,7 @@ import pytest
 from testkit.testbox import run_fio_args
 from testkit.workflow import copy_workflow
 
-from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.planbuild import plan_from_config
 from luksbench.testbox.sysutil import MIN_FREE_BYTES
 
 REPO = Path(__file__).resolve().parents[2]

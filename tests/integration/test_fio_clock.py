@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from testkit.testbox import loop_plan
 
-from luksbench.testbox.plan import check_plan, workloads
+from luksbench.testbox.planbuild import check_plan, workloads
 from luksbench.testbox.runner import _CLOCKSOURCES, _one_run, fio_clocksource
 
 pytestmark = pytest.mark.device

@@ -12,7 +12,7 @@ from testkit.testbox import free_port, loop_plan
 from testkit.testbox import testbox as tb
 
 from luksbench.formats.fio import parse_fio_file
-from luksbench.testbox.plan import PlanError, check_plan
+from luksbench.testbox.planbuild import PlanError, check_plan
 from luksbench.testbox.runner import check_servers, client_argv
 from luksbench.testbox.sysutil import TestboxError
 

@@ -21,7 +21,7 @@ from testkit.testbox import testbox as tb
 from testkit.workflow import copy_workflow
 
 from luksbench.testbox import lock
-from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.planbuild import plan_from_config
 from luksbench.testbox.sysutil import cmdline
 
 BIN = Path(sys.executable).parent

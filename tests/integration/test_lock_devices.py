@@ -10,7 +10,7 @@ import pytest
 from testkit.testbox import luksbench_testbox_argv, small_config
 
 from luksbench.testbox import lock
-from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.planbuild import plan_from_config
 
 CONFIG = small_config("holder")
 LUKSBENCH = luksbench_testbox_argv()

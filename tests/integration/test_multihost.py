@@ -264,7 +264,7 @@ def fleet_run(tmp_path_factory) -> Path:
 
 @pytest.mark.device
 def test_fleet_servers_are_the_hosts(fleet_run, tmp_path):
-    from luksbench.analysis import crossrun as compare
+    from luksbench.analysis import runcompare as compare
 
     processed = tmp_path / "processed" / "fleetrun"
     ingest.write_processed(fleet_run, processed, workers=1)
@@ -292,7 +292,7 @@ def test_fleet_servers_are_the_hosts(fleet_run, tmp_path):
     assert "the fio servers of a fleet run" in text and "coordinated from `coord`" in text
     assert "`client1`, `client2`" in text.split("**TL;DR.**")[1].split("\n")[0]
 
-    run = compare.load_run(processed)
+    run = compare.load_run_data(processed)
     table = compare.compare_runs(run, run, hosts=["client1=client2"], metrics=["bw_bytes"])
     # both servers ran every repetition at the same time, in the same round: paired
     assert set(table["design"]) == {"paired"} and (table["n"] == 3).all()

@@ -24,7 +24,7 @@ from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
 from luksbench.publish.run import load_run
 from luksbench.testbox import lock
 from luksbench.testbox.capture import benchmark_ciphers_userspace
-from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.planbuild import plan_from_config
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "raw" / "sample"

@@ -17,7 +17,7 @@ from testkit.testbox import testbox as tb
 
 from luksbench.analysis import ingest
 from luksbench.formats.layout import Workload, fio_rep_path
-from luksbench.testbox.plan import (
+from luksbench.testbox.planbuild import (
     check_patterns,
     plan_from_config,
     workloads,

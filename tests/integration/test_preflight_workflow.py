@@ -11,7 +11,7 @@ import pytest
 from testkit.paths import BIN, REPO
 from testkit.testbox import small_config
 
-from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.planbuild import plan_from_config
 from luksbench.testbox.preflight import (
     NoSpace,
     check_scratch_space,

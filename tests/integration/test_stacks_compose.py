@@ -20,7 +20,7 @@ from testkit.testbox import testbox as tb
 from luksbench.formats.fio import parse_fio_file
 from luksbench.testbox import safety
 from luksbench.testbox.backends.choose import dm_crypt_status
-from luksbench.testbox.plan import PlanError, check_plan
+from luksbench.testbox.planbuild import PlanError, check_plan
 
 pytestmark = pytest.mark.device
 MIB = 2**20

@@ -12,7 +12,7 @@ import pytest
 from testkit.testbox import loop_plan
 
 from luksbench.testbox import runner
-from luksbench.testbox.plan import check_plan, workloads
+from luksbench.testbox.planbuild import check_plan, workloads
 from luksbench.testbox.sysutil import find_our_processes
 
 pytestmark = pytest.mark.device

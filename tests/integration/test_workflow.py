@@ -235,7 +235,7 @@ def test_the_sample_is_re_analysed_without_fio(tmp_path):
         # ingest imports it: a change must re-run ingest too
         ("analysis/cells.py", {"ingest_raw", "compute_loss", "plot_figures", "render_paper"}),
         # imported by ingest (the code inputs follow the imports: no hand-kept list)
-        ("analysis/dictionary.py", {"ingest_raw", "compute_loss", "plot_figures", "render_paper"}),
+        ("analysis/tablefiles.py", {"ingest_raw", "compute_loss", "plot_figures", "render_paper"}),
         ("analysis/saturation.py", {"ingest_raw", "compute_loss", "plot_figures", "render_paper"}),
         ("analysis/contrasts.py", {"compute_loss", "plot_figures", "render_paper"}),
         # read by publish/render.py, which only the paper's step imports

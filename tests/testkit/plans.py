@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from snakemake.utils import validate
 
-from luksbench.testbox.plan import plan_from_config, walk_layers
+from luksbench.testbox.planbuild import plan_from_config, walk_layers
 from testkit.paths import REPO, SCHEMA
 
 STUDIES_DIR = REPO / "config" / "studies"

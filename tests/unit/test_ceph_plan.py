@@ -17,7 +17,7 @@ from luksbench.studies import load_config
 from luksbench.testbox import ceph, cephrun
 from luksbench.testbox.backends.choose import userspace_compatible
 from luksbench.testbox.cephstack import split_plan
-from luksbench.testbox.plan import check_plan, plan_from_config
+from luksbench.testbox.planbuild import check_plan, plan_from_config
 from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.runner import fio_argv
 from luksbench.testbox.sysutil import TestboxError, pid_alive

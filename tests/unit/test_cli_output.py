@@ -105,7 +105,7 @@ def test_loss_to_an_unwritable_file_names_it(tmp_path):
 def test_plan_names_the_backend_auto_selects_here_and_why(tmp_path):
     from luksbench.studies import load_config
     from luksbench.testbox.backends.choose import resolve_plan_backend
-    from luksbench.testbox.plan import plan_from_config
+    from luksbench.testbox.planbuild import plan_from_config
 
     done = luksbench("plan", "--host", "pytest")
     assert done.returncode in (0, 1), done.stderr  # 1: a destructive action refused here

@@ -19,10 +19,10 @@ SRC = REPO_DIR / "src"
 BIN = Path(sys.executable).parent
 
 
-def test_ingest_runs_the_dictionary_and_saturation_modules_it_imports():
+def test_ingest_runs_the_tablefiles_and_saturation_modules_it_imports():
     files = package_sources(["luksbench.analysis.ingest"], SRC)
     analysis = SRC / "luksbench" / "analysis"
-    for module in ("ingest", "dictionary", "saturation", "stats", "cells", "tails", "cpucost"):
+    for module in ("ingest", "tablefiles", "saturation", "stats", "cells", "tails", "cpucost"):
         assert str(analysis / f"{module}.py") in files
     assert str(SRC / "luksbench" / "__init__.py") in files
     assert str(analysis / "__init__.py") in files
@@ -33,7 +33,7 @@ def test_the_ingest_notebook_runs_the_same_code():
     modules = notebook_modules(REPO_DIR / "notebooks" / "01-ingest.ipynb")
     assert "luksbench.analysis.ingest" in modules
     files = package_sources(modules, SRC)
-    assert str(SRC / "luksbench" / "analysis" / "dictionary.py") in files
+    assert str(SRC / "luksbench" / "analysis" / "tablefiles.py") in files
     assert str(SRC / "luksbench" / "analysis" / "saturation.py") in files
 
 
@@ -127,17 +127,17 @@ def filegraph(target, cwd):
 
 @pytest.mark.slow
 def test_the_ingest_rule_reruns_for_a_module_imported_anew(tmp_path):
-    """Through Snakemake: the ingest rule's inputs have dictionary.py and saturation.py, and a
-    module that dictionary.py starts to import joins them without editing the rules."""
+    """Through Snakemake: the ingest rule's inputs have tablefiles.py and saturation.py, and a
+    module that tablefiles.py starts to import joins them without editing the rules."""
     work = copy_workflow(tmp_path / "work")
     target = "data/processed/none/notebooks/01-ingest.ipynb"
     before = filegraph(target, work)
-    assert "analysis/dictionary.py" in before and "analysis/saturation.py" in before
+    assert "analysis/tablefiles.py" in before and "analysis/saturation.py" in before
     analysis = work / "src" / "luksbench" / "analysis"
     (analysis / "newly_imported.py").write_text("")
-    dictionary = analysis / "dictionary.py"
+    tablefiles = analysis / "tablefiles.py"
     assert "newly_imported" not in before
-    dictionary.write_text(
-        f"{dictionary.read_text()}\nfrom luksbench.analysis import newly_imported\n"
+    tablefiles.write_text(
+        f"{tablefiles.read_text()}\nfrom luksbench.analysis import newly_imported\n"
     )
     assert "analysis/newly_imported.py" in filegraph(target, work)

@@ -21,8 +21,8 @@ import pytest
 from PIL import Image
 from scipy import stats as sps
 
-from luksbench.analysis import crossrun as compare
 from luksbench.analysis import ingest, stats
+from luksbench.analysis import runcompare as compare
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "raw" / "sample"
 CELL = "read-1m-qd1"
@@ -97,7 +97,7 @@ def row(table: pd.DataFrame, metric: str, stack: str = "luks", workload: str = C
 
 
 def test_hosts_measured_side_by_side_are_paired(runs):
-    fleet = compare.load_run(runs["fleet"])
+    fleet = compare.load_run_data(runs["fleet"])
     table = compare.compare_runs(fleet, fleet, hosts=["vm=vm2"])
     assert list(table.columns) == compare.COMPARE_COLUMNS
     assert set(table["design"]) == {"paired"}
@@ -137,7 +137,7 @@ def mark_sessions(raw: Path, host: str, session_of_rep, *more_hosts: str) -> Pat
 
 
 def test_runs_from_different_sessions_are_not_paired(runs):
-    a, b = compare.load_run(runs["fleet_raw"]), compare.load_run(runs["later_raw"])
+    a, b = compare.load_run_data(runs["fleet_raw"]), compare.load_run_data(runs["later_raw"])
     table = compare.compare_runs(a, b)  # host vm is in both runs: compared by name
     assert set(table["design"]) == {"one session"}
     reason = table.attrs["designs"]["vm=vm"]["reason"]
@@ -153,8 +153,8 @@ def test_runs_from_different_sessions_are_not_paired(runs):
     def session(rep):
         return "s1" if rep == 1 else "s2"
 
-    a = compare.load_run(mark_sessions(runs["fleet_raw"], "vm", session))
-    b = compare.load_run(mark_sessions(runs["later_raw"], "vm", session))
+    a = compare.load_run_data(mark_sessions(runs["fleet_raw"], "vm", session))
+    b = compare.load_run_data(mark_sessions(runs["later_raw"], "vm", session))
     moderated = compare.compare_runs(a, b)
     assert row(moderated, "bw_bytes")["moderated"] and row(moderated, "bw_bytes")["prior_df"] > 0
     table = compare.compare_runs(a, b, moderate=False)
@@ -181,11 +181,11 @@ def test_runs_from_different_sessions_are_not_paired(runs):
     # hosts measured side by side, but in two sessions each: repetitions of one session share
     # its effect, so the sessions are the replicates, not the pairs
     raw = mark_sessions(runs["fleet_raw"], "vm", session, "vm2")
-    both = compare.load_run(raw)
+    both = compare.load_run_data(raw)
     table = compare.compare_runs(both, both, hosts=["vm=vm2"])
     assert set(table["design"]) == {"sessions"} and row(table, "bw_bytes")["n_a"] == 2
     # forcing the unpaired design on the side-by-side hosts: the same point estimate
-    fleet = compare.load_run(runs["fleet"])
+    fleet = compare.load_run_data(runs["fleet"])
     forced = compare.compare_runs(fleet, fleet, hosts=["vm=vm2"], unpaired=True)
     assert set(forced["design"]) == {"one session"}
     assert row(forced, "bw_bytes")["change_pct"] == pytest.approx(-20.0)
@@ -204,7 +204,7 @@ def test_welch_interval_matches_scipy():
 
 
 def test_bad_requests_are_named(runs):
-    fleet, later = compare.load_run(runs["fleet"]), compare.load_run(runs["later"])
+    fleet, later = compare.load_run_data(runs["fleet"]), compare.load_run_data(runs["later"])
     with pytest.raises(compare.CompareError, match="host 'nope' is not in run fleet"):
         compare.compare_runs(fleet, later, hosts=["nope"])
     with pytest.raises(compare.CompareError, match="compared with itself"):
@@ -212,7 +212,7 @@ def test_bad_requests_are_named(runs):
     with pytest.raises(compare.CompareError, match="serpent"):
         compare.compare_runs(fleet, later, stacks=["serpent"])
     with pytest.raises(compare.CompareError, match="not found"):
-        compare.load_run(runs["base"] / "no-such-run")
+        compare.load_run_data(runs["base"] / "no-such-run")
 
 
 def test_cli_writes_table_markdown_and_figure(runs, tmp_path):
@@ -242,7 +242,7 @@ def test_cli_writes_table_markdown_and_figure(runs, tmp_path):
     assert len(pd.read_csv(out / "compare.csv")) == len(table)
     assert (out / "compare.md").read_text() == result.stdout
     meta = Image.open(out / "compare.png").text
-    assert meta["made_by"] == "luksbench.publish.crossrun.compare_figure"
+    assert meta["made_by"] == "luksbench.publish.comparepage.compare_figure"
     assert "one session" in meta["designs"]
     assert (out / "compare.svg").stat().st_size > 0
     counts = table["outcome"].value_counts()

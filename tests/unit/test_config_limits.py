@@ -13,7 +13,7 @@ from snakemake.utils import validate
 from testkit.plans import PLAN_CONFIG as CONFIG
 
 from luksbench.formats.layout import LayoutError, Workload, rep_of_key
-from luksbench.testbox.plan import PlanError, plan_from_config
+from luksbench.testbox.planbuild import PlanError, plan_from_config
 from luksbench.testbox.safety import SafetyError, check_name
 
 REPO = Path(__file__).resolve().parents[2]

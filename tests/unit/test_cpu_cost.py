@@ -17,7 +17,7 @@ from luksbench.analysis.loss import write_loss
 from luksbench.formats.layout import Workload
 from luksbench.publish import catalog, paper_figures, text
 from luksbench.publish.run import Run, load_run
-from luksbench.testbox.plan import PlanError, check_patterns, resolve_patterns
+from luksbench.testbox.planbuild import PlanError, check_patterns, resolve_patterns
 from luksbench.testbox.runner import fio_argv
 
 REPO = Path(__file__).resolve().parents[2]

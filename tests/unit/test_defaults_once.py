@@ -29,13 +29,13 @@ KNOWN_ELSEWHERE = {
     ("src/luksbench/analysis/contrasts.py", "variant"),
     # The test box's tables of job and preconditioning options: the plan does not yet carry every
     # one of them (a config's `precondition: true` and job keys left out of the plan).
-    ("src/luksbench/testbox/plan.py", "numjobs"),
-    ("src/luksbench/testbox/plan.py", "cpus_allowed"),
-    ("src/luksbench/testbox/plan.py", "cpus_allowed_policy"),
-    ("src/luksbench/testbox/plan.py", "numa_pin"),
-    ("src/luksbench/testbox/plan.py", "fixedbufs"),
-    ("src/luksbench/testbox/plan.py", "registerfiles"),
-    ("src/luksbench/testbox/plan.py", "hipri"),
+    ("src/luksbench/testbox/planbuild.py", "numjobs"),
+    ("src/luksbench/testbox/planbuild.py", "cpus_allowed"),
+    ("src/luksbench/testbox/planbuild.py", "cpus_allowed_policy"),
+    ("src/luksbench/testbox/planbuild.py", "numa_pin"),
+    ("src/luksbench/testbox/planbuild.py", "fixedbufs"),
+    ("src/luksbench/testbox/planbuild.py", "registerfiles"),
+    ("src/luksbench/testbox/planbuild.py", "hipri"),
     *(
         ("src/luksbench/testbox/layers.py", key)
         for key in [

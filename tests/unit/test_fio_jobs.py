@@ -18,7 +18,7 @@ from luksbench.publish.paper import job_devices
 from luksbench.publish.paper_tables import limited_cells, unchecked_cells
 from luksbench.studies import available_studies, load_config
 from luksbench.testbox import jobs
-from luksbench.testbox.plan import (
+from luksbench.testbox.planbuild import (
     JOB_DEFAULTS,
     PlanError,
     cell_options,

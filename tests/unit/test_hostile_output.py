@@ -23,8 +23,8 @@ from hostile import (
 )
 from markdown_it import MarkdownIt
 
-from luksbench.analysis.dictionary import CSV_NOTE, write_csv, write_tables
 from luksbench.analysis.ingest import ingest_run
+from luksbench.analysis.tablefiles import CSV_NOTE, write_csv, write_tables
 from luksbench.formats.layout import read_json_object, read_raw_file, replace_file
 from luksbench.publish.render import CSP, figure_file, inert, render_html
 from luksbench.publish.text import md_escape, md_escape_keeping_code, md_table
@@ -277,8 +277,8 @@ def test_markup_from_a_raw_run_is_kept_in_the_tables_as_written(hostile_tables):
 
 
 def test_the_compare_markdown_escapes_both_runs_text(tmp_path):
-    from luksbench.analysis.crossrun import RunData
-    from luksbench.publish.crossrun import compare_markdown
+    from luksbench.analysis.runcompare import RunData
+    from luksbench.publish.comparepage import compare_markdown
 
     row = {"confidence": 0.95, "host_a": HOST, "host_b": "<b>b</b>", "metric": "bw_bytes"}
     row |= {"rw": "randread", "bs_bytes": 4096, "iodepth": 1, "pattern": "", "direction": "read"}
@@ -308,7 +308,7 @@ def test_front_matter_values_hold_no_markup_and_read_back_as_written():
 
 
 def test_csv_written_by_pandas_to_standard_output_is_neutralised_too():
-    from luksbench.analysis.dictionary import csv_safe_frame
+    from luksbench.analysis.tablefiles import csv_safe_frame
 
     df = pd.DataFrame({"host": ["=1+1", "ok", None], "effect_pct": [-1.5, 2.0, 3.0]})
     safe = csv_safe_frame(df)

@@ -12,7 +12,7 @@ import pytest
 from testkit.testbox import small_config
 
 from luksbench.testbox import lock
-from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.planbuild import plan_from_config
 
 LUKSBENCH = [sys.executable, "-m", "luksbench.cli", "testbox"]
 CONFIG = small_config("holder")

@@ -19,8 +19,8 @@ import pytest
 from PIL import Image
 
 from luksbench.analysis import ingest
-from luksbench.analysis.dictionary import PATHS_NOTE
 from luksbench.analysis.loss import write_loss
+from luksbench.analysis.tablefiles import PATHS_NOTE
 from luksbench.publish import catalog
 from luksbench.publish.render import render_paper
 

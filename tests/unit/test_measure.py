@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from luksbench.testbox import probes, runner, sysinfo
-from luksbench.testbox.plan import precondition_options
+from luksbench.testbox.planbuild import precondition_options
 from luksbench.testbox.precondition import (
     blkdiscard_argv,
     fill_argv,

@@ -128,7 +128,7 @@ def test_all_cpu_withheld_no_order_effect_over_cells_the_table_withholds(process
     order = pd.read_parquet(processed / "order.parquet")
     cpu = order[order["metric"].isin(CPU_METRICS)]
     assert (cpu["n_cells"] >= 2).all()  # the order table has CPU cells all the same
-    quoted = paper_sentences.order_effects(order, "plain", "luks", loss)
+    quoted = paper_sentences.order_effect_phrases(order, "plain", "luks", loss)
     assert quoted and not any(metric_heading(m) in q for m in CPU_METRICS for q in quoted)
     # every quoted count is the number of cells the loss table decides for that metric
     for q in quoted:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from luksbench import cli
-from luksbench.analysis.dictionary import FORMULA_START
+from luksbench.analysis.tablefiles import FORMULA_START
 
 REPO = Path(__file__).resolve().parents[2]
 REP = REPO / "data/raw/sample/vm/fio/plain/read-4k-qd1/rep1.json"

@@ -20,7 +20,7 @@ from testkit.plans import pattern_plan as plan_of
 
 from luksbench.analysis import ingest
 from luksbench.formats.layout import Workload
-from luksbench.testbox.plan import (
+from luksbench.testbox.planbuild import (
     PlanError,
     cell_options,
     check_plan,

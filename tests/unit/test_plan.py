@@ -13,7 +13,7 @@ import pytest
 from testkit.plans import PLAN_CONFIG
 
 from luksbench.formats.layout import LayoutError, Workload, bs_label, bs_to_bytes
-from luksbench.testbox.plan import (
+from luksbench.testbox.planbuild import (
     PlanError,
     check_plan,
     plan_changes,

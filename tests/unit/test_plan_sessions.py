@@ -14,7 +14,7 @@ from simulate import write_session_run
 from testkit.plans import PLAN_CONFIG
 
 from luksbench.testbox import planview
-from luksbench.testbox.plan import plan_from_config, workloads
+from luksbench.testbox.planbuild import plan_from_config, workloads
 
 CONFIG = PLAN_CONFIG
 

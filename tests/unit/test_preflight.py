@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from testkit.testbox import small_config
 
-from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.planbuild import plan_from_config
 from luksbench.testbox.preflight import (
     MissingTools,
     check_tools,

@@ -1,5 +1,5 @@
-"""Publishing the processed tables: CSV beside every parquet table, and a column dictionary
-(README.md) generated from luksbench.analysis.dictionary that documents every column."""
+"""Publishing the processed tables: CSV beside every parquet table, and a column tablefiles
+(README.md) generated from luksbench.analysis.tablefiles that documents every column."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from luksbench.analysis import dictionary, headline, ingest, loss, saturation, tuning
+from luksbench.analysis import headline, ingest, loss, saturation, tablefiles, tuning
 from luksbench.analysis.stats import LOSS_COLUMNS, ORDER_COLUMNS
 from luksbench.formats.cryptsetup import CRYPTSETUP_COLUMNS
 from luksbench.formats.fio import FIO_COLUMNS
@@ -35,7 +35,7 @@ def test_dictionary_documents_every_column_of_every_table(processed):
     for name in (*ingest.PROCESSED_TABLES, *loss.LOSS_TABLES):
         assert f"## {name} (`{name}.parquet`, `{name}.csv`)" in readme
         columns = pd.read_parquet(processed / f"{name}.parquet").columns
-        missing = [c for c in columns if c not in dictionary.COLUMNS]
+        missing = [c for c in columns if c not in tablefiles.COLUMNS]
         assert not missing, f"{name}: columns without unit and meaning: {missing}"
         assert all(f"`{c}`" in readme for c in columns)
     assert "undocumented" not in readme
@@ -48,13 +48,13 @@ def test_the_column_lists_of_the_code_are_all_documented():
     lists += [ingest.ENV_COLUMNS, ingest.STACKS_COLUMNS, ingest.LATENCY_COLUMNS, ORDER_COLUMNS]
     lists += [ingest.SCHEDULE_COLUMNS, ingest.PROBLEMS_COLUMNS, CRYPTSETUP_COLUMNS]
     lists += [tuning.TUNING_COLUMNS, saturation.LOSS_FLAG_COLUMNS, headline.HEADLINE_COLUMNS]
-    missing = sorted({c for columns in lists for c in columns} - set(dictionary.COLUMNS))
+    missing = sorted({c for columns in lists for c in columns} - set(tablefiles.COLUMNS))
     assert not missing
 
 
 def test_a_new_column_shows_as_undocumented(tmp_path):
     pd.DataFrame({"host": ["h"], "new_thing": [1]}).to_parquet(tmp_path / "env.parquet")
-    readme = dictionary.write_dictionary(tmp_path).read_text()
+    readme = tablefiles.write_dictionary(tmp_path).read_text()
     assert "| `new_thing` | | undocumented |" in readme and "`host`" in readme
 
 
@@ -72,7 +72,7 @@ def test_the_csv_holds_the_values_of_the_parquet_table(tmp_path):
         }
     )
     df = df[df["n"] % 4 != 1]  # rows of a filtered table: its index has gaps
-    dictionary.write_tables(tmp_path, {"fio": df})
+    tablefiles.write_tables(tmp_path, {"fio": df})
     written = pd.read_parquet(tmp_path / "fio.parquet")
     pd.testing.assert_frame_equal(written, df.reset_index(drop=True))
     csv = pd.read_csv(tmp_path / "fio.csv")

@@ -12,7 +12,7 @@ import pytest
 
 from luksbench.formats import envdoc, manifest, plan, sidecar, targets
 from luksbench.formats.record import RecordVersionError
-from luksbench.testbox.plan import load_plan, plan_changes
+from luksbench.testbox.planbuild import load_plan, plan_changes
 
 PLAN_V1 = {  # as the workflow wrote plans before they had a version: unused sections left out
     "run": "r",

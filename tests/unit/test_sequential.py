@@ -84,7 +84,7 @@ def test_the_stopping_rule_through_the_cli_keeps_coverage_and_decisions(tmp_path
 def test_sequential_plan_first_round_budget_and_worst_case(tmp_path):
     from testkit.plans import PLAN_CONFIG as CONFIG
 
-    from luksbench.testbox.plan import PlanError, plan_from_config, workloads
+    from luksbench.testbox.planbuild import PlanError, plan_from_config, workloads
     from luksbench.testbox.planview import describe_plan
 
     seq = {"enabled": True, "mode": "sequential", "min_pairs": 3, "max_pairs": 10, "budget_h": 2}
@@ -117,7 +117,7 @@ def test_measurement_is_final_only_when_the_last_look_stopped_every_cell(tmp_pat
     (else an interrupted sequential run would never resume)."""
     from testkit.plans import PLAN_CONFIG as CONFIG
 
-    from luksbench.testbox.plan import plan_from_config, workloads
+    from luksbench.testbox.planbuild import plan_from_config, workloads
     from luksbench.testbox.runner import measurement_final
 
     seq = {"enabled": True, "mode": "sequential", "min_pairs": 2, "max_pairs": 4, "budget_h": 0}

@@ -96,11 +96,11 @@ def test_an_injected_order_effect_cancels_from_the_loss_and_is_measured(tmp_path
 
 
 def test_the_paper_states_the_measured_order_effect(tmp_path):
-    from luksbench.publish.paper_sentences import order_effects
+    from luksbench.publish.paper_sentences import order_effect_phrases
 
     raw = ordered_run(tmp_path / "raw" / "ordered", 4)
     processed = tmp_path / "processed"
     ingest.write_processed(raw, processed)
     write_loss(processed)
-    words = order_effects(pd.read_parquet(processed / "order.parquet"), "plain", "luks")
+    words = order_effect_phrases(pd.read_parquet(processed / "order.parquet"), "plain", "luks")
     assert "Bandwidth 10.0 % [10.0, 10.0] over 16 cells" in words

@@ -16,7 +16,7 @@ from testkit.workflow import copy_workflow
 from testkit.workflow import snakemake_cli as snakemake
 
 from luksbench.studies import StudyError, apply_study, available_studies
-from luksbench.testbox.plan import (
+from luksbench.testbox.planbuild import (
     PlanError,
     plan_from_config,
     planned_size_bytes,

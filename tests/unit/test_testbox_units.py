@@ -13,8 +13,8 @@ from luksbench.formats.layout import Workload
 from luksbench.testbox import safety
 from luksbench.testbox.backends.kernel import losetup_argv, luks_format_argv, luks_open_argv
 from luksbench.testbox.backends.userspace import qsd_argv
-from luksbench.testbox.plan import baseline_first
-from luksbench.testbox.plan import workloads as workloads_of
+from luksbench.testbox.planbuild import baseline_first
+from luksbench.testbox.planbuild import workloads as workloads_of
 from luksbench.testbox.runner import (
     check_fio_result,
     cpu_sidecar,

@@ -20,7 +20,7 @@ import pytest
 
 from luksbench.analysis.ingest import cryptsetup_table
 from luksbench.formats.cryptsetup import CryptsetupParseError, parse_cryptsetup_file
-from luksbench.testbox import cli as testbox_cli
+from luksbench.testbox import commands as testbox_cli
 from luksbench.testbox import sysutil
 from luksbench.testbox.capture import benchmark_ciphers
 

@@ -22,7 +22,7 @@ from luksbench.analysis.tuning import (
     unapplied,
 )
 from luksbench.testbox.backends.kernel import usable_perf_flags
-from luksbench.testbox.plan import PERF_FLAGS
+from luksbench.testbox.planbuild import PERF_FLAGS
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "config" / "studies" / "tune-dmcrypt.yaml"

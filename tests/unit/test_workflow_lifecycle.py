@@ -20,7 +20,7 @@ from testkit.workflow import copy_workflow
 
 from luksbench.orchestrate import lifecycle
 from luksbench.testbox import lock
-from luksbench.testbox.plan import plan_from_config
+from luksbench.testbox.planbuild import plan_from_config
 
 BIN = Path(sys.executable).parent
 CONFIG = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from testkit.plans import EXPECTED, load_study, luks_layers, validated
 
-from luksbench.testbox.plan import (
+from luksbench.testbox.planbuild import (
     cell_options,
     plan_from_config,
     workloads,

@@ -24,7 +24,7 @@ from luksbench.studies import (
 )
 from luksbench.orchestrate import lifecycle
 from luksbench.orchestrate.imports import notebook_modules, package_sources
-from luksbench.testbox.plan import plan_from_config, workloads, write_plan
+from luksbench.testbox.planbuild import plan_from_config, workloads, write_plan
 from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.preflight import check_scratch_space, check_tools
 from luksbench.testbox.runner import measurement_final

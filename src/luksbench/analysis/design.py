@@ -5,7 +5,7 @@ target N (:func:`luksbench.analysis.stats.stein_pairs` on the largest pilot SD o
 cell's directions, jobs and comparisons). Stage 2 tops every cell up to its N; no further look at
 the data. Cells over ``max_pairs``, or without n0 usable pilot pairs, stop at the cap: *noisy*,
 with an honest but wider interval. The loss table gives these cells Stein's interval.
-``luksbench targets`` and the workflow's ``plan_repetitions`` rule both call :func:`write_targets`.
+``luksbench targets`` and the workflow's ``plan_repetitions`` rule both call :func:`write_design_targets`.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def pilot_targets(
     return docs
 
 
-def write_targets(
+def write_design_targets(
     fio: pd.DataFrame,
     host: str,
     out: Path,

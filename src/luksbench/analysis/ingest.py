@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import cpucost, dictionary, saturation, tails
+from luksbench.analysis import cpucost, saturation, tablefiles, tails
 from luksbench.analysis.ingest_cache import CACHE_DIRNAME, _IngestCache
 from luksbench.analysis.ingest_columns import (  # noqa: F401 - the entry points' names, kept here
     _CPU_COLUMNS,
@@ -431,7 +431,7 @@ def write_processed(
     processed_dir.mkdir(parents=True, exist_ok=True)
     for name in PROCESSED_TABLES:
         tables[name].attrs = {}  # the problems and notes, reported above; not table data
-    return dictionary.write_tables(
+    return tablefiles.write_tables(
         processed_dir,
         {name: tables[name] for name in PROCESSED_TABLES},
         machine_paths(tables["env"], raw_dir),

@@ -1,7 +1,7 @@
 """The loss tables of a run, written beside the tidy tables: the only producer of statistics.
 
 :func:`loss_tables` builds every statistic figures and paper show (:data:`LOSS_TABLES`,
-described in :mod:`luksbench.analysis.dictionary`) from the processed tables and one
+described in :mod:`luksbench.analysis.tablefiles`) from the processed tables and one
 :class:`~luksbench.analysis.losssettings.LossSettings`: the loss table of every comparison,
 headline first, with its notes, the baseline's saturation flags and the fixed-design columns, and
 the tables derived from it or from the same pairs. The workflow, the notebooks and ``luksbench
@@ -16,11 +16,11 @@ import pandas as pd
 
 from luksbench.analysis import (
     cpucost,
-    dictionary,
     headline,
     saturation,
     sequential,
     stats,
+    tablefiles,
     tails,
     tuning,
 )
@@ -121,7 +121,7 @@ def write_loss(
         settings = settings.replaced(**changes)
     out = loss_tables(tables, settings)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dictionary.write_tables(out_dir, out)
+    tablefiles.write_tables(out_dir, out)
     settings.write(out_dir / SETTINGS_FILE)
     return out["loss"], out_dir / "loss.parquet"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import dictionary
+from luksbench.analysis import tablefiles
 
 NUMBERS_TABLE = "paper_numbers"
 #: the columns of :data:`NUMBERS_TABLE`
@@ -136,7 +136,7 @@ def write_paper_numbers(processed_dir: Path) -> Path:
     if not loss_path.exists():
         raise FileNotFoundError(f"{loss_path} is missing: run the loss step (notebook 02) first")
     numbers = paper_numbers(pd.read_parquet(loss_path))
-    return dictionary.write_tables(Path(processed_dir), {NUMBERS_TABLE: numbers})[NUMBERS_TABLE]
+    return tablefiles.write_tables(Path(processed_dir), {NUMBERS_TABLE: numbers})[NUMBERS_TABLE]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ Rep k of every stack forms pair k (same cell, same session, run back to back). P
 worse the variant is, in percent: ``loss_pct = 100 (1 - r)`` for higher-is-better metrics
 (bounds swapped), ``increase_pct = 100 (r - 1)`` for the others; ``effect_pct`` repeats the filled
 one. Every column, decision and verdict: README, "How sure: the statistics". Comparing two runs
-is :mod:`luksbench.analysis.crossrun`.
+is :mod:`luksbench.analysis.runcompare`.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import duckdb
 
-from luksbench.analysis.dictionary import csv_safe_frame
 from luksbench.analysis.ingest import PROCESSED_TABLES
+from luksbench.analysis.tablefiles import csv_safe_frame
 
 TABLES = (*PROCESSED_TABLES, "loss")
 #: the run folder's name, for tables that do not carry the run themselves

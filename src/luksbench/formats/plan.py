@@ -1,6 +1,6 @@
 """``plan.json``: the one input of the test box, written by the workflow from the validated
 config. This module checks the document as a whole (required keys, top-level values, which keys
-make two plans' measurements incomparable); :mod:`luksbench.testbox.plan` checks what stacks,
+make two plans' measurements incomparable); :mod:`luksbench.testbox.planbuild` checks what stacks,
 patterns and block sizes mean. Standard library only: the test box imports this.
 
 The document (version 2) holds every key; the workflow fills them from the validated config

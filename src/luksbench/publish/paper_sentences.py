@@ -307,7 +307,7 @@ def sequential_design(run: Run, pairs: list[Pair]) -> dict | None:
     }
 
 
-def order_effects(
+def order_effect_phrases(
     order: pd.DataFrame, baseline: str, variant: str, losses: pd.DataFrame | None = None
 ) -> list[str]:
     """The headline comparison's order effect per metric (order.parquet), in words. With the
@@ -340,7 +340,7 @@ def _shown_cells(losses: pd.DataFrame, baseline: str, variant: str) -> dict[str,
 def order_withheld(
     order: pd.DataFrame, baseline: str, variant: str, losses: pd.DataFrame
 ) -> list[str]:
-    """Metrics whose order effect :func:`order_effects` leaves out, with why (the loss table's
+    """Metrics whose order effect :func:`order_effect_phrases` leaves out, with why (the loss table's
     notes of that metric)."""
     rows = order[(order["baseline"] == baseline) & (order["variant"] == variant)]
     shown = _shown_cells(losses, baseline, variant)

@@ -17,7 +17,7 @@ from luksbench.formats.cryptsetup import CryptsetupParseError, parse_cryptsetup_
 from luksbench.formats.layout import Workload
 from luksbench.testbox import jobs
 from luksbench.testbox.backends.choose import resolve_plan_backend
-from luksbench.testbox.plan import NULL_CIPHERS, cell_options, plan_layers
+from luksbench.testbox.planbuild import NULL_CIPHERS, cell_options, plan_layers
 from luksbench.testbox.sysinfo import VULNERABILITIES, capture_system, cpu_vulnerabilities
 from luksbench.testbox.sysutil import (
     TestboxError,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from luksbench.testbox import ceph, cephdown, safety
 from luksbench.testbox.cephrun import check_encryption
-from luksbench.testbox.plan import MIB, first_layer
+from luksbench.testbox.planbuild import MIB, first_layer
 from luksbench.testbox.sysutil import TestboxError, log, write_json_atomic
 
 

@@ -18,7 +18,7 @@ from luksbench.formats.fio import (
 )
 from luksbench.formats.layout import Workload
 from luksbench.testbox import cephrun, jobs, sysutil
-from luksbench.testbox.plan import RANDOM_RW, cell_options
+from luksbench.testbox.planbuild import RANDOM_RW, cell_options
 from luksbench.testbox.sysutil import TestboxError, log
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from luksbench.formats.layout import bs_label, bs_to_bytes
 from luksbench.testbox import ceph, safety
 from luksbench.testbox.jobs import IO_URING_ONLY
-from luksbench.testbox.plan import (
+from luksbench.testbox.planbuild import (
     SECTOR_BYTES,
     cell_options,
     precondition_options,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from luksbench.formats.fio import FioParseError, fio_output_document
-from luksbench.testbox.plan import precondition_options
+from luksbench.testbox.planbuild import precondition_options
 from luksbench.testbox.sysutil import Progress, TestboxError, heartbeat, run_tool, whole_disk
 from luksbench.testbox.sysutil import log as default_log
 

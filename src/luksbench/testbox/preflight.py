@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from luksbench.testbox.backends.choose import resolve_plan_backend, userspace_compatible
-from luksbench.testbox.plan import plan_layers, precondition_options
+from luksbench.testbox.planbuild import plan_layers, precondition_options
 from luksbench.testbox.sysutil import which
 
 # tool -> (Debian/Ubuntu package, Fedora package)

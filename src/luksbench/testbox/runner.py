@@ -51,7 +51,7 @@ from luksbench.testbox.fiocommand import (  # fio_argv ... steadiest_clock: call
     fleet_clients,
     steadiest_clock,  # noqa: F401
 )
-from luksbench.testbox.plan import baseline_first, cell_options, workloads
+from luksbench.testbox.planbuild import baseline_first, cell_options, workloads
 from luksbench.testbox.schedule import (  # stacks_in_order ...: callers import them here
     cell_repetitions,
     cpu_sidecar,

@@ -10,7 +10,7 @@ from pathlib import Path
 from luksbench.formats.sidecar import cpu_sidecar_document
 from luksbench.formats.targets import TargetsError, read_targets
 from luksbench.testbox import probes
-from luksbench.testbox.plan import baseline_first, workloads
+from luksbench.testbox.planbuild import baseline_first, workloads
 from luksbench.testbox.sysutil import TestboxError
 
 

@@ -26,7 +26,7 @@ from luksbench.testbox.cephstack import (
     split_plan,
     tear_down_ceph,
 )
-from luksbench.testbox.plan import MIB, baseline_first, device_uses, precondition_options
+from luksbench.testbox.planbuild import MIB, baseline_first, device_uses, precondition_options
 from luksbench.testbox.precondition import precondition
 from luksbench.testbox.sysutil import (
     Progress,

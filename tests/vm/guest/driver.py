@@ -311,7 +311,7 @@ def make_plan(name: str, case: dict, disks: list[dict]) -> dict:
     named by path, every layer with its defaults (the project's resolve_layer/resolve_devices);
     not checked here, so that stack-up's own checks are what refuses a bad plan."""
     sys.path.insert(0, str(SRC))
-    from luksbench.testbox.plan import resolve_devices, resolve_layer
+    from luksbench.testbox.planbuild import resolve_devices, resolve_layer
 
     plan = json.loads(json.dumps(case["plan"]))
     plan.setdefault("run", f"vm-{name}")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from luksbench.testbox.cephstack import split_plan
-from luksbench.testbox.plan import NULL_CIPHERS, plan_layers
+from luksbench.testbox.planbuild import NULL_CIPHERS, plan_layers
 from luksbench.testbox.sysutil import read_text, run_quiet, which
 
 

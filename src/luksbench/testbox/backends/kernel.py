@@ -45,7 +45,7 @@ from luksbench.testbox.backends.kernel_tools import (
 )
 from luksbench.testbox.backends.kernel_undo import leftovers as leftovers
 from luksbench.testbox.backends.kernel_undo import undo
-from luksbench.testbox.plan import MIB, NULL_CIPHERS, baseline_first, first_layer, plan_layers
+from luksbench.testbox.planbuild import MIB, NULL_CIPHERS, baseline_first, first_layer, plan_layers
 from luksbench.testbox.sysutil import (
     QUIET,
     TestboxError,

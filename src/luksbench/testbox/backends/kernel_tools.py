@@ -13,7 +13,7 @@ import stat
 import struct
 from pathlib import Path
 
-from luksbench.testbox.plan import NULL_CIPHERS
+from luksbench.testbox.planbuild import NULL_CIPHERS
 from luksbench.testbox.sysinfo import strip_dm_table_keys
 from luksbench.testbox.sysutil import TestboxError, run_quiet, run_tool
 

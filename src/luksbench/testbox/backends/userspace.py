@@ -23,7 +23,7 @@ from luksbench.testbox.backends.kernel import (
     luks_format_argv,
     write_key,
 )
-from luksbench.testbox.plan import MIB
+from luksbench.testbox.planbuild import MIB
 from luksbench.testbox.sysutil import (
     TestboxError,
     find_our_processes,

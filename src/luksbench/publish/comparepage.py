@@ -1,5 +1,5 @@
 """``luksbench compare`` published: the run-A-vs-run-B table (computed by
-:mod:`luksbench.analysis.crossrun`) as Markdown, table files and a figure."""
+:mod:`luksbench.analysis.runcompare`) as Markdown, table files and a figure."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import matplotlib.ticker
 import pandas as pd
 import seaborn as sns
 
-from luksbench.analysis.crossrun import RunData
-from luksbench.analysis.dictionary import write_csv
+from luksbench.analysis.runcompare import RunData
+from luksbench.analysis.tablefiles import write_csv
 from luksbench.formats.layout import replace_file, replacing
 from luksbench.publish.style import house_style, panels, save_figure
 from luksbench.publish.text import (
@@ -213,7 +213,7 @@ def write_compare(
             {
                 "title": f"luksbench compare: {a.name} vs {b.name}",
                 "figure": "compare",
-                "made_by": "luksbench.publish.crossrun.compare_figure",
+                "made_by": "luksbench.publish.comparepage.compare_figure",
                 "run_a": a.source,
                 "run_b": b.source,
                 "designs": table.attrs.get("designs", {}),

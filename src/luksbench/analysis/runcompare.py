@@ -1,6 +1,6 @@
 """What changed from run A to run B (two kernels, two hosts, before/after a flag), per cell and stack.
 
-``luksbench compare RUN_A RUN_B --out DIR`` (published by :mod:`luksbench.publish.crossrun`). For
+``luksbench compare RUN_A RUN_B --out DIR`` (published by :mod:`luksbench.publish.comparepage`). For
 every host pair, stack, cell and metric: ``change_pct = 100 (r - 1)``, ``r`` the geometric-mean
 ratio B / A, with an interval from log values: **paired** (t on ``d_k = ln(B_k / A_k)``) only
 when the runs were measured side by side (:func:`pairing_design`), else **sessions** (Welch over
@@ -65,7 +65,7 @@ class RunData:
     schedule: pd.DataFrame
 
 
-def load_run(
+def load_run_data(
     spec: str | Path,
     processed_root: Path = Path("data/processed"),
     raw_root: Path = Path("data/raw"),
