@@ -59,7 +59,13 @@ def write_plan(tmp: Path, run: str, stacks: dict) -> Path:
         "baseline": "plain",
         "stacks": stacks,
         "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+        "fio": {
+            "ioengine": "libaio",
+            "direct": True,
+            "runtime_s": 1,
+            "ramp_time_s": 0,
+            "output_format": "json+",
+        },
         "repetitions": 1,
         "seed": 1,
     }
