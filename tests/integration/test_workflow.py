@@ -256,6 +256,7 @@ def test_an_analysis_step_reruns_when_the_code_it_runs_changes(tmp_path, changed
         *(f"data/processed/sample/{table}.parquet" for table in PROCESSED_TABLES),
         "data/processed/sample/notebooks/01-ingest.ipynb",
         *(f"data/processed/sample/{table}.parquet" for table in LOSS_TABLES),
+        "data/processed/sample/paper_numbers.parquet",
         "data/processed/sample/notebooks/02-loss.ipynb",
         "figures/sample",
         "data/processed/sample/notebooks/03-figures.ipynb",
