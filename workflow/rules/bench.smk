@@ -72,12 +72,12 @@ rule plan_repetitions:
         confidence=config["analysis"]["confidence"],
         cells=plan_cells,
     run:
-        from luksbench.analysis.design import write_targets
+        from luksbench.analysis.design import write_design_targets
         from luksbench.analysis.ingest import fio_table
 
         design = {k: v for k, v in params.items() if k != "raw_dir"}
         fio = fio_table(Path(params.raw_dir))
-        write_targets(fio, wildcards.host, output.targets, log=log[0], **design)
+        write_design_targets(fio, wildcards.host, output.targets, log=log[0], **design)
 
 
 rule run_fio:
