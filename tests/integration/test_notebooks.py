@@ -48,6 +48,7 @@ DEFAULTS = {
     "strict": False,
     "workers": 2,
     "loss_dir": "",
+    "per_host_figures_max": None,  # None: the schema default (the workflow passes the config's)
 }
 RUN_DIRS = {"run", "raw_dir", "processed_dir"}
 PARAMS = {
@@ -63,7 +64,7 @@ PARAMS = {
         "min_pairs",
         "loss_dir",
     },
-    "03-figures": {*RUN_DIRS, "figures_dir", "workers"},
+    "03-figures": {*RUN_DIRS, "figures_dir", "workers", "per_host_figures_max"},
     "04-paper": {*RUN_DIRS, "figures_dir", "paper_dir", "reference_dir", "title", "author"}
     | {"front_matter", "machine_paths"},
 }
