@@ -12,24 +12,13 @@ import sys
 from pathlib import Path
 
 from luksbench import __version__
+from luksbench.cli_output import FORMULA_START as FORMULA_START  # the test keeps it equal
+from luksbench.cli_output import csv_text_cell, write_loss_output
 
 
 def _fail(command: str, message) -> int:
     print(f"luksbench {command}: {message}", file=sys.stderr)
     return 1
-
-
-#: text a spreadsheet would evaluate as a formula starts with one of these (the same rule as
-#: analysis.tablefiles.FORMULA_START, which needs pandas; a unit test keeps them equal)
-FORMULA_START = "=+-@\t\r"
-
-
-def csv_text_cell(value):
-    """``value`` for a CSV a spreadsheet may open: text that starts like a formula gets a leading
-    ``'`` (numbers, a negative one too, stay numbers)."""
-    if isinstance(value, str) and value[:1] and value[0] in FORMULA_START:
-        return f"'{value}"
-    return value
 
 
 def _cmd_parse(args: argparse.Namespace) -> int:
@@ -58,57 +47,11 @@ def _cmd_parse(args: argparse.Namespace) -> int:
     return status
 
 
-#: the columns of ``luksbench loss --format table``: the decision first, then what it is about
-TABLE_COLUMNS = ["decision", "host", "workload", "direction", "metric", "n", "effect"]
 #: ``luksbench loss``'s default metrics (analysis.stats.DEFAULT_METRICS, checked by a unit test;
 #: named here so that the help needs no pandas)
 LOSS_DEFAULT_METRICS = ("bw_bytes", "iops", "clat_p50_ns", "clat_p99_ns", "clat_p999_ns")
 LOSS_DEFAULT_METRICS += ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct")
 LOSS_DEFAULT_METRICS += ("busy_cpu_us_per_io",)
-
-
-def loss_readable(table, confidence: float) -> list[list[str]]:
-    """The loss table as a person reads it, as rows of cells (the header first): decision first,
-    a few columns, the effect and its interval in % rounded to 0.1 (the full table is
-    ``--format csv``); the host column only when the run has several."""
-    columns = [c for c in TABLE_COLUMNS if c != "host" or table["host"].nunique() > 1]
-
-    def pct(x) -> str:
-        return "-" if x != x else f"{x:.1f}"  # NaN: no interval (too few pairs or withheld)
-
-    rows = [[*columns, "effect %", f"{100 * confidence:g}% interval"]]
-    for row in table.to_dict("records"):
-        interval = f"{pct(row['ci_low'])} .. {pct(row['ci_high'])}"
-        interval = "-" if interval == "- .. -" else interval
-        rows.append([str(row[c]) for c in columns] + [pct(row["effect_pct"]), interval])
-    return rows
-
-
-def aligned(rows: list[list[str]], right: set[int]) -> str:
-    """``rows`` as text columns, those at ``right`` right-aligned (numbers), the others left."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    cells = [
-        [
-            cell.rjust(w) if i in right else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        for row in rows
-    ]
-    return "\n".join("  ".join(row).rstrip() for row in cells) + "\n"
-
-
-def _write_loss(table, fmt: str, out, confidence: float) -> None:
-    from luksbench.analysis.tablefiles import csv_safe_frame
-
-    columns = list(table.columns)  # loss.parquet's: the workflow's loss table, row for row
-    if fmt == "csv":  # cells a spreadsheet would evaluate neutralised (analysis.tablefiles)
-        csv_safe_frame(table[columns]).to_csv(out, index=False)
-    elif fmt == "json":
-        out.write(table[columns].to_json(orient="records", indent=1) + "\n")
-    else:
-        rows = loss_readable(table, confidence)
-        numbers = {rows[0].index("n"), len(rows[0]) - 2, len(rows[0]) - 1}
-        out.write(aligned(rows, numbers))
 
 
 def _cmd_loss(args: argparse.Namespace) -> int:
@@ -133,11 +76,11 @@ def _cmd_loss(args: argparse.Namespace) -> int:
     to_terminal = args.out is None and sys.stdout.isatty()
     fmt = args.format or ("table" if to_terminal else "csv")
     if args.out is None:
-        _write_loss(table, fmt, sys.stdout, args.confidence)
+        write_loss_output(table, fmt, sys.stdout, args.confidence)
     else:
         try:
             with open(args.out, "w", encoding="utf-8", newline="") as out:
-                _write_loss(table, fmt, out, args.confidence)
+                write_loss_output(table, fmt, out, args.confidence)
         except OSError as exc:
             return _fail("loss", f"--out {args.out}: {exc.strerror or exc}")
     counts = table["decision"].str.split(":").str[0].value_counts()
