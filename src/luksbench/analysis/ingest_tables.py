@@ -400,20 +400,61 @@ def _stack_record(head: tuple, desc: dict, reason) -> tuple:
     return (*head, *described, *facts, _luks_layer(desc).get("dm_table"), not reason, reason)
 
 
+def _host_stack_rows(run, host, stacks: dict, unavailable: dict, planned: dict) -> tuple:
+    """Rows of the stacks, perf_flags and stack_notes tables of one host's stack descriptions
+    (``planned``: stack -> the perf flags its plan asked for)."""
+    stacks_rows, flag_rows, note_rows = [], [], []
+    for name, desc in sorted(stacks.items()):
+        desc = desc if isinstance(desc, dict) else {"value": desc}
+        reason = unavailable.get(name) or desc.get("unavailable")
+        head = (run, host, name)
+        stacks_rows.append(_stack_record(head, desc, str(reason) if reason else None))
+        flag_rows += _flag_rows(head, desc, planned.get(name, []))
+        note_rows += [(*head, str(n)) for n in dict.fromkeys(desc.get("notes") or [])]
+    return stacks_rows, flag_rows, note_rows
+
+
 def _stack_rows(raw_dir: Path, problems: list) -> tuple[list, list, list]:
     """Rows of the stacks, perf_flags and stack_notes tables."""
-    run, stacks_rows, flag_rows, note_rows = run_name(raw_dir), [], [], []
+    run, out = run_name(raw_dir), ([], [], [])
     planned = _planned_flags(raw_dir, [])
     for host, manifest in _host_documents(raw_dir, "fio/manifest.json", problems):
-        stacks, unavailable = stack_descriptions(manifest)
-        for name, desc in sorted(stacks.items()):
-            desc = desc if isinstance(desc, dict) else {"value": desc}
-            reason = unavailable.get(name) or desc.get("unavailable")
-            head = (run, host.name, name)
-            stacks_rows.append(_stack_record(head, desc, str(reason) if reason else None))
-            flag_rows += _flag_rows(head, desc, planned.get((host.name, name), []))
-            note_rows += [(*head, str(n)) for n in dict.fromkeys(desc.get("notes") or [])]
-    return stacks_rows, flag_rows, note_rows
+        flags = {s: f for (h, s), f in planned.items() if h == host.name}
+        rows = _host_stack_rows(run, host.name, *stack_descriptions(manifest), flags)
+        for table, part in zip(out, rows, strict=True):
+            table += part
+    return out
+
+
+def stack_frames(run: str, host: str, descriptions: dict, planned: dict) -> dict:
+    """The stacks, perf_flags and stack_notes tables of one host's stack descriptions
+    ({stack: description}; ``planned``: {stack: perf flags its plan asked for})."""
+    rows = _host_stack_rows(run, host, descriptions, {}, planned)
+    frames = zip(
+        (STACKS_COLUMNS, PERF_FLAGS_COLUMNS, STACK_NOTES_COLUMNS),
+        (STACKS_DTYPES, _PERF_FLAGS_DTYPES, {}),
+        rows,
+        strict=True,
+    )
+    typed = [
+        with_dtypes(pd.DataFrame.from_records(r, columns=c), d, "string") for c, d, r in frames
+    ]
+    return dict(zip(("stacks", "perf_flags", "stack_notes"), typed, strict=True))
+
+
+def plan_frames(run: str, host: str, env: dict) -> dict:
+    """The env row and :data:`PLAN_TABLES`' plan tables of one host's environment document."""
+    specs = {
+        "env": ([_env_record(run, host, env)], ENV_COLUMNS, ENV_DTYPES),
+        "job_devices": (job_device_rows(run, host, env), JOB_DEVICES_COLUMNS, _JOB_DEVICES_DTYPES),
+        "patterns": (_pattern_rows(run, host, env), PATTERNS_COLUMNS, _PATTERNS_DTYPES),
+        "plan_fio": (_plan_fio_rows(run, host, env), PLAN_FIO_COLUMNS, {}),
+        "plan_stacks": (_plan_stack_rows(run, host, env), PLAN_STACKS_COLUMNS, _PLAN_STACKS_DTYPES),
+    }
+    return {
+        name: with_dtypes(pd.DataFrame.from_records(r, columns=c), d, "string", errors="coerce")
+        for name, (r, c, d) in specs.items()
+    }
 
 
 def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
