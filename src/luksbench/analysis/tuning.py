@@ -69,8 +69,8 @@ def unapplied(asked: dict, built: dict, flags: pd.DataFrame) -> list[str]:
     by_flag = {r.flag: r for r in flags.itertuples(index=False)}
     for flag in asked.get("perf_flags") or []:
         row = by_flag.get(flag)
-        applied = row is not None and _value(row.applied) is True
-        in_table = None if row is None else _value(row.in_dm_table)
+        applied = row is not None and _value(row.applied) is not None and bool(row.applied)
+        in_table = None if row is None or _value(row.in_dm_table) is None else bool(row.in_dm_table)
         if not applied or in_table is False:
             why = None if row is None else _value(row.skipped_reason)
             why = why or (
