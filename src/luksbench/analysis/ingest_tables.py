@@ -319,11 +319,12 @@ def _plan_stack_rows(run: str, host: str, env: dict) -> list[dict]:
 
 
 def _plan_records(raw_dir: Path, rows, strict: bool) -> tuple[list[dict], list]:
-    """``rows(run, host, env)`` of every host's env.json, and the problems reading them."""
-    run, problems, records = run_name(raw_dir), [], []
-    for host, env in _host_documents(raw_dir, "env.json", problems):
+    """``rows(run, host, env)`` of every host's env.json; no problems (an unreadable env.json is
+    the env table's problem, reported once)."""
+    run, records = run_name(raw_dir), []
+    for host, env in _host_documents(raw_dir, "env.json", []):
         records += rows(run, host.name, env)
-    return records, problems
+    return records, []
 
 
 def _plan_table(raw_dir, strict, rows, columns, dtypes) -> pd.DataFrame:
@@ -471,16 +472,16 @@ def perf_flags_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     """One row per host, stack and dm-crypt perf flag its plan asked for or its description
     records: ``planned``, ``applied`` (by cryptsetup), ``in_dm_table`` (empty: no dm table
     recorded) and why the box skipped it."""
-    raw_dir, problems = Path(raw_dir), []
-    records = _stack_rows(raw_dir, problems)[1]
+    raw_dir, problems = Path(raw_dir), []  # an unreadable manifest: the stacks table's problem
+    records = _stack_rows(raw_dir, [])[1]
     df = pd.DataFrame.from_records(records, columns=PERF_FLAGS_COLUMNS)
     return _checked(with_dtypes(df, _PERF_FLAGS_DTYPES, "string"), raw_dir, problems, strict)
 
 
 def stack_notes_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     """One row per note of a stack's description (e.g. a LUKS version the backend forced)."""
-    raw_dir, problems = Path(raw_dir), []
-    records = _stack_rows(raw_dir, problems)[2]
+    raw_dir, problems = Path(raw_dir), []  # an unreadable manifest: the stacks table's problem
+    records = _stack_rows(raw_dir, [])[2]
     df = pd.DataFrame.from_records(records, columns=STACK_NOTES_COLUMNS)
     return _checked(with_dtypes(df, {}, "string"), raw_dir, problems, strict)
 
