@@ -6,6 +6,8 @@
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
 ``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
+``PLAN_TABLES``       env.json's plan and devices and the stacks' perf flags and notes, as long
+                      tables (job_devices, patterns, plan_fio, plan_stacks, perf_flags, stack_notes).
 ``schedule_table``    one row per fio run of every session's manifest: when it ran, in which round.
 ``latency``           the json+ histograms of the fio table's measured rows (:data:`LATENCY_COLUMNS`).
 ``write_processed``   all of them as ``<processed_dir>/<table>.parquet`` and ``.csv``, incremental
