@@ -32,6 +32,7 @@ def _edit(path: Path, change) -> dict:
 def _env(doc: dict) -> None:
     doc["plan"]["scratch_dir"] = f"{DISK}/scratch"
     doc["plan"]["stacks"]["luks"]["perf_flags"] = ["no_read_workqueue", "same_cpu_crypt"]
+    doc["plan"]["stacks"]["fast"] = {"kind": "luks", "perf_flags": ["high_priority"]}  # not built
     doc["plan"]["patterns"] = {
         "equalload": {"description": "CPU at equal load", "io_bs": "4k", "rate_pct": 80}
         | {"fsync_per_block": True, "fio": {"sync": True}}
@@ -109,6 +110,12 @@ def test_the_stacks_perf_flags_and_notes_are_rows(flat):
     skipped = flags.loc["same_cpu_crypt"]
     assert skipped["planned"] and not skipped["applied"] and not skipped["in_dm_table"]
     assert skipped["skipped_reason"] == "this kernel's dm-crypt lacks it"
+    unbuilt = tables["perf_flags"].set_index("stack").loc["fast"]
+    assert (unbuilt["flag"], unbuilt["planned"], unbuilt["applied"]) == (
+        "high_priority",
+        True,
+        False,
+    )
     notes = tables["stack_notes"]
     assert list(notes["stack"]) == ["luks"] and "luks1" in notes["note"].iloc[0]
     planned = tuning.planned_settings(tables["plan_stacks"], tables["perf_flags"])

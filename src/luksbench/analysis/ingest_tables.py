@@ -383,13 +383,13 @@ def _flag_rows(head: tuple, desc: dict, planned: list) -> list[tuple]:
     ]
 
 
-def _planned_flags(raw_dir: Path, problems: list) -> dict[tuple[str, str], list[str]]:
-    """(host, stack) -> the perf flags its plan (env.json) asked for on the top layer."""
-    out = {}
-    for host, env in _host_documents(raw_dir, "env.json", problems):
+def _planned_flags(raw_dir: Path) -> dict[str, dict[str, list[str]]]:
+    """{host: {stack: the perf flags its plan (env.json) asked for on the top layer}}."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for host, env in _host_documents(raw_dir, "env.json", []):
         for name, cfg in _dict(_plan(env).get("stacks")).items():
             flags = _dict(cfg).get("perf_flags") or []
-            out[(host.name, name)] = [f for f in flags if isinstance(f, str)]
+            out.setdefault(host.name, {})[name] = [f for f in flags if isinstance(f, str)]
     return out
 
 
@@ -418,12 +418,21 @@ def _host_stack_rows(run, host, stacks: dict, unavailable: dict, planned: dict) 
 def _stack_rows(raw_dir: Path, problems: list) -> tuple[list, list, list]:
     """Rows of the stacks, perf_flags and stack_notes tables."""
     run, out = run_name(raw_dir), ([], [], [])
-    planned = _planned_flags(raw_dir, [])
+    planned = _planned_flags(raw_dir)
     for host, manifest in _host_documents(raw_dir, "fio/manifest.json", problems):
-        flags = {s: f for (h, s), f in planned.items() if h == host.name}
-        rows = _host_stack_rows(run, host.name, *stack_descriptions(manifest), flags)
+        descriptions = stack_descriptions(manifest)
+        flags = planned.pop(host.name, {})
+        rows = _host_stack_rows(run, host.name, *descriptions, flags)
         for table, part in zip(out, rows, strict=True):
             table += part
+        for stack in set(flags) - set(descriptions[0]):  # planned, never described: not applied
+            planned.setdefault(host.name, {})[stack] = flags[stack]
+    out[1].extend(
+        (run, host, stack, flag, True, False, None, None)
+        for host, stacks in sorted(planned.items())
+        for stack, flags in sorted(stacks.items())
+        for flag in flags
+    )
     return out
 
 
@@ -471,7 +480,7 @@ def stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 def perf_flags_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     """One row per host, stack and dm-crypt perf flag its plan asked for or its description
     records: ``planned``, ``applied`` (by cryptsetup), ``in_dm_table`` (empty: no dm table
-    recorded) and why the box skipped it."""
+    recorded) and why the box skipped it (a planned stack without a description: not applied)."""
     raw_dir, problems = Path(raw_dir), []  # an unreadable manifest: the stacks table's problem
     records = _stack_rows(raw_dir, [])[1]
     df = pd.DataFrame.from_records(records, columns=PERF_FLAGS_COLUMNS)
