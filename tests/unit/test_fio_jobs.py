@@ -3,7 +3,6 @@ saturation flags and the paper's list of limited cells."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from snakemake.utils import validate
 from testkit.testbox import loop_plan
 
 from luksbench.analysis import saturation
+from luksbench.analysis.ingest_tables import plan_frames
 from luksbench.formats.layout import Workload
 from luksbench.publish.paper import job_devices
 from luksbench.publish.paper_tables import limited_cells, unchecked_cells
@@ -233,7 +233,7 @@ def test_the_environment_appendix_lists_each_device_with_its_queues_and_the_jobs
     plan = loop_plan("r", tmp_path, devices={"d0": {"path": str(target)}})
     plan["fio"]["numa_pin"] = True
     facts = jobs.device_facts(plan, cell_options(plan, CELL), tmp_path / "sys")
-    env = pd.DataFrame({"host": ["h"], "env_json": [json.dumps({"job_devices": facts})]})
+    env = plan_frames("r", "h", {"job_devices": facts})["job_devices"]  # as ingest writes it
     expected = [
         {
             "host": "h",

@@ -6,7 +6,6 @@ against the table; withheld data are not drawn as data; the answer comes first."
 from __future__ import annotations
 
 import html
-import json
 import re
 import shutil
 from pathlib import Path
@@ -18,6 +17,7 @@ import pandas as pd
 import pytest
 
 from luksbench.analysis.cpucost import NOT_ABOVE_IDLE
+from luksbench.analysis.ingest_tables import plan_frames
 from luksbench.analysis.loss import CPU_METRICS
 from luksbench.analysis.tails import TOO_FEW
 from luksbench.publish import (
@@ -114,11 +114,9 @@ def test_a_row_whose_pairs_were_all_dropped_is_said_so_not_called_one_stack_only
 
 def test_a_planned_stack_without_results_is_named(processed):
     run = load_run(processed)
-    env = run.env.copy()
-    doc = json.loads(env["env_json"].iloc[0])
-    doc["plan"]["stacks"]["xts2"] = doc["plan"]["stacks"]["luks"]
-    env.loc[env.index[0], "env_json"] = json.dumps(doc)
-    run = Run(run.processed_dir, run.tables | {"env": env})
+    planned = run.plan_stacks
+    xts2 = planned[planned["stack"] == "luks"].assign(stack="xts2")
+    run = Run(run.processed_dir, run.tables | {"plan_stacks": pd.concat([planned, xts2])})
     said = [g for g in paper_gaps.gaps(run, {"latency", "cpu"}) if "no results" in g]
     assert len(said) == 1 and "`xts2`" in said[0], said
 
@@ -248,14 +246,14 @@ def test_each_heatmap_caption_names_its_effect():
 
 def test_no_path_of_the_measuring_machine_in_the_paper(processed, tmp_path):
     env = pd.read_parquet(processed / "env.parquet")
-    doc = json.loads(env["env_json"].iloc[0])
     scratch = "/srv/secret-box/luksbench/data/scratch/s/vm"
-    doc["plan"]["scratch_dir"] = scratch
+    doc = {"plan": {"scratch_dir": scratch}}
     doc["job_devices"] = [
         {"device": scratch.rsplit("/", 3)[0], "block_device": "sda", "numa_node": None}
     ]
-    env.loc[env.index[0], "env_json"] = json.dumps(doc)
-    situation = _situation(processed, tmp_path, env=env)
+    frames = plan_frames(env["run"].iloc[0], env["host"].iloc[0], doc)  # as ingest writes them
+    env = env.assign(scratch_dir=scratch)
+    situation = _situation(processed, tmp_path, env=env, job_devices=frames["job_devices"])
     text = _paper(situation, tmp_path)
     assert "/srv/secret-box" not in text
     assert "the scratch directory's disk, `sda`" in text

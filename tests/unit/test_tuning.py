@@ -14,6 +14,7 @@ import yaml
 from simulate import loss_row as simulated_row
 
 from luksbench.analysis import stats
+from luksbench.analysis.ingest_tables import plan_frames, stack_frames
 from luksbench.analysis.tuning import (
     TUNING_COLUMNS,
     family_decisions,
@@ -117,36 +118,29 @@ def synthetic_run():
                 worse = [x * (-1 if metric == TPUT else 1) for x in (0.5, 0.45, 0.55, 0.5)]
                 rows.append(loss_row("plain", arm, cell, metric, worse))
                 rows[-2]["fio_bound"] = (arm, metric, cell) == ("fast", TPUT, FULL)
-    stacks = pd.DataFrame(
-        [
-            {"host": HOST, "stack": s, "available": True, "reason": None}
-            | {"description_json": json.dumps(description(s))}
-            for s in SETTINGS
-        ]
-        + [
-            {
-                "host": HOST,
-                "stack": "adiantum",
-                "available": False,
-                "reason": "no adiantum",
-                "description_json": "{}",
-            }
-        ]
-    )
+    descriptions = {s: description(s) for s in SETTINGS} | {
+        "adiantum": {"unavailable": "no adiantum"}
+    }
     plan_stacks = {"luks": {}, **{s: v[2] for s, v in SETTINGS.items()}}
     plan_stacks["adiantum"] = {"cipher": "xchacha12,aes-adiantum-plain64"}
     plan = {"patterns": {"equalload": {"rate_pct": 80}, "seq": {"rate_pct": None}}}
-    env = pd.DataFrame(
-        [{"host": HOST, "env_json": json.dumps({"plan": plan | {"stacks": plan_stacks}})}]
-    )
+    planned = {s: c.get("perf_flags", []) for s, c in plan_stacks.items()}
+    # the processed tables ingest writes from these documents
+    tables = stack_frames("r", HOST, descriptions, planned)
+    tables |= plan_frames("r", HOST, {"plan": plan | {"stacks": plan_stacks}})
     comparisons = [{"baseline": "plain", "variant": "luks"}]
     comparisons += [{"baseline": "luks", "variant": s} for s in [*SETTINGS, "adiantum"]]
-    return pd.DataFrame(rows), stacks, env, comparisons
+    return pd.DataFrame(rows), tables, comparisons
+
+
+def planned(tables):
+    """The plan tables :func:`recommendations` reads."""
+    return tables["plan_stacks"], tables["perf_flags"]
 
 
 def tuning_of_synthetic_run():
-    loss, stacks, env, comparisons = synthetic_run()
-    return tuning_table(loss, stacks, env, "luks", "plain", comparisons)
+    loss, tables, comparisons = synthetic_run()
+    return tuning_table(loss, tables, "luks", "plain", comparisons)
 
 
 def test_settings_are_the_stacks_compared_with_the_reference():
@@ -172,7 +166,9 @@ def test_a_setting_is_measured_only_where_the_stacks_description_shows_it_applie
     assert why["fast"] == "" and why["flat"] == ""
     # a description without dm-crypt (the userspace backend) applies no flag
     no_dm = {"kind": "luks", "sector_size": 512, "notes": ["perf flags [...] skipped: ..."]}
-    assert unapplied({"perf_flags": ["no_read_workqueue"]}, no_dm) == [
+    built = stack_frames("r", HOST, {"x": no_dm}, {"x": ["no_read_workqueue"]})
+    row = built["stacks"].iloc[0].to_dict()
+    assert unapplied({"perf_flags": ["no_read_workqueue"]}, row, built["perf_flags"]) == [
         "perf flag no_read_workqueue not applied: not recorded as applied"
     ]
 
@@ -252,17 +248,15 @@ def test_the_reference_arms_limits_reach_the_table_and_the_paper():
     limited = table[table["fio_bound"]]
     assert set(zip(limited["setting"], limited["metric"], strict=True)) == {("fast", TPUT)}
     assert not table["cpu_saturated"].any()
-    rec = recommendations(table, synthetic_run()[2], [])
+    rec = recommendations(table, *planned(synthetic_run()[1]), [])
     fast = next(s for s in rec["measured"] if s["setting"] == "fast")
     assert [r["limited"] for r in fast["rows"]] == ["fio-bound", ""]
     assert rec["any_limited"]
 
 
 def test_a_run_without_tuning_arms_has_an_empty_table():
-    loss, stacks, env, _ = synthetic_run()
-    table = tuning_table(
-        loss, stacks, env, "luks", "plain", [{"baseline": "plain", "variant": "luks"}]
-    )
+    loss, tables, _ = synthetic_run()
+    table = tuning_table(loss, tables, "luks", "plain", [{"baseline": "plain", "variant": "luks"}])
     assert table.empty and list(table.columns) == TUNING_COLUMNS
 
 
@@ -302,7 +296,7 @@ def test_the_recommendation_lists_the_measured_settings_and_states_the_others():
     from luksbench.publish.recommend import recommendations
 
     table = tuning_of_synthetic_run()
-    env = synthetic_run()[2]
+    plans = planned(synthetic_run()[1])
     hosts = [
         {
             "host": HOST,
@@ -311,7 +305,7 @@ def test_the_recommendation_lists_the_measured_settings_and_states_the_others():
             "backend_short": "kernel",
         }
     ]
-    rec = recommendations(table, env, hosts)
+    rec = recommendations(table, *plans, hosts)
     assert [(s["rank"], s["setting"], s["recommendation"]) for s in rec["measured"]] == [
         (1, "fast", "recommended (not measured: p99 latency)"),  # no evidence it is free
         (None, "lucky", "undecided"),
@@ -335,7 +329,7 @@ def test_the_recommendation_lists_the_measured_settings_and_states_the_others():
     assert "no --perf-high_priority" in skipped["skipped"]["reason"]
     assert "--perf-high_priority" in skipped["skipped"]["apply"][0]
     assert rec["versions"] == hosts
-    assert recommendations(table.iloc[0:0], env, hosts) == {"present": False}
+    assert recommendations(table.iloc[0:0], *plans, hosts) == {"present": False}
 
 
 def test_the_userspace_backend_refuses_the_dm_crypt_only_ciphers_naming_them():
@@ -374,7 +368,7 @@ def test_a_gain_with_a_row_undecided_toward_a_material_cost_is_not_recommended()
     )
     p99["higher_is_better"] = False
     held = pd.concat([table, p99.to_frame().T], ignore_index=True)
-    rec = recommendations(held, synthetic_run()[2], [])
+    rec = recommendations(held, *planned(synthetic_run()[1]), [])
     entry = next(s for s in rec["measured"] if s["setting"] == "fast")
     assert entry["recommendation"] == (
         "undecided (a gain, but undecided toward a material cost: p99 latency in 1 cell)"
@@ -383,7 +377,7 @@ def test_a_gain_with_a_row_undecided_toward_a_material_cost_is_not_recommended()
     # short of the material margin it does not stand in the way
     p99["ci_high"], p99["decision"] = 45.0, "undecided: straddles 10 %"
     rec = recommendations(
-        pd.concat([table, p99.to_frame().T], ignore_index=True), synthetic_run()[2], []
+        pd.concat([table, p99.to_frame().T], ignore_index=True), *planned(synthetic_run()[1]), []
     )
     entry = next(s for s in rec["measured"] if s["setting"] == "fast")
     assert entry["recommendation"] == "recommended" and entry["rank"] == 1

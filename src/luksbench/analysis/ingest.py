@@ -6,6 +6,8 @@
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
 ``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
+``PLAN_TABLES``       env.json's plan and devices and the stacks' perf flags and notes, as long
+                      tables (job_devices, patterns, plan_fio, plan_stacks, perf_flags, stack_notes).
 ``schedule_table``    one row per fio run of every session's manifest: when it ran, in which round.
 ``latency``           the json+ histograms of the fio table's measured rows (:data:`LATENCY_COLUMNS`).
 ``write_processed``   all of them as ``<processed_dir>/<table>.parquet`` and ``.csv``, incremental
@@ -44,6 +46,7 @@ from luksbench.analysis.ingest_parse import _list_fio_folder, _parse_files, defa
 from luksbench.analysis.ingest_tables import (  # noqa: F401 - the entry points' names, kept here
     CRYPTSETUP_TABLE_COLUMNS,
     ENV_COLUMNS,
+    PLAN_TABLES,
     SCHEDULE_COLUMNS,
     STACKS_COLUMNS,
     _decoded_json,
@@ -56,7 +59,6 @@ from luksbench.analysis.ingest_tables import (  # noqa: F401 - the entry points'
     stacks_table,
 )
 from luksbench.analysis.stats import active_rows, with_pattern
-from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.manifest import (
     result_sessions,
     session_records,
@@ -69,7 +71,8 @@ LATENCY_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
 ).split()
 
 #: the processed tables, in the order they are written (``<processed_dir>/<name>.parquet``)
-PROCESSED_TABLES = ("fio", "latency", "cryptsetup", "env", "stacks", "schedule", "problems")
+PROCESSED_TABLES = ("fio", "latency", "cryptsetup", "env", "stacks", *PLAN_TABLES, "schedule")
+PROCESSED_TABLES += ("problems",)
 PROCESSED_FILES = tuple(f"{name}.parquet" for name in PROCESSED_TABLES)
 
 
@@ -317,22 +320,19 @@ def _link_target(link: str, raw_dir: Path) -> str:
     return f"{os.path.basename(target.rstrip('/')) or target}, outside the run folder"
 
 
-def machine_paths(env: pd.DataFrame, raw_dir: Path) -> dict[str, str]:
+def machine_paths(env: pd.DataFrame, raw_dir: Path, devices: pd.DataFrame) -> dict[str, str]:
     """{absolute path of the measuring machine: what a published table shows instead}: the run's
     raw folder (paths inside it relative), each host's scratch directory (``<scratch_dir>``) and
     each planned device that is no ``/dev`` path (``<device BLOCK>``), also as JSON escapes them."""
     names = {}
     for raw in dict.fromkeys((str(Path(raw_dir)), str(Path(raw_dir).resolve()))):
         names |= {f"{raw}/": "", raw: "."}
-    for env_json in env.get("env_json", []):
-        doc = parse_env_json(env_json)
-        scratch = (doc.get("plan") or {}).get("scratch_dir")
-        if isinstance(scratch, str) and len(scratch.rstrip("/")) > 1:
+    for scratch in env.get("scratch_dir", pd.Series(dtype="string")).dropna():
+        if len(scratch.rstrip("/")) > 1:
             names[scratch.rstrip("/")] = "<scratch_dir>"
-        for device in doc.get("job_devices") or []:
-            path = device.get("device") if isinstance(device, dict) else None
-            if isinstance(path, str) and path.startswith("/") and not path.startswith("/dev/"):
-                names[path.rstrip("/") or path] = f"<device {device.get('block_device') or '?'}>"
+    for path, block in zip(devices["device"], devices["block_device"], strict=True):
+        if isinstance(path, str) and path.startswith("/") and not path.startswith("/dev/"):
+            names[path.rstrip("/") or path] = f"<device {'?' if pd.isna(block) else block}>"
     names = {path: name for path, name in names.items() if path.startswith("/") and path != "/"}
     return names | {json.dumps(p)[1:-1]: n for p, n in names.items() if json.dumps(p)[1:-1] != p}
 
@@ -360,6 +360,7 @@ def ingest_run(
     ``cache_dir``/``workers``: as for :func:`fio_table`."""
     raw_dir = Path(raw_dir)
     funcs = {"cryptsetup": cryptsetup_table, "env": env_table, "stacks": stacks_table}
+    funcs |= PLAN_TABLES
     funcs["schedule"] = schedule_table
     others, links = {}, []  # read while the fio results are parsed
 
@@ -434,7 +435,7 @@ def write_processed(
     return tablefiles.write_tables(
         processed_dir,
         {name: tables[name] for name in PROCESSED_TABLES},
-        machine_paths(tables["env"], raw_dir),
+        machine_paths(tables["env"], raw_dir, tables["job_devices"]),
     )
 
 

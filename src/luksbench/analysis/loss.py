@@ -26,7 +26,6 @@ from luksbench.analysis import (
 )
 from luksbench.analysis.ingest import PROCESSED_TABLES, raw_run_dir, write_processed
 from luksbench.analysis.losssettings import SETTINGS_FILE, LossSettings, run_settings
-from luksbench.formats.envdoc import parse_env_json
 
 #: CPU cost net of the idle baseline (:mod:`luksbench.analysis.cpucost`): per GiB, utilisation
 #: beside it, per I/O (at equal load in a fixed-rate pattern's cells)
@@ -36,7 +35,7 @@ ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
 #: the tables :func:`write_loss` writes (``<processed_dir>/<name>.parquet``)
 LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order", "tuning")
 #: the processed tables :func:`loss_tables` reads (fio required, the others may be missing)
-INPUT_TABLES = ("fio", "schedule", "stacks", "env")
+INPUT_TABLES = ("fio", "schedule", "stacks", "env", "plan_stacks", "perf_flags", "patterns")
 
 
 def loss_tables(tables: dict[str, pd.DataFrame], settings: LossSettings) -> dict[str, pd.DataFrame]:
@@ -56,8 +55,7 @@ def loss_tables(tables: dict[str, pd.DataFrame], settings: LossSettings) -> dict
         "order": order_effects(fio, tables.get("schedule", empty), pairs, table, confidence),
         "tuning": tuning.tuning_table(
             table,
-            tables.get("stacks", empty),
-            tables.get("env", empty),
+            tables,
             settings.variant,
             settings.baseline,
             list(settings.comparisons),
@@ -128,10 +126,9 @@ def write_loss(
 
 def plan_baseline(env: pd.DataFrame) -> str | None:
     """The baseline the run's plan names (the env table's plan), None if it names none."""
-    if env.empty or "env_json" not in env:
+    if env.empty or "baseline" not in env:
         return None
-    found = {(parse_env_json(doc).get("plan") or {}).get("baseline") for doc in env["env_json"]}
-    found.discard(None)
+    found = set(env["baseline"].dropna())
     return found.pop() if len(found) == 1 else None
 
 

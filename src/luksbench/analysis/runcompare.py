@@ -13,7 +13,7 @@ direction: better, worse, same, unclear, insufficient, only in A / only in B.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,6 @@ import pandas as pd
 
 from luksbench.analysis import ingest, stats
 from luksbench.analysis import moderated as eb
-from luksbench.formats.envdoc import env_plan, parse_env_json
 
 #: metrics compared by default: throughput, tail latency and CPU cost (all non-idle CPU, which
 #: counts userspace encryption too)
@@ -63,6 +62,8 @@ class RunData:
     fio: pd.DataFrame
     env: pd.DataFrame
     schedule: pd.DataFrame
+    #: the plans' fio options (the plan_fio table: host, option, option_value)
+    plan_fio: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def load_run_data(
@@ -87,8 +88,10 @@ def load_run_data(
             name = ingest.run_name(folder)
         else:
             continue
-        env, schedule = (tables.get(t, pd.DataFrame()) for t in ("env", "schedule"))
-        return RunData(name, str(folder), tables["fio"], env, schedule)
+        env, schedule, plan_fio = (
+            tables.get(t, pd.DataFrame()) for t in ("env", "schedule", "plan_fio")
+        )
+        return RunData(name, str(folder), tables["fio"], env, schedule, plan_fio)
     raise CompareError(
         f"run {str(spec)!r} not found: no fio.parquet or raw host folders in {', '.join(tried)}"
     )
@@ -390,11 +393,20 @@ def env_differences(a: RunData, b: RunData, pairs: list[tuple[str, str]]) -> lis
             x, y = ea.get(fact), eb.get(fact)
             if _text(x) != _text(y):
                 out.append(f"{label}: {fact} {_text(x)} -> {_text(y)}")
-        fa, fb = (env_plan(parse_env_json(e.get("env_json"))).get("fio") or {} for e in (ea, eb))
+        fa, fb = _fio_options(a.plan_fio, ha), _fio_options(b.plan_fio, hb)
         for key in sorted(set(fa) | set(fb)):
             if fa.get(key) != fb.get(key):
                 out.append(f"{label}: fio.{key} {fa.get(key, 'n/a')} -> {fb.get(key, 'n/a')}")
     return out
+
+
+def _fio_options(plan_fio: pd.DataFrame, host: str) -> dict[str, str]:
+    """{option: value as text} of the host's plan's fio section ({} without the table)."""
+    if plan_fio.empty or "host" not in plan_fio:
+        return {}
+    rows = plan_fio[plan_fio["host"] == host]
+    values = zip(rows["option"], rows["option_value"], strict=True)
+    return {option: None if pd.isna(value) else value for option, value in values}
 
 
 def _env_row(env: pd.DataFrame, host: str) -> dict:

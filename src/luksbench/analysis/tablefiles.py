@@ -22,6 +22,12 @@ TABLES = {
     "cryptsetup": "`cryptsetup benchmark` per host: PBKDF and cipher speeds",
     "env": "the environment of each host: kernel, CPU, tool versions",
     "stacks": "every stack measured (or unavailable, with the reason)",
+    "job_devices": "each host's disks under the fio jobs (env.json): queues, NUMA node, job CPUs",
+    "patterns": "the patterns each host's plan declared (env.json), one row per pattern",
+    "plan_fio": "the fio options of each host's plan (env.json), one row per option",
+    "plan_stacks": "the stacks each host's plan asked for (env.json), top layer's settings",
+    "perf_flags": "dm-crypt perf flags per stack, one row per flag: planned, applied, skipped",
+    "stack_notes": "the notes of each stack's description, one row per note",
     "schedule": "when each fio run ran: session, round, place in its cell, times",
     "problems": "raw files left out or noted by ingest, and why",
     "loss": "the loss table: effect of each variant against its baseline per cell and metric",
@@ -83,7 +89,27 @@ idle_busy_cpu_s_per_s, idle_sys_cpu_s_per_s | s/s | idle CPU baseline of the ses
 idle_busy_pct | % | idle CPU baseline as a share
 cpu_model, cpu_count, aes, vaes, kernel | | CPU model, CPUs, AES-NI and VAES flags; kernel release
 backend, backend_reason | | test-box backend (kernel, userspace) and why
-env_json, description_json | | the full record as JSON
+captured | UTC | when capture-env recorded the host's environment
+coordinator | | a fio server of a fleet run: the host that captured the environment and built the stacks (empty: the host itself)
+scratch_dir | | the plan's scratch directory on the measuring host
+config_hash | | first 16 hex digits of SHA-256 over the host's plan (env.json) as canonical JSON
+luks_type, hash, pbkdf | | LUKS header version, its hash and PBKDF as built
+sector_size | bytes | dm-crypt sector size (plan_stacks: as asked; empty: the default)
+device_size_bytes | bytes | size of the device fio ran on
+loop_direct_io | | the loop device below the stack does direct I/O on its backing file
+device, backing_file | | the device fio ran on; the file behind a loop device (paths of the measuring machine)
+dm_table | | the dm-crypt table of the stack's luks layer (no key; empty: none recorded)
+block_device | | the block device under a planned disk (sysfs name)
+numa_node, queues, scheduler | | its NUMA node, hardware queues and I/O scheduler
+io_poll, nvme_poll_queues | | polled I/O enabled on the queue; nvme's poll queues
+job_cpus | | CPUs the fio jobs ran on (empty: any)
+holds_scratch | | the device holds the scratch directory
+description | | what a pattern measures, in words (the config's)
+io_bs, fsync_per_block, sync, rate_pct | | a pattern's I/O size inside each block, fsync per block, O_SYNC writes, rate as % of the unthrottled baseline
+option, option_value | | a fio option of the plan and its value as text
+flag | | a dm-crypt perf flag (no_read_workqueue, ...)
+planned, applied, in_dm_table | | the plan asked for the flag; cryptsetup applied it; it is in the dm table (empty: no table recorded)
+skipped_reason | | why the test box did not apply the flag
 cipher | | cipher
 key_bits | bits | key size
 available, reason | | stack built (or cipher available); why not
@@ -95,7 +121,7 @@ requested_ms | ms | argon2 time target the costs were calibrated to
 encryption_mib_s, decryption_mib_s | MiB/s | cipher speed in memory
 source | | who measured a cipher row: `cryptsetup benchmark` (the kernel's cipher) or `userspace estimate (openssl)` (`openssl speed -evp` of the same cipher, where the kernel's could not be benchmarked)
 block_bytes | B | buffer size of a userspace estimate (openssl's largest)
-note | | notes (a withheld percentile, CPU within noise, no pilot)
+note | | notes (a withheld percentile, CPU within noise, no pilot; a stack's, from its description)
 severity | | error (left out) or note
 metric | | the measured quantity (`bw_bytes`, `iops`, latency, CPU columns above)
 higher_is_better | | whether a larger value of the metric is better
@@ -223,8 +249,8 @@ PATHS_NOTE = (
     "The CSV files carry no absolute path of the measuring machine: a path inside the run's raw "
     "folder is written relative to it (`vm/fio/luks/read-4k-qd1/rep1.json`), the host's scratch "
     "directory as `<scratch_dir>` (its backing files as `<scratch_dir>/luksbench-<run>-luks.img`) "
-    "and a planned device that is no `/dev` path as `<device nvme0n1>` (its block device), also "
-    "inside `env_json` and `description_json`. The parquet files keep the paths as recorded (the "
+    "and a planned device that is no `/dev` path as `<device nvme0n1>` (its block device). "
+    "The parquet files keep the paths as recorded (the "
     "paper prints them only with `paper.machine_paths: true`)."
 )
 

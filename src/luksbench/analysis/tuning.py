@@ -17,7 +17,6 @@ import pandas as pd
 
 from luksbench.analysis import stats
 from luksbench.analysis.contrasts import parse
-from luksbench.formats.envdoc import parse_env_json
 
 #: metric -> what the paper calls it, in the order it lists them
 TUNING_METRICS = {
@@ -42,52 +41,76 @@ def settings(reference: str, comparisons) -> list[str]:
     return [c["variant"] for c in parse(comparisons) if c["baseline"] == reference]
 
 
-def plans(env: pd.DataFrame) -> dict[str, dict]:
-    """host -> the plan its env.json records ({} without one)."""
-    return {r.host: parse_env_json(r.env_json).get("plan") or {} for r in env.itertuples()}
+def planned_settings(plan_stacks: pd.DataFrame, perf_flags: pd.DataFrame) -> dict[str, dict]:
+    """host -> {stack: the luks settings its plan asked for on the top layer: ``cipher``,
+    ``key_bits``, ``sector_size`` (where asked) and ``perf_flags`` (a list)} from the
+    ``plan_stacks`` and ``perf_flags`` tables."""
+    out: dict[str, dict] = {}
+    keys = ["cipher", "key_bits", "sector_size"]
+    for row in plan_stacks.reindex(columns=["host", "stack", *keys]).itertuples(index=False):
+        asked = {k: v for k, v in zip(keys, row[2:], strict=True) if not pd.isna(v)}
+        out.setdefault(row.host, {})[row.stack] = asked | {"perf_flags": []}
+    flags = perf_flags.reindex(columns=["host", "stack", "flag", "planned"])
+    for row in flags[flags["planned"].astype("boolean").fillna(False)].itertuples(index=False):
+        out.setdefault(row.host, {}).setdefault(row.stack, {"perf_flags": []})
+        out[row.host][row.stack]["perf_flags"].append(row.flag)
+    return out
 
 
-def unapplied(asked: dict, desc: dict) -> list[str]:
-    """What of the luks settings the plan ``asked`` for a stack its description ``desc`` does not
-    show applied (a perf flag: by cryptsetup and in the dm table)."""
-    luks = desc.get("layers") or {}
-    while isinstance(luks, dict) and luks.get("kind") not in (None, "luks"):
-        luks = luks.get("over")
-    luks = luks if isinstance(luks, dict) else {}
-    table, skipped = (luks.get("dm_table") or "").split(), luks.get("perf_flags_skipped") or {}
+def _value(x):
+    return None if pd.isna(x) else x
+
+
+def unapplied(asked: dict, built: dict, flags: pd.DataFrame) -> list[str]:
+    """What of the luks settings the plan ``asked`` for a stack its row of the stacks table
+    (``built``) and its rows of the perf_flags table (``flags``) do not show applied (a perf
+    flag: by cryptsetup and, where a dm table is recorded, in it)."""
     out = []
+    by_flag = {r.flag: r for r in flags.itertuples(index=False)}
     for flag in asked.get("perf_flags") or []:
-        if flag not in (desc.get("perf_flags") or []) or (table and flag not in table):
-            why = skipped.get(flag) or (
-                "not in the dm table" if table else "not recorded as applied"
+        row = by_flag.get(flag)
+        applied = row is not None and _value(row.applied) is not None and bool(row.applied)
+        in_table = None if row is None or _value(row.in_dm_table) is None else bool(row.in_dm_table)
+        if not applied or in_table is False:
+            why = None if row is None else _value(row.skipped_reason)
+            why = why or (
+                "not in the dm table" if in_table is not None else "not recorded as applied"
             )
             out.append(f"perf flag {flag} not applied: {why}")
     keys = [k for k in ("sector_size", "cipher", "key_bits") if k in asked]
     return out + [
-        f"{k} {desc.get(k)}, plan asked {asked[k]}" for k in keys if desc.get(k) != asked[k]
+        f"{k} {_value(built.get(k))}, plan asked {asked[k]}"
+        for k in keys
+        if _value(built.get(k)) != asked[k]
     ]
 
 
-def not_applied(stacks: pd.DataFrame, plans: dict[str, dict]) -> dict[tuple[str, str], str]:
-    """(host, stack) -> why the arm does not measure its setting: not built, or :func:`unapplied`."""
+def not_applied(
+    stacks: pd.DataFrame, planned: dict[str, dict], perf_flags: pd.DataFrame
+) -> dict[tuple[str, str], str]:
+    """(host, stack) -> why the arm does not measure its setting: not built, or :func:`unapplied`
+    (``planned``: :func:`planned_settings`)."""
     out = {}
-    for row in stacks.itertuples():
-        asked = (plans.get(row.host, {}).get("stacks") or {}).get(row.stack) or {}
-        why = unapplied(asked, parse_env_json(row.description_json))
-        why = [f"not built: {row.reason}"] if not row.available else why
+    flags = perf_flags.reindex(columns=["host", "stack", "flag", "applied", "in_dm_table"])
+    flags["skipped_reason"] = perf_flags.get("skipped_reason")
+    by_stack = dict(list(flags.groupby(["host", "stack"])))
+    empty = flags.iloc[:0]
+    for row in stacks.to_dict("records"):
+        host, stack = row["host"], row["stack"]
+        asked = planned.get(host, {}).get(stack) or {}
+        why = unapplied(asked, row, by_stack.get((host, stack), empty))
+        why = [f"not built: {row['reason']}"] if not row["available"] else why
         if why:
-            out[(row.host, row.stack)] = "; ".join(why)
+            out[(host, stack)] = "; ".join(why)
     return out
 
 
-def _rows(loss: pd.DataFrame, plans: dict[str, dict]) -> pd.DataFrame:
+def _rows(loss: pd.DataFrame, patterns: pd.DataFrame) -> pd.DataFrame:
     """The loss rows the table reads: each metric in the cells where it answers the question."""
-    fixed = {
-        h: {n for n, p in (p.get("patterns") or {}).items() if (p or {}).get("rate_pct")}
-        for h, p in plans.items()
-    }
+    fixed = patterns.reindex(columns=["host", "pattern", "rate_pct"]).dropna(subset=["rate_pct"])
+    fixed = set(zip(fixed["host"], fixed["pattern"], strict=True))
     rows = loss[loss["metric"].isin(TUNING_METRICS)]
-    at_rate = [p in fixed.get(h, set()) for h, p in zip(rows["host"], rows["pattern"], strict=True)]
+    at_rate = [(h, p) in fixed for h, p in zip(rows["host"], rows["pattern"], strict=True)]
     per_io = rows["metric"].eq("busy_cpu_us_per_io").to_numpy()
     return rows[per_io == pd.Series(at_rate, dtype=bool).to_numpy()]
 
@@ -132,14 +155,24 @@ def _recommend(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(recommendation=rec, rank=rank.astype("Int64"))
 
 
-def tuning_table(loss, stacks, env, reference: str, ceiling: str, comparisons) -> pd.DataFrame:
-    """The rows of :data:`TUNING_COLUMNS` (module doc); empty when the run has no tuning arms."""
+def tuning_table(loss, tables: dict, reference: str, ceiling: str, comparisons) -> pd.DataFrame:
+    """The rows of :data:`TUNING_COLUMNS` (module doc) from the loss table and the processed
+    tables (``stacks``, ``plan_stacks``, ``perf_flags``, ``patterns`` by name; a missing one:
+    empty); empty when the run has no tuning arms."""
     wanted = settings(reference, comparisons)
     if not wanted or loss.empty:
         return pd.DataFrame(columns=TUNING_COLUMNS)
-    run_plans = plans(env)
-    skipped = not_applied(stacks, run_plans)
-    rows = _rows(loss, run_plans)
+    stacks, plan_stacks, flags, patterns = (
+        tables.get(name, pd.DataFrame(columns=columns))
+        for name, columns in (
+            ("stacks", ["host", "stack", "available", "reason"]),
+            ("plan_stacks", ["host", "stack"]),
+            ("perf_flags", ["host", "stack", "flag", "planned"]),
+            ("patterns", ["host", "pattern", "rate_pct"]),
+        )
+    )
+    skipped = not_applied(stacks, planned_settings(plan_stacks, flags), flags)
+    rows = _rows(loss, patterns)
     vs_ceiling = rows[rows["baseline"] == ceiling][[*_KEYS, "variant", *_SHOWN]]
     vs_ceiling = vs_ceiling.rename(columns={c: f"ceiling_{c}" for c in _SHOWN})
     vs_ceiling = vs_ceiling.rename(columns={"variant": "setting"})

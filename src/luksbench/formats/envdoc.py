@@ -1,5 +1,6 @@
 """``<host>/env.json``: the environment document, written once per host by ``luksbench testbox
-capture-env``, read by ingest (the env table; other keys are kept in ``env_json`` only)::
+capture-env``, read by ingest (the env table and the tables of its plan; the other keys stay in
+the raw file)::
 
     {"version": 2, "captured": "<ISO time, UTC>", "hostname": "...",
      "kernel": {"sysname", "release", "version", "machine"}, "cmdline": "...",
@@ -13,8 +14,8 @@ capture-env``, read by ingest (the env table; other keys are kept in ``env_json`
      "job_devices": [{"device", "block_device", "numa_node", "queues", "scheduler", "io_poll",
                       "nvme_poll_queues", "job_cpus"}]}   # per disk; job_cpus "" = any CPU
 
-Fleet servers (fio client/server mode) get no env.json; ingest gives them a row whose
-``env_json`` is ``{"fleet_server": {...}, "coordinator": "<host>"}``.
+Fleet servers (fio client/server mode) get no env.json; ingest gives them a row naming their
+``coordinator``.
 
 Version 1 (no ``version``) is the same document; readers take the keys they know and leave
 the others (a capture records whatever the system offers). Standard library only: the test box
@@ -23,8 +24,6 @@ imports this.
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 from luksbench.formats.layout import read_json_object
@@ -79,17 +78,6 @@ def env_facts(doc: dict) -> dict:
         "cryptsetup_version": _text(tools.get("cryptsetup")),
         "qemu_version": _text(tools.get("qemu-storage-daemon")),
     }
-
-
-def parse_env_json(env_json) -> dict:
-    """The document stored in a processed table's ``env_json`` cell ({} when missing or bad)."""
-    if env_json is None or (isinstance(env_json, float) and math.isnan(env_json)):
-        return {}
-    try:
-        data = json.loads(env_json)
-    except (TypeError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def env_plan(doc: dict) -> dict:

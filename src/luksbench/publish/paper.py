@@ -19,7 +19,6 @@ import pandas as pd
 from luksbench.analysis.contrasts import Pair
 from luksbench.analysis.paper_numbers import NUMBERS_TABLE
 from luksbench.analysis.saturation import BUSY_LIMIT_PCT, JOB_CPU_LIMIT_PCT
-from luksbench.formats.envdoc import parse_env_json
 from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
 from luksbench.publish.paper_figures import figure_sections, relative_link, summary_figure
 from luksbench.publish.paper_gaps import gaps
@@ -61,6 +60,7 @@ from luksbench.publish.text import (
     md_escape,
     md_escape_frame,
     metric_heading,
+    missing,
     sorted_metrics,
 )
 
@@ -94,7 +94,7 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
             backend = per_stack[0] if len(per_stack) == 1 else backend
         short, long = BACKEND_TEXT.get(backend, (f"unknown backend ({backend})", _UNKNOWN))
         # a fio server of a fleet run: results, but no environment capture of its own
-        coordinator = parse_env_json(row["env_json"]).get("coordinator")
+        coordinator = None if missing(c := row.get("coordinator")) else c
         hosts.append(
             {"host": row["host"], **{k: fmt_text(row.get(k)) for k in _HOST_TEXT}}
             | {"aes": fmt_bool(row["aes"]), "vaes": fmt_bool(row["vaes"]), "backend": backend}
@@ -103,49 +103,50 @@ def _hosts(env: pd.DataFrame, stacks: pd.DataFrame) -> list[dict]:
     return hosts
 
 
-def job_devices(env: pd.DataFrame, machine_paths: bool = False) -> list[dict]:
-    """Per host and device of env.json's ``job_devices``: NUMA node, queues, scheduler, poll
-    queues and the CPUs the fio jobs ran on. The device is named by its block device (and
-    whether it holds the scratch directory), its path on the measuring machine only with
-    ``machine_paths`` (config ``paper.machine_paths``)."""
+def job_devices(devices: pd.DataFrame, machine_paths: bool = False) -> list[dict]:
+    """Per host and device of the job_devices table (env.json's ``job_devices``): NUMA node,
+    queues, scheduler, poll queues and the CPUs the fio jobs ran on. The device is named by its
+    block device (and whether it holds the scratch directory), its path on the measuring machine
+    only with ``machine_paths`` (config ``paper.machine_paths``)."""
     return [
-        {"host": row["host"], "device": _device_text(d, doc, machine_paths)}
+        {"host": d["host"], "device": _device_text(d, machine_paths)}
         | {k: fmt_text(d.get(k)) for k in ("numa_node", "queues", "scheduler")}
-        | {"poll": "yes" if d.get("io_poll") else "no", "cpus": d.get("job_cpus") or "any"}
-        for _, row in env.iterrows()
-        for doc in [parse_env_json(row["env_json"])]
-        for d in doc.get("job_devices") or []
+        | {"poll": "yes" if _true(d.get("io_poll")) else "no"}
+        | {"cpus": "any" if missing(d.get("job_cpus")) else d["job_cpus"] or "any"}
+        for d in devices.to_dict("records")
     ]
 
 
-def _device_text(device: dict, env_doc: dict, machine_paths: bool) -> str:
+def _true(value) -> bool:
+    return not missing(value) and bool(value)
+
+
+def _device_text(device: dict, machine_paths: bool) -> str:
     block = fmt_text(device.get("block_device"))
     if machine_paths:
         return f"`{device.get('device')}` ({block})"
-    path = str(device.get("device") or "")
-    scratch = str((env_doc.get("plan") or {}).get("scratch_dir") or "")
-    holds_scratch = bool(path) and (scratch == path or scratch.startswith(path.rstrip("/") + "/"))
-    what = "the scratch directory's disk" if holds_scratch else "a planned device"
+    holds = _true(device.get("holds_scratch"))
+    what = "the scratch directory's disk" if holds else "a planned device"
     return f"{what}, `{block}`" if block != "n/a" else what
 
 
-# Stack settings a reader needs to judge the comparison (the rest, e.g. paths and the LUKS header
-# dump, stays in the processed table).
+# Stack settings a reader needs to judge the comparison (the rest, e.g. paths, stays in the
+# processed table).
 _STACK_SETTINGS = ("luks_type", "sector_size", "hash", "pbkdf")
 _STACK_SETTINGS += ("device_size_bytes", "loop_direct_io")
 
 
-def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
-    """The stacks that were built, with their role in the comparisons (unavailable ones are in
-    "Not in this run")."""
+def _stacks(stacks: pd.DataFrame, notes: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
+    """The stacks that were built, with their role in the comparisons and their notes (the
+    stack_notes table; unavailable ones are in "Not in this run")."""
     gone = {(u["host"], u["stack"]) for u in unavailable_stacks(stacks)}
+    noted = {k: list(g["note"]) for k, g in notes.groupby(["host", "stack"], sort=False)}
     rows = []
     for _, row in stacks.iterrows():
         if (str(row["host"]), str(row["stack"])) in gone:
             continue
-        desc = parse_env_json(row["description_json"])
-        settings = [f"{k} {desc[k]}" for k in _STACK_SETTINGS if desc.get(k) is not None]
-        settings += [f"note: {note}" for note in desc.get("notes") or []]
+        settings = [f"{k} {row.get(k)}" for k in _STACK_SETTINGS if not missing(row.get(k))]
+        settings += [f"note: {note}" for note in noted.get((row["host"], row["stack"]), [])]
         roles = [
             role
             for role, side in (("baseline", 0), ("variant", 1))
@@ -159,14 +160,12 @@ def _stacks(stacks: pd.DataFrame, pairs: list[tuple[str, str]]) -> list[dict]:
     return rows
 
 
-def _matrix(fio: pd.DataFrame, env: pd.DataFrame) -> dict:
+def _matrix(fio: pd.DataFrame, plan_fio: pd.DataFrame) -> dict:
     reps = fio.groupby(["host", "stack", "workload"])["rep"].nunique()
     runtime_s = fio["runtime_ms"].astype(float) / 1000
     ioengines = sorted(fio["ioengine"].dropna().unique()) if "ioengine" in fio else []
     direct = sorted(fio["direct"].dropna().unique()) if "direct" in fio else []
-    plan_fio = {}
-    for env_json in env["env_json"]:
-        plan_fio = parse_env_json(env_json).get("plan", {}).get("fio", {}) or plan_fio
+    runtime = plan_fio.loc[plan_fio["option"] == "runtime_s", "option_value"].dropna()
     reps_min, reps_max = (int(reps.min()), int(reps.max())) if len(reps) else (0, 0)
     return {
         **measured_matrix(fio),
@@ -176,7 +175,7 @@ def _matrix(fio: pd.DataFrame, env: pd.DataFrame) -> dict:
         "reps_text": str(reps_min) if reps_min == reps_max else f"{reps_min} to {reps_max}",
         "n_results": int(fio[["host", "stack", "workload", "rep"]].drop_duplicates().shape[0]),
         "runtime_s": fmt_num(runtime_s.median(), 1),
-        "runtime_planned_s": fmt_text(plan_fio.get("runtime_s")),
+        "runtime_planned_s": fmt_text(runtime.iloc[-1] if len(runtime) else None),
         "ioengine": ", ".join(ioengines) or "n/a",
         "direct": ", ".join(str(int(d)) for d in direct) or "n/a",
         "fio_versions": ", ".join(sorted(fio["fio_version"].dropna().unique())) or "n/a",
@@ -310,7 +309,7 @@ def paper_context(
     data = markdown_safe(raw)  # every text from the run escaped before a sentence is built
     pairs = data.headline_first(*(md_escape(s) if s else None for s in (baseline, variant)))
     hosts = _hosts(data.env, data.stacks)
-    matrix = _matrix(data.fio, data.env)
+    matrix = _matrix(data.fio, data.table("plan_fio", ["host", "option", "option_value"]))
     figure_secs = figure_sections(figures_dir, Path(out_md), cpu_net(data.fio))
     order = data.table("order", ["baseline", "variant", "metric", "n_cells"])
     return {
@@ -318,10 +317,10 @@ def paper_context(
         "baseline": pairs[0][0],
         "variant": pairs[0][1],
         **_story(data, run, pairs, hosts, matrix),
-        "patterns": pattern_facts(data.fio, data.env),
+        "patterns": pattern_facts(data.fio, data.patterns),
         "hosts": hosts,
-        "job_devices": job_devices(data.env, machine_paths),
-        "stacks": _stacks(data.stacks, pairs),
+        "job_devices": job_devices(data.table("job_devices", ["host"]), machine_paths),
+        "stacks": _stacks(data.stacks, data.table("stack_notes", ["host", "stack", "note"]), pairs),
         "matrix": matrix,
         "figure_sections": figure_secs,
         "summary_figure": summary_figure(figure_secs),
@@ -331,7 +330,12 @@ def paper_context(
         "sequential": sequential_design(data, pairs),
         "figures_rel": relative_link(Path(figures_dir), out_md),
         **_machine(data, figure_secs),
-        "tuning": recommendations(data.table("tuning"), data.env, hosts),
+        "tuning": recommendations(
+            data.table("tuning"),
+            data.plan_stacks,
+            data.table("perf_flags", ["host", "stack", "flag", "planned"]),
+            hosts,
+        ),
         **_published(data, reference_dir),
         **_provenance(raw),
     }

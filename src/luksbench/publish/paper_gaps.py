@@ -27,7 +27,7 @@ def _stack_gaps(run: Run) -> list[str]:
         out.append(f"Raw file `{row.file}` was left out: {row.reason}.")
     gone = {(u["host"], u["stack"]) for u in unavailable}
     measured = {h: set(g["stack"].unique()) for h, g in run.fio.groupby("host")}
-    for host, stacks in sorted(planned_stacks(run.env).items()):
+    for host, stacks in sorted(planned_stacks(run.plan_stacks).items()):
         absent = sorted(s for s in set(stacks) - measured.get(host, set()) if (host, s) not in gone)
         if absent:
             out.append(

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from luksbench.analysis.contrasts import comparison_pairs, label
-from luksbench.analysis.tuning import TUNING_METRICS
-from luksbench.analysis.tuning import plans as run_plans
+from luksbench.analysis.tuning import TUNING_METRICS, planned_settings
 from luksbench.publish.text import (
     decision_kind,
     effect_ci,
@@ -86,15 +85,18 @@ def _every_family(rows: pd.DataFrame) -> dict:
     return {"recommendation": f"undecided ({'; '.join(notes)})", "rank": None}
 
 
-def recommendations(tuning: pd.DataFrame, env: pd.DataFrame, hosts: list[dict]) -> dict:
+def recommendations(
+    tuning: pd.DataFrame, plan_stacks: pd.DataFrame, perf_flags: pd.DataFrame, hosts: list[dict]
+) -> dict:
     """The section's context: the measured settings (recommended ones first) with their rows, the
-    settings not measured, the family of decisions, the versions measured; ``present`` False when
-    the run has no tuning arms."""
+    settings not measured, the family of decisions, the versions measured (``plan_stacks``,
+    ``perf_flags``: the processed tables, what each plan asked for); ``present`` False when the
+    run has no tuning arms."""
     if tuning.empty:
         return {"present": False}
-    plans, measured, not_measured = run_plans(env), [], []
+    plans, measured, not_measured = planned_settings(plan_stacks, perf_flags), [], []
     for (host, setting), rows in tuning.groupby(["host", "setting"], sort=False):
-        stacks = plans.get(host, {}).get("stacks") or {}
+        stacks = plans.get(host, {})
         reference = stacks.get(rows["reference"].iloc[0]) or {}
         entry = {"host": host, "setting": setting}
         entry["apply"] = how_to_apply(stacks.get(setting) or {}, reference)

@@ -8,7 +8,6 @@ in the tables.
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,8 +18,6 @@ import pandas as pd
 
 from luksbench.analysis.cells import with_pattern
 from luksbench.analysis.contrasts import Pair, comparison_pairs
-from luksbench.analysis.tuning import plans as run_plans
-from luksbench.formats.envdoc import parse_env_json
 from luksbench.formats.layout import bs_label
 from luksbench.publish.text import missing
 
@@ -49,11 +46,19 @@ class Run:
 
     @property
     def env(self) -> pd.DataFrame:
-        return self.table("env", ["host", "env_json"])
+        return self.table("env", ["host", "captured", "coordinator", "config_hash"])
 
     @property
     def stacks(self) -> pd.DataFrame:
         return self.table("stacks", ["host", "stack", "kind", "backend"])
+
+    @property
+    def plan_stacks(self) -> pd.DataFrame:
+        return self.table("plan_stacks", ["host", "stack"])
+
+    @property
+    def patterns(self) -> pd.DataFrame:
+        return self.table("patterns", ["host", "pattern", "description", "io_bs"])
 
     @property
     def cryptsetup(self) -> pd.DataFrame:
@@ -110,15 +115,12 @@ def load_run(processed_dir: Path) -> Run:
 
 def unavailable_stacks(stacks: pd.DataFrame) -> list[dict]:
     """Optional stacks that could not be built, one dict per host and stack: host, stack, kind,
-    reason. From the stacks table's ``available``/``reason`` columns, or (tables ingested before
-    those existed) the ``unavailable`` entry of the stack's description."""
+    reason (the stacks table's ``available``/``reason`` columns)."""
     out = []
     if stacks is None or stacks.empty:
         return out
     for _, row in stacks.iterrows():
         reason = row.get("reason")  # None without the column
-        if missing(reason):
-            reason = parse_env_json(row.get("description_json")).get("unavailable")
         has_reason = isinstance(reason, str) and bool(reason.strip())
         if has_reason or (not missing(row.get("available")) and not bool(row.get("available"))):
             kind = None if missing(row.get("kind")) else str(row.get("kind"))
@@ -128,10 +130,9 @@ def unavailable_stacks(stacks: pd.DataFrame) -> list[dict]:
     return out
 
 
-def planned_stacks(env: pd.DataFrame) -> dict[str, list[str]]:
-    """Stacks each host's plan (env.json) asked for: {host: [stack, ...]}."""
-    stacks = {str(host): plan.get("stacks") for host, plan in run_plans(env).items()}
-    return {host: sorted(s) for host, s in stacks.items() if isinstance(s, dict) and s}
+def planned_stacks(plan_stacks: pd.DataFrame) -> dict[str, list[str]]:
+    """Stacks each host's plan (env.json; the plan_stacks table) asked for: {host: [stack, ...]}."""
+    return {str(h): sorted(g["stack"]) for h, g in plan_stacks.groupby("host", sort=True)}
 
 
 def measured_matrix(fio: pd.DataFrame) -> dict[str, str]:
@@ -143,7 +144,7 @@ def measured_matrix(fio: pd.DataFrame) -> dict[str, str]:
     }
 
 
-def _pattern_options(rows: pd.DataFrame, spec: dict) -> list[str]:
+def _pattern_options(rows: pd.DataFrame, spec) -> list[str]:
     """The fio options a pattern's cells ran with: job options of the results, plan settings."""
     options = []
     engines = sorted(rows["ioengine"].dropna().astype(str).unique()) if "ioengine" in rows else []
@@ -159,24 +160,29 @@ def _pattern_options(rows: pd.DataFrame, spec: dict) -> list[str]:
             f"each block of bs done as {sizes} I/Os at sequential offsets, one random seek per "
             "block (a block smaller than that is one I/O)"
         )
-    elif spec.get("io_bs"):
+    elif not missing(spec.get("io_bs")) and spec.get("io_bs"):
         options.append(f"blocks of bs in {spec['io_bs']} I/Os (io_bs)")
-    if spec.get("fsync_per_block"):
+    if _true(spec.get("fsync_per_block")):
         options.append("an fsync after every block of writes")
-    if (spec.get("fio") or {}).get("sync"):
+    if _true(spec.get("sync")):
         options.append("O_SYNC writes (sync=1)")
     return options
 
 
-def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
+def _true(value) -> bool:
+    return not missing(value) and bool(value)
+
+
+def pattern_facts(fio: pd.DataFrame, patterns: pd.DataFrame) -> list[dict]:
     """Each pattern of the run ("" = the main matrix first): name, description, cells, rw, bs,
-    iodepth (as measured) and ``options``: the fio options its cells ran with."""
+    iodepth (as measured) and ``options``: the fio options its cells ran with (``patterns``:
+    the patterns table, the plans' declarations)."""
     if fio is None or fio.empty:
         return []
     fio = with_pattern(fio)
-    declared: dict = {}
-    for env_json in env.get("env_json", []) if env is not None else []:
-        declared.update((parse_env_json(env_json).get("plan") or {}).get("patterns") or {})
+    declared = (
+        {r["pattern"]: r for r in patterns.to_dict("records")} if patterns is not None else {}
+    )
     out = []
     for name in sorted(fio["pattern"].dropna().unique(), key=lambda n: (n != "", n)):
         rows = fio[fio["pattern"] == name]
@@ -184,7 +190,7 @@ def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
         out.append(
             {
                 "name": name,
-                "description": str(spec.get("description") or "").strip(),
+                "description": "" if missing(d := spec.get("description")) else str(d).strip(),
                 "cells": int(rows["workload"].nunique()),
                 **measured_matrix(rows),
                 "options": "; ".join(_pattern_options(rows, spec)) or "n/a",
@@ -195,10 +201,9 @@ def pattern_facts(fio: pd.DataFrame, env: pd.DataFrame) -> list[dict]:
 
 def run_date(env: pd.DataFrame, fio: pd.DataFrame) -> str:
     """Date of the measurement: the latest env.json capture, else the latest fio timestamp."""
-    captured = [parse_env_json(e).get("captured") for e in env.get("env_json", [])]
-    dates = [c[:10] for c in captured if isinstance(c, str) and len(c) >= 10]
-    if dates:
-        return max(dates)
+    captured = pd.to_datetime(env.get("captured", pd.Series(dtype=object)), utc=True).max()
+    if not pd.isna(captured):
+        return captured.strftime("%Y-%m-%d")
     ts = pd.to_numeric(fio.get("timestamp", pd.Series(dtype=float)), errors="coerce").max()
     return "unknown" if pd.isna(ts) else pd.Timestamp(ts, unit="s").strftime("%Y-%m-%d")
 
@@ -215,13 +220,13 @@ def git_commit() -> str:
 
 
 def config_hashes(env: pd.DataFrame) -> dict[str, str]:
-    """{host: first 16 hex digits of SHA-256 over its env.json plan as canonical JSON} ("unknown"
-    when env.json has no plan)."""
-    out = {}
-    for host, plan in run_plans(env).items():
-        text = json.dumps(plan, sort_keys=True, separators=(",", ":"), default=str)
-        out[str(host)] = hashlib.sha256(text.encode()).hexdigest()[:16] if plan else "unknown"
-    return out
+    """{host: its plan's ``config_hash`` (ingest: SHA-256 over env.json's plan), "unknown" when
+    env.json has no plan}."""
+    hashes = env.get("config_hash", pd.Series(index=env.index, dtype=object))
+    return {
+        str(h): "unknown" if missing(c) else str(c)
+        for h, c in zip(env["host"], hashes, strict=True)
+    }
 
 
 def _joined(values: dict[str, str]) -> str:

@@ -3,7 +3,6 @@ words, cell names, number formatting. Missing values print as "n/a", never as "n
 
 from __future__ import annotations
 
-import json
 import math
 import re
 
@@ -248,37 +247,16 @@ def rst_text(value) -> str:
     )
 
 
-def md_escape_json(text: str) -> str:
-    """A JSON document (a processed table's ``*_json`` cell) with every key and string escaped by
-    :func:`md_escape`; text that is not JSON is escaped as a whole."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return md_escape(text)
-    return json.dumps(_escaped_leaves(doc))
-
-
-def _escaped_leaves(doc):
-    if isinstance(doc, str):
-        return md_escape(doc)
-    if isinstance(doc, dict):
-        return {md_escape(k): _escaped_leaves(v) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [_escaped_leaves(v) for v in doc]
-    return doc
-
-
 def md_escape_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with every text value escaped for Markdown (:func:`md_escape`; JSON columns
-    ``*_json`` leaf by leaf): what a paper built from it prints is inert, and names compare with
-    names as before. Missing values and numbers stay as they are."""
+    """``df`` with every text value escaped for Markdown (:func:`md_escape`): what a paper built
+    from it prints is inert, and names compare with names as before. Missing values and numbers
+    stay as they are."""
     out = df.copy()
     for column in out.columns:
         if not pd.api.types.is_string_dtype(out[column]) and out[column].dtype != object:
             continue
-        escape = md_escape_json if str(column).endswith("_json") else md_escape
         values = out[column].dropna().unique()  # a run has few distinct names: escape those
-        changed = {v: e for v in values if isinstance(v, str) and (e := escape(v)) != v}
+        changed = {v: e for v in values if isinstance(v, str) and (e := md_escape(v)) != v}
         if changed:
             out[column] = out[column].map(
                 lambda v, c=changed: c.get(v, v) if isinstance(v, str) else v
