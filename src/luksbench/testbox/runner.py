@@ -35,8 +35,8 @@ from luksbench.formats.manifest import (
     write_manifest,
 )
 from luksbench.formats.plan import plan_changes
-from luksbench.formats.sidecar import write_cpu_sidecar
 from luksbench.formats.remeasure import remeasure_pending
+from luksbench.formats.sidecar import write_cpu_sidecar
 from luksbench.formats.targets import read_targets_document
 from luksbench.testbox import cephrun, jobs, probes, safety, sysutil
 from luksbench.testbox.fiocommand import (  # fio_argv ... steadiest_clock: callers import them here
