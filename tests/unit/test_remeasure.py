@@ -148,3 +148,32 @@ def test_flagged_runs_measured_again_keep_the_fixed_designs_decisions(tmp_path):
     assert shares["again"] >= shares["clean"] - 0.02, shares
     assert shares["again"] > shares["left out"] + 0.02, shares
     assert wrong["again"] <= 0.05, wrong
+
+
+def test_the_measurement_is_final_only_once_the_flagged_pairs_were_measured_again(tmp_path):
+    """A complete manifest of the fixed design is final only when no re-measure is pending (else
+    a run interrupted between its pairs and their replacements would never replace them)."""
+    from testkit.plans import PLAN_CONFIG as CONFIG
+
+    from luksbench.testbox.planbuild import plan_from_config, workloads
+    from luksbench.testbox.runner import measurement_final
+
+    plan = plan_from_config(CONFIG, "box1", tmp_path)
+    fio = tmp_path / "fio"
+    fio.mkdir()
+    (tmp_path / "env.json").write_text(json.dumps({"plan": plan}))
+    cells = [w.id for w in workloads(plan)]
+    manifest = {"complete": True, "cells": cells, "repetitions": plan["repetitions"]}
+    manifest.update(adaptive=plan.get("adaptive"), stacks=list(plan["stacks"]))
+    (fio / "manifest.json").write_text(json.dumps(manifest))
+    final = lambda: measurement_final(plan, fio / "manifest.json", tmp_path / "env.json")  # noqa: E731
+    assert final(), "a run without a re-measure file (remeasure_flagged_max 0, older runs)"
+    design = dict.fromkeys(cells, plan["repetitions"])
+    table = flagged_table(plan["repetitions"], {}).assign(host="box1", workload=cells[0])
+    write_remeasure_targets(table, "box1", remeasure_path(tmp_path), design, 2)
+    assert not final(), "cells without their pairs yet"
+    full = pd.concat([table.assign(workload=w) for w in cells])
+    write_remeasure_targets(full, "box1", remeasure_path(tmp_path), design, 2)
+    assert final()
+    (fio / "remeasure.json").write_text("{")
+    assert not final(), "an unreadable file is no finished re-measure"

@@ -9,6 +9,7 @@ drives the test box, as :mod:`luksbench.orchestrate.sequential` does for the seq
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -45,41 +46,41 @@ def measure_and_remeasure(
     >= 2 not done, as a top-up would open stack-ups of its own); run-fio's output to ``log``.
     The re-measure document, or None when there was none to make. An interrupted run resumes:
     every pass starts from the raw results."""
-    raw_dir, manifest = Path(raw_dir), Path(manifest)
+    raw_dir, manifest, log = Path(raw_dir), Path(manifest), Path(log)
     fio_dir = raw_dir / host / "fio"
     run_fio = ["testbox", "run-fio", *map(str, stacks), "--raw-host-dir", str(raw_dir / host)]
     run_fio += ["--manifest", str(manifest)]
-    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+
+    def measure(*options: str) -> None:
+        """run-fio in a job shell, as a shell rule runs it: its progress to ``log`` and the
+        terminal (a real run takes hours)."""
+        argv = [sys.executable, "-m", "luksbench.cli", *run_fio, *options]
+        script = f"set -o pipefail; {shlex.join(argv)} 2>&1 | tee -a {shlex.quote(str(log))} >&2"
+        subprocess.run(["bash", "-c", script], check=True)
+
+    stage2 = {w: t[0] for w, t in read_targets(Path(targets)).items()} if targets else None
+    design = design_pairs(cells, repetitions, stage2)
+    replacing = remeasure_flagged_max > 0 and sessions == 1
+    path = remeasure_path(raw_dir / host)
+    if replacing:  # written first: a run stopped before the replacements is not final
+        write_remeasure_targets(_fio(raw_dir, fio_dir), host, path, design, 0)
+    measure(*(("--targets", str(targets)) if targets else ()))
+    if not replacing:
+        if remeasure_flagged_max > 0:
+            _note(log, "flagged pairs not re-measured: sessions >= 2")
+        return None
+    return _replace_flagged(raw_dir, host, path, design, remeasure_flagged_max, measure, log)
+
+
+def _note(log: Path, line: str) -> None:
+    """One line of progress to the rule's log and the terminal."""
     with open(log, "a") as out:
-
-        def measure(*options: str) -> None:
-            """run-fio, its progress to ``log`` and the terminal (a real run takes hours)."""
-            argv = [sys.executable, "-m", "luksbench.cli", *run_fio, *options]
-            with subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            ) as proc:
-                for line in proc.stdout:
-                    out.write(line)
-                    sys.stderr.write(line)
-                out.flush()
-            if proc.returncode:
-                raise subprocess.CalledProcessError(proc.returncode, argv)
-
-        stage2 = {w: t[0] for w, t in read_targets(Path(targets)).items()} if targets else None
-        design = design_pairs(cells, repetitions, stage2)
-        replacing = remeasure_flagged_max > 0 and sessions == 1
-        path = remeasure_path(raw_dir / host)
-        if replacing:  # written first: a run stopped before the replacements is not final
-            write_remeasure_targets(_fio(raw_dir, fio_dir), host, path, design, 0)
-        measure(*(("--targets", str(targets)) if targets else ()))
-        if not replacing:
-            if remeasure_flagged_max > 0:
-                print("flagged pairs not re-measured: sessions >= 2", file=out, flush=True)
-            return None
-        return _replace_flagged(raw_dir, host, path, design, remeasure_flagged_max, measure, out)
+        print(line, file=out)
+    print(line, file=sys.stderr, flush=True)
 
 
-def _replace_flagged(raw_dir, host, path, design, most, measure, out) -> dict:
+def _replace_flagged(raw_dir, host, path, design, most, measure, log) -> dict:
     """Ingest, write the re-measure document, measure what it adds; until nothing is missing."""
     fio_dir = Path(raw_dir) / host / "fio"
     last = None
@@ -87,12 +88,10 @@ def _replace_flagged(raw_dir, host, path, design, most, measure, out) -> dict:
         doc = write_remeasure_targets(_fio(raw_dir, fio_dir), host, path, design, most)
         flagged = sum(c["flagged_pairs"] for c in doc["cells"].values())
         again = sum(c["remeasured_pairs"] for c in doc["cells"].values())
-        line = f"re-measure: {flagged} flagged pair(s), {again} measured again so far"
-        print(line, file=out, flush=True)
-        print(line, file=sys.stderr, flush=True)
+        _note(log, f"re-measure: {flagged} flagged pair(s), {again} measured again so far")
         if doc["done"]:
             return doc
         if doc["pairs"] == last:
-            raise RuntimeError(f"re-measuring flagged pairs measured nothing new; see {out.name}")
+            raise RuntimeError(f"re-measuring flagged pairs measured nothing new; see {log}")
         last = doc["pairs"]
         measure("--targets", str(path))
