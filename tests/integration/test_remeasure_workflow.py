@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import stat
+import time
 
 import pandas as pd
 import pytest
 from testkit.workflow import copy_workflow, our_mounts, rep_files, snakemake
+
+from luksbench.testbox import lock
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
 
@@ -32,6 +35,19 @@ remeasure_flagged_max: 1
 LOSS = f"data/processed/{RUN}/loss.parquet"
 
 
+def _measure(work):
+    """``snakemake LOSS``, again after waiting while another run (another test) held the box."""
+    for _attempt in range(3):
+        result = snakemake(work, LOSS)
+        logs = "".join(p.read_text() for p in (work / "logs").rglob("*.log"))
+        if result.returncode == 0 or "the test box is busy" not in result.stderr + logs:
+            return result
+        deadline = time.monotonic() + 900
+        while lock.holder() is not None and time.monotonic() < deadline:
+            time.sleep(1)
+    return result
+
+
 def _mark_unsettled(path) -> bytes:
     """fio's steady-state criterion reported not attained in every job of ``path`` (a raw file,
     read-only as the runner leaves it); the new bytes."""
@@ -47,7 +63,7 @@ def _mark_unsettled(path) -> bytes:
 def test_a_flagged_run_is_measured_again_and_replaced_in_the_loss_table(tmp_path):
     work = copy_workflow(tmp_path / "workflow")
     (work / "small.yaml").write_text(CONFIG)
-    first = snakemake(work, LOSS)
+    first = _measure(work)
     assert first.returncode == 0, first.stderr[-4000:]
     reps = sorted(rep_files(work, RUN))
     assert len(reps) == 2 * 2, reps  # stacks x pairs: nothing flagged, nothing measured again
@@ -58,7 +74,7 @@ def test_a_flagged_run_is_measured_again_and_replaced_in_the_loss_table(tmp_path
     flagged = host / "fio" / "luks" / "randread-4k-qd4" / "rep2.json"
     flagged_bytes = _mark_unsettled(flagged)
     (host / "fio" / "manifest.json").unlink()
-    again = snakemake(work, LOSS)
+    again = _measure(work)
     assert again.returncode == 0, again.stderr[-4000:]
 
     assert flagged.read_bytes() == flagged_bytes, "the flagged run's raw file is kept"
