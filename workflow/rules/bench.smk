@@ -83,7 +83,8 @@ rule plan_repetitions:
 rule run_fio:
     """Run every missing repetition of the matrix on every stack; existing raw files are kept.
 
-    With adaptive repetitions, each cell is topped up to its own target from the pilot.
+    With adaptive repetitions, each cell is topped up to its own target from the pilot. Then each
+    pair fio flagged is measured again (remeasure_flagged_max), decided from the ingested table.
     """
     input:
         plan=f"{HOST_SCRATCH}/plan.json",
@@ -96,18 +97,25 @@ rule run_fio:
         "logs/{run}/{host}/run_fio.log",
     wildcard_constraints:
         **measuring("fio/manifest.json", not SEQUENTIAL),
-    conda:
-        "../../envs/testbox.yaml"
     params:
         state=STATE,
-        host_dir=measured_host_dir,
-        targets=targets_option,
-    shell:
-        # Progress goes to the terminal as well as the log: a default run takes minutes.
-        "luksbench testbox run-fio --plan {input.plan:q} --state {params.state:q}"
-        " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
-        " --manifest {output.manifest:q}"
-        " {params.targets:q} 2>&1 | tee {log:q} >&2"
+        raw_dir=abs_raw_dir,
+        cells=plan_cells,
+        targets=adaptive_targets,
+        design={
+            "repetitions": config["repetitions"],
+            "sessions": config["sessions"],
+            "remeasure_flagged_max": config["remeasure_flagged_max"],
+        },
+    run:
+        from luksbench.orchestrate.remeasure import measure_and_remeasure
+
+        stacks = ("--plan", input.plan, "--state", params.state, "--describe", input.stacks)
+        where = (params.raw_dir, wildcards.host, output.manifest, log[0])
+        targets = params.targets[0] if params.targets else None
+        measure_and_remeasure(
+            *where, stacks, cells=params.cells, targets=targets, **params.design
+        )
 
 
 rule run_rounds:

@@ -4,7 +4,10 @@ Stage 1 (pilot): every cell runs ``pilot_pairs`` (n0) pairs; from them alone eac
 target N (:func:`luksbench.analysis.stats.stein_pairs` on the largest pilot SD of d over the
 cell's directions, jobs and comparisons). Stage 2 tops every cell up to its N; no further look at
 the data. Cells over ``max_pairs``, or without n0 usable pilot pairs, stop at the cap: *noisy*,
-with an honest but wider interval. The loss table gives these cells Stein's interval.
+with an honest but wider interval. The loss table gives these cells Stein's interval. N counts
+unflagged pairs: after stage 2 each pair fio flagged is measured again
+(:mod:`luksbench.analysis.remeasure`, ``remeasure_flagged_max``), so a cell ends with its N usable
+pairs as far as that cap allows.
 ``luksbench targets`` and the workflow's ``plan_repetitions`` rule both call :func:`write_design_targets`.
 """
 

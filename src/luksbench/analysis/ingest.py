@@ -63,6 +63,7 @@ from luksbench.formats.manifest import (
     result_sessions,
     session_records,
 )
+from luksbench.formats.remeasure import read_remeasured, remeasure_path
 from luksbench.formats.targets import read_targets
 
 #: completion-latency histograms from the json+ ``bins``, one row per bin of an active row
@@ -178,6 +179,7 @@ def fio_and_latency_tables(
     raw_dir = Path(raw_dir)
     workers = default_workers() if workers is None else max(1, int(workers))
     problems, notes, targets, fleets = [], [], {}, {}  # fleets: {host: fleet_names}
+    remeasured: dict[str, dict[str, int]] = {}  # host dir -> workload -> pairs measured again
     for hdir in host_dirs(raw_dir):
         tpath = hdir / "fio" / "targets.json"
         if tpath.exists():
@@ -185,6 +187,11 @@ def fio_and_latency_tables(
                 targets[hdir.name] = read_targets(tpath)
             except ValueError as exc:
                 problems.append((tpath, str(exc)))
+        if (rpath := remeasure_path(hdir)).exists():
+            try:
+                remeasured[hdir.name] = read_remeasured(rpath)
+            except ValueError as exc:
+                problems.append((rpath, str(exc)))
         fleets[hdir.name] = fleet_names(hdir)
 
     keys, strays = _list_fio_folder(raw_dir)
@@ -213,7 +220,7 @@ def fio_and_latency_tables(
         cache.save({k: results[k]["stat"] for k in keys}, frames, bins, results)
     if problems and strict:
         raise IngestError(raw_dir, problems)
-    df = _assemble(frames, keys, targets, fleets, sessions)
+    df = _assemble(frames, keys, targets, fleets, sessions, remeasured)
     latency = _latency_table(df, bins)
     # attrs last: pandas deep-copies them on every operation
     df = tails.with_histogram_percentiles(df, latency)
@@ -242,6 +249,7 @@ def _assemble(
     targets: dict,
     fleets: dict | None = None,
     sessions: dict | None = None,
+    remeasured: dict | None = None,
 ) -> pd.DataFrame:
     """One table from the per-chunk frames, in raw-layout file order, with the design's and the
     sessions' columns and fleet rows renamed to their server; the same however it was split."""
@@ -266,6 +274,8 @@ def _assemble(
         # read_targets checked the types: a flag, else numbers (None: not in the design)
         df[col] = pd.array(values, dtype="boolean" if col == "hit_cap" else "float64")
     df["host_dir"] = df["host"]
+    again = zip(df["host"].tolist(), df["workload"].tolist(), strict=True)
+    df["remeasured_pairs"] = [float((remeasured or {}).get(h, {}).get(w, 0)) for h, w in again]
     # the stack-up that measured each result ("" before sessions were recorded)
     sessions = sessions or {"results": {}, "planned": {}}
     session = [sessions["results"].get(f, "") for f in df["file"].tolist()]

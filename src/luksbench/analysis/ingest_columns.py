@@ -24,7 +24,7 @@ FIO_LAYOUT_COLUMNS = ["run", "host", "stack", "workload", "pattern", "rep", "job
 FIO_DERIVED_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "io_bs_bytes io_gib busy_cpu_s busy_cpu_pct sys_cpu_s cpu_interval_s busy_cpu_s_per_gib "
     "sys_cpu_s_per_gib target_pairs hit_cap pilot_pairs look_confidence host_dir session "
-    "sessions_planned"
+    "sessions_planned remeasured_pairs"
 ).split()
 
 
@@ -83,7 +83,7 @@ def _isnum(value) -> bool:
 
 #: columns of the per-file part of the table: all but those added per host when assembling
 _DESIGN_COLUMNS = ("target_pairs", "hit_cap", "pilot_pairs", "host_dir", "session")
-_DESIGN_COLUMNS += ("sessions_planned", "look_confidence")
+_DESIGN_COLUMNS += ("sessions_planned", "look_confidence", "remeasured_pairs")
 #: CPU columns from the sidecar: /proc/stat of the machine running the fio *client*
 _CPU_COLUMNS = (*_NO_CPU, "busy_cpu_s_per_gib", "sys_cpu_s_per_gib")
 _TEXT_COLUMNS = (*FIO_LAYOUT_COLUMNS[:5], "fio_hostname", "job", "direction", "rw", "file", "bs")

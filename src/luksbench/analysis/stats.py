@@ -97,7 +97,7 @@ LOSS_COLUMNS = [
     *("sd_between_sessions", "drift_rho", "drift_inflation", "drift_widening_pct"),
     *("moderated", "prior_df", "interval_df"),
     *("added", "added_low", "added_high"),
-    *("n_fio_error", "n_ss_not_attained", "look_confidence"),
+    *("n_fio_error", "n_ss_not_attained", "look_confidence", "remeasured_pairs"),
 ]
 #: loss.parquet's text, integer and bool columns (the others are float64)
 LOSS_DTYPES = {
@@ -222,7 +222,7 @@ def check_regions(regions: dict | None) -> dict[str, tuple[float, float]]:
     return out
 
 
-DESIGN_COLUMNS = ["target_pairs", "noisy", "pilot_pairs"]
+DESIGN_COLUMNS = ["target_pairs", "noisy", "pilot_pairs", "remeasured_pairs"]
 
 
 def _design(fio: pd.DataFrame) -> pd.DataFrame:
@@ -237,6 +237,7 @@ def _design(fio: pd.DataFrame) -> pd.DataFrame:
         noisy=fio.get("hit_cap", missing).eq(True),
         pilot_pairs=pd.to_numeric(fio.get("pilot_pairs", missing), errors="coerce"),
         look_confidence=pd.to_numeric(fio.get("look_confidence", missing), errors="coerce"),
+        remeasured_pairs=pd.to_numeric(fio.get("remeasured_pairs", missing), errors="coerce"),
     )
     aggregate = dict.fromkeys([*DESIGN_COLUMNS, "look_confidence"], "max") | {"noisy": "any"}
     return df.groupby(keys, as_index=False).agg(aggregate)

@@ -82,6 +82,7 @@ busy_cpu_s_per_gib, sys_cpu_s_per_gib | s/GiB | CPU seconds per GiB moved
 busy_cpu_us_per_io | µs | busy CPU per I/O
 cpu_net | | whether CPU values are net of the idle baseline
 target_pairs, pilot_pairs, hit_cap, noisy | | adaptive design: target, pilot pairs, capped at max_pairs
+remeasured_pairs | | the cell's pairs measured again, beyond its design's pairs, to replace pairs fio flagged (an error, a steady state not attained; counted in n_fio_error, n_ss_not_attained); fixed design and adaptive stage 2, from remeasure.json, at most remeasure_flagged_max; 0 when none (the sequential design's replacements: flagged_pairs in targets.json)
 session, sessions_planned, sessions | | stack-up session id; sessions planned; sessions in the interval
 session_started, session_ended, started, ended | UTC | times of the session and of the fio run
 seed, index, round, position_in_cell, status | | schedule: seed, run number, round, place in the cell, outcome

@@ -35,6 +35,7 @@ from luksbench.formats.manifest import (
     write_manifest,
 )
 from luksbench.formats.plan import plan_changes
+from luksbench.formats.remeasure import remeasure_pending
 from luksbench.formats.sidecar import write_cpu_sidecar
 from luksbench.formats.targets import read_targets_document
 from luksbench.testbox import cephrun, jobs, probes, safety, sysutil
@@ -205,10 +206,12 @@ def _pilot_iops(plan: dict, session: dict, stack: str, w: Workload, clocksource)
 
 def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bool = False) -> bool:
     """Whether ``manifest_path`` records a complete measurement of this very plan (env.json's plan
-    unchanged): then its raw files are final and no workflow step may rewrite them."""
+    unchanged): then its raw files are final and no workflow step may rewrite them. Not while
+    flagged pairs are still to be measured again (its re-measure file says so)."""
     try:
         manifest, measured = read_manifest(manifest_path), read_env(env_path)["plan"]
         changed = plan_changes(measured, plan)
+        changed = changed or (not pilot and remeasure_pending(Path(manifest_path).parents[1]))
         # a sequential run is final once its last look stopped every cell
         if (plan.get("adaptive") or {}).get("mode") == "sequential" and not pilot:
             changed = (
