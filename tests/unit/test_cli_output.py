@@ -143,3 +143,27 @@ def test_plan_without_the_workflow_extra_says_what_to_install():
     assert done.returncode == 1, done.stderr
     assert "snakemake is not installed: pip install 'luksbench[workflow]'" in done.stderr
     assert "invalid config" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_table_labels_sequential_intervals_by_what_they_are():
+    """A sequential row's interval is a repeated confidence interval at the look where the cell
+    stopped, at that look's level: the table says so instead of the run's 95 %."""
+    from simulate import loss_row
+
+    from luksbench.cli_output import loss_readable, write_loss_output
+
+    cell = {"host": "h", "direction": "read", "effect": "loss"}
+    fixed = loss_row([-0.1, -0.12, -0.09], workload="read-4k-qd1", **cell)
+    seq = loss_row([-0.1, -0.11] * 4, level=0.9944, kind="sequential", workload="w-1m", **cell)
+    table = pd.DataFrame([fixed, seq])
+    header, first, second = loss_readable(table, 0.95)
+    assert header[-2:] == ["interval", "interval is"] and "95% interval" not in header
+    assert first[-1] == "95% CI"
+    assert second[-1] == "repeated CI at the stopping look, 99.44%"
+    assert second[-2] == f"{seq['ci_low']:.1f} .. {seq['ci_high']:.1f}"
+    out = io.StringIO()
+    write_loss_output(table, "table", out, 0.95)
+    assert out.getvalue().splitlines()[2].endswith("repeated CI at the stopping look, 99.44%")
+    # without sequential rows the header gives the one level every interval has
+    (header, _) = loss_readable(pd.DataFrame([fixed]), 0.9)
+    assert header[-1] == "90% interval"
