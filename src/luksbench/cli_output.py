@@ -23,18 +23,35 @@ TABLE_COLUMNS = ["decision", "host", "workload", "direction", "metric", "n", "ef
 def loss_readable(table, confidence: float) -> list[list[str]]:
     """The loss table as a person reads it, as rows of cells (the header first): decision first,
     a few columns, the effect and its interval in % rounded to 0.1 (the full table is
-    ``--format csv``); the host column only when the run has several."""
+    ``--format csv``); the host column only when the run has several. Where some rows are the
+    sequential design's, a last column says what each interval is: theirs are repeated confidence
+    intervals at the look where the cell stopped, at that look's level."""
     columns = [c for c in TABLE_COLUMNS if c != "host" or table["host"].nunique() > 1]
+    sequential = "interval" in table and bool(table["interval"].eq("sequential").any())
 
     def pct(x) -> str:
         return "-" if x != x else f"{x:.1f}"  # NaN: no interval (too few pairs or withheld)
 
-    rows = [[*columns, "effect %", f"{100 * confidence:g}% interval"]]
+    header = [*columns, "effect %"]
+    header += ["interval", "interval is"] if sequential else [f"{100 * confidence:g}% interval"]
+    rows = [header]
     for row in table.to_dict("records"):
         interval = f"{pct(row['ci_low'])} .. {pct(row['ci_high'])}"
         interval = "-" if interval == "- .. -" else interval
-        rows.append([str(row[c]) for c in columns] + [pct(row["effect_pct"]), interval])
+        cells = [str(row[c]) for c in columns] + [pct(row["effect_pct"]), interval]
+        if sequential:
+            cells.append(interval_kind(row, confidence) if interval != "-" else "-")
+        rows.append(cells)
     return rows
+
+
+def interval_kind(row: dict, confidence: float) -> str:
+    """What a loss row's interval is, in a few words (``luksbench loss --format table``)."""
+    if row.get("interval") == "sequential":
+        level = row.get("look_confidence")
+        at = f"{100 * level:.4g}%" if level == level and level is not None else "its look's level"
+        return f"repeated CI at the stopping look, {at}"
+    return f"{100 * confidence:g}% CI"
 
 
 def aligned(rows: list[list[str]], right: set[int]) -> str:
@@ -61,5 +78,6 @@ def write_loss_output(table, fmt: str, out, confidence: float) -> None:
         out.write(table[columns].to_json(orient="records", indent=1) + "\n")
     else:
         rows = loss_readable(table, confidence)
-        numbers = {rows[0].index("n"), len(rows[0]) - 2, len(rows[0]) - 1}
+        header = rows[0]
+        numbers = {header.index("n"), header.index("effect %"), header.index("effect %") + 1}
         out.write(aligned(rows, numbers))

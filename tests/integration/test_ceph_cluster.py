@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testkit.plans import fio_settings
 from testkit.testbox import testbox as tb
 
 from luksbench.testbox import ceph, cephdown, cephrun, cephstack, safety
@@ -59,13 +60,7 @@ def write_plan(tmp: Path, run: str, stacks: dict) -> Path:
         "baseline": "plain",
         "stacks": stacks,
         "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {
-            "ioengine": "libaio",
-            "direct": True,
-            "runtime_s": 1,
-            "ramp_time_s": 0,
-            "output_format": "json+",
-        },
+        "fio": fio_settings(),
         "repetitions": 1,
         "seed": 1,
     }

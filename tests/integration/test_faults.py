@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from testkit.testbox import run_fio_args
+from testkit.testbox import run_fio_args, small_config
 from testkit.workflow import copy_workflow
 
 from luksbench.testbox.planbuild import plan_from_config
@@ -27,24 +27,9 @@ LUKSBENCH = [sys.executable, "-m", "luksbench.cli", "testbox"]
 
 pytestmark = pytest.mark.device
 
-CONFIG = {
-    "run": "faults",
-    "backend": "auto",
-    "device_size_mib": 64,
-    "precondition": False,
-    "baseline": "plain",
-    "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
-    "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1, 4]},
-    "fio": {
-        "ioengine": "libaio",
-        "direct": True,
-        "runtime_s": 1,
-        "ramp_time_s": 0,
-        "output_format": "json+",
-    },
-    "repetitions": 3,
-    "seed": 1,
-}
+CONFIG = small_config(
+    "faults", matrix={"rw": ["randread"], "bs": ["4k"], "iodepth": [1, 4]}, repetitions=3
+)
 
 
 def run_testbox(*args: str) -> subprocess.CompletedProcess:

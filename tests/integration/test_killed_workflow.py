@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from testkit.testbox import small_config
 from testkit.testbox import testbox as tb
 from testkit.workflow import copy_workflow
 
@@ -269,24 +270,8 @@ def test_stack_down_without_its_state_removes_what_the_scratch_folder_shows(tmp_
     still finds the FUSE exports, their daemons, backing files and key files of the stacks."""
     wait_for_the_box()
     scratch = tmp_path / "scratch"
-    config = {
-        "run": "lost",
-        "backend": "userspace",
-        "device_size_mib": 64,
-        "precondition": False,
-        "baseline": "plain",
-        "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
-        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {
-            "ioengine": "libaio",
-            "direct": True,
-            "runtime_s": 1,
-            "ramp_time_s": 0,
-            "output_format": "json+",
-        },
-        "repetitions": 1,
-        "seed": 1,
-    }
+    matrix = {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]}
+    config = small_config("lost", backend="userspace", matrix=matrix)
     plan, state = tmp_path / "plan.json", scratch / "state.json"
     plan.write_text(json.dumps(plan_from_config(config, "tb", scratch)))
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import matplotlib.collections
 import pytest
+from testkit.testbox import small_config
 from testkit.testbox import testbox as run_testbox
 
 from luksbench.analysis import ingest
@@ -122,24 +123,8 @@ def test_the_workflows_command_writes_the_estimate_beside_the_kernels(tmp_path):
     """`luksbench testbox benchmark-ciphers --plan P` (the benchmark_ciphers rule's command) on
     this machine: cryptsetup's output verbatim, and where it has no row for the plan's cipher,
     openssl-speed.txt beside it for that cipher; without --plan no estimate is made."""
-    config = {
-        "run": f"ossl{os.getpid()}",
-        "backend": "auto",
-        "device_size_mib": 64,
-        "precondition": False,
-        "baseline": "plain",
-        "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}},
-        "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {
-            "ioengine": "libaio",
-            "direct": True,
-            "runtime_s": 1,
-            "ramp_time_s": 0,
-            "output_format": "json+",
-        },
-        "repetitions": 1,
-        "seed": 1,
-    }
+    stacks = {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}}
+    config = small_config(f"ossl{os.getpid()}", stacks=stacks)
     plan = plan_from_config(config, "box", tmp_path / "scratch")
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     out = tmp_path / "host" / "cryptsetup-benchmark.txt"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testkit.plans import fio_settings
 from testkit.testbox import luksbench_testbox_argv, run_fio_args
 from testkit.testbox import testbox as tb
 
@@ -38,13 +39,7 @@ def plan_file(tmp: Path, run: str, stacks: dict, devices: dict, **over) -> Path:
         "devices": devices,
         "stacks": stacks,
         "matrix": {"rw": ["randwrite"], "bs": ["4k"], "iodepth": [8]},
-        "fio": {
-            "ioengine": "libaio",
-            "direct": True,
-            "runtime_s": 1,
-            "ramp_time_s": 0,
-            "output_format": "json+",
-        },
+        "fio": fio_settings(),
         "repetitions": 1,
         "seed": 1,
         **over,

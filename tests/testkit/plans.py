@@ -14,6 +14,18 @@ from testkit.paths import REPO, SCHEMA
 
 STUDIES_DIR = REPO / "config" / "studies"
 
+
+def fio_settings(runtime_s: int = 1, ramp_time_s: int = 0, ioengine: str = "libaio") -> dict:
+    """A plan's ``fio`` section as the small test plans set it: direct I/O, json+ output."""
+    return {
+        "ioengine": ioengine,
+        "direct": True,
+        "runtime_s": runtime_s,
+        "ramp_time_s": ramp_time_s,
+        "output_format": "json+",
+    }
+
+
 # A plan config (before the schema): plain and luks, 2 x 2 x 2 cells, 3 repetitions.
 PLAN_CONFIG = {
     "run": "r1",
@@ -25,13 +37,7 @@ PLAN_CONFIG = {
     "baseline": "plain",
     "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}},
     "matrix": {"rw": ["randread", "read"], "bs": ["4k", "1m"], "iodepth": [1, 32]},
-    "fio": {
-        "ioengine": "libaio",
-        "direct": True,
-        "runtime_s": 2,
-        "ramp_time_s": 1,
-        "output_format": "json+",
-    },
+    "fio": fio_settings(runtime_s=2, ramp_time_s=1),
     "repetitions": 3,
     "seed": 7,
 }

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testkit.plans import fio_settings
+
 
 def luksbench_testbox_argv(*args) -> list[str]:
     """The command line of `luksbench testbox <args>` (for a Popen that a test interrupts)."""
@@ -60,13 +62,7 @@ def loop_plan(run: str, scratch_dir: Path, **overrides) -> dict:
         "baseline": "plain",
         "stacks": {"plain": {"kind": "loop"}, "other": {"kind": "loop"}},
         "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {
-            "ioengine": "libaio",
-            "direct": True,
-            "runtime_s": 1,
-            "ramp_time_s": 0,
-            "output_format": "json+",
-        },
+        "fio": fio_settings(),
         "repetitions": 1,
         "seed": 1,
         **overrides,
@@ -84,13 +80,7 @@ def small_config(run: str, **overrides) -> dict:
         "baseline": "plain",
         "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
         "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
-        "fio": {
-            "ioengine": "libaio",
-            "direct": True,
-            "runtime_s": 1,
-            "ramp_time_s": 0,
-            "output_format": "json+",
-        },
+        "fio": fio_settings(),
         "repetitions": 1,
         "seed": 1,
         **overrides,
@@ -134,13 +124,7 @@ def make_plan(
             "bs": sorted({c[1] for c in cells}),
             "iodepth": sorted({c[2] for c in cells}),
         },
-        "fio": {
-            "ioengine": ioengine,
-            "direct": True,
-            "runtime_s": runtime_s,
-            "ramp_time_s": 0,
-            "output_format": "json+",
-        },
+        "fio": fio_settings(runtime_s=runtime_s, ioengine=ioengine),
         "repetitions": reps,
         "seed": 20231124,
     }

@@ -55,13 +55,26 @@ def test_the_loss_help_names_the_default_metrics_it_computes():
     assert f"{', '.join(DEFAULT_METRICS)} (all {len(DEFAULT_METRICS)};" in flat
 
 
+def help_text(command: list[str], capsys) -> str:
+    """What ``luksbench COMMAND --help`` prints (the parser in this process; the top-level help
+    is also checked through a fresh interpreter below)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*command, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
 @pytest.mark.parametrize("command", [[], ["loss"], ["plan"], ["targets"], ["next"], ["compare"]])
-def test_help_is_for_users_with_examples(command):
-    done = luksbench(*command, "--help")
-    assert done.returncode == 0
-    assert "examples:\n  luksbench " in done.stdout
-    assert "argument handling" not in done.stdout  # not the module's docstring
-    assert max(len(line) for line in done.stdout.splitlines()) <= 100
+def test_help_is_for_users_with_examples(command, capsys):
+    text = help_text(command, capsys)
+    assert "examples:\n  luksbench " in text
+    assert "argument handling" not in text  # not the module's docstring
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_the_command_line_prints_the_same_help(capsys):
+    done = luksbench("--help")
+    assert done.returncode == 0 and done.stdout == help_text([], capsys)
 
 
 @pytest.mark.slow
@@ -96,20 +109,21 @@ def test_loss_as_json_records_to_a_file(tmp_path):
     assert pd.read_csv(csv_out).equals(table)
 
 
-def test_loss_to_an_unwritable_file_names_it(tmp_path):
-    done = luksbench(*LOSS, "--out", str(tmp_path / "missing" / "loss.csv"))
-    assert done.returncode == 1 and "luksbench loss: --out " in done.stderr
-    assert "Traceback" not in done.stderr
+def test_loss_to_an_unwritable_file_names_it(tmp_path, capsys):
+    code = cli.main([*LOSS, "--out", str(tmp_path / "missing" / "loss.csv")])  # raises nothing
+    assert code == 1 and "luksbench loss: --out " in capsys.readouterr().err
 
 
-def test_plan_names_the_backend_auto_selects_here_and_why(tmp_path):
+def test_plan_names_the_backend_auto_selects_here_and_why(tmp_path, capsys, monkeypatch):
     from luksbench.studies import load_config
     from luksbench.testbox.backends.choose import resolve_plan_backend
     from luksbench.testbox.planbuild import plan_from_config
 
-    done = luksbench("plan", "--host", "pytest")
-    assert done.returncode in (0, 1), done.stderr  # 1: a destructive action refused here
-    line = next(x for x in done.stdout.splitlines() if x.startswith("  backend here: "))
+    monkeypatch.chdir(REPO)
+    code = cli.main(["plan", "--host", "pytest"])
+    done = capsys.readouterr()
+    assert code in (0, 1), done.err  # 1: a destructive action refused here
+    line = next(x for x in done.out.splitlines() if x.startswith("  backend here: "))
     plan = plan_from_config(load_config(REPO, None), "pytest", tmp_path)
     assert plan["backend"] == "auto"
     chosen = resolve_plan_backend(plan, try_modprobe=False)
@@ -143,3 +157,27 @@ def test_plan_without_the_workflow_extra_says_what_to_install():
     assert done.returncode == 1, done.stderr
     assert "snakemake is not installed: pip install 'luksbench[workflow]'" in done.stderr
     assert "invalid config" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_table_labels_sequential_intervals_by_what_they_are():
+    """A sequential row's interval is a repeated confidence interval at the look where the cell
+    stopped, at that look's level: the table says so instead of the run's 95 %."""
+    from simulate import loss_row
+
+    from luksbench.cli_output import loss_readable, write_loss_output
+
+    cell = {"host": "h", "direction": "read", "effect": "loss"}
+    fixed = loss_row([-0.1, -0.12, -0.09], workload="read-4k-qd1", **cell)
+    seq = loss_row([-0.1, -0.11] * 4, level=0.9944, kind="sequential", workload="w-1m", **cell)
+    table = pd.DataFrame([fixed, seq])
+    header, first, second = loss_readable(table, 0.95)
+    assert header[-2:] == ["interval", "interval is"] and "95% interval" not in header
+    assert first[-1] == "95% CI"
+    assert second[-1] == "repeated CI at the stopping look, 99.44%"
+    assert second[-2] == f"{seq['ci_low']:.1f} .. {seq['ci_high']:.1f}"
+    out = io.StringIO()
+    write_loss_output(table, "table", out, 0.95)
+    assert out.getvalue().splitlines()[2].endswith("repeated CI at the stopping look, 99.44%")
+    # without sequential rows the header gives the one level every interval has
+    (header, _) = loss_readable(pd.DataFrame([fixed]), 0.9)
+    assert header[-1] == "90% interval"

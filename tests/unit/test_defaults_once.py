@@ -23,10 +23,7 @@ KNOWN_ELSEWHERE = {
     ("src/luksbench/analysis/design.py", "max_pairs"),
     ("src/luksbench/testbox/runner.py", "sessions"),  # [seq]
     ("src/luksbench/testbox/schedule.py", "sessions"),  # [seq]
-    ("src/luksbench/testbox/stacks.py", "ioengine"),  # [ceph]
     ("src/luksbench/analysis/ingest.py", "sessions"),  # [ingest]
-    ("src/luksbench/analysis/contrasts.py", "baseline"),  # [loss]
-    ("src/luksbench/analysis/contrasts.py", "variant"),
     # The test box's tables of job and preconditioning options: the plan does not yet carry every
     # one of them (a config's `precondition: true` and job keys left out of the plan).
     ("src/luksbench/testbox/planbuild.py", "numjobs"),

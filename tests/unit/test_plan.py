@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -164,7 +162,9 @@ def test_every_vm_case_plan_passes_the_plan_checks(path):
         )
 
 
-def test_plan_check_devices_exits_nonzero_when_a_device_is_refused(tmp_path):
+def test_plan_check_devices_exits_nonzero_when_a_device_is_refused(tmp_path, capsys):
+    from luksbench import cli
+
     config = {
         **CONFIG,
         "devices": {"disk": {"path": "/dev/disk/by-id/luksbench-no-such-disk"}},
@@ -172,8 +172,7 @@ def test_plan_check_devices_exits_nonzero_when_a_device_is_refused(tmp_path):
     }
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(plan_from_config(config, "box", tmp_path)))
-    command = [sys.executable, "-m", "luksbench.cli", "plan", "--plan", str(plan)]
-    checked = subprocess.run([*command, "--check-devices"], capture_output=True, text=True)
-    assert "REFUSED devices.disk" in checked.stdout
-    assert checked.returncode == 1
-    assert subprocess.run(command, capture_output=True).returncode == 0
+    command = ["plan", "--plan", str(plan)]
+    assert cli.main([*command, "--check-devices"]) == 1
+    assert "REFUSED devices.disk" in capsys.readouterr().out
+    assert cli.main(command) == 0

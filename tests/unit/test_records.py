@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from testkit.plans import fio_settings
 
 from luksbench.formats import envdoc, manifest, plan, sidecar, targets
 from luksbench.formats.record import RecordVersionError
@@ -24,13 +25,7 @@ PLAN_V1 = {  # as the workflow wrote plans before they had a version: unused sec
     "baseline": "plain",
     "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
     "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
-    "fio": {
-        "ioengine": "libaio",
-        "direct": True,
-        "runtime_s": 2,
-        "ramp_time_s": 1,
-        "output_format": "json+",
-    },
+    "fio": fio_settings(runtime_s=2, ramp_time_s=1),
     "repetitions": 3,
     "seed": 7,
 }

@@ -141,7 +141,8 @@ def test_the_tldr_counts_withheld_cells_so_they_add_up_to_the_matrix(processed):
     cells = loss.drop_duplicates(["host", "workload", "job_slot", "direction"])
     for metric in tails.PERCENTILES:
         rows = loss[loss["metric"] == metric]
-        text = next(s for s in sentences if s.startswith(metric_heading(metric)))
+        start = paper_sentences.sentence_start(metric_heading(metric))
+        text = next(s for s in sentences if s.startswith(start))
         counts = re.search(r"margins\): (.*?) of (\d+) cells", text)
         assert int(counts[2]) == len(cells) == len(rows), text
         assert sum(int(n) for n in re.findall(r"(\d+) [a-z]", counts[1])) == len(cells), text

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from testkit.plans import fio_settings
 
 from luksbench.formats.layout import Workload
 from luksbench.testbox import safety
@@ -51,13 +52,7 @@ def _plan(**over) -> dict:
             "plain": {"kind": "plain"},
         },
         "matrix": {"rw": ["randread", "write"], "bs": ["4k", "1m"], "iodepth": [1, 32]},
-        "fio": {
-            "ioengine": "libaio",
-            "direct": True,
-            "runtime_s": 3,
-            "ramp_time_s": 1,
-            "output_format": "json+",
-        },
+        "fio": fio_settings(runtime_s=3, ramp_time_s=1),
         "repetitions": 6,
         "seed": 7,
     }

@@ -99,12 +99,12 @@ def check(stacks: Iterable[str], baseline: str, variant: str, comparisons) -> li
 
 
 def check_config(config: dict) -> list[Pair]:
-    """:func:`check` on a (validated) workflow config."""
-    analysis = config.get("analysis") or {}
+    """:func:`check` on a validated workflow config (the schema filled baseline and variant)."""
+    analysis = config["analysis"]
     return check(
         list(config.get("stacks") or {}),
-        config.get("baseline", "plain"),
-        analysis.get("variant", "luks"),
+        config["baseline"],
+        analysis["variant"],
         analysis.get("comparisons") or [],
     )
 

@@ -231,7 +231,11 @@ def _story(run: Run, name: str, pairs: list[Pair], hosts: list[dict], matrix: di
     return {
         "comparisons": comparison_sections(losses, pairs),
         "confidence_pct": fmt_num(100 * run.confidence, 0),
-        "tldr": " ".join(tldr_sentences(losses, hosts, matrix, run.tables.get(NUMBERS_TABLE))),
+        "tldr": " ".join(
+            tldr_sentences(
+                losses, hosts, matrix, run.tables.get(NUMBERS_TABLE), cpu_net=cpu_net(run.fio)
+            )
+        ),
         "recommendation": recommendation(losses, hosts),
         "host_summary": host_summary(losses, hosts, name),
         **tally(losses),

@@ -5,6 +5,7 @@ wording is here."""
 
 from __future__ import annotations
 
+import re
 from functools import partial
 
 import pandas as pd
@@ -18,10 +19,12 @@ from luksbench.analysis.paper_numbers import (
     paper_numbers,
     quoted_rows,
 )
+from luksbench.analysis.stats import METRIC_FAMILIES
 from luksbench.publish.recommend import paper_recommendation
 from luksbench.publish.run import Run
 from luksbench.publish.text import (
     cell_words,
+    cpu_basis,
     effect_ci,
     fmt_ci,
     fmt_num,
@@ -48,14 +51,20 @@ def _counts_text(tally) -> str:
     return ", ".join(f"{count} {kind}" for kind, count in tally)
 
 
-def _decision_sentence(family: pd.DataFrame, loss: pd.DataFrame, describe) -> str:
+def _decision_sentence(
+    family: pd.DataFrame, loss: pd.DataFrame, describe, cpu_words: str | None = None
+) -> str:
     """How a metric's cells fall into its regions and, where some cost, the largest effect with
-    its selection-adjusted interval: the numbers from paper_numbers.parquet (``family``: one
-    metric of one comparison), the words (which cell, what it is called) from the loss row each
-    number names (``source_row``)."""
+    its selection-adjusted interval and, where it differs, the decision of the cell's own interval
+    (the one the tables list): the numbers from paper_numbers.parquet (``family``: one metric of
+    one comparison), the words (which cell, what it is called) from the loss row each number
+    names (``source_row``). ``cpu_words``: what the CPU metrics measure (:func:`cpu_measures`)."""
     value = _values(family)
     first = _source(family, "cells", loss, "margin_lower_pct")
-    name, kind = metric_heading(str(first["metric"])), str(first["effect"])
+    metric, kind = str(first["metric"]), str(first["effect"])
+    name = sentence_start(metric_heading(metric))
+    if cpu_words:
+        name += f" ({cpu_words})"
     counts = family[family["quantity"].eq("count")]
     tally = [(k, int(v)) for k, v in zip(counts["label"], counts["value"], strict=True)]
     margins = f"{fmt_num(value['margin_lower_pct'], 0)} / {fmt_num(value['margin_upper_pct'], 0)} %"
@@ -68,11 +77,49 @@ def _decision_sentence(family: pd.DataFrame, loss: pd.DataFrame, describe) -> st
         ci = fmt_ci(value["largest_ci_low_pct"], value["largest_ci_high_pct"])
         text += (
             f" Largest {kind}: {describe(w)}, {fmt_pct(value['largest_effect_pct'])} {ci} "
-            f"({int(value['largest_pairs'])} pairs), an interval at "
-            f"{fmt_num(value['largest_confidence_pct'], 2)} %: adjusted for picking the largest "
-            f"of {int(value['family_cells'])} cells, {w['selection_decision']} on it."
+            f"({int(value['largest_pairs'])} pairs) with the interval adjusted for picking the "
+            f"largest of {int(value['family_cells'])} cells (at "
+            f"{fmt_num(value['largest_confidence_pct'], 2)} %): "
+            f"{_largest_decisions(w)}."
         )
     return text
+
+
+def _largest_decisions(row: pd.Series) -> str:
+    """The largest cell's decision on the selection-adjusted interval and, where the cell's own
+    interval (the tables', the heatmap's) decides otherwise, that one too, each named."""
+    adjusted, own = str(row["selection_decision"]), str(row["decision"])
+    own_interval = (
+        "the cell's own interval (a repeated confidence interval at the look where it stopped)"
+        if row.get("interval") == "sequential"
+        else "the cell's own interval"
+    )
+    if adjusted == own:
+        return f"{decision_words(adjusted)} on it, as on {own_interval} in the tables"
+    return (
+        f"{decision_words(adjusted)} on it; {decision_words(own)} on {own_interval}, "
+        "as the tables list it"
+    )
+
+
+def decision_words(decision: str) -> str:
+    """``undecided (straddles 20 %)`` for the table's ``undecided: straddles 20 %``."""
+    head, _, why = decision.partition(": ")
+    return f"{head} ({why})" if why else head
+
+
+def sentence_start(text: str) -> str:
+    """``text`` fit to start a sentence: its first letter capitalised, or ``The`` before a
+    symbol that is written lower-case (``p99 ...`` -> ``The p99 ...``)."""
+    if re.match(r"[a-z][\d.]+\b", text):
+        return f"The {text}"
+    return text[:1].upper() + text[1:]
+
+
+def cpu_measures(net: bool) -> str:
+    """What a CPU metric of the run measures, from the fio table's ``cpu_net`` column
+    (:func:`~luksbench.publish.text.cpu_net`)."""
+    return f"CPU of the whole machine, {cpu_basis(net)}"
 
 
 def _values(numbers: pd.DataFrame) -> dict[str, float]:
@@ -96,12 +143,17 @@ def _source(numbers: pd.DataFrame, what: str, loss: pd.DataFrame, quantity: str)
 
 
 def tldr_sentences(
-    losses: pd.DataFrame, hosts: list[dict], matrix: dict, numbers: pd.DataFrame | None = None
+    losses: pd.DataFrame,
+    hosts: list[dict],
+    matrix: dict,
+    numbers: pd.DataFrame | None = None,
+    cpu_net: bool | None = None,
 ) -> list[str]:
     """The TL;DR: per comparison, headline first; per metric the decisions by magnitude (IOPS
     rows that repeat bandwidth at a fixed block size are left out: the same test). Every number
     from ``numbers`` (paper_numbers.parquet, :func:`quoted_numbers`; None: derived from
-    ``losses``), the words from the loss rows they name."""
+    ``losses``), the words from the loss rows they name. ``cpu_net``: whether the CPU values are
+    net of the idle baseline (the fio table's ``cpu_net``), said beside each CPU metric."""
     losses = losses.reset_index(drop=True)
     numbers = quoted_numbers(losses, numbers)
     conf = fmt_num(_values(numbers[numbers["key"].eq("confidence_pct")])["confidence_pct"], 0)
@@ -109,6 +161,7 @@ def tldr_sentences(
     describe = partial(cell_words, multi_host=multi_host, with_job=several_jobs)
     backends = sorted({h["backend_short"] for h in hosts}) or ["an unknown backend"]
     quoted = quoted_rows(losses)
+    cpu_words = None if cpu_net is None else cpu_measures(cpu_net)
     out = []
     for baseline, variant in comparison_pairs(losses):
         mine = numbers[numbers["baseline"].eq(baseline) & numbers["variant"].eq(variant)]
@@ -121,8 +174,13 @@ def tldr_sentences(
             f"{matrix['reps_text']} paired repetitions each, decided on {conf} % confidence "
             "intervals."
         )
+        said = False  # what the CPU metrics measure, said at the first of them
         for metric in sorted_metrics(set(mine["metric"]) - {""}):
-            out.append(_decision_sentence(mine[mine["metric"].eq(metric)], losses, describe))
+            family = mine[mine["metric"].eq(metric)]
+            cpu = METRIC_FAMILIES.get(metric) == "cpu"
+            words = cpu_words if cpu and not said else None
+            said = said or cpu
+            out.append(_decision_sentence(family, losses, describe, words))
     return out
 
 

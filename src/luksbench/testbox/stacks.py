@@ -190,7 +190,7 @@ def _finish(plan: dict, state: dict, state_path: Path, described: dict) -> dict:
     state["io_size_bytes"] = io_size
     write_json_atomic(state_path, state, mode=0o600)
 
-    ioengine = plan["fio"].get("ioengine", "libaio")
+    ioengine = plan["fio"]["ioengine"]  # every plan carries it (formats.plan.FIO_KEYS)
     options = precondition_options(plan["precondition"])
     if options["enabled"]:
         check_files_unchanged(state, "precondition the stacks")
