@@ -26,9 +26,10 @@ CASE = json.loads(CASE_FILE.read_text())
 NAME = CASE_FILE.stem
 EXPECT = CASE["expect"]
 
-# Measured here under TCG, with the 2 cores shared (load ~13): the ceph image built once in 115 s,
-# boot to power-off 934 s (stack-up 537 s, of it the cluster 510 s; six fio runs with their probes
-# 278 s; stack-down 38 s). Far beyond the 8 minutes the default VM run can take on: the full set.
+# Measured here under TCG with the 2 cores shared (load 9-14): the ceph image built once in 115 s;
+# boot to power-off 680-934 s (stack-up 420-537 s, nearly all of it the cluster; six fio runs
+# with their probes 124-278 s; stack-down 22-38 s); this module 11.4 min with the image cached.
+# Far beyond the 8 minutes the default VM run can take on: the full set (`make vmtest-full`).
 pytestmark = [pytest.mark.slow, pytest.mark.vm, pytest.mark.vm_full]
 
 
