@@ -77,6 +77,13 @@ ROOT_IMAGE_MIB = 4096
 IO_IMAGE_MIB = 1024
 SCRATCH_DISKS = 4
 SCRATCH_DISK_MIB = 256
+# The ``ceph`` variant adds a monitor, OSDs and the clients (Ceph 16.2 in Debian 12, about 212 MB
+# installed) for the cases that build a throwaway cluster; the default guest stays without them.
+CEPH_PACKAGES = ("ceph-mon", "ceph-osd", "ceph-common")
+VARIANT_PACKAGES = {"base": (), "workflow": (), "ceph": CEPH_PACKAGES}
+# An OSD needs about 1.5 GB resident (osd_memory_target at its floor): a ceph case boots with
+# at least this much memory.
+CEPH_MEM_MIB = 6144
 GUEST_DIR = Path(__file__).parent / "guest"
 PLANS_DIR = Path(__file__).parent / "plans"
 REPO_DIR = Path(__file__).resolve().parents[2]
@@ -126,7 +133,12 @@ def workflow_packages() -> list[str]:
 
 
 def image_key(variant: str = "base") -> str:
-    """``base``: the system; ``workflow``: plus a venv with the workflow's Python stack."""
+    """``base``: the system; ``workflow``: plus a venv with the workflow's Python stack;
+    ``ceph``: plus Ceph's monitor, OSD and clients."""
+    if variant not in VARIANT_PACKAGES:
+        raise VMBoxError(
+            f"image variant must be one of {sorted(VARIANT_PACKAGES)}, not {variant!r}"
+        )
     h = hashlib.sha256()
     h.update(f"v{HARNESS_VERSION} {SUITE} {variant} {ROOT_IMAGE_MIB}\n".encode())
     h.update(("\n".join(PACKAGES) + "\n" + "\n".join(PRUNED_MODULE_DIRS) + "\n").encode())
@@ -136,8 +148,8 @@ def image_key(variant: str = "base") -> str:
     if variant == "workflow":
         h.update((REPO_DIR / REQUIREMENTS).read_bytes())
         h.update(" ".join(workflow_packages()).encode())
-    elif variant != "base":
-        raise VMBoxError(f"image variant must be base or workflow, not {variant!r}")
+    if VARIANT_PACKAGES[variant]:
+        h.update(("\n".join(VARIANT_PACKAGES[variant]) + "\n").encode())
     return f"{variant}-{h.hexdigest()[:16]}"
 
 
@@ -220,13 +232,14 @@ def build_image(cache: Path | None = None, force: bool = False, variant: str = "
     work.mkdir()
     tree = work / "tree"
     t0 = time.monotonic()
-    log(f"building the guest image {key} in {work} (Debian {SUITE}, {len(PACKAGES)} packages)")
+    packages = (*PACKAGES, *VARIANT_PACKAGES[variant])
+    log(f"building the guest image {key} in {work} (Debian {SUITE}, {len(packages)} packages)")
     prune = " ".join(f'"$1"/usr/lib/modules/*/kernel/{d}' for d in PRUNED_MODULE_DIRS)
     argv = [
         "mmdebstrap",
         "--mode=root",
         "--variant=apt",
-        "--include=" + ",".join(PACKAGES),
+        "--include=" + ",".join(packages),
         # No documentation, manuals or translations in a throw-away guest.
         "--dpkgopt=path-exclude=/usr/share/doc/*",
         "--dpkgopt=path-exclude=/usr/share/man/*",
@@ -247,13 +260,13 @@ def build_image(cache: Path | None = None, force: bool = False, variant: str = "
     ]
     if variant == "workflow":
         wheels = build_wheelhouse(work / "wheelhouse")
-        packages = " ".join(workflow_packages())
+        wanted = " ".join(workflow_packages())
         argv += [
             '--customize-hook=mkdir -p "$1/tmp/wheelhouse"',
             f"--customize-hook=sync-in {wheels} /tmp/wheelhouse",
             f'--customize-hook=chroot "$1" python3 -m venv {GUEST_VENV}',
             f'--customize-hook=chroot "$1" {GUEST_VENV}/bin/python -m pip install -q '
-            f"--no-index --find-links /tmp/wheelhouse -c /tmp/wheelhouse/requirements.txt {packages}",
+            f"--no-index --find-links /tmp/wheelhouse -c /tmp/wheelhouse/requirements.txt {wanted}",
             f'--customize-hook=chroot "$1" {GUEST_VENV}/bin/python -m pip freeze '
             f'>"$1/luksbench-venv.txt"',
             '--customize-hook=rm -rf "$1/tmp/wheelhouse"',
@@ -271,7 +284,7 @@ def build_image(cache: Path | None = None, force: bool = False, variant: str = "
         raise VMBoxError(f"mmdebstrap left no kernel/initrd in {boot}: {sorted(os.listdir(boot))}")
     shutil.copy2(kernels[-1], work / "vmlinuz")
     shutil.copy2(initrds[-1], work / "initrd.img")
-    packages = (tree / "luksbench-packages.txt").read_text()
+    installed = (tree / "luksbench-packages.txt").read_text()
     venv = tree / "luksbench-venv.txt"
     venv_packages = venv.read_text().splitlines() if venv.exists() else []
     rootfs = work / "rootfs.img"
@@ -301,9 +314,9 @@ def build_image(cache: Path | None = None, force: bool = False, variant: str = "
         "key": key,
         "harness_version": HARNESS_VERSION,
         "suite": SUITE,
-        "packages_requested": list(PACKAGES),
+        "packages_requested": list(packages),
         "kernel": kernels[-1].name.removeprefix("vmlinuz-"),
-        "packages_installed": packages.splitlines(),
+        "packages_installed": installed.splitlines(),
         "variant": variant,
         "venv": GUEST_VENV if variant == "workflow" else None,
         "venv_packages": venv_packages,
@@ -426,6 +439,33 @@ def needs_workflow(plans: list[Path]) -> bool:
     return any("snakemake" in c or c.get("image") == "workflow" for c in cases)
 
 
+def image_variant(plans: list[Path]) -> str:
+    """The image the cases need: ``workflow`` for a snakemake case (or ``"image": "workflow"``),
+    ``ceph`` for a case with ``"image": "ceph"``, else ``base``; one boot uses one image."""
+    if needs_workflow(plans):
+        return "workflow"
+    asked = {json.loads(Path(p).read_text()).get("image", "base") for p in plans}
+    if len(asked) > 1:
+        raise VMBoxError(
+            f"cases asking for different images ({sorted(asked)}) need their own boots"
+        )
+    variant = asked.pop() if asked else "base"
+    if variant not in VARIANT_PACKAGES:
+        raise VMBoxError(f"case image {variant!r} is not one of {sorted(VARIANT_PACKAGES)}")
+    return variant
+
+
+def case_resources(plans: list[Path], mem_mib: int, disk_mib: int) -> tuple[int, int]:
+    """(memory, scratch disk size) for one boot: the largest any case asks for (``mem_mib``,
+    ``disk_mib`` in its file), at least the given ones; a ceph case at least CEPH_MEM_MIB."""
+    cases = [json.loads(Path(p).read_text()) for p in plans]
+    mem = max([mem_mib, *(int(c.get("mem_mib", 0)) for c in cases)])
+    if any(c.get("image") == "ceph" for c in cases):
+        mem = max(mem, CEPH_MEM_MIB)
+    disk = max([disk_mib, *(int(c.get("disk_mib", 0)) for c in cases)])
+    return mem, disk
+
+
 def run_guest(
     out: Path,
     plans: list[Path] | None = None,
@@ -437,6 +477,7 @@ def run_guest(
     smp: int = 2,
     mem_mib: int = 2048,
     io_mib: int = IO_IMAGE_MIB,
+    disk_mib: int = SCRATCH_DISK_MIB,
 ) -> Path:
     """Boot the guest once for ``plans`` (default: every file in plans/); results land in ``out``.
 
@@ -452,7 +493,8 @@ def run_guest(
         elif any("snakemake" in json.loads(Path(p).read_text()) for p in plans):
             raise VMBoxError("a snakemake case needs workflow_dir (a copy of the workflow)")
         job["venv"] = GUEST_VENV
-    image = image or build_image(variant="workflow" if needs_workflow(plans) else "base")
+    image = image or build_image(variant=image_variant(plans))
+    mem_mib, disk_mib = case_resources(plans, mem_mib, disk_mib)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     console = out / "console.log"
@@ -483,7 +525,7 @@ def run_guest(
         for i in range(SCRATCH_DISKS):
             disk = tmp / f"scratch{i}.img"
             with open(disk, "wb") as f:
-                f.truncate(SCRATCH_DISK_MIB * 2**20)
+                f.truncate(disk_mib * 2**20)
             scratch.append(disk)
         cpu = CPU_WORKFLOW if "venv" in job else CPU_BASE
         argv = qemu_argv(image, io_disk, scratch, console, smp, mem_mib, cpu)
@@ -520,6 +562,8 @@ def run_guest(
         "qemu_argv": argv,
         "qemu_output": qemu_out,
         "plans": [p.name for p in plans],
+        "mem_mib": mem_mib,
+        "scratch_disk_mib": disk_mib,
     }
     (out / "boot.json").write_text(json.dumps(boot, indent=2) + "\n")
     if not (out / "results" / "summary.json").is_file():
@@ -541,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         "image", help="build the guest image (or reuse the cached one); print its dir"
     )
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
-    p.add_argument("--variant", choices=("base", "workflow"), default="base")
+    p.add_argument("--variant", choices=sorted(VARIANT_PACKAGES), default="base")
     p = sub.add_parser("run", help="boot the guest once for the given plan files")
     p.add_argument("--out", required=True, help="results directory on the host")
     p.add_argument("--plan", action="append", type=Path, help="plan file (default: all in plans/)")

@@ -87,7 +87,7 @@ KIND_KEYS = {
     "loop": {"size_mib"},
     "raw": {"device"},
     "external": {"device"},
-    "luks": {"over", *LUKS_DEFAULTS},
+    "luks": {"over", "allow_discards", *LUKS_DEFAULTS},
     "linear": {"like"},
     "md": {"members", *MD_DEFAULTS},
     "fs": {"over", *FS_DEFAULTS},
@@ -102,6 +102,7 @@ SCHEMA_LAYER_DEFAULTS = {
     "client": "admin",
     "secure_mode": "",
     "optional": False,
+    "allow_discards": False,
 }
 SCHEMA_LAYER_DEFAULTS.update(ceph.CEPH_SCHEMA_DEFAULTS)
 

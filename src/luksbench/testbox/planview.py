@@ -37,6 +37,8 @@ def layer_layout(layer, devices: dict) -> str:
             head += f" sector {layer['sector_size']}"
         if layer["perf_flags"]:
             head += f" flags {','.join(layer['perf_flags'])}"
+        if layer.get("allow_discards"):
+            head += " allow-discards"
     elif kind == "md":
         head = f"md raid{layer['level']} chunk {layer['chunk_kib']}K"
     elif kind == "fs":

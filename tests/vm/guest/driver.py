@@ -164,8 +164,27 @@ CAPTURES = {
 }
 
 
+CEPH_DAEMONS = ("ceph-mon", "ceph-osd", "ceph-mgr", "ceph-mds")
+
+
+def ceph_processes() -> list[dict]:
+    """Running Ceph daemons (a cluster a case built must be gone after its stack-down)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                comm = Path(f"/proc/{entry}/comm").read_text().strip()
+                if comm in CEPH_DAEMONS:
+                    argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                    found.append(
+                        {"pid": int(entry), "comm": comm, "argv": [a.decode() for a in argv if a]}
+                    )
+    return sorted(found, key=lambda d: d["pid"])
+
+
 def capture(where: Path) -> None:
     where.mkdir(parents=True, exist_ok=True)
+    write_json(where / "ceph-daemons.json", ceph_processes())
     for name, argv in CAPTURES.items():
         r = sh(argv)
         text = r["stdout"]
@@ -199,12 +218,15 @@ def leftovers() -> dict:
     # The project's measurement lock: held until a clean stack-down; a left lock blocks every
     # later run on this box.
     locks = [str(p) for p in sorted(Path("/run/luksbench").glob("*.lock"))]
-    return {"dm": dm_names, "md": md, "loop": loops, "mounts": mounts, "locks": locks}
+    ceph = [d["pid"] for d in ceph_processes()]
+    found = {"dm": dm_names, "md": md, "loop": loops, "mounts": mounts, "locks": locks}
+    return {**found, "ceph": ceph}
 
 
 def force_clean(found: dict) -> list[dict]:
     """What a case left is removed here, so the next case starts clean (and it is recorded)."""
-    done = [sh(["umount", "-l", m]) for m in found["mounts"]]
+    done = [sh(["kill", "-9", str(pid)]) for pid in found.get("ceph", [])]
+    done += [sh(["umount", "-l", m]) for m in found["mounts"]]
     done += [sh(["dmsetup", "remove", "--force", n]) for n in reversed(found["dm"])]
     done += [sh(["mdadm", "--stop", f"/dev/{m}"]) for m in found["md"]]
     done += [sh(["losetup", "-d", lo]) for lo in found["loop"]]
@@ -392,7 +414,7 @@ def run_case(name: str, case: dict, disks: list[dict], job: dict) -> dict:
                 ],
                 logs,
                 step,
-                timeout=float(job.get("stack_up_timeout_s", 900)),
+                timeout=float(case.get("stack_up_timeout_s", job.get("stack_up_timeout_s", 900))),
             )
             if state.exists():
                 shutil.copy2(state, out / "state.json")
@@ -670,7 +692,8 @@ def main() -> int:
     summary["disks"] = scratch_disks()
     log(f"scratch disks {summary['disks']}")
     tools = {}
-    for tool in ("cryptsetup", "dmsetup", "mdadm", "fio", "losetup", "mkfs.ext4", "mkfs.xfs"):
+    names = ("cryptsetup", "dmsetup", "mdadm", "fio", "losetup", "mkfs.ext4", "mkfs.xfs")
+    for tool in (*names, *(["ceph-osd"] if shutil.which("ceph-osd") else [])):
         r = sh([tool, "--version"] if tool != "mkfs.xfs" else [tool, "-V"])
         tools[tool] = (r["stdout"] or r["stderr"]).strip().splitlines()[:1]
     summary["tools"] = tools

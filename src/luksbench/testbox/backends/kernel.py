@@ -262,15 +262,17 @@ class KernelBuilder:
         for flag, why in skipped.items():
             notes.append(f"perf flag {flag} skipped: {why}")
         self.record({"type": "crypt", "name": name})
-        argv = luks_open_argv(below["device"], name, key_file, applied)
+        discards = bool(layer.get("allow_discards"))
+        argv = luks_open_argv(below["device"], name, key_file, applied, discards)
         run_tool(argv, f"stack {stack}: cryptsetup open")
         device = f"/dev/mapper/{name}"
         status = parse_cryptsetup_status(
             run_tool(["cryptsetup", "status", name], f"stack {stack}: cryptsetup status").stdout
         )
         table = dm_table(name)
-        if missing := [f for f in applied if table is not None and f not in table.split()]:
-            notes.append(f"perf flags {missing} requested but not in the dm table")
+        options = [*applied, *(["allow_discards"] if discards else [])]
+        if missing := [f for f in options if table is not None and f not in table.split()]:
+            notes.append(f"dm-crypt options {missing} requested but not in the dm table")
         dump = luks_dump(below["device"], key_file, stack)
         log(f"  {stack}: {below['device']} -> {device} (dm-crypt {cipher}, flags {applied})")
         payload = {k: status.get(k) for k in ("offset_sectors", "size_sectors")}
@@ -285,6 +287,7 @@ class KernelBuilder:
             perf_flags_requested=list(layer.get("perf_flags") or []),
             perf_flags_applied=applied,
             perf_flags_skipped=skipped,
+            allow_discards=discards,
             mapper=device,
             payload_offset_sectors=status.get("offset_sectors"),
             cryptsetup_status=status,

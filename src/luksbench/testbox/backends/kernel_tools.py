@@ -90,9 +90,16 @@ def luks_dump(device: str | Path, key_file: str | Path, stack: str) -> str:
 
 
 def luks_open_argv(
-    device: str | Path, name: str, key_file: str | Path, perf_flags: list[str] | None = None
+    device: str | Path,
+    name: str,
+    key_file: str | Path,
+    perf_flags: list[str] | None = None,
+    allow_discards: bool = False,
 ) -> list[str]:
+    """``cryptsetup open``; ``allow_discards`` passes TRIM through to the device below, as
+    ceph-volume opens an encrypted OSD's device."""
     argv = ["cryptsetup", "open", "--type", "luks", *[f"--perf-{f}" for f in perf_flags or []]]
+    argv += ["--allow-discards"] if allow_discards else []
     return [*argv, "--key-file", str(key_file), str(device), name]
 
 

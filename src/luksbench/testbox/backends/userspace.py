@@ -160,6 +160,8 @@ def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: P
             f"perf flags {cfg['perf_flags']} skipped: they are dm-crypt options and the "
             "userspace backend does not use dm-crypt"
         )
+    if cfg.get("allow_discards"):
+        desc["notes"].append("allow_discards skipped: a dm-crypt open option (no dm-crypt here)")
     entry["key_file"] = str(write_key(Path(state["key_dir"]), name))
     write_json_atomic(state_path, state, mode=0o600)
     log(f"  {name}: luksFormat --type luks1 {cfg.get('cipher', 'aes-xts-plain64')}")
