@@ -166,6 +166,8 @@ def test_arms_on_an_existing_cluster_create_and_remove_only_their_image(short_tm
         assert not state_path.exists()
         assert daemons_now(cluster) == before
     finally:
+        if state_path.exists():  # a failure above left the arms' stacks up
+            stack_down(state_path)
         take_the_box(holder_plan, state_path)  # stack-down gave it back; our cluster goes too
         result = cephdown.cluster_down(cluster["dir"])
         lock.release(state_path)

@@ -1,17 +1,21 @@
 """Ceph arms in the plan without a cluster: an arm on an existing cluster (``conf``) cannot sit
 on osd layers (refused at plan time, saying why), arms sharing an OSD count its device once (and
-an OSD's device is its own), and the plan printout lists a shared OSD under its first arm only."""
+an OSD's device is its own), the plan printout lists a shared OSD under its first arm only, and
+a daemon of the run's cluster that exits stops fio at once, naming it."""
 
 from __future__ import annotations
 
 import copy
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from luksbench.formats.plan import PlanError
 from luksbench.studies import load_config
-from luksbench.testbox import ceph, cephstack
+from luksbench.testbox import ceph, cephrun, cephstack
+from luksbench.testbox.cephdown import start_time
 from luksbench.testbox.planbuild import check_plan, check_stacks, device_uses, plan_from_config
 from luksbench.testbox.planview import describe_plan
 from luksbench.testbox.sysutil import TestboxError
@@ -92,3 +96,23 @@ def test_the_printout_lists_a_shared_osd_under_its_first_arm_only(small_plan):
     )
     assert ceph.shared_osd_arm(small_plan, "luks-secure") == "luks"
     assert ceph.shared_osd_arm(small_plan, "plain") is None
+
+
+def test_a_daemon_that_exits_during_fio_stops_it_naming_the_daemon(tmp_path):
+    """A dead OSD of a size-1 pool makes librados wait forever: the watch ends fio at once."""
+    osd = subprocess.Popen(["sleep", "60"])
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "osd.3.log").write_text("heartbeat\nabort: disk gone\n")
+    daemon = {"tool": "ceph-osd", "id": "3", "pid": osd.pid, "started": start_time(osd.pid)}
+    cluster = {"dir": str(tmp_path), "daemons": [daemon]}
+    cephrun.check_daemons(cluster, "before the run")  # alive: fine
+    fio = subprocess.Popen(["sleep", "60"], start_new_session=True, text=True)
+    run = {"timeout": 60.0, "env": {}, "cluster": cluster}
+    osd.kill()
+    osd.wait()
+    t0 = time.monotonic()
+    with pytest.raises(TestboxError, match=r"osd\.3 \(pid \d+\) of the run's cluster exited"):
+        cephrun.communicate(fio, run)
+    assert time.monotonic() - t0 < 5 and fio.poll() is not None
+    with pytest.raises(TestboxError, match=r"osd\.3 log: heartbeat \| abort: disk gone"):
+        cephrun.check_daemons(cluster, "before the run")

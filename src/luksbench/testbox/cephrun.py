@@ -19,12 +19,14 @@ import time
 from pathlib import Path
 
 from luksbench.testbox.ceph import MODES, device_facts
-from luksbench.testbox.cephdown import load_cluster
+from luksbench.testbox.cephdown import load_cluster, start_time
 from luksbench.testbox.cephexisting import client_args
 from luksbench.testbox.sysutil import TestboxError, read_text, tool_env
 
 # Seconds fio gets beyond its runtime and ramp before its process group is killed.
 FIO_TIMEOUT_MARGIN_S = 60
+# How often the cluster's daemons are checked while fio runs.
+DAEMON_WATCH_S = 0.5
 PROBE_TIMEOUT_S = 30
 # A connection's line once it is ready: its mode and whether it has an rx/tx cipher.
 READY_LINE = re.compile(
@@ -175,6 +177,7 @@ def prepare_rbd_run(
     pool = next((p for p in cluster["pools"] if p["group"] == group), None)
     if pool is None:
         raise TestboxError(f"the cluster has no pool for OSD group {group!r}")
+    check_daemons(cluster, "before the run")
     if cluster.get("existing"):  # its OSDs are not ours: as the cluster reports them
         osd_ids, encryption = None, cluster["osd_reports"]
     else:
@@ -287,21 +290,62 @@ def prepare_entry_run(entry: dict, rep_path: Path, fio: dict) -> dict | None:
     return run
 
 
+def gone_daemons(cluster: dict) -> list[str]:
+    """Recorded daemons of the run's own cluster that are no longer running as the process that
+    was started ("osd.1 (pid 4242)"); an existing cluster's daemons are not ours to watch."""
+    gone = []
+    for d in cluster.get("daemons", []):
+        if not d.get("pid") or start_time(d["pid"]) != d.get("started"):
+            gone.append(f"{d['tool'].removeprefix('ceph-')}.{d['id']} (pid {d['pid']})")
+    return gone
+
+
+def check_daemons(cluster: dict, when: str) -> None:
+    """TestboxError naming every daemon of the cluster that went away (with its log's tail):
+    a dead OSD of a size-1 pool makes librados wait for it forever."""
+    gone = gone_daemons(cluster)
+    if gone:
+        tails = "\n".join(
+            f"{name.split()[0]} log: {_log_tail(cluster, name.split()[0])}" for name in gone
+        )
+        raise TestboxError(
+            f"Ceph daemon(s) {', '.join(gone)} of the run's cluster exited {when}; the run is "
+            f"stopped (its raw results so far are kept)\n{tails}"
+        )
+
+
+def _log_tail(cluster: dict, name: str, lines: int = 5) -> str:
+    text = read_text(Path(cluster["dir"]) / "log" / f"{name}.log") or "(no log)"
+    return " | ".join(text.splitlines()[-lines:])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
 def communicate(proc: subprocess.Popen, run: dict | None) -> tuple[str, str]:
     """``proc.communicate()``; for an RBD arm (``run`` from :func:`prepare_entry_run`) under its
-    hard timeout, past which fio's process group gets SIGKILL and TestboxError says why."""
+    hard timeout, past which fio's process group gets SIGKILL and TestboxError says why, and
+    watching the cluster's daemons: one that exits stops fio at once, naming it."""
     if run is None:
         return proc.communicate()
-    try:
-        return proc.communicate(timeout=run["timeout"])
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise TestboxError(
-            f"fio on the RBD arm did not finish within {run['timeout']:.0f} s (CEPH_ARGS "
-            f"{run['env'].get('CEPH_ARGS')!r}): killed its process group"
-        ) from None
+    deadline = time.monotonic() + run["timeout"]
+    while True:
+        try:
+            return proc.communicate(timeout=min(DAEMON_WATCH_S, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        if gone_daemons(run.get("cluster") or {}):
+            _kill_group(proc)
+            check_daemons(run["cluster"], "during fio's run")
+        if time.monotonic() >= deadline:
+            _kill_group(proc)
+            raise TestboxError(
+                f"fio on the RBD arm did not finish within {run['timeout']:.0f} s (CEPH_ARGS "
+                f"{run['env'].get('CEPH_ARGS')!r}): killed its process group"
+            )
 
 
 def finish_entry_run(run: dict) -> dict:

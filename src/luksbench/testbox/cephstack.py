@@ -200,7 +200,6 @@ def attach_existing(ceph_part: dict, state: dict, state_path: Path, described: d
     plan, arms = ceph_part["plan"], ceph_part["existing"]
     top = Path(state["scratch_dir"]) / cephexisting.EXISTING_DIR_NAME
     state["ceph"] = {"dir": str(top), "existing": True, "groups": [], "loop_over": []}
-    state["order"] = [plan["baseline"], *[s for s in plan["stacks"] if s != plan["baseline"]]]
     write_json_atomic(state_path, state, mode=0o600)
     image_mib = _image_mib({"arms": arms}, plan)
     cluster = cephexisting.existing_up(state["scratch_dir"], arms, image_mib)
@@ -216,6 +215,8 @@ def attach_existing(ceph_part: dict, state: dict, state_path: Path, described: d
         described[name] = _describe_arm(state, cluster, entry, cluster["osd_reports"])
         described[name]["cluster"] = {"fsid": cluster["fsid"], "existing": True}
         described[name]["conf"] = cluster["conf"]
+    # the arms join the run's order only now: teardown walks the order's STATE entries
+    state["order"] = [plan["baseline"], *[s for s in plan["stacks"] if s != plan["baseline"]]]
     write_json_atomic(state_path, state, mode=0o600)
     log(f"  ceph: {len(arms)} RBD arm(s) on the existing cluster of {cluster['conf']}")
     return described
