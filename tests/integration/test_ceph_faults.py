@@ -35,8 +35,8 @@ RESULTS = 4 * 2 * 2  # arms x cells x repetitions of config/ceph-small.yaml
 TARGET = f"data/processed/{RUN}/fio.parquet"
 
 
-def workflow_argv(*configs: str) -> list[str]:
-    argv = [str(BIN / "snakemake"), "--cores", "1", TARGET]
+def workflow_argv(*configs: str, run: str = RUN) -> list[str]:
+    argv = [str(BIN / "snakemake"), "--cores", "1", f"data/processed/{run}/fio.parquet"]
     return [*argv, "--configfile", "config/ceph-small.yaml", *configs]
 
 
@@ -198,7 +198,7 @@ def no_step_outlives_its_workflow(work: Path, timeout: float = 120) -> None:
 
 def test_an_osd_killed_during_fio_stops_the_run_naming_it(work):
     (work / "osdkill.yaml").write_text("run: cephosd\nfio: {runtime_s: 4, ramp_time_s: 0}\n")
-    argv = workflow_argv("osdkill.yaml")
+    argv = workflow_argv("osdkill.yaml", run="cephosd")
     killed: dict = {}
 
     def kill_an_osd(_snakemake: int) -> None:

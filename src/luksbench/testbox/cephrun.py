@@ -295,7 +295,9 @@ def gone_daemons(cluster: dict) -> list[str]:
     was started ("osd.1 (pid 4242)"); an existing cluster's daemons are not ours to watch."""
     gone = []
     for d in cluster.get("daemons", []):
-        if not d.get("pid") or start_time(d["pid"]) != d.get("started"):
+        stat = read_text(f"/proc/{d['pid']}/stat") if d.get("pid") else None
+        zombie = bool(stat) and stat.rpartition(")")[2].split()[:1] == ["Z"]
+        if not d.get("pid") or zombie or start_time(d["pid"]) != d.get("started"):
             gone.append(f"{d['tool'].removeprefix('ceph-')}.{d['id']} (pid {d['pid']})")
     return gone
 
