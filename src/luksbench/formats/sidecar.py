@@ -16,6 +16,8 @@ sample of the run's round, taken just before the round's first fio run, with the
 ``started`` (UTC) and ``round``. The session's manifest lists the same samples
 (``cpu_idle_samples``; each run names its own by ``cpu_idle_sample``), which the analysis reads.
 
+An RBD arm's run adds ``ceph`` (written by the runner from testbox/cephrun.finish_entry_run).
+
 Version 1 (no ``version``) is the same document; keys the reader does not use are kept.
 Standard library only: the test box imports this.
 """

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 from luksbench.testbox.cephdown import RECORD_NAME, cluster_down, start_time
+from luksbench.testbox.cephexisting import check_existing_layer, is_existing_arm
 from luksbench.testbox.sysutil import (
     TestboxError,
     log,
@@ -49,10 +50,11 @@ BLUESTORE_LABEL = b"bluestore block device"
 # The keys each Ceph layer kind reads (for plan.KIND_KEYS).
 CEPH_KIND_KEYS = {
     "osd": {"over"},
-    "rbd": {"over", "members", "mode", "image_mib", "pool", "image", "client", "secure_mode"},
+    "rbd": {"over", "members", "mode", "image_mib", "pool", "image", "client", "secure_mode"}
+    | {"conf", "keyring"},
 }
 # The schema's defaults of the Ceph keys (plan.SCHEMA_LAYER_DEFAULTS: another kind drops them).
-CEPH_SCHEMA_DEFAULTS = {"mode": "crc", "image_mib": 0}
+CEPH_SCHEMA_DEFAULTS = {"mode": "crc", "image_mib": 0, "conf": None, "keyring": None}
 
 
 def check_ceph_layer(layer: dict, where: str) -> list[str]:
@@ -67,7 +69,7 @@ def check_ceph_layer(layer: dict, where: str) -> list[str]:
             problems.append(f"{where}: an rbd layer sits on osd layers only")
         if layer.get("mode", "crc") not in MODES:
             problems.append(f"{where}.mode: {layer.get('mode')!r} is not one of {MODES}")
-    return problems
+    return problems + check_existing_layer(layer, where)
 
 
 def cluster_dir(scratch: str | Path) -> Path:
@@ -406,6 +408,23 @@ def layer_actions(layer: dict, target) -> list[str]:
     return []
 
 
+def shared_osd_arm(plan: dict, name: str) -> str | None:
+    """The arm printed before ``name`` (baseline first) over the same osd layers, whose OSDs,
+    pool and image ``name`` shares; None for the first arm of its OSD group or no Ceph arm."""
+    stack = plan["stacks"][name]
+    if not (is_cluster_layer(stack) and stack["kind"] == "rbd"):
+        return None
+    key = json.dumps(stack.get("over") or stack.get("members"), sort_keys=True)
+    base = plan["baseline"]
+    for other in [base, *[s for s in plan["stacks"] if s != base]]:
+        if other == name:
+            return None
+        below = plan["stacks"][other].get("over") or plan["stacks"][other].get("members")
+        if is_cluster_layer(plan["stacks"][other]) and json.dumps(below, sort_keys=True) == key:
+            return other
+    return None
+
+
 def osd_groups(plan: dict) -> list[list]:
     """The distinct sets of osd layers of the plan's arms (one OSD group each)."""
     found: dict[str, list] = {}
@@ -417,7 +436,18 @@ def osd_groups(plan: dict) -> list[list]:
 
 
 def plan_lines(plan: dict) -> list[str]:
-    """The plan printout's lines on the cluster the run builds (none when it builds none)."""
+    """The plan printout's lines on the cluster the run builds or uses (none without one)."""
+    existing = {n: s for n, s in plan["stacks"].items() if is_existing_arm(s)}
+    if existing:
+        images = sorted({f"{s['pool']}/{s['image']}" for s in existing.values()})
+        confs = sorted({s["conf"] for s in existing.values()})
+        return [
+            f"  ceph: arms {', '.join(existing)} use the existing cluster of {', '.join(confs)}: "
+            f"stack-up creates and prefills image(s) {', '.join(images)} (refused if one exists), "
+            "stack-down removes them; no daemon is started or stopped, nothing else is created",
+            "  ceph: every run's client mode is verified by a probe; the OSDs are that cluster's: "
+            "their encryption is not chosen here (an osd layer needs the cluster built here)",
+        ]
     groups = osd_groups(plan)
     if not groups:
         return []

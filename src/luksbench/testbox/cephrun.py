@@ -19,11 +19,14 @@ import time
 from pathlib import Path
 
 from luksbench.testbox.ceph import MODES, device_facts
-from luksbench.testbox.cephdown import load_cluster
+from luksbench.testbox.cephdown import load_cluster, start_time
+from luksbench.testbox.cephexisting import client_args
 from luksbench.testbox.sysutil import TestboxError, read_text, tool_env
 
 # Seconds fio gets beyond its runtime and ramp before its process group is killed.
 FIO_TIMEOUT_MARGIN_S = 60
+# How often the cluster's daemons are checked while fio runs.
+DAEMON_WATCH_S = 0.5
 PROBE_TIMEOUT_S = 30
 # A connection's line once it is ready: its mode and whether it has an rx/tx cipher.
 READY_LINE = re.compile(
@@ -85,7 +88,8 @@ def probe_mode(cluster: dict, pool: dict, mode: str, log_path: Path) -> dict:
     """Read a few blocks of ``pool``'s image with a client asking for ``mode`` and log level
     ``debug_ms=1``: which mode each connection (monitor, OSDs) used."""
     log_path.unlink(missing_ok=True)
-    env = client_env(cluster["conf"], mode, f"--debug_ms=1 --log_file={log_path}")
+    extra = f"{_client_args(cluster)} --debug_ms=1 --log_file={log_path}"
+    env = client_env(cluster["conf"], mode, extra.strip())
     bench = ["rbd", "-p", pool["name"], "bench", "--io-type", "read", "--io-size", "4K"]
     bench += ["--io-total", "256K", "--io-pattern", "rand", "--io-threads", "1", pool["image"]]
     t0 = time.monotonic()
@@ -107,10 +111,18 @@ def probe_mode(cluster: dict, pool: dict, mode: str, log_path: Path) -> dict:
     }
 
 
-def check_mode(probe: dict, osd_ids: list[int]) -> None:
-    """The monitor and every OSD of the pool answered in the asked mode (TestboxError names
-    the arm's mode and the one used)."""
+def _client_args(cluster: dict) -> str:
+    """CEPH_ARGS words for the clients of an existing cluster (keyring, client name)."""
+    return client_args(cluster) if cluster.get("existing") else ""
+
+
+def check_mode(probe: dict, osd_ids: list[int] | None) -> None:
+    """The monitor and every OSD of the pool (None: every OSD the probe reached, at least one:
+    an existing cluster's pool) answered in the asked mode (TestboxError names the arm's mode
+    and the one used)."""
     asked, seen = probe["asked"], probe["connections"]
+    if osd_ids is None:
+        osd_ids = [int(e.split(".")[1]) for e in seen if e.startswith("osd.")] or ["(any)"]
     wanted = ["mon", *(f"osd.{i}" for i in osd_ids)]
     for who in wanted:
         used = [m for e, m in seen.items() if e == who or (who == "mon" and e.startswith("mon."))]
@@ -165,13 +177,18 @@ def prepare_rbd_run(
     pool = next((p for p in cluster["pools"] if p["group"] == group), None)
     if pool is None:
         raise TestboxError(f"the cluster has no pool for OSD group {group!r}")
-    osd_ids = [o["id"] for o in cluster["osds"] if o["group"] == group]
-    encryption = check_encryption(cluster, group, encrypted)
+    check_daemons(cluster, "before the run")
+    if cluster.get("existing"):  # its OSDs are not ours: as the cluster reports them
+        osd_ids, encryption = None, cluster["osd_reports"]
+    else:
+        osd_ids = [o["id"] for o in cluster["osds"] if o["group"] == group]
+        encryption = check_encryption(cluster, group, encrypted)
     probe = probe_mode(cluster, pool, mode, log_path)
     check_mode(probe, osd_ids)
     record = {"pool": pool["name"], "image": pool["image"], "messenger_mode": mode}
     record.update(mode_probe=probe, osd_devices=encryption, daemon_modes=cluster["daemon_modes"])
-    return client_env(cluster["conf"], mode), record
+    record["existing_cluster"] = bool(cluster.get("existing"))
+    return client_env(cluster["conf"], mode, _client_args(cluster)), record
 
 
 def _peak_rss_bytes(pid: int) -> int | None:
@@ -232,7 +249,7 @@ def run_rbd_fio(
 def fio_target_for(entry: dict, client: str = "admin") -> list[str]:
     """fio's target options for an RBD arm's STATE entry (stack-up built its cluster)."""
     arm = entry["ceph"]
-    return fio_rbd_target({"name": arm["pool"], "image": arm["image"]}, client)
+    return fio_rbd_target({"name": arm["pool"], "image": arm["image"]}, arm.get("client", client))
 
 
 def run_entry_fio(
@@ -273,21 +290,64 @@ def prepare_entry_run(entry: dict, rep_path: Path, fio: dict) -> dict | None:
     return run
 
 
+def gone_daemons(cluster: dict) -> list[str]:
+    """Recorded daemons of the run's own cluster that are no longer running as the process that
+    was started ("osd.1 (pid 4242)"); an existing cluster's daemons are not ours to watch."""
+    gone = []
+    for d in cluster.get("daemons", []):
+        stat = read_text(f"/proc/{d['pid']}/stat") if d.get("pid") else None
+        zombie = bool(stat) and stat.rpartition(")")[2].split()[:1] == ["Z"]
+        if not d.get("pid") or zombie or start_time(d["pid"]) != d.get("started"):
+            gone.append(f"{d['tool'].removeprefix('ceph-')}.{d['id']} (pid {d['pid']})")
+    return gone
+
+
+def check_daemons(cluster: dict, when: str) -> None:
+    """TestboxError naming every daemon of the cluster that went away (with its log's tail):
+    a dead OSD of a size-1 pool makes librados wait for it forever."""
+    gone = gone_daemons(cluster)
+    if gone:
+        tails = "\n".join(
+            f"{name.split()[0]} log: {_log_tail(cluster, name.split()[0])}" for name in gone
+        )
+        raise TestboxError(
+            f"Ceph daemon(s) {', '.join(gone)} of the run's cluster exited {when}; the run is "
+            f"stopped (its raw results so far are kept)\n{tails}"
+        )
+
+
+def _log_tail(cluster: dict, name: str, lines: int = 5) -> str:
+    text = read_text(Path(cluster["dir"]) / "log" / f"{name}.log") or "(no log)"
+    return " | ".join(text.splitlines()[-lines:])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
 def communicate(proc: subprocess.Popen, run: dict | None) -> tuple[str, str]:
     """``proc.communicate()``; for an RBD arm (``run`` from :func:`prepare_entry_run`) under its
-    hard timeout, past which fio's process group gets SIGKILL and TestboxError says why."""
+    hard timeout, past which fio's process group gets SIGKILL and TestboxError says why, and
+    watching the cluster's daemons: one that exits stops fio at once, naming it."""
     if run is None:
         return proc.communicate()
-    try:
-        return proc.communicate(timeout=run["timeout"])
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise TestboxError(
-            f"fio on the RBD arm did not finish within {run['timeout']:.0f} s (CEPH_ARGS "
-            f"{run['env'].get('CEPH_ARGS')!r}): killed its process group"
-        ) from None
+    deadline = time.monotonic() + run["timeout"]
+    while True:
+        try:
+            return proc.communicate(timeout=min(DAEMON_WATCH_S, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        if gone_daemons(run.get("cluster") or {}):
+            _kill_group(proc)
+            check_daemons(run["cluster"], "during fio's run")
+        if time.monotonic() >= deadline:
+            _kill_group(proc)
+            raise TestboxError(
+                f"fio on the RBD arm did not finish within {run['timeout']:.0f} s (CEPH_ARGS "
+                f"{run['env'].get('CEPH_ARGS')!r}): killed its process group"
+            )
 
 
 def finish_entry_run(run: dict) -> dict:
@@ -297,7 +357,9 @@ def finish_entry_run(run: dict) -> dict:
     (``asked``, ``connections``: entity -> mode its connection used, ``probe_seconds``, ``log``:
     the probe client's log beside the rep, read-only); ``osd_devices`` (per OSD of the arm: its
     block device, backing file and ``encryption``, None for plain); ``daemon_modes`` (what the
-    daemons accept); ``seconds`` (fio's wall time); ``daemon_cpu_s`` (``ceph-osd.0``, ``ceph-mon.a``
+    daemons accept; None on an existing cluster); ``existing_cluster`` (true: a cluster
+    luksbench did not build; ``osd_devices`` then as its OSD metadata reports them, encryption
+    unknown, and ``daemon_cpu_s`` empty); ``seconds`` (fio's wall time); ``daemon_cpu_s`` (``ceph-osd.0``, ``ceph-mon.a``
     ...: user + system CPU seconds over the fio run, from /proc/<pid>/stat; None: the daemon
     went away or restarted; every daemon of the cluster, an idle other group's OSD near 0);
     ``daemon_peak_rss_bytes`` (VmHWM of each daemon so far)."""

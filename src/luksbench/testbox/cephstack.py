@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from luksbench.testbox import ceph, cephdown, safety
+from luksbench.testbox import ceph, cephdown, cephexisting, safety
 from luksbench.testbox.cephrun import check_encryption
 from luksbench.testbox.planbuild import MIB, first_layer
 from luksbench.testbox.sysutil import TestboxError, log, write_json_atomic
@@ -89,7 +89,11 @@ def ceph_folders(state: dict) -> list[str]:
 def tear_down_ceph(state: dict, actions: list[str], errors: list[str]) -> None:
     """Stop the run's cluster before the layers under its OSDs go."""
     for top in ceph_folders(state):
-        result = cephdown.cluster_down(top)
+        cluster = cephdown.load_cluster(top)
+        if cluster and cluster.get("existing"):  # only its images go; no daemon is touched
+            result = cephexisting.existing_down(cluster)
+        else:
+            result = cephdown.cluster_down(top)
         actions += result["actions"]
         errors += result["errors"]
     # loop devices the cluster's record had no time to name (a builder killed right after losetup)
@@ -99,6 +103,11 @@ def tear_down_ceph(state: dict, actions: list[str], errors: list[str]) -> None:
 def ceph_leftovers(state: dict) -> dict:
     left: dict[str, list] = {"pids": [], "sockets": [], "loop_devices": [], "folder": []}
     for top in ceph_folders(state):
+        cluster = cephdown.load_cluster(top)
+        if cluster and cluster.get("existing"):
+            left["images"] = cephexisting.existing_leftovers(cluster)["images"]
+            left["folder"].append(top)
+            continue
         for key, values in cephdown.cluster_leftovers(top).items():
             left[key] += values
     loops = safety.loop_devices_backed_by((state.get("ceph") or {}).get("loop_over") or [])
@@ -128,6 +137,9 @@ def split_plan(plan: dict) -> tuple[dict, dict | None]:
     same OSDs); the layers under the OSDs become stacks of their own for the backend, named
     ``<group>o<i>``; the arms themselves are added back once the cluster is up."""
     arms = {n: s for n, s in plan["stacks"].items() if is_ceph_arm(s)}
+    existing = {n: s for n, s in plan["stacks"].items() if cephexisting.is_existing_arm(s)}
+    if existing:
+        return _split_existing(plan, existing, arms)
     if not arms:
         return plan, None
     problems = []
@@ -161,10 +173,61 @@ def split_plan(plan: dict) -> tuple[dict, dict | None]:
     return backend_plan, ceph_part
 
 
+def _split_existing(plan: dict, existing: dict, arms: dict) -> tuple[dict, dict]:
+    """The backend builds the stacks beside the arms on an existing cluster (none, often)."""
+    problems = [p for n, s in existing.items() for p in check_existing(s, f"stacks.{n}")]
+    if arms:
+        problems.append(
+            f"stacks {sorted(existing)} use an existing cluster ('conf') and {sorted(arms)} the "
+            "cluster this run builds: measure them in separate runs"
+        )
+    if problems:
+        raise TestboxError("; ".join(problems))
+    others = {n: s for n, s in plan["stacks"].items() if n not in existing}
+    base = plan["baseline"] if plan["baseline"] in others else next(iter(others), None)
+    return {**plan, "stacks": others, "baseline": base}, {"plan": plan, "existing": existing}
+
+
+def check_existing(arm: dict, where: str) -> list[str]:
+    return cephexisting.check_existing_layer(arm, where) + (
+        [] if arm.get("mode", "crc") in ceph.MODES else [f"{where}.mode: not one of {ceph.MODES}"]
+    )
+
+
+def attach_existing(ceph_part: dict, state: dict, state_path: Path, described: dict) -> dict:
+    """After the backend built the other stacks: the arms' images on the existing cluster (its
+    record named in STATE before any is created), and the arms' STATE entries."""
+    plan, arms = ceph_part["plan"], ceph_part["existing"]
+    top = Path(state["scratch_dir"]) / cephexisting.EXISTING_DIR_NAME
+    state["ceph"] = {"dir": str(top), "existing": True, "groups": [], "loop_over": []}
+    write_json_atomic(state_path, state, mode=0o600)
+    image_mib = _image_mib({"arms": arms}, plan)
+    cluster = cephexisting.existing_up(state["scratch_dir"], arms, image_mib)
+    state["ceph"].update(fsid=cluster["fsid"], conf=cluster["conf"])
+    for name, arm in arms.items():
+        pool = next(p for p in cluster["pools"] if p["group"] == f"{arm['pool']}/{arm['image']}")
+        ceph_entry = {"group": pool["group"], "mode": arm.get("mode", "crc"), "encrypted": None}
+        ceph_entry.update(pool=pool["name"], image=pool["image"], cluster_dir=cluster["dir"])
+        ceph_entry["client"] = cluster["client"]
+        entry = {"stack": name, "kind": "rbd", "device": None, "device_type": "rbd"}
+        entry.update(size_bytes=image_mib * MIB, mountpoint=None, ceph=ceph_entry)
+        state["stacks"][name] = entry
+        described[name] = _describe_arm(state, cluster, entry, cluster["osd_reports"])
+        described[name]["cluster"] = {"fsid": cluster["fsid"], "existing": True}
+        described[name]["conf"] = cluster["conf"]
+    # the arms join the run's order only now: teardown walks the order's STATE entries
+    state["order"] = [plan["baseline"], *[s for s in plan["stacks"] if s != plan["baseline"]]]
+    write_json_atomic(state_path, state, mode=0o600)
+    log(f"  ceph: {len(arms)} RBD arm(s) on the existing cluster of {cluster['conf']}")
+    return described
+
+
 def attach_cluster(ceph_part: dict, state: dict, state_path: Path, described: dict) -> dict:
     """After the backend built the layers under the OSDs: those layers leave the run's stacks
     (STATE keeps them under ``ceph_layers`` for teardown), the cluster is built on them and the
     arms take their place. The arms' descriptions."""
+    if ceph_part.get("existing"):
+        return attach_existing(ceph_part, state, state_path, described)
     plan, groups = ceph_part["plan"], ceph_part["groups"]
     layers = {h: state["stacks"].pop(h) for g in groups for h in g["layers"]}
     state["ceph_layers"] = layers
@@ -207,7 +270,9 @@ def _describe_arm(state: dict, cluster: dict, entry: dict, osd_devices: list[dic
         "image": arm["image"],
         "osd_encrypted": arm["encrypted"],
         "osd_devices": osd_devices,
-        "cluster": {k: cluster[k] for k in ("fsid", "mon_seconds", "osd_seconds", "up_seconds")},
+        "cluster": {
+            k: cluster.get(k) for k in ("fsid", "mon_seconds", "osd_seconds", "up_seconds")
+        },
         "notes": [],
     }
 

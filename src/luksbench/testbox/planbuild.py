@@ -5,6 +5,7 @@ each layer kind's keys, defaults and resolution are :mod:`luksbench.testbox.laye
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from luksbench.formats.envdoc import env_plan, read_env
@@ -72,21 +73,33 @@ def plan_layers(plan: dict):
 
 
 def baseline_first(plan: dict) -> list[str]:
-    """The plan's stacks, baseline first, then the others in plan order."""
+    """The plan's stacks, baseline first, then the others in plan order (a backend's plan
+    holding only the stacks beside Ceph arms on an existing cluster may hold none)."""
     base = plan["baseline"]
-    return [base, *[s for s in plan["stacks"] if s != base]]
+    return [*[base][: base in plan["stacks"]], *[s for s in plan["stacks"] if s != base]]
 
 
 def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
     """Device name -> [(where, how)] for every reference in the stacks. ``how`` is the consumer:
-    ``md`` and ``fs`` claim a device exclusively, and so does anything below them; ``luks``,
-    ``linear`` and ``fio`` (raw/external arms) do not."""
+    ``md``, ``fs`` and ``osd`` claim a device exclusively, and so does anything below them;
+    ``luks``, ``linear`` and ``fio`` (raw/external arms) do not. An ``osd`` layer several Ceph
+    arms share is one OSD: its layers count once, at its first arm."""
     uses: dict[str, list[tuple[str, str]]] = {}
+    seen_osds: set[str] = set()
     for name, stack in plan["stacks"].items():
         # where -> (the exclusive claimer at or above that layer, its kind); a child's ``where``
         # is its parent's plus ".over" or ".members[i]"
         claims: dict[str, tuple[str | None, str]] = {}
+        shared: list[str] = []  # the ``where`` of osd layers an earlier arm already counted
         for where, layer in walk_layers(stack, f"stacks.{name}"):
+            if any(where.startswith(f"{w}.") for w in shared):
+                continue
+            if isinstance(layer, dict) and layer.get("kind") == "osd":
+                key = json.dumps(layer, sort_keys=True)
+                if key in seen_osds:
+                    shared.append(where)
+                    continue
+                seen_osds.add(key)
             exclusive, parent_kind = claims.get(where.rpartition(".")[0], (None, ""))
             if isinstance(layer, str):
                 uses.setdefault(layer, []).append((where, exclusive or parent_kind))
@@ -94,7 +107,7 @@ def device_uses(plan: dict) -> dict[str, list[tuple[str, str]]]:
             kind = layer["kind"]
             if kind in ("raw", "external") and "device" in layer:
                 uses.setdefault(layer["device"], []).append((where, exclusive or "fio"))
-            claims[where] = (exclusive or (kind if kind in ("md", "fs") else None), kind)
+            claims[where] = (exclusive or (kind if kind in ("md", "fs", "osd") else None), kind)
     return uses
 
 
@@ -197,7 +210,7 @@ def check_stacks(plan: dict, source: str = "plan") -> None:
         if isinstance(stack, str):
             raise PlanError(f"{source}: stacks.{name} must be a layer object, not a device name")
     for dev, uses in device_uses(plan).items():
-        exclusive = [w for w, how in uses if how in ("md", "fs")]
+        exclusive = [w for w, how in uses if how in ("md", "fs", "osd")]
         luks = [w for w, how in uses if how == "luks"]
         if len(luks) > 1:
             raise PlanError(
@@ -207,7 +220,7 @@ def check_stacks(plan: dict, source: str = "plan") -> None:
         if exclusive and len(uses) > 1:
             raise PlanError(
                 f"{source}: devices.{dev} is used by {', '.join(w for w, _ in uses)}; "
-                f"{', '.join(exclusive)} claim(s) it exclusively (md members and mounted "
+                f"{', '.join(exclusive)} claim(s) it exclusively (md members, OSDs and mounted "
                 "filesystems cannot share a device): give each its own device, or measure "
                 "them in separate runs"
             )

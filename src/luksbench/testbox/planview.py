@@ -60,6 +60,8 @@ def layer_layout(layer, devices: dict) -> str:
 
 def _actions(plan: dict, name: str) -> list[str]:
     """Destructive actions of one stack, bottom-up."""
+    if first := ceph.shared_osd_arm(plan, name):
+        return [f"nothing more: it measures the OSD(s), pool and image built for stack {first}"]
     devices = plan["devices"]
     run = plan["run"]
     out: list[str] = []
