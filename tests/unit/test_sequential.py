@@ -108,7 +108,7 @@ def test_sequential_plan_first_round_budget_and_worst_case(tmp_path):
     ]
     with pytest.raises(PlanError, match=r"adaptive.max_pairs .2. must be >= adaptive.min_pairs"):
         plan_from_config({**CONFIG, "adaptive": {**seq, "max_pairs": 2}}, "box1", tmp_path)
-    with pytest.raises(PlanError, match="sessions 2 .*too few sessions to estimate"):
+    with pytest.raises(PlanError, match=r"sessions 2 .*too few sessions to estimate"):
         plan_from_config({**CONFIG, "sessions": 2, "adaptive": seq}, "box1", tmp_path)
     with pytest.raises(PlanError, match=r"adaptive.min_pairs .3. must be >= sessions .4."):
         plan_from_config({**CONFIG, "sessions": 4, "adaptive": seq}, "box1", tmp_path)

@@ -19,7 +19,7 @@ def test_looks_after_whole_cycles_at_bonferroni_levels():
     assert cycle_looks(4, 11, 3) == [6, 9]
     levels = session_look_levels(0.95, 4, 11, 3)
     assert set(levels) == set(range(4, 12)) and set(levels.values()) == {1 - 0.05 / 2}
-    with pytest.raises(ValueError, match="no whole cycle of 3 sessions.*max_pairs to >= 6"):
+    with pytest.raises(ValueError, match=r"no whole cycle of 3 sessions.*max_pairs to >= 6"):
         cycle_looks(4, 5, 3)
 
 
