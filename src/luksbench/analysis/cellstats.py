@@ -94,7 +94,8 @@ def cell_stats(cell: CellData, settings: TestSettings, prior: eb.Prior | None = 
     ``pilot_pairs`` n0 (an adaptive cell whose N came from a pilot SD: the SD of the usable pairs
     among reps 1..n0), "none" with fewer than two of those (a t-interval after a pilot-chosen N
     under-covers); "sequential" with ``look_confidence`` (everything at that level, the p-value
-    Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks); else "t".
+    Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks), over
+    sessions too when there are (:func:`_sequential_sessions`, ``covers`` sessions); else "t".
     ``prior``: a "sessions" interval rests on the variance of the session means moderated by it
     (:mod:`luksbench.analysis.moderated`; ``moderated``, ``prior_df``, ``interval_df``).
     ``all_or_none`` (net CPU metrics): a value <= 0 on either side leaves no pair usable, as
