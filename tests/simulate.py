@@ -632,3 +632,58 @@ def sequential_run(
         write_raw_reps(raw, logs, [range(1, n + 1) for n in pairs], unsettled=unsettled)
     loss = pd.read_csv(io.StringIO(cli("loss", raw, "--metric", "bw_bytes")))
     return loss.sort_values("iodepth").reset_index(drop=True), doc, rounds
+
+
+def sequential_sessions_run(
+    tmp_path, rng, sd_d, true_loss, rho, sessions=3, sd_session=0.5, min_pairs=3, cap=12
+):
+    """The sequential design over ``sessions`` sessions, round by round through ``luksbench
+    next`` until done, then ``luksbench loss``; returns (loss rows, targets doc, rounds).
+
+    Each round measures one pair of every continuing cell in the next session (round r in
+    session (r - 1) mod k, so a cell's pair r is its round r): d drifts as AR(1) with
+    coefficient ``rho`` across the rounds (:func:`drifting_logs`), and each session shifts a
+    cell's d by its own N(0, ``sd_session`` sd(d)). The manifest records every result's session
+    and the planned ``sessions``, as the runner writes them."""
+    import io
+    import json
+
+    cells = sd_d.size
+    lb, lv = drifting_logs(rng, cells, cap, sd_d, np.log1p(-true_loss / 100), rho)
+    slot = np.arange(cap) % sessions
+    shift = rng.normal(0, 1, (cells, sessions)) * (sd_session * sd_d)[:, None]
+    logs = {"plain": lb + 18, "luks": lv + 18 + shift[:, slot]}
+    raw = tmp_path / "seqsessions"
+    targets = raw / SIM_HOST / "fio" / "targets.json"
+    pairs, rounds, doc = [1] * cells, 0, {}
+    while rounds <= 3 * cap:  # a stopped cell may resume when the pooled drift changes
+        rounds += 1
+        write_raw_reps(raw, logs, [range(1, n + 1) for n in pairs])
+        _sessions_manifest(raw, pairs, sessions)
+        cli(
+            *("next", raw, "--host", SIM_HOST, "--baseline", "plain", "--variant", "luks"),
+            *("--min-pairs", min_pairs, "--max-pairs", cap, "--out", targets),
+        )
+        doc = json.loads(targets.read_text())
+        if doc["done"]:
+            break
+        pairs = [doc["pairs"][sim_workload(w)] for w in range(cells)]
+    loss = pd.read_csv(io.StringIO(cli("loss", raw, "--metric", "bw_bytes")))
+    return loss.sort_values("iodepth").reset_index(drop=True), doc, rounds
+
+
+def _sessions_manifest(raw, pairs, sessions: int) -> None:
+    """The manifest of a run whose pair k was measured in session (k - 1) mod ``sessions``."""
+    import json
+
+    runs = [
+        {"rep": k, "stack": stack, "workload": sim_workload(w), "session": f"s{(k - 1) % sessions}"}
+        | {"path": f"fio/{stack}/{sim_workload(w)}/rep{k}.json", "status": "ok"}
+        for stack in ("plain", "luks")
+        for w, n in enumerate(pairs)
+        for k in range(1, n + 1)
+    ]
+    doc = {"run": "sim", "host": SIM_HOST, "sessions": sessions, "runs": runs}
+    path = raw / SIM_HOST / "fio" / "manifest.json"
+    path.unlink(missing_ok=True)
+    path.write_text(json.dumps(doc))

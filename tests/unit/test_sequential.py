@@ -108,8 +108,12 @@ def test_sequential_plan_first_round_budget_and_worst_case(tmp_path):
     ]
     with pytest.raises(PlanError, match=r"adaptive.max_pairs .2. must be >= adaptive.min_pairs"):
         plan_from_config({**CONFIG, "adaptive": {**seq, "max_pairs": 2}}, "box1", tmp_path)
-    with pytest.raises(PlanError, match="one session"):
+    with pytest.raises(PlanError, match=r"sessions 2 .*too few sessions to estimate"):
         plan_from_config({**CONFIG, "sessions": 2, "adaptive": seq}, "box1", tmp_path)
+    with pytest.raises(PlanError, match=r"adaptive.min_pairs .3. must be >= sessions .4."):
+        plan_from_config({**CONFIG, "sessions": 4, "adaptive": seq}, "box1", tmp_path)
+    with_sessions = plan_from_config({**CONFIG, "sessions": 3, "adaptive": seq}, "b", tmp_path)
+    assert with_sessions["sessions"] == 3 and with_sessions["adaptive"]["mode"] == "sequential"
 
 
 def test_measurement_is_final_only_when_the_last_look_stopped_every_cell(tmp_path):

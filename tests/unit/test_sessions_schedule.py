@@ -97,3 +97,19 @@ def test_half_pairs_are_the_pairs_some_stack_lacks():
         }
     )
     assert list(half_pairs(fio)) == [("h", "w", "a", 2)]
+
+
+def test_one_session_tops_up_the_targets_in_the_current_stack_up_only():
+    """A round of the sequential design over sessions: the targets count the pairs of all
+    sessions together; this stack-up measures the shortfall alone, another has nothing to do."""
+    plan = {**PLAN, "sessions": 3}
+    first = session_pairs(plan, dict.fromkeys(CELLS, 1), {}, "a", one_session=True)
+    assert first == {c: [1] for c in CELLS}  # one pair per round, not the plan's 3
+    existing = measured(first, "a")
+    targets = {"randread-4k-qd1": 2, "randread-4k-qd32": 1}
+    second = session_pairs(plan, targets, existing, "b", one_session=True)
+    assert second == {"randread-4k-qd1": [2], "randread-4k-qd32": []}
+    existing = measured(second, "b", existing)
+    assert session_pairs(plan, targets, existing, "c", one_session=True) == {c: [] for c in CELLS}
+    # without it the same targets open a further stack-up of the plan's 3 pairs per session
+    assert session_pairs(plan, targets, existing, "c")["randread-4k-qd1"] == [3, 4, 5]

@@ -94,7 +94,8 @@ def cell_stats(cell: CellData, settings: TestSettings, prior: eb.Prior | None = 
     ``pilot_pairs`` n0 (an adaptive cell whose N came from a pilot SD: the SD of the usable pairs
     among reps 1..n0), "none" with fewer than two of those (a t-interval after a pilot-chosen N
     under-covers); "sequential" with ``look_confidence`` (everything at that level, the p-value
-    Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks); else "t".
+    Bonferroni-adjusted over the K = (1 - confidence) / (1 - look_confidence) looks), over
+    sessions too when there are (:func:`_sequential_sessions`, ``covers`` sessions); else "t".
     ``prior``: a "sessions" interval rests on the variance of the session means moderated by it
     (:mod:`luksbench.analysis.moderated`; ``moderated``, ``prior_df``, ``interval_df``).
     ``all_or_none`` (net CPU metrics): a value <= 0 on either side leaves no pair usable, as
@@ -117,8 +118,12 @@ def cell_stats(cell: CellData, settings: TestSettings, prior: eb.Prior | None = 
     d, bu, vu, su = d_all[use], b[ok][use], v[ok][use], sessions[ok][use]
     means, sd_within, sd_between = session_components(d, su)
     two_level = sessions_planned >= 2 and means.size >= 2
-    pilot, valid, scale = None, True, None
-    if two_level:  # every estimate from the session means
+    sequential = look_confidence > 0
+    level = look_confidence if sequential else confidence
+    pilot, valid, scale, inflation = None, True, None, math.nan
+    if two_level and sequential:  # the sessions interval, or the pairs' drift-widened if wider
+        d, bu, vu, scale, inflation = _sequential_sessions(means, su, d, bu, vu, prior, cell, level)
+    elif two_level:  # every estimate from the session means
         d, bu, vu, scale = _session_level(means, su, bu, vu, prior)
     elif cell.pilot_pairs >= 2:
         pilot = _pilot_scale(d_all[reps[ok] <= cell.pilot_pairs])
@@ -127,8 +132,6 @@ def cell_stats(cell: CellData, settings: TestSettings, prior: eb.Prior | None = 
     withheld, carried = _shared_baseline(not two_level and cell.shared_baseline, pilot, d, bu, vu)
     scale = carried or scale
     valid = valid and not withheld
-    sequential = not two_level and look_confidence > 0
-    level = look_confidence if sequential else confidence
     looks = (1 - confidence) / (1 - level)  # the p-value's scale: K under Bonferroni, else 1
     ci = paired_log_ratio_ci(d, level, pilot or scale)
     if not valid:
@@ -139,7 +142,8 @@ def cell_stats(cell: CellData, settings: TestSettings, prior: eb.Prior | None = 
     kind = "withheld" if withheld else kind
     one += " and its idle baseline's error, carried" if carried else ""
     widens = kind in ("t", "sequential")
-    inflation = drift.cell_inflation(*cell.drift_fit, ci.n) if widens else math.nan
+    if widens and not two_level:
+        inflation = drift.cell_inflation(*cell.drift_fit, ci.n)
     basis = Basis(
         ci, d, bu, vu, pilot or scale, valid, cell.better_high, level, settings.margin_pct
     )
@@ -192,6 +196,23 @@ def _session_level(means, sessions, bu, vu, prior) -> tuple:
         var, df = eb.posterior(float(means.var(ddof=1)), means.size - 1, prior)
         scale = (math.sqrt(var), df + 1) if math.isfinite(var) else None
     return means, bu, vu, scale
+
+
+def _sequential_sessions(means, sessions, d, bu, vu, prior, cell: CellData, level: float):
+    """(d, baseline, variant, scale, drift inflation) of a sequential look over sessions: the
+    sessions interval (:func:`_session_level`, moderated with a ``prior``) unless the pairs'
+    t-interval widened by the drift of d across rounds (``cell.drift_fit``) is wider at the
+    look's ``level``. Rounds cycle the sessions, so each session's mean spans the whole run and
+    drift across rounds barely shows between them; over pairs it is priced by the widening."""
+    m, bm, vm, scale = _session_level(means, sessions, bu, vu, prior)
+    inflation = drift.cell_inflation(*cell.drift_fit, d.size)
+    over_sessions = paired_log_ratio_ci(m, level, scale)
+    over_pairs = paired_log_ratio_ci(d, level)
+    half_sessions = over_sessions.high - over_sessions.low
+    half_pairs = (over_pairs.high - over_pairs.low) * math.sqrt(max(inflation, 1.0))
+    if half_pairs > half_sessions:
+        return d, bu, vu, None, inflation
+    return m, bm, vm, scale, 1.0
 
 
 def _pilot_scale(d_pilot: np.ndarray) -> tuple[float, int] | None:

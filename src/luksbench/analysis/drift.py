@@ -86,6 +86,36 @@ def pooled_rho(series) -> tuple[float, bool]:
     return rho, bool(z > sps.norm.isf(DETECT_ALPHA))
 
 
+def cycled_lag1(rho: np.ndarray, k: int) -> np.ndarray:
+    """Lag-1 autocorrelation of the lag-``k`` differences d_t - d_{t-k} of an AR(1) series with
+    coefficient ``rho`` (k >= 2): (2 rho - rho^(k-1) - rho^(k+1)) / (2 (1 - rho^k))."""
+    rho = np.asarray(rho, float)
+    return (2 * rho - rho ** (k - 1) - rho ** (k + 1)) / (2 * (1 - rho**k))
+
+
+def pooled_rho_cycled(series, k: int) -> tuple[float, bool]:
+    """:func:`pooled_rho` for rounds that cycle ``k`` >= 2 sessions (pair t in session t mod k):
+    each session's own shift of d would read as negative autocorrelation, so the fit rests on
+    the lag-k differences (same session, the shift gone): their pooled lag-1 ratio (mean 0
+    known, no centring) matched to :func:`cycled_lag1`. Without drift the differences are
+    uncorrelated at lag 1 (the ratio of the mean product to the mean square); the products correlate 1/4 at lag k, so the ratio's null variance is
+    1.5 / (products pooled). NaN, False without a series longer than k + 1."""
+    num = den = 0.0
+    products = terms = 0
+    for d in series:
+        diff = np.asarray(d, float)[k:] - np.asarray(d, float)[:-k] if len(d) > k + 1 else None
+        if diff is None:
+            continue
+        num += float(diff[1:] @ diff[:-1])
+        den += float(diff @ diff)
+        products, terms = products + diff.size - 1, terms + diff.size
+    if products == 0 or den <= 0:
+        return math.nan, False
+    observed = (num / products) / (den / terms)  # per product over per square: no length bias
+    rho = float(RHO_GRID[np.argmin(np.abs(cycled_lag1(RHO_GRID, k) - observed))])
+    return rho, bool(observed / math.sqrt(1.5 / products) > sps.norm.isf(DETECT_ALPHA))
+
+
 def variance_inflation(rho: float, n: int) -> float:
     """Factor on the t-interval's variance s^2 / n that makes it the mean's under AR(1) drift
     ``rho`` with ``n`` pairs: V (n - 1) / (n - V), V = 1 + 2 sum_{k<n} (1 - k/n) rho^k; 1 for

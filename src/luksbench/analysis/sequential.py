@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,51 @@ def look_confidence(confidence: float, min_pairs: int, max_pairs: int) -> float:
     if not 2 <= min_pairs <= max_pairs:
         raise ValueError(f"need 2 <= min_pairs <= max_pairs, not {min_pairs}, {max_pairs}")
     return 1 - (1 - confidence) / (max_pairs - min_pairs + 1)
+
+
+def cycle_looks(min_pairs: int, max_pairs: int, sessions: int) -> list[int]:
+    """The looks of a sequential design over ``sessions`` k >= 2: after whole cycles of the
+    rounds (a pair in every session), at n = k j pairs, min_pairs <= n <= max_pairs."""
+    looks = [n for n in range(sessions, max_pairs + 1, sessions) if n >= min_pairs]
+    if not looks:
+        raise ValueError(
+            f"no whole cycle of {sessions} sessions between min_pairs {min_pairs} and "
+            f"max_pairs {max_pairs}: raise max_pairs to >= {sessions * -(-min_pairs // sessions)}"
+        )
+    return looks
+
+
+def session_look_levels(
+    confidence: float, min_pairs: int, max_pairs: int, sessions: int
+) -> dict[int, float]:
+    """Pairs n -> level of the look at n with sessions: Bonferroni over the K whole-cycle looks
+    (:func:`cycle_looks`), 1 - (1 - confidence) / K at every n. The calibrated boundaries
+    (Pocock, O'Brien-Fleming) assume independent increments (the look statistics a Brownian
+    motion in the pairs); a look over session means does not have them (each look re-estimates
+    every session's mean and the between-session variance from k - 1 degrees of freedom), so
+    only Bonferroni's bound, which holds for any dependence between the looks, is used."""
+    k = len(cycle_looks(min_pairs, max_pairs, sessions))
+    return dict.fromkeys(range(min_pairs, max_pairs + 1), 1 - (1 - confidence) / k)
+
+
+def planned_sessions(fio: pd.DataFrame) -> int:
+    """Sessions the manifests of the run plan (ingest's ``sessions_planned``; 1 without)."""
+    if not len(fio) or "sessions_planned" not in fio.columns:
+        return 1
+    return int(pd.to_numeric(fio["sessions_planned"], errors="coerce").fillna(1).max())
+
+
+def whole_cycles(fio: pd.DataFrame, sessions: int) -> pd.Series:
+    """Per workload: whether every one of the ``sessions`` sessions holds the same number of
+    usable pairs (pairs fio did not flag), i.e. the rounds stand after a whole cycle."""
+    if not len(fio) or "session" not in fio.columns:
+        return pd.Series(dtype=bool)
+    bad = stats._rep_flags(fio).any(axis=1)
+    flagged = set(zip(fio.loc[bad, "workload"], fio.loc[bad, "rep"], strict=True))
+    reps = fio[["workload", "rep", "session"]].drop_duplicates(["workload", "rep"])
+    reps = reps[[(w, r) not in flagged for w, r in zip(reps["workload"], reps["rep"], strict=True)]]
+    counts = reps.groupby("workload")["session"].agg(lambda s: s.value_counts().tolist())
+    return counts.map(lambda c: len(c) == sessions and len(set(c)) == 1)
 
 
 def device_seconds(fio: pd.DataFrame) -> pd.DataFrame:
@@ -103,10 +149,20 @@ def next_round(
 ) -> dict:
     """Decide every cell of ``host`` from its pairs so far and write the next round's targets to
     ``out`` (workload id -> pairs wanted so far); ``budget_s`` 0: no budget, the cap bounds it.
-    ``boundary``: the level of each look (:data:`luksbench.analysis.boundary.BOUNDARIES`)."""
-    levels = boundaries.look_levels(boundary, confidence, min_pairs, max_pairs)
-    level_at = lambda n: levels[min(max(int(n), min_pairs), max_pairs)]  # noqa: E731
+    ``boundary``: the level of each look (:data:`luksbench.analysis.boundary.BOUNDARIES`).
+
+    With sessions k >= 2 (the manifests' ``sessions``) the rounds cycle the sessions, one pair
+    of each continuing cell per round: a cell is looked at only after whole cycles (every
+    session the same number of pairs), with the sessions interval at Bonferroni's level over
+    those looks (:func:`session_look_levels`; ``boundary`` is then not used)."""
     fio = fio[fio["host"] == host] if len(fio) else fio
+    sessions = planned_sessions(fio)
+    if sessions >= 2:
+        levels = session_look_levels(confidence, min_pairs, max_pairs, sessions)
+        boundary = "bonferroni"
+    else:
+        levels = boundaries.look_levels(boundary, confidence, min_pairs, max_pairs)
+    level_at = lambda n: levels[min(max(int(n), min_pairs), max_pairs)]  # noqa: E731
     comparisons = [tuple(p) for p in comparisons]
     looks = pd.DataFrame(columns=["n"])
     pair_s = pd.DataFrame(columns=["host", "workload", "rep", "seconds"])
@@ -124,34 +180,21 @@ def next_round(
     measured = pair_s.groupby("workload")["rep"].max()
     flagged = flagged_reps(fio)
     remaining = budget_s - spent if budget_s > 0 else math.inf
+    rules = _Design(min_pairs, max_pairs, sessions, whole_cycles(fio, sessions), metric)
     per_cell, queue = {}, []
     for w in sorted(set(cells or ()) | set(looks.index)):
         c = looks.loc[w] if w in looks.index else None
         # pairs on disk: a pair without a usable value of the metric still counts as measured;
         # one fio flagged does not (the loss table leaves it out): the next round replaces it
-        on_disk, bad = int(measured.get(w, 0)), int(flagged.get(w, 0))
-        n = max(int(c["n"]) if c is not None else 0, on_disk - bad)
-        cell = {"n": n, "pairs": on_disk + max(0, min_pairs - n), "flagged_pairs": bad}
-        if c is not None and n >= 2:
-            cell.update(decision=c["decision"], ci_low=round(float(c["low"]), 4))
-            cell.update(ci_high=round(float(c["high"]), 4))
-        if on_disk >= 2 * max_pairs and n < max_pairs:  # replacements are bounded too
-            cell.update(pairs=on_disk, why=f"stop: {bad} of {on_disk} pairs flagged by fio")
-        elif n < min_pairs:
-            cell["why"] = f"continue: {n} of min_pairs {min_pairs} pairs"
-        elif c is None:
-            cell["why"] = f"stop: no usable pairs of {metric}"
-        elif not c["undecided"]:
-            cell["why"] = f"stop: decided ({c['decision']})"
-        elif n >= max_pairs:
-            cell["why"] = f"stop: undecided at max_pairs {max_pairs}"
-        else:
+        cell, reserve = _cell_state(rules, w, c, int(measured.get(w, 0)), int(flagged.get(w, 0)))
+        remaining -= reserve * float(cost.get(w, 0.0))  # a cycle once begun is finished
+        if "why" not in cell:  # undecided between looks: another cycle while the budget lasts
             queue.append((-float(np.nan_to_num(c["closeness"], nan=0.0)), w))
         per_cell[w] = cell
     for _, w in sorted(queue):  # closest to a decision first, while the budget lasts
-        pair = float(cost.get(w, 0.0))
-        if pair <= remaining:
-            remaining -= pair
+        cycle = float(cost.get(w, 0.0)) * sessions  # one more pair in every session
+        if cycle <= remaining:
+            remaining -= cycle
             per_cell[w].update(pairs=per_cell[w]["pairs"] + 1, why="continue: undecided")
         else:
             per_cell[w]["why"] = "stop: budget spent"
@@ -159,10 +202,51 @@ def next_round(
         cell["look_confidence"] = level_at(cell["pairs"] - cell["flagged_pairs"])
     design = (min_pairs, max_pairs, boundary, levels)
     doc = _document(host, metric, comparisons, confidence, design, per_cell)
-    doc.update(budget_s=budget_s, spent_s=round(spent, 1))
+    doc.update(budget_s=budget_s, spent_s=round(spent, 1), sessions=sessions)
     doc["looks"] = _history(Path(out), per_cell)
     write_targets(Path(out), doc)
     return doc
+
+
+@dataclass(frozen=True)
+class _Design:
+    """What a cell's state at a look depends on besides its own pairs."""
+
+    min_pairs: int
+    max_pairs: int
+    sessions: int
+    whole: pd.Series  # per workload: the rounds stand after a whole cycle (sessions >= 2)
+    metric: str
+
+
+def _cell_state(design: _Design, w: str, c, on_disk: int, bad: int) -> tuple[dict, int]:
+    """(the cell's entry, pairs reserved to finish its cycle) from its look ``c`` (None: no
+    interval); an entry without ``why`` is undecided and queued for the budget."""
+    n = max(int(c["n"]) if c is not None else 0, on_disk - bad)
+    k = design.sessions
+    last = cycle_looks(design.min_pairs, design.max_pairs, k)[-1] if k >= 2 else design.max_pairs
+    # with sessions one pair per round (each round one session), else the first look's at once
+    start = 1 if k >= 2 else design.min_pairs - n
+    cell = {"n": n, "pairs": on_disk + max(0, start if n < design.min_pairs else 0)}
+    cell["flagged_pairs"] = bad
+    if c is not None and n >= 2:
+        cell.update(decision=c["decision"], ci_low=round(float(c["low"]), 4))
+        cell.update(ci_high=round(float(c["high"]), 4))
+    mid_cycle = k >= 2 and n >= design.min_pairs and not bool(design.whole.get(w, False))
+    if on_disk >= 2 * design.max_pairs and n < last:  # replacements are bounded too
+        cell.update(pairs=on_disk, why=f"stop: {bad} of {on_disk} pairs flagged by fio")
+    elif n < design.min_pairs:
+        cell["why"] = f"continue: {n} of min_pairs {design.min_pairs} pairs"
+    elif mid_cycle:
+        cell.update(pairs=on_disk + 1, why=f"continue: within a cycle of {k} sessions")
+        return cell, -n % k
+    elif c is None:
+        cell["why"] = f"stop: no usable pairs of {design.metric}"
+    elif not c["undecided"]:
+        cell["why"] = f"stop: decided ({c['decision']})"
+    elif n >= last:
+        cell["why"] = f"stop: undecided at max_pairs {design.max_pairs}"
+    return cell, 0
 
 
 def _at_looks(fio: pd.DataFrame, level_at) -> pd.DataFrame:
@@ -205,7 +289,9 @@ def _document(host, metric, comparisons, confidence, design, per_cell):
             "all K = max_pairs - min_pairs + 1 looks of a cell hold together at the confidence: "
             "valid at any stopping time), widened by the drift of d the loss table finds; a "
             "cell stops when every row of the metric is decided by magnitude, at max_pairs, or "
-            "when the budget is spent"
+            "when the budget is spent; with sessions k >= 2 the rounds cycle the sessions, "
+            "looks only after whole cycles, each the sessions interval (or the pairs' "
+            "drift-widened one where wider) at Bonferroni's level over the whole-cycle looks"
         ),
         "boundary": boundary,
         "look_levels": {str(n): level for n, level in levels.items()},

@@ -284,8 +284,12 @@ def loss_table(
     groups = paired.groupby([*CELL_KEYS, "metric"], sort=True, dropna=False).indices
     # drift: d of every cell in the order measured, pooled per host and metric
     ok = usable_pairs(base_v, var_v)
-    series = {k: np.log(var_v[p][ok[p]] / base_v[p][ok[p]]) for k, p in groups.items()}
+    # in rep order, the order measured (pairs come sorted by session, and the sequential
+    # design's rounds cycle the sessions)
+    in_time = {k: p[np.argsort(reps[p], kind="stable")] for k, p in groups.items()}
+    series = {k: np.log(var_v[p][ok[p]] / base_v[p][ok[p]]) for k, p in in_time.items()}
     drift_fits = drift.pooled_by(series, lambda key: (key[0], key[-1]))
+    drift_fits |= _cycled_drift(series, planned, levels)
     settings = TestSettings(confidence, equivalence_margin_pct, exclude_outliers)
     rows, calls = [], []
     for key, pos in groups.items():
@@ -333,6 +337,18 @@ def loss_table(
         table = table.assign(_m=table["metric"].map({m: i for i, m in enumerate(metrics)}))
         table = table.sort_values(keys).drop(columns="_m").reset_index(drop=True)
     return with_dtypes(table, LOSS_DTYPES)
+
+
+def _cycled_drift(series: dict, planned, levels: dict) -> dict:
+    """(host, metric) -> :func:`drift.pooled_rho_cycled` for the hosts of a sequential design
+    over sessions (their rounds cycle the sessions: a look level and ``sessions_planned`` >= 2)."""
+    sequential = {host for (host, _), level in levels.items() if level > 0}
+    cycled = {h: int(planned.get(h, 1)) for h in sequential if int(planned.get(h, 1)) >= 2}
+    members: dict = {}
+    for key, d in series.items():
+        if key[0] in cycled:
+            members.setdefault((key[0], key[-1]), []).append(d)
+    return {g: drift.pooled_rho_cycled(ds, cycled[g[0]]) for g, ds in members.items()}
 
 
 def _moderate_sessions(rows: list[dict], cells: list[CellData], settings: TestSettings) -> None:

@@ -186,10 +186,24 @@ def check_run_options(plan: dict, source: str = "plan") -> None:
             raise PlanError(
                 f"{source}: adaptive.max_pairs ({cap}) must be >= adaptive.{first} ({n0})"
             )
-        if sequential and int(plan["sessions"]) > 1:
-            raise PlanError(
-                f"{source}: adaptive.mode sequential measures one session (sessions: 1)"
-            )
+        if sequential:
+            check_sequential_sessions(int(plan["sessions"]), n0, source)
+
+
+def check_sequential_sessions(sessions: int, min_pairs: int, source: str = "plan") -> None:
+    """The sequential design with sessions: k >= 3 sessions (two give one degree of freedom for
+    the between-session variance: intervals too wide to decide, the plan's k = 2 warning) and
+    ``adaptive.min_pairs`` >= k (the first look needs a pair in every session)."""
+    if sessions == 2:
+        raise PlanError(
+            f"{source}: sessions 2 with adaptive.mode sequential: too few sessions to estimate "
+            "the between-session variance (one degree of freedom); use sessions 1 or >= 3"
+        )
+    if sessions >= 3 and min_pairs < sessions:
+        raise PlanError(
+            f"{source}: adaptive.min_pairs ({min_pairs}) must be >= sessions ({sessions}) with "
+            "adaptive.mode sequential: the first look needs a pair in every session"
+        )
 
 
 # Keys whose change makes measurements incomparable

@@ -51,13 +51,16 @@ def session_pairs(
     targets: dict[str, int] | None,
     existing: dict[tuple[str, int], dict[str, str]],
     session: str | None,
+    one_session: bool = False,
 ) -> dict[str, list[int]]:
     """The pairs (rep numbers) each cell runs in ``session``, the current stack-up.
 
     ``existing``: (cell, rep) -> {stack: session that measured it}. A pair measured half in
     another session is never completed here (other devices, keys, preconditioning): the cell gets
     a new pair number. A session holds at most a cell's per-session pairs, all sessions together
-    ``sessions`` times that."""
+    ``sessions`` times that. ``one_session`` (a round of the sequential design over sessions):
+    the targets are the cell's pairs in all sessions together, and this session tops up the
+    shortfall alone (no further stack-up: the rounds cycle the sessions)."""
     stacks = set(baseline_first(plan))
     per_session = cell_repetitions(plan, targets)
     sessions = int(plan.get("sessions", 1))
@@ -69,7 +72,11 @@ def session_pairs(
             set(by) >= stacks and len(set(by.values())) == 1 and session not in by.values()
             for by in reps.values()
         )
-        wanted = min(per_session[w.id], sessions * per_session[w.id] - elsewhere)
+        if one_session:  # the target as it is: a round's first pairs may be fewer than the plan's
+            total = int((targets or {}).get(w.id, per_session[w.id]))
+            wanted = max(len(here), total - elsewhere)
+        else:
+            wanted = min(per_session[w.id], sessions * per_session[w.id] - elsewhere)
         free = (r for r in range(1, len(reps) + wanted + 1) if r not in reps)
         pairs[w.id] = sorted(here + [next(free) for _ in range(wanted - len(here))])
     return pairs
