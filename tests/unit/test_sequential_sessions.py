@@ -51,16 +51,3 @@ def test_drift_across_rounds_with_sessions_through_the_cli(tmp_path, rho):
     )
     assert hit.mean() >= 0.93 and wrong.mean() <= 0.05, (hit.mean(), wrong.mean())
     assert decided > 0.05
-
-
-def test_the_workflows_rounds_refuse_sessions_until_they_cycle_them(tmp_path):
-    import json
-
-    from luksbench.orchestrate.sequential import check_rounds_sessions
-
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"sessions": 1}))
-    check_rounds_sessions(plan)
-    plan.write_text(json.dumps({"sessions": 3}))
-    with pytest.raises(RuntimeError, match=r"sessions 3 with adaptive.mode sequential"):
-        check_rounds_sessions(plan)

@@ -8,6 +8,8 @@ and leaves a write-once copy in ``fio/sessions/<start time>.json`` (an adaptive 
      "backend", "backend_reason", "baseline", "fleet": {"mode": "clients", "hosts": [...]} | null,
      "stacks": [...], "unavailable_stacks": {stack: reason}, "cells": [...],
      "sessions", "session",                                    # planned k, this stack-up's id
+     "stack_up",                # the stack-up's id (a sequential round's session is its place
+                                # in the cycle, session-1 .. session-k, each round a stack-up)
      "pairing", "counterbalance", "cell_order",                # the design, in words
      "io_size_bytes", "cpu_idle_baseline", "fio_clocksource", "fio",
      "cpu_idle_samples": [{"round", "started", ...idle sample...}],  # one per round measured

@@ -33,21 +33,16 @@ def progress(doc: dict, started: float) -> str:
     )
 
 
-def check_rounds_sessions(plan_path) -> None:
-    """RuntimeError for a plan with sessions >= 2: rounds that cycle the sessions need run-fio to
-    top up one stack-up per round (``session_pairs(..., one_session=True)``) and a restack between
-    rounds, which the workflow's rounds do not do yet; run-fio --targets alone would open a
-    stack-up for every shortfall."""
+def round_options(plan_path) -> list[str]:
+    """run-fio's options for a round beyond the targets: with sessions k >= 2 in the plan,
+    ``--one-session`` (each round measured in one fresh stack-up as its session in the cycle,
+    the stacks rebuilt between rounds as between the fixed design's sessions)."""
     if plan_path is None or not Path(plan_path).exists():
-        return
+        return []
     import json
 
     sessions = int(json.loads(Path(plan_path).read_text()).get("sessions", 1))
-    if sessions >= 2:
-        raise RuntimeError(
-            f"{plan_path}: sessions {sessions} with adaptive.mode sequential: the workflow's rounds "
-            "over sessions are not built yet (analysis and plan accept them); use sessions: 1"
-        )
+    return ["--one-session"] if sessions >= 2 else []
 
 
 def run_rounds(
@@ -55,16 +50,16 @@ def run_rounds(
 ) -> dict:
     """The workflow's rounds: :func:`next_round` into ``<raw_dir>/<host>/fio/targets.json``, then
     ``luksbench testbox run-fio <stacks> --targets`` it (``stacks``: its plan, state and describe
-    options), until every cell stopped; progress to stderr and ``log``. Every round starts from
-    the raw results alone, so an interrupted run resumes."""
+    options; :func:`round_options`), until every cell stopped; progress to stderr and ``log``.
+    Every round starts from the raw results alone, so an interrupted run resumes."""
     from luksbench.analysis.ingest import fio_table
 
     raw_dir, manifest = Path(raw_dir), Path(manifest)
-    check_rounds_sessions(dict(zip(stacks[::2], stacks[1::2], strict=False)).get("--plan"))
     fio_dir = raw_dir / host / "fio"
     targets = fio_dir / "targets.json"
     run_fio = ["testbox", "run-fio", *map(str, stacks), "--raw-host-dir", str(raw_dir / host)]
     run_fio += ["--manifest", str(manifest)]
+    run_fio += round_options(dict(zip(stacks[::2], stacks[1::2], strict=False)).get("--plan"))
     started = time.monotonic()
     settings = {k: adaptive[k] for k in ("min_pairs", "max_pairs", "metric")}
     settings["boundary"] = adaptive.get("boundary", boundaries.DEFAULT_BOUNDARY)

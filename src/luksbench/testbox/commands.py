@@ -3,7 +3,7 @@
     luksbench testbox capture-env       --plan P --out env.json
     luksbench testbox benchmark-ciphers [--plan P] --out cryptsetup-benchmark.txt [--cipher C --key-size N]
     luksbench testbox stack-up          --plan P --state STATE.json --describe stacks.json
-    luksbench testbox run-fio           --plan P --state STATE.json --raw-host-dir data/raw/<run>/<host> --manifest M.json [--targets T.json]
+    luksbench testbox run-fio           --plan P --state STATE.json --raw-host-dir data/raw/<run>/<host> --manifest M.json [--targets T.json [--one-session]]
     luksbench testbox stack-down        [--plan P] --state STATE.json [--record teardown.json]
 
 Progress goes to stderr. Exit codes: 0 ok, 1 failure, 2 usage, 130/143 interrupted (run-fio
@@ -75,6 +75,7 @@ def _cmd_run_fio(args) -> int:
             Path(args.manifest),
             Path(args.describe) if args.describe else None,
             Path(args.targets) if args.targets else None,
+            one_session=args.one_session,
         )
     except Interrupted as exc:
         return 130 if exc.signum == signal.SIGINT else 143
@@ -151,6 +152,13 @@ def add_testbox_commands(commands) -> None:
     p.add_argument(
         "--targets",
         help="adaptive stage 2: targets.json (workload id -> pairs); each cell is topped up to its target",
+    )
+    p.add_argument(
+        "--one-session",
+        action="store_true",
+        help="a round of the sequential design over sessions: the targets are the pairs in all "
+        "sessions together; one stack-up (fresh: the live one is rebuilt when it measured a "
+        "round already) measures the round's shortfall as the session it belongs to",
     )
     p.set_defaults(func=_run(_cmd_run_fio))
 

@@ -58,6 +58,7 @@ from luksbench.testbox.schedule import (  # stacks_in_order ...: callers import 
     cpu_sidecar,
     load_targets,
     round_idle_sample,
+    round_session,
     schedule,
     session_pairs,
     stacks_in_order,  # noqa: F401
@@ -238,14 +239,21 @@ def run_fio(
     manifest_path: Path,
     describe_path: Path | None = None,
     targets_path: Path | None = None,
+    one_session: bool = False,
 ) -> int:
     """Run the matrix, session by session; 0 when every rep exists at the end; Interrupted on
     signals. The manifest is rewritten by every session, which also leaves a write-once copy in
-    ``fio/sessions/``; both carry the stack descriptions (``describe_path``)."""
+    ``fio/sessions/``; both carry the stack descriptions (``describe_path``). ``one_session``:
+    a round of the sequential design over sessions, measured in one fresh stack-up (the live
+    one unless it measured already) as the session the round belongs to (:func:`round_session`)."""
     state_path, manifest_path = Path(state_path), Path(manifest_path)
     describe_path = Path(describe_path or state_path.with_name("stacks.json"))
+    if one_session and _stack_up_used(state_path, manifest_path):
+        _restack(plan, state_path, describe_path)
     while True:
-        session = _open_session(plan, state_path, Path(raw_host_dir), manifest_path, targets_path)
+        session = _open_session(
+            plan, state_path, Path(raw_host_dir), manifest_path, targets_path, one_session
+        )
         session["stack_descriptions"] = (
             json.loads(describe_path.read_text()) if describe_path.exists() else None
         )
@@ -254,7 +262,8 @@ def run_fio(
         session["more"] = True  # until shown otherwise: an error here leaves the run incomplete
         try:
             _measure(plan, session, outcome)
-            session["more"] = not outcome["failed"] and _another_session(session, outcome)
+            more = not one_session and not outcome["failed"]
+            session["more"] = more and _another_session(session, outcome)
         finally:  # also after an error: the manifest says what this session measured
             _write_manifest(plan, session, outcome)
         if outcome["interrupted"] is not None:
@@ -275,6 +284,17 @@ def _another_session(session: dict, outcome: dict) -> bool:
     session["measured_in"].update({r["path"]: r["session"] for r in outcome["done"]})
     pairs = session_pairs(session["measured_plan"], session["targets"], _existing(session), None)
     return any(pairs.values())
+
+
+def _stack_up_used(state_path: Path, manifest_path: Path) -> bool:
+    """Whether the live stack-up already measured a round (a session record names it)."""
+    state = load_state(state_path)
+    live = state.get("session") or state["created"]
+    for path in (manifest_path.parent / SESSIONS_DIR).glob("*.json"):
+        with contextlib.suppress(ValueError):
+            if live and read_manifest(path).get("stack_up") == live:
+                return True
+    return False
 
 
 def _restack(plan: dict, state_path: Path, describe_path: Path) -> None:
@@ -302,7 +322,12 @@ def _live_state(plan: dict, state_path: Path) -> dict:
 
 
 def _open_session(
-    plan: dict, state_path: Path, raw_host_dir: Path, manifest_path: Path, targets_path
+    plan: dict,
+    state_path: Path,
+    raw_host_dir: Path,
+    manifest_path: Path,
+    targets_path,
+    one_session: bool = False,
 ) -> dict:
     """Everything a session measures: live stacks, where results go, the schedule."""
     state = _live_state(plan, state_path)
@@ -342,7 +367,10 @@ def _open_session(
     session["previous"], session["previous_rates"], session["measured_in"] = _previous(
         manifest_path
     )
-    pairs = session_pairs(measured_plan, targets, _existing(session), session["id"])
+    session["stack_up"] = session["id"]
+    if one_session:
+        session["id"] = round_session(measured_plan, targets, _existing(session))
+    pairs = session_pairs(measured_plan, targets, _existing(session), session["id"], one_session)
     session["runs"] = schedule(measured_plan, targets, pairs)
     _announce(plan, session, targets)
     return session
@@ -452,6 +480,7 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "repetitions": plan["repetitions"],
         "sessions": int(session["measured_plan"].get("sessions", 1)),
         "session": session["id"],
+        "stack_up": session["stack_up"],
         "cell_repetitions": session["reps"],
         "targets": str(session["targets_path"]) if session["targets_path"] is not None else None,
         "adaptive": plan.get("adaptive"),

@@ -134,3 +134,24 @@ def round_idle_sample(outcome: dict, round_: int) -> int:
     if outcome["cpu_idle_baseline"] is None:  # the session's first: what earlier readers know
         outcome["cpu_idle_baseline"] = samples[-1]
     return len(samples) - 1
+
+
+def round_session(
+    plan: dict, targets: dict[str, int] | None, existing: dict[tuple[str, int], dict[str, str]]
+) -> str:
+    """The session a round of the sequential design over ``sessions`` k belongs to: the one of
+    ``session-1`` .. ``session-k`` holding the fewest whole pairs of the cells the round tops up
+    (the first such on a tie), so the rounds cycle the sessions and an interrupted round is
+    finished in its own session. Each round is a fresh stack-up: a session's pairs come from
+    independent stack-ups, so its mean carries the stack-up effect as a session's does."""
+    labels = [f"session-{i}" for i in range(1, int(plan.get("sessions", 1)) + 1)]
+    stacks = set(baseline_first(plan))
+    count = dict.fromkeys(((w.id, s) for w in workloads(plan) for s in labels), 0)
+    done = dict.fromkeys((w.id for w in workloads(plan)), 0)
+    for (cell, _), by in existing.items():
+        if cell in done and set(by) >= stacks:
+            done[cell] += 1
+            if len(set(by.values())) == 1 and (cell, next(iter(by.values()))) in count:
+                count[cell, next(iter(by.values()))] += 1
+    topped = [w for w, n in done.items() if int((targets or {}).get(w, 0)) > n]
+    return min(labels, key=lambda s: (sum(count[w, s] for w in topped), labels.index(s)))
