@@ -55,7 +55,7 @@ def test_rounds_cycle_the_sessions_one_pair_each():
 
 
 def test_an_interrupted_round_is_finished_as_its_own_session():
-    existing = measured(dict.fromkeys(CELLS, [1]), "session-1", {})
+    existing = measured({c: [1] for c in CELLS}, "session-1", {})
     existing[("randread-4k-qd1", 2)] = {"plain": "session-2"}  # round 2 stopped half-way
     existing[("randread-4k-qd32", 2)] = {"plain": "session-2", "luks": "session-2"}
     targets = dict.fromkeys(CELLS, 2)
