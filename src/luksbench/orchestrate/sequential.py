@@ -41,8 +41,8 @@ def round_options(plan_path) -> list[str]:
         return []
     import json
 
-    sessions = int(json.loads(Path(plan_path).read_text()).get("sessions", 1))
-    return ["--one-session"] if sessions >= 2 else []
+    sessions = json.loads(Path(plan_path).read_text()).get("sessions")  # the plan's k
+    return ["--one-session"] if int(sessions or 0) >= 2 else []
 
 
 def run_rounds(
