@@ -5,10 +5,15 @@ nothing left after stack-down."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import time
+from pathlib import Path
 
 import pytest
 from testkit.workflow import copy_workflow, our_mounts, our_processes, snakemake
+
+from luksbench.testbox import lock
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
 
@@ -33,12 +38,30 @@ adaptive:
 """
 
 
+def take_the_test_box(state: Path) -> dict:
+    """The environment of a workflow that holds the test box for ``state``: the lock taken for
+    this process's session as soon as no other run holds it (the workflow's steps then keep it,
+    stack-down gives it back)."""
+    session = {"pid": os.getpid(), "started": lock._started(os.getpid())}
+    plan = {"run": "e2e-seqs", "host": state.parent.name, "scratch_dir": str(state.parent)}
+    deadline = time.monotonic() + 1200
+    while True:
+        try:
+            lock.acquire(plan, state, session=session)
+            return {**os.environ, lock.SESSION_ENV: str(os.getpid())}
+        except lock.Locked:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def test_rounds_cycle_three_sessions_each_a_fresh_stack_up(tmp_path):
     work = copy_workflow(tmp_path / "workflow")
     (work / "seqs.yaml").write_text(RUN)
     host = socket.gethostname().split(".")[0]
     teardown = f"data/scratch/e2e-seqs/{host}/teardown.json"
-    result = snakemake(work, teardown, configfiles=("seqs.yaml",))
+    env = take_the_test_box((work / teardown).with_name("state.json").resolve())
+    result = snakemake(work, teardown, env=env, configfiles=("seqs.yaml",))
     assert result.returncode == 0, result.stderr[-4000:]
     fio = work / "data" / "raw" / "e2e-seqs" / host / "fio"
     records = [json.loads(p.read_text()) for p in sorted((fio / "sessions").glob("*.json"))]
