@@ -74,3 +74,18 @@ def test_the_workflows_rounds_ask_run_fio_for_one_session_with_sessions(tmp_path
     args = build_parser().parse_args([*argv, "--manifest", "m", "--targets", "t", "--one-session"])
     assert args.one_session is True
     assert build_parser().parse_args([*argv, "--manifest", "m"]).one_session is False
+
+
+def test_the_first_round_with_sessions_is_one_pair_per_cell(tmp_path):
+    """Before any manifest says so, the plan's sessions make the first round one pair per
+    cell (its session's share of the cycle), not min_pairs pairs in the first session."""
+    import pandas as pd
+
+    from luksbench.analysis.sequential import next_round
+
+    first = {"comparisons": [("plain", "luks")], "cells": list(CELLS), "min_pairs": 3}
+    doc = next_round(pd.DataFrame(), "h", tmp_path / "t.json", sessions=3, **first)
+    assert doc["pairs"] == dict.fromkeys(CELLS, 1) and doc["sessions"] == 3
+    assert next_round(pd.DataFrame(), "h", tmp_path / "u.json", **first)["pairs"] == dict.fromkeys(
+        CELLS, 3
+    )

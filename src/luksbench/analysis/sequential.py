@@ -146,17 +146,19 @@ def next_round(
     cells: list[str] | None = None,
     decision_regions: dict | None = None,
     boundary: str = boundaries.DEFAULT_BOUNDARY,
+    sessions: int = 1,
 ) -> dict:
     """Decide every cell of ``host`` from its pairs so far and write the next round's targets to
     ``out`` (workload id -> pairs wanted so far); ``budget_s`` 0: no budget, the cap bounds it.
     ``boundary``: the level of each look (:data:`luksbench.analysis.boundary.BOUNDARIES`).
 
-    With sessions k >= 2 (the manifests' ``sessions``) the rounds cycle the sessions, one pair
+    With sessions k >= 2 (the manifests' ``sessions``, or ``sessions``: the plan's, which the
+    first round needs before any manifest exists) the rounds cycle the sessions, one pair
     of each continuing cell per round: a cell is looked at only after whole cycles (every
     session the same number of pairs), with the sessions interval at Bonferroni's level over
     those looks (:func:`session_look_levels`; ``boundary`` is then not used)."""
     fio = fio[fio["host"] == host] if len(fio) else fio
-    sessions = planned_sessions(fio)
+    sessions = max(planned_sessions(fio), sessions)
     if sessions >= 2:
         levels = session_look_levels(confidence, min_pairs, max_pairs, sessions)
         boundary = "bonferroni"

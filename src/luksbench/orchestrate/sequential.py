@@ -33,16 +33,20 @@ def progress(doc: dict, started: float) -> str:
     )
 
 
+def plan_sessions(plan_path) -> int:
+    """The plan's sessions k (1 without a plan file)."""
+    if plan_path is None or not Path(plan_path).exists():
+        return 1
+    import json
+
+    return int(json.loads(Path(plan_path).read_text()).get("sessions") or 1)
+
+
 def round_options(plan_path) -> list[str]:
     """run-fio's options for a round beyond the targets: with sessions k >= 2 in the plan,
     ``--one-session`` (each round measured in one fresh stack-up as its session in the cycle,
     the stacks rebuilt between rounds as between the fixed design's sessions)."""
-    if plan_path is None or not Path(plan_path).exists():
-        return []
-    import json
-
-    sessions = json.loads(Path(plan_path).read_text()).get("sessions")  # the plan's k
-    return ["--one-session"] if int(sessions or 0) >= 2 else []
+    return ["--one-session"] if plan_sessions(plan_path) >= 2 else []
 
 
 def run_rounds(
@@ -59,10 +63,12 @@ def run_rounds(
     targets = fio_dir / "targets.json"
     run_fio = ["testbox", "run-fio", *map(str, stacks), "--raw-host-dir", str(raw_dir / host)]
     run_fio += ["--manifest", str(manifest)]
-    run_fio += round_options(dict(zip(stacks[::2], stacks[1::2], strict=False)).get("--plan"))
+    plan = dict(zip(stacks[::2], stacks[1::2], strict=False)).get("--plan")
+    run_fio += round_options(plan)
     started = time.monotonic()
     settings = {k: adaptive[k] for k in ("min_pairs", "max_pairs", "metric")}
     settings["boundary"] = adaptive.get("boundary", boundaries.DEFAULT_BOUNDARY)
+    settings["sessions"] = plan_sessions(plan)  # the first round's, before any manifest
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     last = None
     with open(log, "a") as out:
