@@ -21,6 +21,7 @@ from luksbench.analysis.paper_numbers import NUMBERS_TABLE
 from luksbench.analysis.saturation import BUSY_LIMIT_PCT, JOB_CPU_LIMIT_PCT
 from luksbench.formats.envdoc import parse_env_json
 from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
+from luksbench.publish.paper_ceph import ceph_section
 from luksbench.publish.paper_figures import figure_sections, relative_link, summary_figure
 from luksbench.publish.paper_gaps import gaps
 from luksbench.publish.paper_sentences import (
@@ -332,6 +333,7 @@ def paper_context(
         "figures_rel": relative_link(Path(figures_dir), out_md),
         **_machine(data, figure_secs),
         "tuning": recommendations(data.table("tuning"), data.env, hosts),
+        "ceph_section": ceph_section(data),
         **_published(data, reference_dir),
         **_provenance(raw),
     }
