@@ -13,7 +13,7 @@ import pytest
 from simulate import _fio_job
 
 from luksbench.analysis import ceph_loss, loss
-from luksbench.analysis.ceph_tables import CEPH_COLUMNS, seen_mode
+from luksbench.analysis.ceph_tables import CEPH_COLUMNS, JOB_THREAD, PROCESS_TREE, seen_mode
 from luksbench.analysis.ingest import ingest_run
 from luksbench.analysis.losssettings import LossSettings
 from luksbench.publish.paper_ceph import arm_roles, ceph_section
@@ -71,13 +71,14 @@ def write_ceph_run(raw: Path, seed: int = 7, record=None) -> Path:
             job = _fio_job("j0", BW, 128)
             ios = job["read"]["io_bytes"] / 4096
             client_s = CLIENT_US_PER_IO * client_factor * ios / 1e6 * np.exp(rng.normal(0, 0.03))
-            job |= {"usr_cpu": 100 * client_s / 6.0 * 0.7, "sys_cpu": 100 * client_s / 6.0 * 0.3}
+            # fio's own figures count its job thread only: a third of the process tree here
+            job |= {"usr_cpu": 100 * client_s / 6.0 * 0.2, "sys_cpu": 100 * client_s / 6.0 * 0.13}
             job["job_runtime"] = 6000
             (folder / f"rep{k}.json").write_text(
                 json.dumps({"fio version": "fio-3.33", "jobs": [job]})
             )
             osd_s = OSD_US_PER_IO * osd_factor * ios / 1e6 * np.exp(rng.normal(0, 0.03))
-            doc = _ceph_record(arm, float(osd_s), 6.1)
+            doc = _ceph_record(arm, float(osd_s), 6.1) | {"client_cpu_s": round(client_s, 4)}
             if record:
                 record(arm, k, doc)
             sidecar = {"version": 2, "interval_s": 6.1, "busy_s": 5.0, "busy_pct": 41.0}
@@ -99,11 +100,11 @@ def settings() -> LossSettings:
 def ceph_run(tmp_path_factory):
     raw = write_ceph_run(tmp_path_factory.mktemp("raw") / "cephsim")
     tables = ingest_run(raw, workers=1)
-    return tables, loss.loss_tables(tables, settings())
+    return tables, loss.loss_tables(tables, settings()), raw
 
 
 def test_the_ceph_table_has_each_runs_osd_and_client_cpu(ceph_run):
-    tables, _ = ceph_run
+    tables, _, raw = ceph_run
     ceph, fio = tables["ceph"], tables["fio"]
     assert list(ceph.columns) == CEPH_COLUMNS
     assert len(ceph) == len(ARMS) * PAIRS
@@ -114,8 +115,9 @@ def test_the_ceph_table_has_each_runs_osd_and_client_cpu(ceph_run):
         assert row["osd_encryption"] == ("dm-crypt" if encrypted else "none")
         assert row["other_daemon_cpu_s"] == pytest.approx(0.07), "the other OSD and the monitor"
         run = fio[fio["file"] == row["file"]].iloc[0]
-        client = (run["usr_cpu"] + run["sys_cpu"]) / 100 * run["job_runtime_ms"] / 1000
-        assert row["client_cpu_s"] == pytest.approx(client)
+        sidecar = json.loads((raw / row["file"].replace(".json", ".cpu.json")).read_text())
+        assert row["client_cpu_s"] == sidecar["ceph"]["client_cpu_s"]
+        assert row["client_cpu_basis"] == PROCESS_TREE and row["client_window_s"] == 6.1
         assert row["ios"] == pytest.approx(run["io_bytes"] / 4096)
         assert row["osd_cpu_us_per_io"] == pytest.approx(1e6 * row["osd_cpu_s"] / row["ios"])
         assert row["client_cpu_s_per_gib"] == pytest.approx(row["client_cpu_s"] / run["io_gib"])
@@ -135,6 +137,20 @@ def test_a_ceph_record_that_is_not_the_runners_is_a_problem_naming_file_and_key(
     assert len(tables["ceph"]) == len(ARMS) * PAIRS - 1
 
 
+def test_without_the_runners_record_the_client_is_fios_job_thread(tmp_path):
+    def older(arm, k, doc):
+        del doc["client_cpu_s"]
+
+    tables = ingest_run(write_ceph_run(tmp_path / "old", record=older), workers=1)
+    ceph, fio = tables["ceph"], tables["fio"]
+    assert ceph["client_cpu_basis"].eq(JOB_THREAD).all()
+    for row in ceph.to_dict("records"):
+        run = fio[fio["file"] == row["file"]].iloc[0]
+        client = (run["usr_cpu"] + run["sys_cpu"]) / 100 * run["job_runtime_ms"] / 1000
+        assert row["client_cpu_s"] == pytest.approx(client)
+        assert row["client_window_s"] == run["job_runtime_ms"] / 1000
+
+
 def test_the_verified_mode_is_what_the_connections_used_not_the_label():
     assert seen_mode({"mon.0": "secure", "osd.0": "secure"}) == "secure"
     assert seen_mode({"mon.0": "crc", "osd.0": "secure"}) == "mon.0: crc; osd.0: secure"
@@ -151,7 +167,7 @@ def test_the_verified_mode_is_what_the_connections_used_not_the_label():
 
 
 def test_the_loss_stage_tables_client_and_osd_cpu_against_the_reference(ceph_run):
-    _, out = ceph_run
+    _, out, _ = ceph_run
     table = out["ceph_loss"]
     assert set(table["metric"]) == set(ceph_loss.CEPH_CPU_METRICS)
     assert set(zip(table["baseline"], table["variant"], strict=True)) == {
@@ -182,7 +198,7 @@ def test_the_loss_stage_tables_client_and_osd_cpu_against_the_reference(ceph_run
 
 
 def test_the_reef_rows_are_the_reference_tables_rows_of_the_runs_shape(ceph_run):
-    _, out = ceph_run
+    _, out, _ = ceph_run
     reef = out["ceph_reef"]
     published = ceph_loss.read_reef()
     same = published[(published["rw"] == "randread") & (published["bs_bytes"] == 4096)]
@@ -200,7 +216,7 @@ def test_a_run_without_ceph_arms_has_empty_ceph_tables_and_no_section(processed_
 
 
 def test_the_papers_ceph_section_prints_the_tables_rows(ceph_run):
-    tables, out = ceph_run
+    tables, out, _ = ceph_run
     section = ceph_section(Run(Path("."), {**tables, **out}))
     assert section["present"] and section["compared"] and section["reference"] == "plain"
     assert section["roles"] == {"on_disk": "luks", "on_wire": "secure", "both": "luks-secure"}

@@ -8,10 +8,13 @@ Where Ceph spends CPU, per run:
   before fio starts (after the mode probe) to just after it exits: gross, each OSD's background
   work (heartbeats, ticks) included. ``other_daemon_cpu_s``: the monitor's and the other OSD
   groups' seconds over the same window (an idle OSD's background shows there).
-* ``client_cpu_s``: fio's own ``usr_cpu + sys_cpu`` (fio's getrusage of the job process, all its
-  threads: librbd and librados messenger threads included) times the job's ``job_runtime_ms``,
-  summed over the run's jobs. The CPU sidecar's ``busy_cpu_s`` is the whole machine (client and
-  daemons alike on one box), so it is not the client's.
+* ``client_cpu_s``: user + system seconds of fio's whole process tree, every thread (librbd's
+  and librados' messenger threads, where msgr2 secure mode encrypts, included), as the runner
+  recorded it (``ceph.client_cpu_s``: getrusage of its waited-for children). Records without it
+  fall back to fio's own ``usr_cpu + sys_cpu`` times ``job_runtime_ms``: fio measures those with
+  ``RUSAGE_THREAD``, its job thread only, without the library's threads; ``client_cpu_basis``
+  says which. The CPU sidecar's ``busy_cpu_s`` is the whole machine (client and daemons alike
+  on one box), so it is not the client's.
 
 Per GiB and per I/O divide by the run's bytes and I/Os (every direction). The arm's verified
 messenger mode (``messenger_mode_seen``: the one mode the probe client's connections used) and its
@@ -34,13 +37,13 @@ from luksbench.formats.layout import cpu_rep_path, read_raw_file
 CEPH_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "run host stack workload rep session file messenger_mode messenger_mode_seen daemon_modes "
     "osd_ids osd_encryption osd_encrypted osd_cpu_s other_daemon_cpu_s daemon_window_s "
-    "osd_peak_rss_bytes client_cpu_s client_window_s io_gib ios osd_cpu_s_per_gib "
+    "osd_peak_rss_bytes client_cpu_s client_window_s client_cpu_basis io_gib ios osd_cpu_s_per_gib "
     "osd_cpu_us_per_io client_cpu_s_per_gib client_cpu_us_per_io"
 ).split()
 CEPH_DTYPES = {
     "string": (
         *("run", "host", "stack", "workload", "session", "file", "messenger_mode"),
-        *("messenger_mode_seen", "daemon_modes", "osd_ids", "osd_encryption"),
+        *("messenger_mode_seen", "daemon_modes", "osd_ids", "osd_encryption", "client_cpu_basis"),
     ),
     "int64": ("rep",),
     "boolean": ("osd_encrypted",),
@@ -85,7 +88,7 @@ def ceph_table(raw_dir: Path, fio: pd.DataFrame, stacks: pd.DataFrame) -> pd.Dat
             problems.append((str(sidecar), str(exc)))
             continue
         if record is not None:
-            rows.append({**run, **ceph_values(record)})
+            rows.append({**run, **ceph_values(record), **client_cpu(record, run)})
     table = pd.DataFrame(rows).reindex(columns=[*CEPH_COLUMNS, "host_dir"])
     table = _per_gib_and_io(table.drop(columns="host_dir"))
     out = with_dtypes(table[CEPH_COLUMNS], CEPH_DTYPES)
@@ -167,6 +170,25 @@ def ceph_values(record: dict) -> dict:
         "daemon_window_s": _number(record.get("seconds")),
         "osd_peak_rss_bytes": max((v for v in rss if isinstance(v, int)), default=math.nan),
     }
+
+
+#: what ``client_cpu_s`` counts
+PROCESS_TREE = "fio process tree, every thread (runner's getrusage of its children)"
+JOB_THREAD = "fio job thread only (fio usr_cpu + sys_cpu: RUSAGE_THREAD, no librbd threads)"
+
+
+def client_cpu(record: dict, run: dict) -> dict:
+    """The client's CPU of a run: the runner's record of fio's process tree, else fio's own
+    job-thread figures (``run``: :func:`_client_runs`'s row)."""
+    seconds = record.get("client_cpu_s")
+    if type(seconds) in (int, float) and seconds >= 0:
+        window = _number(record.get("seconds"))
+        return {
+            "client_cpu_s": float(seconds),
+            "client_window_s": window,
+            "client_cpu_basis": PROCESS_TREE,
+        }
+    return {"client_cpu_basis": JOB_THREAD if not math.isnan(run["client_cpu_s"]) else ""}
 
 
 def _total(values: list) -> float:

@@ -169,7 +169,8 @@ osd_ids, osd_encryption, osd_encrypted | | Ceph: the arm's OSDs; their block dev
 osd_cpu_s, other_daemon_cpu_s | s | Ceph: user + system CPU of the arm's OSD daemons (gross: background included); of the monitor and other OSDs, over daemon_window_s (/proc/<pid>/stat)
 daemon_window_s | s | Ceph: wall time the daemons' CPU covers (fio's start to its exit)
 osd_peak_rss_bytes | bytes | Ceph: peak resident memory (VmHWM) of the arm's OSDs so far
-client_cpu_s, client_window_s | s | Ceph: fio's usr + sys CPU (its process: librbd/librados threads included) over the job's runtime; that runtime
+client_cpu_s, client_window_s | s | Ceph: the client's user + system CPU (see client_cpu_basis); the wall time it covers
+client_cpu_basis | | Ceph: what client_cpu_s counts: fio's process tree, every thread (librbd/librados included), or fio's job thread only (its usr_cpu + sys_cpu)
 ios | | I/Os of the run (every direction)
 osd_cpu_s_per_gib, client_cpu_s_per_gib | s/GiB | Ceph: OSD and client CPU seconds per GiB moved
 osd_cpu_us_per_io, client_cpu_us_per_io | µs | Ceph: OSD and client CPU per I/O

@@ -23,7 +23,8 @@ KIND_WORDS = {
     "both": "both",
 }
 #: the loss table's metrics the side-by-side table shows
-SIDE_METRICS = {"bw_bytes": "bandwidth", "iops": "IOPS", "clat_p99_ns": "p99 latency"}
+#: (IOPS is bandwidth over the cell's fixed block size: the same test, not shown twice)
+SIDE_METRICS = {"bw_bytes": "bandwidth", "clat_p99_ns": "p99 latency"}
 CPU_SIDES = {"client": "client (fio + librbd)", "osd": "OSD daemons"}
 
 
@@ -176,4 +177,9 @@ def ceph_section(run) -> dict:
         "reef": reef_rows(run.table("ceph_reef"), loss, reference, roles, multi_host),
         "covers": intervals_cover(shown),
         "daemon_modes": ", ".join(sorted(set(ceph["daemon_modes"].astype(str)))),
+        "client_basis": "; ".join(
+            sorted(set(ceph["client_cpu_basis"].dropna().astype(str)) - {""})
+        ),
+        # qemu's userspace LUKS encrypts in qemu-storage-daemon, below the OSD: not in its CPU
+        "userspace_luks": bool(ceph["osd_encryption"].astype(str).str.contains("qemu").any()),
     }
