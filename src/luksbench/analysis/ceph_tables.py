@@ -173,7 +173,10 @@ def ceph_values(record: dict) -> dict:
 
 
 #: what ``client_cpu_s`` counts
-PROCESS_TREE = "fio process tree, every thread (runner's getrusage of its children)"
+PROCESS_TREE = (
+    "fio process tree over fio's lifetime (start-up and image open included), every thread "
+    "(runner's getrusage of its children)"
+)
 JOB_THREAD = "fio job thread only (fio usr_cpu + sys_cpu: RUSAGE_THREAD, no librbd threads)"
 
 
