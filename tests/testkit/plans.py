@@ -109,7 +109,7 @@ EXPECTED = {
         "runtime_s": 300,
     },
     "ceph-reef-2023-cluster": {
-        "stacks": dict.fromkeys(("rbd-crc", "rbd-secure", "rbd-luks", "rbd-luks-secure"), set()),
+        "stacks": {arm: set() for arm in ("rbd-crc", "rbd-secure", "rbd-luks", "rbd-luks-secure")},
         "baseline": "rbd-crc",
         "variant": "rbd-luks",
         "cells": 2 * 2 * 2,  # the "sync" set is the qd1 cells (an RBD write is durable on ack)
