@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import cpucost, saturation, tablefiles, tails
+from luksbench.analysis import ceph_tables, cpucost, saturation, tablefiles, tails
 from luksbench.analysis.ingest_cache import CACHE_DIRNAME, _IngestCache
 from luksbench.analysis.ingest_columns import (  # noqa: F401 - the entry points' names, kept here
     _CPU_COLUMNS,
@@ -72,7 +72,16 @@ LATENCY_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
 ).split()
 
 #: the processed tables, in the order they are written (``<processed_dir>/<name>.parquet``)
-PROCESSED_TABLES = ("fio", "latency", "cryptsetup", "env", "stacks", *PLAN_TABLES, "schedule")
+PROCESSED_TABLES = (
+    "fio",
+    "latency",
+    "cryptsetup",
+    "env",
+    "stacks",
+    *PLAN_TABLES,
+    "schedule",
+    "ceph",
+)
 PROCESSED_TABLES += ("problems",)
 PROCESSED_FILES = tuple(f"{name}.parquet" for name in PROCESSED_TABLES)
 
@@ -382,6 +391,7 @@ def ingest_run(
     _decoded_json.cache_clear()
     tables = dict(zip(("fio", "latency"), parsed, strict=True)) | others
     tables["fio"] = _with_cpu_cost(tables["fio"], tables["schedule"])
+    tables["ceph"] = ceph_tables.ceph_table(raw_dir, tables["fio"], tables["stacks"])
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
     named = {os.path.normpath(p) for p, _ in problems}
     problems += [(str(p), why) for p, why in links if os.path.normpath(p) not in named]
