@@ -24,10 +24,11 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from luksbench.analysis import cpucost, saturation, tablefiles, tails
-from luksbench.analysis.ingest_cache import CACHE_DIRNAME, _IngestCache
+from luksbench.analysis.ingest_cache import CACHE_DIRNAME, _IngestCache, _ParquetSpool
 from luksbench.analysis.ingest_columns import (  # noqa: F401 - the entry points' names, kept here
     _CPU_COLUMNS,
     FIO_DERIVED_COLUMNS,
@@ -40,7 +41,12 @@ from luksbench.analysis.ingest_columns import (  # noqa: F401 - the entry points
     host_dirs,
     run_name,
 )
-from luksbench.analysis.ingest_parse import _list_fio_folder, _parse_files, default_workers
+from luksbench.analysis.ingest_parse import (
+    CHUNK_FILES,
+    _list_fio_folder,
+    _parsed_chunks,
+    default_workers,
+)
 from luksbench.analysis.ingest_tables import (  # noqa: F401 - the entry points' names, kept here
     CRYPTSETUP_TABLE_COLUMNS,
     ENV_COLUMNS,
@@ -57,6 +63,7 @@ from luksbench.analysis.ingest_tables import (  # noqa: F401 - the entry points'
 )
 from luksbench.analysis.stats import active_rows, with_pattern
 from luksbench.formats.envdoc import parse_env_json
+from luksbench.formats.layout import replacing
 from luksbench.formats.manifest import (
     result_sessions,
     session_records,
@@ -169,9 +176,43 @@ def fio_and_latency_tables(
     cache_dir: Path | None = None,
     workers: int | None = None,
     meanwhile=None,
+    chunk_files: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`fio_table` and the json+ latency histograms of its rows (:data:`LATENCY_COLUMNS`),
-    read in the same pass; ``meanwhile()`` runs while the worker processes parse."""
+    read in the same pass; ``meanwhile()`` runs while the worker processes parse. ``chunk_files``:
+    files per chunk (:func:`streamed_fio_table`)."""
+    chunks: list[pd.DataFrame] = []
+    fio = streamed_fio_table(
+        raw_dir, chunks.append, strict, cache_dir, workers, meanwhile, chunk_files
+    )
+    return fio, _concat_latency(chunks)
+
+
+def _concat_latency(chunks: list[pd.DataFrame]) -> pd.DataFrame:
+    """One latency table from the chunks :func:`streamed_fio_table` gave, in their order."""
+    kept = [c for c in chunks if len(c)]
+    if not kept:
+        return chunks[0] if chunks else pd.DataFrame.from_records([], columns=LATENCY_COLUMNS)
+    return pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0]
+
+
+def streamed_fio_table(
+    raw_dir: Path,
+    latency_sink,
+    strict: bool = True,
+    cache_dir: Path | None = None,
+    workers: int | None = None,
+    meanwhile=None,
+    chunk_files: int | None = None,
+) -> pd.DataFrame:
+    """:func:`fio_table` without the CPU cost columns; the latency table goes to
+    ``latency_sink(frame)`` chunk by chunk, in its order (the chunks concatenated are the table).
+
+    The files are parsed ``chunk_files`` at a time (default :data:`CHUNK_FILES`) in the order of
+    their names; a chunk's json+ bins become its latency rows and are dropped before later chunks
+    are taken, so memory grows with the number of files only by what the fio table and the cache
+    need of every file: its fio rows, its stat, problems and notes, and each run's summed-histogram
+    percentiles."""
     raw_dir = Path(raw_dir)
     workers = default_workers() if workers is None else max(1, int(workers))
     problems, notes, targets, fleets = [], [], {}, {}  # fleets: {host: fleet_names}
@@ -191,34 +232,107 @@ def fio_and_latency_tables(
     problems += unrecorded
 
     cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
-    rows, bins, results = (
-        cache.load(raw_dir, keys) if cache else (pd.DataFrame(), pd.DataFrame(), {})
-    )
+    rows, results = cache.load(raw_dir, keys) if cache else (pd.DataFrame(), {})
     todo = [k for k in keys if k not in results]
-    new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers, meanwhile)
-    frames = [f for f in (rows, *new_frames) if len(f)]
-    if len(frames) > 1:  # one concat for both the cache and the table
-        frames = [pd.concat(frames, ignore_index=True)]
-    bins = [bins, *new_bins]
-    results.update(new_results)
+    saving = cache is not None and bool(todo or set(cache.keys) != set(keys))
+    if saving:
+        cache.start_saving()
+    context = (keys, targets, fleets, sessions)
+    try:
+        frames, runs = _stream_chunks(
+            raw_dir,
+            keys,
+            results,
+            rows,
+            cache,
+            workers,
+            meanwhile,
+            chunk_files,
+            context,
+            latency_sink,
+        )
+    except BaseException:
+        if saving:
+            cache.abandon()
+        raise
     for key in keys:
         res = results[key]
         if res["problems"] or res["notes"]:  # most files have neither
             problems += [(raw_dir / k, why) for k, why in res["problems"]]
             notes += [(f"{raw_dir}/{k}", why) for k, why in res["notes"]]  # thousands: no Path
-    if cache is not None and (todo or set(cache.keys) != set(keys)):
-        cache.save({k: results[k]["stat"] for k in keys}, frames, bins, results)
+    frames = [f for f in frames if len(f)]
+    if len(frames) > 1:  # one concat for both the cache and the table
+        frames = [pd.concat(frames, ignore_index=True)]
+    if saving:
+        cache.save({k: results[k]["stat"] for k in keys}, frames, results)
     if problems and strict:
         raise IngestError(raw_dir, problems)
     df = _assemble(frames, keys, targets, fleets, sessions)
-    latency = _latency_table(df, bins)
     # attrs last: pandas deep-copies them on every operation
-    df = tails.with_histogram_percentiles(df, latency)
+    df = tails.with_run_percentiles(df, _concat_runs(runs))
     df.attrs["problems"] = [(str(p), why) for p, why in problems]
     df.attrs["notes"] = [(str(p), why) for p, why in notes]
     # how the table was made: files parsed now vs rows reused from the cache
     df.attrs["ingest"] = {"files": len(keys), "parsed": len(todo), "reused": len(keys) - len(todo)}
-    return df, latency
+    return df
+
+
+def _concat_runs(runs: list[pd.DataFrame]) -> pd.DataFrame:
+    kept = [r for r in runs if len(r)]
+    return pd.concat(kept, ignore_index=True) if kept else tails.run_percentiles(pd.DataFrame())
+
+
+def _stream_chunks(
+    raw_dir, keys, results, rows, cache, workers, meanwhile, chunk_files, context, latency_sink
+) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
+    """Parse the files not in ``results`` chunk by chunk (name order), each chunk's latency rows to
+    ``latency_sink``, its bins to the cache; returns the fio row frames (cached ``rows`` first)
+    and each chunk's run percentiles (:func:`tails.run_percentiles`). ``results`` gains the parsed
+    files' results."""
+    size = max(1, int(chunk_files or CHUNK_FILES))
+    names = sorted(keys)  # the latency table's order: by file name
+    chunks = [names[i : i + size] for i in range(0, len(names), size)]
+    cached_rows = _rows_by_chunk(rows, names, size, len(chunks))
+    to_parse = [[k for k in chunk if k not in results] for chunk in chunks]
+    cached_bins = cache.cached_bins if cache is not None else None
+    frames, runs = [rows], []
+    parsed = _parsed_chunks(raw_dir, to_parse, workers, meanwhile)
+    for i, (new_rows, new_bins, new_results) in enumerate(parsed):
+        reused = {k for k in chunks[i] if k in results}
+        old_bins = cached_bins.take(reused, chunks[i][-1]) if cached_bins else pd.DataFrame()
+        results.update(new_results)
+        frames.append(new_rows)
+        bins = _merged_bins(old_bins, new_bins)
+        if cache is not None:
+            cache.write_bins(bins)
+        fio = _assemble([cached_rows[i], new_rows], *context)
+        latency = _latency_table(fio, [bins])
+        runs.append(tails.run_percentiles(latency))
+        latency_sink(latency)
+    if cached_bins is not None:
+        cached_bins.close()
+    return frames, runs
+
+
+def _rows_by_chunk(rows: pd.DataFrame, names: list[str], size: int, n: int) -> list[pd.DataFrame]:
+    """The cached ``rows`` split by the chunk of their file (chunks of ``size`` of ``names``)."""
+    if not len(rows):
+        return [rows] * n
+    chunk = pd.Index(names).get_indexer(rows["_key"].to_numpy(dtype=object)) // size
+    groups = pd.Series(np.arange(len(rows))).groupby(chunk).indices
+    empty = rows.iloc[:0]
+    return [rows.iloc[groups[i]] if i in groups else empty for i in range(n)]
+
+
+def _merged_bins(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """A chunk's bins from the cache and from parsing, in file-name order (as the cache keeps
+    them)."""
+    if not len(old):
+        return new
+    if not len(new):
+        return old
+    both = pd.concat([old, new], ignore_index=True)
+    return both.sort_values("_key", kind="stable").reset_index(drop=True)
 
 
 def _latency_table(fio: pd.DataFrame, bins: list[pd.DataFrame]) -> pd.DataFrame:
@@ -349,6 +463,7 @@ def ingest_run(
     strict: bool = False,
     cache_dir: Path | None = None,
     workers: int | None = None,
+    chunk_files: int | None = None,
 ) -> dict[str, pd.DataFrame]:
     """All tables of one run folder (:data:`PROCESSED_TABLES`).
 
@@ -357,7 +472,24 @@ def ingest_run(
     listed in the "problems" table with the reason (severity "excluded"), as is a recorded result
     that is missing; files used with a caveat (several JSON documents: the last counts) are listed
     as "note". ``strict``: any excluded file raises one :class:`IngestError` naming every bad file.
-    ``cache_dir``/``workers``: as for :func:`fio_table`."""
+    ``cache_dir``/``workers``/``chunk_files``: as for :func:`fio_table` and
+    :func:`streamed_fio_table`."""
+    chunks: list[pd.DataFrame] = []
+    tables = _ingest_streamed(raw_dir, chunks.append, strict, cache_dir, workers, chunk_files)
+    order = dict.fromkeys(PROCESSED_TABLES)
+    return {name: tables[name] if name != "latency" else _concat_latency(chunks) for name in order}
+
+
+def _ingest_streamed(
+    raw_dir: Path,
+    latency_sink,
+    strict: bool = False,
+    cache_dir: Path | None = None,
+    workers: int | None = None,
+    chunk_files: int | None = None,
+) -> dict[str, pd.DataFrame]:
+    """:func:`ingest_run` but the latency table, which goes to ``latency_sink`` chunk by chunk
+    (:func:`streamed_fio_table`)."""
     raw_dir = Path(raw_dir)
     funcs = {"cryptsetup": cryptsetup_table, "env": env_table, "stacks": stacks_table}
     funcs["schedule"] = schedule_table
@@ -367,9 +499,11 @@ def ingest_run(
         others.update((name, func(raw_dir, strict=False)) for name, func in funcs.items())
         links.extend(symbolic_links(raw_dir))
 
-    parsed = fio_and_latency_tables(raw_dir, False, cache_dir, workers, read_others)
+    fio = streamed_fio_table(
+        raw_dir, latency_sink, False, cache_dir, workers, read_others, chunk_files
+    )
     _decoded_json.cache_clear()
-    tables = dict(zip(("fio", "latency"), parsed, strict=True)) | others
+    tables = {"fio": fio} | others
     tables["fio"] = _with_cpu_cost(tables["fio"], tables["schedule"])
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
     named = {os.path.normpath(p) for p, _ in problems}
@@ -399,23 +533,34 @@ def write_processed(
     strict: bool = False,
     incremental: bool = True,
     workers: int | None = None,
+    chunk_files: int | None = None,
 ) -> dict[str, Path]:
     """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` (and ``.csv``, with the
     column dictionary) for every table of :func:`ingest_run`; returns {table name: path}.
 
     Every excluded file and every note is also printed on stderr, naming the file and why.
     Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only). ``incremental``: with the
-    cache in ``<processed_dir>/.ingest-cache/`` (:func:`fio_table`)."""
+    cache in ``<processed_dir>/.ingest-cache/`` (:func:`fio_table`). The latency table is written
+    chunk by chunk as the files are parsed (``chunk_files`` at a time: :func:`streamed_fio_table`),
+    never held whole; nothing replaces a processed file when ingest fails."""
     raw_dir, processed_dir = Path(raw_dir).resolve(), Path(processed_dir).resolve()
     if processed_dir == raw_dir or raw_dir in processed_dir.parents:
         raise ValueError(
             f"processed_dir {processed_dir} is inside raw_dir {raw_dir}: raw is read-only"
         )
     cache_dir = processed_dir / CACHE_DIRNAME if incremental else None
+    created = not processed_dir.exists()
+    processed_dir.mkdir(parents=True, exist_ok=True)
+    latency = _LatencyParquet(processed_dir / "latency.parquet")
     collecting = gc.isenabled()
     gc.disable()  # ingest keeps many small objects alive: collections find no garbage, cost 5 %
     try:
-        tables = ingest_run(raw_dir, strict=strict, cache_dir=cache_dir, workers=workers)
+        tables = _ingest_streamed(raw_dir, latency, strict, cache_dir, workers, chunk_files)
+    except BaseException:
+        latency.discard()
+        if created and not any(processed_dir.iterdir()):
+            processed_dir.rmdir()
+        raise
     finally:
         if collecting:
             gc.enable()
@@ -428,14 +573,57 @@ def write_processed(
         )
     for row in tables["problems"].itertuples():
         print(f"ingest: {row.severity}: {raw_dir / row.file}: {row.reason}", file=sys.stderr)
-    processed_dir.mkdir(parents=True, exist_ok=True)
-    for name in PROCESSED_TABLES:
+    for name in tables:
         tables[name].attrs = {}  # the problems and notes, reported above; not table data
-    return tablefiles.write_tables(
-        processed_dir,
-        {name: tables[name] for name in PROCESSED_TABLES},
-        machine_paths(tables["env"], raw_dir),
-    )
+    paths = machine_paths(tables["env"], raw_dir)
+    if latency.written:
+        latency.finish(paths)
+    else:
+        latency.discard()
+        tables["latency"] = latency.empty
+    written = tablefiles.write_tables(processed_dir, tables, paths)
+    return {name: written.get(name, latency.path) for name in PROCESSED_TABLES}
+
+
+class _LatencyParquet:
+    """A latency sink (:func:`streamed_fio_table`): the chunks appended to ``latency.parquet`` in
+    the processed folder (a new file, renamed over it by :meth:`finish`, which then writes the
+    CSV from it batch by batch as :func:`tablefiles.write_tables` would have)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._spool = _ParquetSpool(self.path)
+        self.written = False
+        self.empty = pd.DataFrame.from_records([], columns=LATENCY_COLUMNS)
+        self._first = True
+
+    def __call__(self, frame: pd.DataFrame) -> None:
+        if self._first and not len(frame):
+            self.empty = frame  # the table when no chunk has rows (as ingest_run returns it)
+        self._first = False
+        if len(frame):
+            self._spool.write(frame)
+            self.written = True
+
+    def discard(self) -> None:
+        self._spool.discard()
+
+    def finish(self, machine_paths: dict[str, str]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyarrow import csv
+
+        self._spool.finish()
+        with pq.ParquetFile(self.path) as source, replacing(self.path.with_suffix(".csv")) as tmp:
+            writer = None
+            for batch in source.iter_batches(1 << 16):
+                table = tablefiles.without_machine_paths(
+                    pa.Table.from_batches([batch]), machine_paths
+                )
+                table = tablefiles.csv_safe(table)
+                writer = writer or csv.CSVWriter(tmp, table.schema)
+                writer.write_table(table)
+            writer.close()
 
 
 def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:
