@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from luksbench.analysis import cpucost, saturation, tablefiles, tails
-from luksbench.analysis.ingest_cache import CACHE_DIRNAME, _IngestCache, _ParquetSpool
+from luksbench.analysis import cpucost, ingest_parse, saturation, tablefiles, tails
+from luksbench.analysis.ingest_cache import CACHE_DIRNAME, _IngestCache
 from luksbench.analysis.ingest_columns import (  # noqa: F401 - the entry points' names, kept here
     _CPU_COLUMNS,
     FIO_DERIVED_COLUMNS,
@@ -42,11 +42,11 @@ from luksbench.analysis.ingest_columns import (  # noqa: F401 - the entry points
     run_name,
 )
 from luksbench.analysis.ingest_parse import (
-    CHUNK_FILES,
     _list_fio_folder,
     _parsed_chunks,
     default_workers,
 )
+from luksbench.analysis.ingest_stream import LatencyParquet
 from luksbench.analysis.ingest_tables import (  # noqa: F401 - the entry points' names, kept here
     CRYPTSETUP_TABLE_COLUMNS,
     ENV_COLUMNS,
@@ -63,7 +63,6 @@ from luksbench.analysis.ingest_tables import (  # noqa: F401 - the entry points'
 )
 from luksbench.analysis.stats import active_rows, with_pattern
 from luksbench.formats.envdoc import parse_env_json
-from luksbench.formats.layout import replacing
 from luksbench.formats.manifest import (
     result_sessions,
     session_records,
@@ -188,11 +187,15 @@ def fio_and_latency_tables(
     return fio, _concat_latency(chunks)
 
 
+def _empty_latency() -> pd.DataFrame:
+    return pd.DataFrame.from_records([], columns=LATENCY_COLUMNS)
+
+
 def _concat_latency(chunks: list[pd.DataFrame]) -> pd.DataFrame:
     """One latency table from the chunks :func:`streamed_fio_table` gave, in their order."""
     kept = [c for c in chunks if len(c)]
     if not kept:
-        return chunks[0] if chunks else pd.DataFrame.from_records([], columns=LATENCY_COLUMNS)
+        return chunks[0] if chunks else _empty_latency()
     return pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0]
 
 
@@ -208,8 +211,8 @@ def streamed_fio_table(
     """:func:`fio_table` without the CPU cost columns; the latency table goes to
     ``latency_sink(frame)`` chunk by chunk, in its order (the chunks concatenated are the table).
 
-    The files are parsed ``chunk_files`` at a time (default :data:`CHUNK_FILES`) in the order of
-    their names; a chunk's json+ bins become its latency rows and are dropped before later chunks
+    The files are parsed ``chunk_files`` at a time (default :data:`ingest_parse.CHUNK_FILES`) in
+    the order of their names; a chunk's json+ bins become its latency rows and are dropped before later chunks
     are taken, so memory grows with the number of files only by what the fio table and the cache
     need of every file: its fio rows, its stat, problems and notes, and each run's summed-histogram
     percentiles."""
@@ -289,7 +292,7 @@ def _stream_chunks(
     ``latency_sink``, its bins to the cache; returns the fio row frames (cached ``rows`` first)
     and each chunk's run percentiles (:func:`tails.run_percentiles`). ``results`` gains the parsed
     files' results."""
-    size = max(1, int(chunk_files or CHUNK_FILES))
+    size = max(1, int(chunk_files or ingest_parse.CHUNK_FILES))
     names = sorted(keys)  # the latency table's order: by file name
     chunks = [names[i : i + size] for i in range(0, len(names), size)]
     cached_rows = _rows_by_chunk(rows, names, size, len(chunks))
@@ -551,7 +554,7 @@ def write_processed(
     cache_dir = processed_dir / CACHE_DIRNAME if incremental else None
     created = not processed_dir.exists()
     processed_dir.mkdir(parents=True, exist_ok=True)
-    latency = _LatencyParquet(processed_dir / "latency.parquet")
+    latency = LatencyParquet(processed_dir / "latency.parquet", _empty_latency())
     collecting = gc.isenabled()
     gc.disable()  # ingest keeps many small objects alive: collections find no garbage, cost 5 %
     try:
@@ -583,47 +586,6 @@ def write_processed(
         tables["latency"] = latency.empty
     written = tablefiles.write_tables(processed_dir, tables, paths)
     return {name: written.get(name, latency.path) for name in PROCESSED_TABLES}
-
-
-class _LatencyParquet:
-    """A latency sink (:func:`streamed_fio_table`): the chunks appended to ``latency.parquet`` in
-    the processed folder (a new file, renamed over it by :meth:`finish`, which then writes the
-    CSV from it batch by batch as :func:`tablefiles.write_tables` would have)."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._spool = _ParquetSpool(self.path)
-        self.written = False
-        self.empty = pd.DataFrame.from_records([], columns=LATENCY_COLUMNS)
-        self._first = True
-
-    def __call__(self, frame: pd.DataFrame) -> None:
-        if self._first and not len(frame):
-            self.empty = frame  # the table when no chunk has rows (as ingest_run returns it)
-        self._first = False
-        if len(frame):
-            self._spool.write(frame)
-            self.written = True
-
-    def discard(self) -> None:
-        self._spool.discard()
-
-    def finish(self, machine_paths: dict[str, str]) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        from pyarrow import csv
-
-        self._spool.finish()
-        with pq.ParquetFile(self.path) as source, replacing(self.path.with_suffix(".csv")) as tmp:
-            writer = None
-            for batch in source.iter_batches(1 << 16):
-                table = tablefiles.without_machine_paths(
-                    pa.Table.from_batches([batch]), machine_paths
-                )
-                table = tablefiles.csv_safe(table)
-                writer = writer or csv.CSVWriter(tmp, table.schema)
-                writer.write_table(table)
-            writer.close()
 
 
 def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:

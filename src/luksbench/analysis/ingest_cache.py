@@ -5,7 +5,6 @@ are written and read chunk by chunk, in the files' name order, never held whole.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from luksbench.analysis.ingest_columns import _file_stat, _fio_dtypes
+from luksbench.analysis.ingest_stream import ParquetSpool
 from luksbench.formats.layout import (
     replace_file,
     replacing,
@@ -99,9 +99,9 @@ class _IngestCache:
         self.path.mkdir(parents=True, exist_ok=True)
         # no meta.json (written last) until the files agree: a save cut short is never read
         (self.path / "meta.json").unlink(missing_ok=True)
-        self._bins_out = _ParquetSpool(self.path / "bins.parquet")
+        self._bins_out = ParquetSpool(self.path / "bins.parquet")
 
-    _bins_out: _ParquetSpool | None = None
+    _bins_out: ParquetSpool | None = None
 
     def write_bins(self, bins: pd.DataFrame) -> None:
         """Append one chunk's bins (in the files' name order) to the new cache."""
@@ -188,36 +188,3 @@ class SortedBins:
         if self._file is not None:
             self._file.close()
         self._file, self._batches = None, iter(())
-
-
-class _ParquetSpool:
-    """Frames appended to a new parquet file renamed over ``path`` by :meth:`finish` (none
-    written: ``path`` removed)."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.spool")
-        self.tmp.unlink(missing_ok=True)
-        self.writer: pq.ParquetWriter | None = None
-
-    def write(self, frame: pd.DataFrame) -> None:
-        if not len(frame):
-            return
-        table = pa.Table.from_pandas(frame, preserve_index=False)
-        if self.writer is None:
-            self.writer = pq.ParquetWriter(self.tmp, table.schema)
-        self.writer.write_table(table.cast(self.writer.schema))
-
-    def finish(self) -> None:
-        if self.writer is None:
-            self.path.unlink(missing_ok=True)
-            return
-        self.writer.close()
-        self.writer = None
-        os.replace(self.tmp, self.path)
-
-    def discard(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        self.tmp.unlink(missing_ok=True)
