@@ -218,22 +218,8 @@ def streamed_fio_table(
     percentiles."""
     raw_dir = Path(raw_dir)
     workers = default_workers() if workers is None else max(1, int(workers))
-    problems, notes, targets, fleets = [], [], {}, {}  # fleets: {host: fleet_names}
-    for hdir in host_dirs(raw_dir):
-        tpath = hdir / "fio" / "targets.json"
-        if tpath.exists():
-            try:
-                targets[hdir.name] = read_targets(tpath)
-            except ValueError as exc:
-                problems.append((tpath, str(exc)))
-        fleets[hdir.name] = fleet_names(hdir)
-
-    keys, strays = _list_fio_folder(raw_dir)
-    layout = "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json"
-    problems += [(raw_dir / key, layout) for key in strays]
-    keys, unrecorded, sessions = _recorded_results(raw_dir, keys)
-    problems += unrecorded
-
+    keys, problems, targets, fleets, sessions = _run_layout(raw_dir)
+    notes: list = []
     cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
     rows, results = cache.load(raw_dir, keys) if cache else (pd.DataFrame(), {})
     todo = [k for k in keys if k not in results]
@@ -278,6 +264,25 @@ def streamed_fio_table(
     # how the table was made: files parsed now vs rows reused from the cache
     df.attrs["ingest"] = {"files": len(keys), "parsed": len(todo), "reused": len(keys) - len(todo)}
     return df
+
+
+def _run_layout(raw_dir: Path) -> tuple[list[str], list, dict, dict, dict]:
+    """(the fio results to read, problems so far, each host's design targets, its fleet names,
+    the sessions: :func:`_recorded_results`) of a run folder."""
+    problems, targets, fleets = [], {}, {}  # fleets: {host: fleet_names}
+    for hdir in host_dirs(raw_dir):
+        tpath = hdir / "fio" / "targets.json"
+        if tpath.exists():
+            try:
+                targets[hdir.name] = read_targets(tpath)
+            except ValueError as exc:
+                problems.append((tpath, str(exc)))
+        fleets[hdir.name] = fleet_names(hdir)
+    keys, strays = _list_fio_folder(raw_dir)
+    layout = "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json"
+    problems += [(raw_dir / key, layout) for key in strays]
+    keys, unrecorded, sessions = _recorded_results(raw_dir, keys)
+    return keys, problems + unrecorded, targets, fleets, sessions
 
 
 def _concat_runs(runs: list[pd.DataFrame]) -> pd.DataFrame:
