@@ -29,7 +29,9 @@ def whole_run_tables(raw: Path, out: Path) -> Path:
     tables = ingest.ingest_run(raw, workers=1, chunk_files=ALL_AT_ONCE)
     for table in tables.values():
         table.attrs = {}
-    tablefiles.write_tables(out, tables, ingest.machine_paths(tables["env"], raw.resolve()))
+    tablefiles.write_tables(
+        out, tables, ingest.machine_paths(tables["env"], raw.resolve(), tables["job_devices"])
+    )
     return out
 
 
