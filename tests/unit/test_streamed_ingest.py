@@ -116,6 +116,7 @@ def test_streamed_files_equal_the_whole_run_in_parallel_and_from_the_cache(
     assert_same_folder(got, want)
 
 
+@pytest.mark.slow
 def test_a_strict_ingest_of_a_bad_file_names_it_and_writes_nothing(two_hosts, tmp_path):
     bad = two_hosts / "vm2" / "fio" / "luks" / "read-4k-qd1" / "rep2.json"
     bad.write_text(bad.read_text()[:500])
