@@ -16,6 +16,7 @@ import pandas as pd
 
 from luksbench.analysis import boundary as boundaries
 from luksbench.analysis.sequential import next_round
+from luksbench.formats.plan import read_plan
 
 
 def progress(doc: dict, started: float) -> str:
@@ -40,9 +41,7 @@ def check_rounds_sessions(plan_path) -> None:
     stack-up for every shortfall."""
     if plan_path is None or not Path(plan_path).exists():
         return
-    import json
-
-    sessions = int(json.loads(Path(plan_path).read_text()).get("sessions", 1))
+    sessions = read_plan(Path(plan_path)).sessions
     if sessions >= 2:
         raise RuntimeError(
             f"{plan_path}: sessions {sessions} with adaptive.mode sequential: the workflow's rounds "
