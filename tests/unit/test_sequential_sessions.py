@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from simulate import BOUNDARIES, covers, sequential_sessions_run, wrong_decision
+from testkit.testbox import loop_plan
 
 from luksbench.analysis.sequential import cycle_looks, session_look_levels
 
@@ -59,8 +60,8 @@ def test_the_workflows_rounds_refuse_sessions_until_they_cycle_them(tmp_path):
     from luksbench.orchestrate.sequential import check_rounds_sessions
 
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"sessions": 1}))
+    plan.write_text(json.dumps(loop_plan("r", tmp_path, sessions=1)))
     check_rounds_sessions(plan)
-    plan.write_text(json.dumps({"sessions": 3}))
+    plan.write_text(json.dumps(loop_plan("r", tmp_path, sessions=3)))
     with pytest.raises(RuntimeError, match=r"sessions 3 with adaptive.mode sequential"):
         check_rounds_sessions(plan)

@@ -65,6 +65,7 @@ from luksbench.analysis.ingest_tables import (  # noqa: F401 - the entry points'
 )
 from luksbench.analysis.stats import active_rows, with_pattern
 from luksbench.formats.manifest import (
+    migrated_manifest,
     result_sessions,
     session_records,
 )
@@ -131,8 +132,11 @@ def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, 
             except ValueError:  # an unreadable manifest: the schedule table names it
                 continue
             written |= {f"{hdir.name}/{p}": s for p, s in result_sessions(manifest).items()}
-            planned = manifest.get("sessions", 1)
-            planned = planned if isinstance(planned, int) else 1
+            try:
+                planned = migrated_manifest(manifest, str(path))["sessions"]
+            except (ValueError, KeyError):  # an unknown version: the schedule table names it
+                continue
+            planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else 1
             sessions["planned"][hdir.name] = max(planned, sessions["planned"].get(hdir.name, 1))
         sessions["results"] |= written
         if written:

@@ -63,7 +63,7 @@ def session_pairs(
     shortfall alone (no further stack-up: the rounds cycle the sessions)."""
     stacks = set(baseline_first(plan))
     per_session = cell_repetitions(plan, targets)
-    sessions = int(plan.get("sessions", 1))
+    sessions = int(plan["sessions"])
     pairs = {}
     for w in workloads(plan):
         reps = {rep: by for (cell, rep), by in existing.items() if cell == w.id}
