@@ -1,7 +1,7 @@
 """Ingest throughput: how many fio result files per second does the analysis parse?
 
-    python benchmarks/ingest_speed.py [-n 10000] [-n 100000] [--workers 2] [--templates single|all]
-                                      [--keep DIR]
+    python benchmarks/ingest_speed.py [-n 10000] [-n 100000] [--workers 2] [--templates single|all|jsonplus]
+                                      [--chunk-files K] [--keep DIR]
 
 Builds a raw run folder of N fio JSON files in a temporary directory, every file a byte-for-byte
 copy of a REAL fio output from /work/shared/datasets/external (``../shared/datasets/external``
@@ -14,6 +14,9 @@ repetitions numbered up to N. Then times, on a cold cache:
 * NO CHANGE    the same again: the incremental cache finds every file unchanged;
 * +1 % FILES   N/100 new result files added, ingested incrementally.
 
+``--templates jsonplus`` uses real fio json+ outputs (completion-latency histograms): the fixture
+``tests/fixtures/fio-3.33_jsonplus_*.json`` and the sample's own results (read, never edited), for
+the memory figure at fleet scale (ingest streams the histograms in chunks of ``--chunk-files``).
 ``--templates single`` (default) uses the external outputs shaped like luksbench's own results (one
 job per file: fio 2.18 to 3.40); ``all`` adds the multi-job files (10 to 22 jobs per file). Goal:
 >= 8,000 files/s on 2 cores for FULL. The CPU seconds (this process and its workers) are printed
@@ -38,6 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXTERNAL = REPO.parent / "shared" / "datasets" / "external"
 SAMPLE_HOST = REPO / "data" / "raw" / "sample" / "vm"
+FIXTURES = REPO / "tests" / "fixtures"
 GOAL_FILES_PER_S = 8000
 GOAL_PEAK_GIB = 4
 
@@ -66,7 +70,11 @@ def templates(kind: str) -> list[tuple[Path, str]]:
     from luksbench.formats.layout import Workload
 
     out = []
-    for path in sorted(p for p in EXTERNAL.rglob("*") if p.is_file()):
+    sources = sorted(p for p in EXTERNAL.rglob("*") if p.is_file())
+    if kind == "jsonplus":  # real json+ outputs: the fixture and the sample's own results
+        sources = sorted(FIXTURES.glob("*jsonplus*.json"))
+        sources += sorted((SAMPLE_HOST / "fio").glob("*/*/rep*[0-9].json"))
+    for path in sources:
         if path.suffix in (".md", ".csv") or "cryptsetup" in path.name:
             continue
         try:
@@ -78,7 +86,7 @@ def templates(kind: str) -> list[tuple[Path, str]]:
         first = next((r for r in rows if r.get("rw") and r.get("bs_bytes")), None)
         if first is None or first.get("iodepth") is None:
             continue
-        if kind == "single" and len({r.get("job") for r in rows}) > 1:
+        if kind != "all" and len({r.get("job") for r in rows}) > 1:
             continue
         wl = Workload(str(first["rw"]), int(first["bs_bytes"]), int(first["iodepth"]))
         out.append((path, wl.id))
@@ -167,7 +175,9 @@ def load() -> str:
         return " ".join(f.read().split()[:3])
 
 
-def bench(n: int, workers: int, kind: str, keep: Path | None) -> None:
+def bench(
+    n: int, workers: int, kind: str, keep: Path | None, chunk_files: int | None = None
+) -> None:
     from luksbench.analysis import ingest
 
     tmpl = templates(kind)
@@ -182,30 +192,43 @@ def bench(n: int, workers: int, kind: str, keep: Path | None) -> None:
         os.sync()
         print(f"  load average before: {load()}")
         cpu0 = cpu_s()
-        full_s, out = timed(lambda: ingest.write_processed(raw, processed, workers=workers))
+        full_s, out = timed(
+            lambda: ingest.write_processed(raw, processed, workers=workers, chunk_files=chunk_files)
+        )
         main_cpu, workers_cpu = (
             after - before for after, before in zip(cpu_s(), cpu0, strict=True)
         )
-        import pandas as pd
+        import pyarrow.parquet as pq
 
         main_gib, worker_gib = peak_rss_gib()
-        rows = len(pd.read_parquet(out["fio"]))
+        rows, bins = (pq.ParquetFile(out[t]).metadata.num_rows for t in ("fio", "latency"))
         print(
-            f"  FULL        {full_s:8.2f} s  {n / full_s:9,.0f} files/s  ({rows:,} rows, "
+            f"  FULL        {full_s:8.2f} s  {n / full_s:9,.0f} files/s  ({rows:,} rows, {bins:,} "
+            f"latency rows, "
             f"{workers} workers, {main_cpu + workers_cpu:.2f} CPU s: main process "
             f"{main_cpu:.2f}, workers {workers_cpu:.2f})  goal >= {GOAL_FILES_PER_S:,} files/s: "
             + ("met" if n / full_s >= GOAL_FILES_PER_S else "NOT met")
         )
         print(
             f"  PEAK MEMORY main process {main_gib:.2f} GiB, largest worker {worker_gib:.2f} GiB "
-            f"(resident; goal under {GOAL_PEAK_GIB} GiB at 200,000 json+ results)"
+            f"(getrusage ru_maxrss: resident; goal under {GOAL_PEAK_GIB} GiB at 200,000 json+ "
+            "results)"
         )
-        same_s, _ = timed(lambda: ingest.write_processed(raw, processed, workers=workers))
+        same_s, _ = timed(
+            lambda: ingest.write_processed(raw, processed, workers=workers, chunk_files=chunk_files)
+        )
         print(f"  NO CHANGE   {same_s:8.2f} s  (all {n:,} files found unchanged in the cache)")
         extra = max(1, n // 100)
         build_raw(raw, extra, tmpl, start=n)
-        more_s, _ = timed(lambda: ingest.write_processed(raw, processed, workers=workers))
+        more_s, _ = timed(
+            lambda: ingest.write_processed(raw, processed, workers=workers, chunk_files=chunk_files)
+        )
         print(f"  +1 % FILES  {more_s:8.2f} s  ({extra:,} new files parsed, {n:,} reused)")
+        main_gib, worker_gib = peak_rss_gib()
+        print(
+            f"  PEAK MEMORY over all three: main process {main_gib:.2f} GiB, largest worker "
+            f"{worker_gib:.2f} GiB"
+        )
         print(f"  load average after: {load()}")
     finally:
         if keep is None:
@@ -216,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, action="append", help="files (repeatable; default 10000)")
     parser.add_argument("--workers", type=int, default=None, help="default: CPUs available")
-    parser.add_argument("--templates", choices=("single", "all"), default="single")
+    parser.add_argument("--templates", choices=("single", "all", "jsonplus"), default="single")
+    parser.add_argument(
+        "--chunk-files", type=int, help="files per ingest chunk (default: ingest's)"
+    )
     parser.add_argument("--keep", type=Path, help="build under this folder and keep it")
     args = parser.parse_args(argv)
     from luksbench.analysis.ingest import default_workers
@@ -224,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = args.workers or default_workers()
     print(f"machine: {machine()}")
     for n in args.n or [10_000]:
-        bench(n, workers, args.templates, args.keep)
+        bench(n, workers, args.templates, args.keep, args.chunk_files)
     return 0
 
 

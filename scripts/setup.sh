@@ -69,6 +69,13 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e .
   echo "$want" >"$stamp"
 fi
+# rfc3987-syntax (pulled in by jupyter-events through jsonschema[format-nongpl]) compiles 39 Lark
+# grammars whenever jsonschema is imported: 1.5 s of CPU in every snakemake and `luksbench plan`
+# process, minutes over the test suite. No schema here uses the IRI formats it checks; without it
+# jsonschema leaves only those formats unchecked.
+if "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("rfc3987_syntax") is None)'; then
+  "$venv/bin/python" -m pip uninstall -y -q --disable-pip-version-check rfc3987-syntax
+fi
 if [ "$(venv_source)" != "$here" ]; then
   echo "setup: $venv imports luksbench from $(venv_source), not from $here" >&2
   exit 1

@@ -1,7 +1,8 @@
 """The documented small Ceph config through the whole workflow: snakemake builds the cluster at
 stack-up, measures the four arms (crc and secure clients over a plain and a LUKS OSD) with each
 run's mode verified and the daemons' CPU recorded in its sidecar, tears the cluster down, and
-publishes; nothing of the cluster is left. About two minutes here."""
+publishes, the paper's Ceph section from the processed tables; nothing of the cluster is left.
+About three minutes here."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import yaml
 from testkit.workflow import copy_workflow
 
+from luksbench.analysis.ceph_tables import PROCESS_TREE
+from luksbench.publish.text import decision_kind, effect_ci
 from luksbench.testbox import cephdown
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
@@ -61,7 +66,12 @@ def test_the_small_ceph_config_runs_end_to_end(workdir):
 
     fio_dir = next((workdir / "data" / "raw" / "ceph-small").iterdir()) / "fio"
     sidecars = sorted(fio_dir.glob("*/*/rep*.cpu.json"))
-    assert len(sidecars) == 4 * 2 * 2  # arms x cells x repetitions
+    config = yaml.safe_load((workdir / "config" / "ceph-small.yaml").read_text())
+    cells = len(config["matrix"]["rw"]) * len(config["matrix"]["bs"])
+    assert (
+        len(sidecars)
+        == len(ARMS) * cells * len(config["matrix"]["iodepth"]) * config["repetitions"]
+    )
     osd_cpu = 0.0
     for path in sidecars:
         arm = path.parts[-3]
@@ -77,7 +87,8 @@ def test_the_small_ceph_config_runs_end_to_end(workdir):
 
     processed = workdir / "data" / "processed" / "ceph-small"
     assert (processed / "loss.parquet").stat().st_size > 0
-    assert (workdir / "paper" / "ceph-small" / "index.md").exists()
+    assert_ceph_tables_are_the_sidecars(processed, fio_dir.parent.parent)
+    assert_the_ceph_section_prints_the_tables(processed, workdir / "paper" / "ceph-small")
 
     scratch = workdir / "data" / "scratch" / "ceph-small"
     assert not list(scratch.rglob("ceph")), "the cluster's folder was left"
@@ -87,3 +98,35 @@ def test_the_small_ceph_config_runs_end_to_end(workdir):
     assert not our_processes(workdir)
     again = snakemake(workdir, "-n", "all")
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+
+
+def assert_ceph_tables_are_the_sidecars(processed: Path, raw: Path) -> None:
+    """Every run's row of the ceph table holds what its sidecar recorded: the arm's OSDs' CPU,
+    fio's process tree, the mode its connections used."""
+    ceph = pd.read_parquet(processed / "ceph.parquet")
+    assert len(ceph) == len(list(raw.glob("*/fio/*/*/rep*.cpu.json")))
+    for row in ceph.to_dict("records"):
+        record = json.loads((raw / row["file"].replace(".json", ".cpu.json")).read_text())["ceph"]
+        osds = [f"ceph-osd.{d['osd']}" for d in record["osd_devices"]]
+        assert row["osd_cpu_s"] == pytest.approx(sum(record["daemon_cpu_s"][n] for n in osds))
+        assert row["client_cpu_s"] == record["client_cpu_s"] > 0
+        assert row["client_cpu_basis"] == PROCESS_TREE
+        assert row["messenger_mode_seen"] == ARMS[row["stack"]][0]
+        assert bool(row["osd_encrypted"]) == ARMS[row["stack"]][1]
+
+
+def assert_the_ceph_section_prints_the_tables(processed: Path, paper: Path) -> None:
+    """The paper's Ceph section quotes the loss stage's Ceph rows and the Reef rows it matched."""
+    text = (paper / "index.md").read_text()
+    section = text.split("## Ceph: on-disk and on-the-wire encryption", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    cpu = pd.read_parquet(processed / "ceph_loss.parquet")
+    rows = cpu[cpu["metric"].isin(["osd_cpu_us_per_io", "client_cpu_us_per_io"])]
+    assert len(rows) == 3 * 2 * 2  # three arms against plain, two cells, client and OSD
+    for r in rows.to_dict("records"):
+        quoted = f"{effect_ci(r)} {decision_kind(r['decision'])}"
+        assert quoted in section, quoted
+    reef = pd.read_parquet(processed / "ceph_reef.parquet")
+    assert len(reef) > 0  # 4k random reads and writes at QD128: the Reef 4 KB tables' shape
+    for published in reef["pct_of_unencrypted_as_published"]:
+        assert f"| {published} |" in section

@@ -114,6 +114,13 @@ EXPECTED = {
         "cells": 2 * 2 * 2 + 2,  # + the "sync" set: 4k randread/randwrite at qd1, O_SYNC
         "runtime_s": 300,
     },
+    "ceph-reef-2023-cluster": {
+        "stacks": {arm: set() for arm in ("rbd-crc", "rbd-secure", "rbd-luks", "rbd-luks-secure")},
+        "baseline": "rbd-crc",
+        "variant": "rbd-luks",
+        "cells": 2 * 2 * 2,  # the "sync" set is the qd1 cells (an RBD write is durable on ack)
+        "runtime_s": 30,  # scaled from the study's 300 s
+    },
     "raid5-2012": {
         "stacks": {
             "raid5": {f"d{i}" for i in range(0, 5)},

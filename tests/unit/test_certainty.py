@@ -77,6 +77,7 @@ def test_fixed_design_coverage_and_decisions_at_the_boundaries(tmp_path):
     assert every.loc[own, "derived_from"].isna().all()
 
 
+@pytest.mark.slow
 def test_fixed_design_three_pairs_coverage(tmp_path):
     """The default run's design: 3 pairs per cell (4000 cells: 100 workloads x 40 jobs)."""
     rng = np.random.default_rng(3)
@@ -144,6 +145,7 @@ def test_adaptive_design_coverage_capped_and_uncapped(tmp_path):
     assert (half[~capped] <= 2.0).mean() > 0.95
 
 
+@pytest.mark.slow
 def test_stein_keeps_coverage_where_the_final_sd_does_not():
     """One job per cell, each arm's noise sd 0.02-0.03 (sd of d 0.028-0.042, near the cap's
     threshold of 0.022): the pilot's SD decides both where a cell stops and, with the final SD,

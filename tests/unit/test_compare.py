@@ -215,6 +215,7 @@ def test_bad_requests_are_named(runs):
         compare.load_run_data(runs["base"] / "no-such-run")
 
 
+@pytest.mark.slow
 def test_cli_writes_table_markdown_and_figure(runs, tmp_path):
     out = tmp_path / "cmp"
     result = subprocess.run(

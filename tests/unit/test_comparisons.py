@@ -116,6 +116,7 @@ def test_with_comparisons_the_variant_must_still_be_a_stack():
         comparisons.check(STACKS, "raw", "luks; touch pwned", given)
 
 
+@pytest.mark.slow
 def test_the_workflow_refuses_a_bad_comparison_before_anything_runs(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     config = tmp_path / "bad.yaml"
@@ -187,6 +188,7 @@ def run(tmp_path_factory) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_loss_parquet_holds_every_comparison_headline_first(run):
     loss = pd.read_parquet(run["processed"] / "loss.parquet")
     assert comparisons.comparison_pairs(loss) == PAIRS
@@ -198,6 +200,7 @@ def test_loss_parquet_holds_every_comparison_headline_first(run):
         pd.testing.assert_frame_equal(rows, alone, check_dtype=False)
 
 
+@pytest.mark.slow
 def test_a_known_ratio_comes_out(run):
     loss = run["loss"]
     bw = loss[
@@ -209,6 +212,7 @@ def test_a_known_ratio_comes_out(run):
     assert bw["effect_pct"].to_numpy() == pytest.approx([TRUE_RAID0_LUKS_LOSS] * 4, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_pattern_cells_are_never_merged_with_main_cells(run):
     loss = run["loss"]
     bw = loss[(loss["variant"] == "luks") & (loss["metric"] == "bw_bytes")].set_index("workload")
@@ -224,6 +228,7 @@ def test_pattern_cells_are_never_merged_with_main_cells(run):
     assert block["ratio"] == pytest.approx(main["ratio"] * LARGEBLOCK_LUKS_FACTOR, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_the_paper_has_one_section_per_comparison_with_its_numbers(run):
     md = run["md"]
     assert md.splitlines()[1] == 'title: "What does luks cost? luksbench run cmp"'
@@ -259,6 +264,7 @@ def test_the_paper_has_one_section_per_comparison_with_its_numbers(run):
     assert "`raid0-luks` against `raid0`: do not turn it on" in md
 
 
+@pytest.mark.slow
 def test_the_paper_keeps_pattern_cells_apart_and_describes_the_pattern(run):
     md = run["md"]
     # the pattern cell has rows of its own, labelled with its pattern
@@ -273,6 +279,7 @@ def test_the_paper_keeps_pattern_cells_apart_and_describes_the_pattern(run):
     assert "ioengine libaio" in main and "direct=1" in main
 
 
+@pytest.mark.slow
 def test_the_unavailable_stack_is_listed_with_its_reason(run):
     stacks = pd.read_parquet(run["processed"] / "stacks.parquet")
     row = stacks.set_index("stack").loc["null-cipher"]
@@ -288,6 +295,7 @@ def test_the_unavailable_stack_is_listed_with_its_reason(run):
     assert "null-cipher" not in {c["stack"] for c in ceilings}
 
 
+@pytest.mark.slow
 def test_figures_per_comparison_and_per_pattern(run):
     figures = run["figures"]
     assert {"loss", "loss-raid0-luks-vs-raid0", "loss-raid0-luks-vs-luks"} <= set(figures)
@@ -314,6 +322,7 @@ def test_figures_per_comparison_and_per_pattern(run):
     )
 
 
+@pytest.mark.slow
 def test_the_headline_falls_back_to_the_first_comparison(run, tmp_path):
     import shutil
 
@@ -329,6 +338,7 @@ def test_the_headline_falls_back_to_the_first_comparison(run, tmp_path):
     assert "What does raid0-luks cost?" in md.read_text().splitlines()[1]
 
 
+@pytest.mark.slow
 def test_a_comparison_without_results_is_left_out_with_a_note(run, tmp_path, capsys):
     import shutil
 
@@ -347,6 +357,7 @@ def test_a_comparison_without_results_is_left_out_with_a_note(run, tmp_path, cap
         write_loss(processed, baseline="plain", variant="x", comparisons=given[:1])
 
 
+@pytest.mark.slow
 def test_adaptive_pilot_sds_cover_every_comparison(run):
     """The pilot's noise is the largest SD over the comparisons: raid0-luks vs luks is noisier
     than raid0-luks vs raid0 (whose SD is that of ln of the three factors)."""

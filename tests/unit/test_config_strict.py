@@ -141,6 +141,7 @@ def test_the_dry_run_refuses_a_retyped_config_argument(given, named, workflow_co
     assert named in result.stdout + result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_quoted_date_is_a_name_and_the_dry_run_plans_it(workflow_copy, tmp_path):
     (tmp_path / "ok.yaml").write_text("run: '2026-01-15'\nhost: box-1\n")
     result = dry_run("--configfile", str(tmp_path / "ok.yaml"), cwd=workflow_copy)

@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "raw" / "sample"
 
 
+@pytest.mark.slow
 def test_each_round_takes_one_idle_sample_before_its_first_run():
     outcome = {"idle_samples": [], "cpu_idle_baseline": None}
     assert runner.round_idle_sample(outcome, 1) == 0

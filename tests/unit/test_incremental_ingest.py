@@ -74,6 +74,7 @@ def test_parallel_chunks_equal_one_process(raw, small_chunks):
     assert_same_tables(got, want)
 
 
+@pytest.mark.slow
 def test_only_new_or_changed_files_are_parsed(raw, tmp_path, small_chunks):
     cache = tmp_path / "cache"
     first = ingest.ingest_run(raw, cache_dir=cache, workers=2)

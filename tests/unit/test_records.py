@@ -109,7 +109,11 @@ def test_the_plan_record_reads_as_its_document():
 # --- manifest, sessions, env, targets: documents kept whole ---------------------------------------
 
 DOCUMENTS = [
-    (manifest.write_manifest, manifest.read_manifest, {"run": "r", "complete": True, "runs": []}),
+    (
+        manifest.write_manifest,
+        manifest.read_manifest,
+        {"run": "r", "complete": True, "sessions": 1, "runs": []},
+    ),
     (envdoc.write_env, envdoc.read_env, {"captured": "2026-01-01T00:00:00Z", "plan": PLAN_V1}),
     (targets.write_targets, targets.read_targets_document, {"pairs": {"read-4k-qd1": 5}}),
 ]
@@ -126,6 +130,13 @@ def test_a_document_round_trips_with_its_version_and_keeps_unknown_keys(tmp_path
 @pytest.mark.parametrize(("write", "read", "doc"), DOCUMENTS)
 def test_a_version_1_document_reads_as_version_2(tmp_path, write, read, doc):
     assert read(dump(tmp_path / "record.json", doc)) == {"version": 2, **doc}
+
+
+def test_a_version_1_manifest_without_sessions_measured_one(tmp_path):
+    doc = {"run": "r", "complete": True, "runs": []}
+    assert manifest.read_manifest(dump(tmp_path / "m.json", doc))["sessions"] == 1
+    three = manifest.read_manifest(dump(tmp_path / "k.json", {**doc, "sessions": 3}))
+    assert three["sessions"] == 3
 
 
 @pytest.mark.parametrize(("write", "read", "doc"), DOCUMENTS)

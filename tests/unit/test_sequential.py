@@ -56,6 +56,7 @@ def test_look_level_over_many_cells_stopped_at_the_first_decided_look(sd):
     assert ((low > truth[on]) | (truth[on] > high)).mean() > 0.08  # optional stopping at 95 %
 
 
+@pytest.mark.slow
 def test_the_stopping_rule_through_the_cli_keeps_coverage_and_decisions(tmp_path):
     """300 cells through ``luksbench next`` round by round (min 3, cap 12 pairs) with a budget of
     half the worst case, then ``luksbench loss``: sd(d) log-uniform 0.005-0.1, true losses on a

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from testkit.testbox import loop_plan
+
 from luksbench.cli import build_parser
 from luksbench.orchestrate.sequential import round_options
 from luksbench.testbox.runner import round_session, session_pairs
@@ -66,9 +68,9 @@ def test_an_interrupted_round_is_finished_as_its_own_session():
 
 def test_the_workflows_rounds_ask_run_fio_for_one_session_with_sessions(tmp_path):
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"sessions": 1}))
+    plan.write_text(json.dumps(loop_plan("r", tmp_path, sessions=1)))
     assert round_options(plan) == []
-    plan.write_text(json.dumps({"sessions": 3}))
+    plan.write_text(json.dumps(loop_plan("r", tmp_path, sessions=3)))
     assert round_options(plan) == ["--one-session"]
     argv = ["testbox", "run-fio", "--plan", "p", "--state", "s", "--raw-host-dir", "r"]
     args = build_parser().parse_args([*argv, "--manifest", "m", "--targets", "t", "--one-session"])

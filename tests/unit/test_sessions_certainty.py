@@ -55,6 +55,7 @@ def test_two_level_interval_covers_sessions_where_pooled_repetitions_do_not(tmp_
     assert covers(pooled, truth).mean() >= 0.93
 
 
+@pytest.mark.slow
 def test_without_a_session_effect_the_two_level_interval_still_holds(tmp_path):
     rng = np.random.default_rng(99)
     rows, truth = multi_session_run(tmp_path / "calm", rng, 100, 20, 0.0, SESSIONS)

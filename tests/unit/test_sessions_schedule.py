@@ -8,6 +8,7 @@ from luksbench.testbox.runner import schedule, session_pairs
 PLAN = {
     "seed": 7,
     "repetitions": 3,
+    "sessions": 1,
     "baseline": "plain",
     "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
     "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1, 32]},

@@ -318,6 +318,7 @@ def test_tune_dmcrypt_changes_one_setting_per_arm_against_the_luks2_default(tmp_
 # --- the dry run -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_dry_run_lists_the_full_matrix(name, workflow_copy):
     expected = EXPECTED[name]
@@ -347,6 +348,7 @@ def test_the_dry_run_lists_the_full_matrix(name, workflow_copy):
     assert not (workflow_copy / "data" / "raw" / name).exists(), "a dry run must not measure"
 
 
+@pytest.mark.slow
 def test_a_user_file_runs_a_study_on_its_own_disks(workflow_copy):
     """README's mybox.yaml: study + devices by stable path (+ a shorter runtime)."""
     disks = {f"d{i}": f"/dev/disk/by-id/nvme-PYTEST_DISK_{i}" for i in range(8)}

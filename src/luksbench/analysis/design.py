@@ -130,15 +130,17 @@ def write_design_targets(
     comparisons: list[tuple[str, str]] | None = None,
 ) -> dict:
     """Compute the targets of one host from its pilot (``fio``: the run's fio table, strict ingest)
-    and write them as JSON to ``out``; a readable summary goes to ``log``."""
+    and write them as JSON to ``out``; a readable summary goes to ``log``. ``adaptive``: the
+    validated config's (or the command line's) metric, pilot_pairs, target_half_width_pct and
+    max_pairs, every one given: the schema holds their defaults."""
     docs = pilot_targets(
         fio[fio["host"] == host],
         baseline,
         variants,
-        metric=adaptive.get("metric", "bw_bytes"),
-        pilot_pairs=int(adaptive.get("pilot_pairs", 4)),
-        target_half_width_pct=float(adaptive.get("target_half_width_pct", 2.0)),
-        max_pairs=int(adaptive.get("max_pairs", 12)),
+        metric=adaptive["metric"],
+        pilot_pairs=int(adaptive["pilot_pairs"]),
+        target_half_width_pct=float(adaptive["target_half_width_pct"]),
+        max_pairs=int(adaptive["max_pairs"]),
         confidence=confidence,
         cells=cells,
         comparisons=comparisons,

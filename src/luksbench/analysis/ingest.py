@@ -6,10 +6,10 @@
 ``cryptsetup_table``  ``cryptsetup benchmark`` rows per host.
 ``env_table``         one row per host with the key facts of ``env.json`` flattened.
 ``stacks_table``      one row per host x stack from ``fio/manifest.json``'s stack descriptions.
-``PLAN_TABLES``       env.json's plan and devices and the stacks' perf flags and notes, as long
-                      tables (job_devices, patterns, plan_fio, plan_stacks, perf_flags, stack_notes).
 ``schedule_table``    one row per fio run of every session's manifest: when it ran, in which round.
 ``latency``           the json+ histograms of the fio table's measured rows (:data:`LATENCY_COLUMNS`).
+``PLAN_TABLES``       env.json's plan and devices and the stacks' perf flags and notes, as long
+                      tables (job_devices, patterns, plan_fio, plan_stacks, perf_flags, stack_notes).
 ``write_processed``   all of them as ``<processed_dir>/<table>.parquet`` and ``.csv``, incremental
                       (only new or changed raw files are parsed) and parallel.
 
@@ -21,14 +21,13 @@ read-only: nothing here writes into ``raw_dir``.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis import cpucost, saturation, tablefiles, tails
+from luksbench.analysis import ceph_tables, cpucost, ingest_parse, saturation, tablefiles, tails
 from luksbench.analysis.ingest_cache import CACHE_DIRNAME, _IngestCache
 from luksbench.analysis.ingest_columns import (  # noqa: F401 - the entry points' names, kept here
     _CPU_COLUMNS,
@@ -42,7 +41,12 @@ from luksbench.analysis.ingest_columns import (  # noqa: F401 - the entry points
     host_dirs,
     run_name,
 )
-from luksbench.analysis.ingest_parse import _list_fio_folder, _parse_files, default_workers
+from luksbench.analysis.ingest_parse import (
+    _list_fio_folder,
+    _parsed_chunks,
+    default_workers,
+)
+from luksbench.analysis.ingest_stream import LatencyParquet, merged_bins, rows_by_chunk
 from luksbench.analysis.ingest_tables import (  # noqa: F401 - the entry points' names, kept here
     CRYPTSETUP_TABLE_COLUMNS,
     ENV_COLUMNS,
@@ -55,11 +59,13 @@ from luksbench.analysis.ingest_tables import (  # noqa: F401 - the entry points'
     cryptsetup_table,
     env_table,
     fleet_names,
+    machine_paths,
     schedule_table,
     stacks_table,
 )
 from luksbench.analysis.stats import active_rows, with_pattern
 from luksbench.formats.manifest import (
+    migrated_manifest,
     result_sessions,
     session_records,
 )
@@ -72,7 +78,16 @@ LATENCY_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
 ).split()
 
 #: the processed tables, in the order they are written (``<processed_dir>/<name>.parquet``)
-PROCESSED_TABLES = ("fio", "latency", "cryptsetup", "env", "stacks", *PLAN_TABLES, "schedule")
+PROCESSED_TABLES = (
+    "fio",
+    "latency",
+    "cryptsetup",
+    "env",
+    "stacks",
+    *PLAN_TABLES,
+    "schedule",
+    "ceph",
+)
 PROCESSED_TABLES += ("problems",)
 PROCESSED_FILES = tuple(f"{name}.parquet" for name in PROCESSED_TABLES)
 
@@ -117,8 +132,11 @@ def _recorded_results(raw_dir: Path, keys: list[str]) -> tuple[list[str], list, 
             except ValueError:  # an unreadable manifest: the schedule table names it
                 continue
             written |= {f"{hdir.name}/{p}": s for p, s in result_sessions(manifest).items()}
-            planned = manifest.get("sessions", 1)
-            planned = planned if isinstance(planned, int) else 1
+            try:
+                planned = migrated_manifest(manifest, str(path))["sessions"]
+            except (ValueError, KeyError):  # an unknown version: the schedule table names it
+                continue
+            planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else 1
             sessions["planned"][hdir.name] = max(planned, sessions["planned"].get(hdir.name, 1))
         sessions["results"] |= written
         if written:
@@ -173,12 +191,102 @@ def fio_and_latency_tables(
     cache_dir: Path | None = None,
     workers: int | None = None,
     meanwhile=None,
+    chunk_files: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`fio_table` and the json+ latency histograms of its rows (:data:`LATENCY_COLUMNS`),
-    read in the same pass; ``meanwhile()`` runs while the worker processes parse."""
+    read in the same pass; ``meanwhile()`` runs while the worker processes parse. ``chunk_files``:
+    files per chunk (:func:`streamed_fio_table`)."""
+    chunks: list[pd.DataFrame] = []
+    fio = streamed_fio_table(
+        raw_dir, chunks.append, strict, cache_dir, workers, meanwhile, chunk_files
+    )
+    return fio, _concat_latency(chunks)
+
+
+def _empty_latency() -> pd.DataFrame:
+    return pd.DataFrame.from_records([], columns=LATENCY_COLUMNS)
+
+
+def _concat_latency(chunks: list[pd.DataFrame]) -> pd.DataFrame:
+    """One latency table from the chunks :func:`streamed_fio_table` gave, in their order."""
+    kept = [c for c in chunks if len(c)]
+    if not kept:
+        return chunks[0] if chunks else _empty_latency()
+    return pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0]
+
+
+def streamed_fio_table(
+    raw_dir: Path,
+    latency_sink,
+    strict: bool = True,
+    cache_dir: Path | None = None,
+    workers: int | None = None,
+    meanwhile=None,
+    chunk_files: int | None = None,
+) -> pd.DataFrame:
+    """:func:`fio_table` without the CPU cost columns; the latency table goes to
+    ``latency_sink(frame)`` chunk by chunk, in its order (the chunks concatenated are the table).
+
+    The files are parsed ``chunk_files`` at a time (default :data:`ingest_parse.CHUNK_FILES`) in
+    the order of their names; a chunk's json+ bins become its latency rows and are dropped before later chunks
+    are taken, so memory grows with the number of files only by what the fio table and the cache
+    need of every file: its fio rows, its stat, problems and notes, and each run's summed-histogram
+    percentiles."""
     raw_dir = Path(raw_dir)
     workers = default_workers() if workers is None else max(1, int(workers))
-    problems, notes, targets, fleets = [], [], {}, {}  # fleets: {host: fleet_names}
+    keys, problems, targets, fleets, sessions, remeasured = _run_layout(raw_dir)
+    notes: list = []
+    cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
+    rows, results = cache.load(raw_dir, keys) if cache else (pd.DataFrame(), {})
+    todo = [k for k in keys if k not in results]
+    saving = cache is not None and bool(todo or set(cache.keys) != set(keys))
+    if saving:
+        cache.start_saving()
+    context = (keys, targets, fleets, sessions, remeasured)
+    try:
+        frames, runs = _stream_chunks(
+            raw_dir,
+            keys,
+            results,
+            rows,
+            cache,
+            workers,
+            meanwhile,
+            chunk_files,
+            context,
+            latency_sink,
+        )
+    except BaseException:
+        if saving:
+            cache.abandon()
+        raise
+    for key in keys:
+        res = results[key]
+        if res["problems"] or res["notes"]:  # most files have neither
+            problems += [(raw_dir / k, why) for k, why in res["problems"]]
+            notes += [(f"{raw_dir}/{k}", why) for k, why in res["notes"]]  # thousands: no Path
+    frames = [f for f in frames if len(f)]
+    if len(frames) > 1:  # one concat for both the cache and the table
+        frames = [pd.concat(frames, ignore_index=True)]
+    if saving:
+        cache.save({k: results[k]["stat"] for k in keys}, frames, results)
+    if problems and strict:
+        raise IngestError(raw_dir, problems)
+    df = _assemble(frames, *context)
+    # attrs last: pandas deep-copies them on every operation
+    df = tails.with_run_percentiles(df, _concat_runs(runs))
+    df.attrs["problems"] = [(str(p), why) for p, why in problems]
+    df.attrs["notes"] = [(str(p), why) for p, why in notes]
+    # how the table was made: files parsed now vs rows reused from the cache
+    df.attrs["ingest"] = {"files": len(keys), "parsed": len(todo), "reused": len(keys) - len(todo)}
+    return df
+
+
+def _run_layout(raw_dir: Path) -> tuple[list[str], list, dict, dict, dict, dict]:
+    """(the fio results to read, problems so far, each host's design targets, its fleet names,
+    the sessions: :func:`_recorded_results`, each host's re-measured pairs per workload) of a run
+    folder."""
+    problems, targets, fleets = [], {}, {}  # fleets: {host: fleet_names}
     remeasured: dict[str, dict[str, int]] = {}  # host dir -> workload -> pairs measured again
     for hdir in host_dirs(raw_dir):
         tpath = hdir / "fio" / "targets.json"
@@ -193,42 +301,48 @@ def fio_and_latency_tables(
             except ValueError as exc:
                 problems.append((rpath, str(exc)))
         fleets[hdir.name] = fleet_names(hdir)
-
     keys, strays = _list_fio_folder(raw_dir)
     layout = "does not follow <host>/fio/<stack>/<rw>-<bs>-qd<iodepth>/rep<k>.json"
     problems += [(raw_dir / key, layout) for key in strays]
     keys, unrecorded, sessions = _recorded_results(raw_dir, keys)
-    problems += unrecorded
+    return keys, problems + unrecorded, targets, fleets, sessions, remeasured
 
-    cache = _IngestCache(Path(cache_dir)) if cache_dir is not None else None
-    rows, bins, results = (
-        cache.load(raw_dir, keys) if cache else (pd.DataFrame(), pd.DataFrame(), {})
-    )
-    todo = [k for k in keys if k not in results]
-    new_frames, new_bins, new_results = _parse_files(raw_dir, todo, workers, meanwhile)
-    frames = [f for f in (rows, *new_frames) if len(f)]
-    if len(frames) > 1:  # one concat for both the cache and the table
-        frames = [pd.concat(frames, ignore_index=True)]
-    bins = [bins, *new_bins]
-    results.update(new_results)
-    for key in keys:
-        res = results[key]
-        if res["problems"] or res["notes"]:  # most files have neither
-            problems += [(raw_dir / k, why) for k, why in res["problems"]]
-            notes += [(f"{raw_dir}/{k}", why) for k, why in res["notes"]]  # thousands: no Path
-    if cache is not None and (todo or set(cache.keys) != set(keys)):
-        cache.save({k: results[k]["stat"] for k in keys}, frames, bins, results)
-    if problems and strict:
-        raise IngestError(raw_dir, problems)
-    df = _assemble(frames, keys, targets, fleets, sessions, remeasured)
-    latency = _latency_table(df, bins)
-    # attrs last: pandas deep-copies them on every operation
-    df = tails.with_histogram_percentiles(df, latency)
-    df.attrs["problems"] = [(str(p), why) for p, why in problems]
-    df.attrs["notes"] = [(str(p), why) for p, why in notes]
-    # how the table was made: files parsed now vs rows reused from the cache
-    df.attrs["ingest"] = {"files": len(keys), "parsed": len(todo), "reused": len(keys) - len(todo)}
-    return df, latency
+
+def _concat_runs(runs: list[pd.DataFrame]) -> pd.DataFrame:
+    kept = [r for r in runs if len(r)]
+    return pd.concat(kept, ignore_index=True) if kept else tails.run_percentiles(pd.DataFrame())
+
+
+def _stream_chunks(
+    raw_dir, keys, results, rows, cache, workers, meanwhile, chunk_files, context, latency_sink
+) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
+    """Parse the files not in ``results`` chunk by chunk (name order), each chunk's latency rows to
+    ``latency_sink``, its bins to the cache; returns the fio row frames (cached ``rows`` first)
+    and each chunk's run percentiles (:func:`tails.run_percentiles`). ``results`` gains the parsed
+    files' results."""
+    size = max(1, int(chunk_files or ingest_parse.CHUNK_FILES))
+    names = sorted(keys)  # the latency table's order: by file name
+    chunks = [names[i : i + size] for i in range(0, len(names), size)]
+    cached_rows = rows_by_chunk(rows, names, size, len(chunks))
+    to_parse = [[k for k in chunk if k not in results] for chunk in chunks]
+    cached_bins = cache.cached_bins if cache is not None else None
+    frames, runs = [rows], []
+    parsed = _parsed_chunks(raw_dir, to_parse, workers, meanwhile)
+    for i, (new_rows, new_bins, new_results) in enumerate(parsed):
+        reused = {k for k in chunks[i] if k in results}
+        old_bins = cached_bins.take(reused, chunks[i][-1]) if cached_bins else pd.DataFrame()
+        results.update(new_results)
+        frames.append(new_rows)
+        bins = merged_bins(old_bins, new_bins)
+        if cache is not None:
+            cache.write_bins(bins)
+        fio = _assemble([cached_rows[i], new_rows], *context)
+        latency = _latency_table(fio, [bins])
+        runs.append(tails.run_percentiles(latency))
+        latency_sink(latency)
+    if cached_bins is not None:
+        cached_bins.close()
+    return frames, runs
 
 
 def _latency_table(fio: pd.DataFrame, bins: list[pd.DataFrame]) -> pd.DataFrame:
@@ -330,23 +444,6 @@ def _link_target(link: str, raw_dir: Path) -> str:
     return f"{os.path.basename(target.rstrip('/')) or target}, outside the run folder"
 
 
-def machine_paths(env: pd.DataFrame, raw_dir: Path, devices: pd.DataFrame) -> dict[str, str]:
-    """{absolute path of the measuring machine: what a published table shows instead}: the run's
-    raw folder (paths inside it relative), each host's scratch directory (``<scratch_dir>``) and
-    each planned device that is no ``/dev`` path (``<device BLOCK>``), also as JSON escapes them."""
-    names = {}
-    for raw in dict.fromkeys((str(Path(raw_dir)), str(Path(raw_dir).resolve()))):
-        names |= {f"{raw}/": "", raw: "."}
-    for scratch in env.get("scratch_dir", pd.Series(dtype="string")).dropna():
-        if len(scratch.rstrip("/")) > 1:
-            names[scratch.rstrip("/")] = "<scratch_dir>"
-    for path, block in zip(devices["device"], devices["block_device"], strict=True):
-        if isinstance(path, str) and path.startswith("/") and not path.startswith("/dev/"):
-            names[path.rstrip("/") or path] = f"<device {'?' if pd.isna(block) else block}>"
-    names = {path: name for path, name in names.items() if path.startswith("/") and path != "/"}
-    return names | {json.dumps(p)[1:-1]: n for p, n in names.items() if json.dumps(p)[1:-1] != p}
-
-
 def _without_raw_dir(reason: str, raw_dir: Path) -> str:
     """A problem's reason with the run folder's absolute path cut (parse errors name the file)."""
     for raw in dict.fromkeys((str(Path(raw_dir).resolve()), str(Path(raw_dir)))):
@@ -359,6 +456,7 @@ def ingest_run(
     strict: bool = False,
     cache_dir: Path | None = None,
     workers: int | None = None,
+    chunk_files: int | None = None,
 ) -> dict[str, pd.DataFrame]:
     """All tables of one run folder (:data:`PROCESSED_TABLES`).
 
@@ -367,7 +465,24 @@ def ingest_run(
     listed in the "problems" table with the reason (severity "excluded"), as is a recorded result
     that is missing; files used with a caveat (several JSON documents: the last counts) are listed
     as "note". ``strict``: any excluded file raises one :class:`IngestError` naming every bad file.
-    ``cache_dir``/``workers``: as for :func:`fio_table`."""
+    ``cache_dir``/``workers``/``chunk_files``: as for :func:`fio_table` and
+    :func:`streamed_fio_table`."""
+    chunks: list[pd.DataFrame] = []
+    tables = _ingest_streamed(raw_dir, chunks.append, strict, cache_dir, workers, chunk_files)
+    order = dict.fromkeys(PROCESSED_TABLES)
+    return {name: tables[name] if name != "latency" else _concat_latency(chunks) for name in order}
+
+
+def _ingest_streamed(
+    raw_dir: Path,
+    latency_sink,
+    strict: bool = False,
+    cache_dir: Path | None = None,
+    workers: int | None = None,
+    chunk_files: int | None = None,
+) -> dict[str, pd.DataFrame]:
+    """:func:`ingest_run` but the latency table, which goes to ``latency_sink`` chunk by chunk
+    (:func:`streamed_fio_table`)."""
     raw_dir = Path(raw_dir)
     funcs = {"cryptsetup": cryptsetup_table, "env": env_table, "stacks": stacks_table}
     funcs |= PLAN_TABLES
@@ -378,10 +493,13 @@ def ingest_run(
         others.update((name, func(raw_dir, strict=False)) for name, func in funcs.items())
         links.extend(symbolic_links(raw_dir))
 
-    parsed = fio_and_latency_tables(raw_dir, False, cache_dir, workers, read_others)
+    fio = streamed_fio_table(
+        raw_dir, latency_sink, False, cache_dir, workers, read_others, chunk_files
+    )
     _decoded_json.cache_clear()
-    tables = dict(zip(("fio", "latency"), parsed, strict=True)) | others
+    tables = {"fio": fio} | others
     tables["fio"] = _with_cpu_cost(tables["fio"], tables["schedule"])
+    tables["ceph"] = ceph_tables.ceph_table(raw_dir, tables["fio"], tables["stacks"])
     problems = [p for table in tables.values() for p in table.attrs.get("problems", [])]
     named = {os.path.normpath(p) for p, _ in problems}
     problems += [(str(p), why) for p, why in links if os.path.normpath(p) not in named]
@@ -410,23 +528,34 @@ def write_processed(
     strict: bool = False,
     incremental: bool = True,
     workers: int | None = None,
+    chunk_files: int | None = None,
 ) -> dict[str, Path]:
     """Ingest ``raw_dir`` and write ``<processed_dir>/<table>.parquet`` (and ``.csv``, with the
     column dictionary) for every table of :func:`ingest_run`; returns {table name: path}.
 
     Every excluded file and every note is also printed on stderr, naming the file and why.
     Refuses a ``processed_dir`` inside ``raw_dir`` (raw is read-only). ``incremental``: with the
-    cache in ``<processed_dir>/.ingest-cache/`` (:func:`fio_table`)."""
+    cache in ``<processed_dir>/.ingest-cache/`` (:func:`fio_table`). The latency table is written
+    chunk by chunk as the files are parsed (``chunk_files`` at a time: :func:`streamed_fio_table`),
+    never held whole; nothing replaces a processed file when ingest fails."""
     raw_dir, processed_dir = Path(raw_dir).resolve(), Path(processed_dir).resolve()
     if processed_dir == raw_dir or raw_dir in processed_dir.parents:
         raise ValueError(
             f"processed_dir {processed_dir} is inside raw_dir {raw_dir}: raw is read-only"
         )
     cache_dir = processed_dir / CACHE_DIRNAME if incremental else None
+    created = not processed_dir.exists()
+    processed_dir.mkdir(parents=True, exist_ok=True)
+    latency = LatencyParquet(processed_dir / "latency.parquet", _empty_latency())
     collecting = gc.isenabled()
     gc.disable()  # ingest keeps many small objects alive: collections find no garbage, cost 5 %
     try:
-        tables = ingest_run(raw_dir, strict=strict, cache_dir=cache_dir, workers=workers)
+        tables = _ingest_streamed(raw_dir, latency, strict, cache_dir, workers, chunk_files)
+    except BaseException:
+        latency.discard()
+        if created and not any(processed_dir.iterdir()):
+            processed_dir.rmdir()
+        raise
     finally:
         if collecting:
             gc.enable()
@@ -439,14 +568,16 @@ def write_processed(
         )
     for row in tables["problems"].itertuples():
         print(f"ingest: {row.severity}: {raw_dir / row.file}: {row.reason}", file=sys.stderr)
-    processed_dir.mkdir(parents=True, exist_ok=True)
-    for name in PROCESSED_TABLES:
+    for name in tables:
         tables[name].attrs = {}  # the problems and notes, reported above; not table data
-    return tablefiles.write_tables(
-        processed_dir,
-        {name: tables[name] for name in PROCESSED_TABLES},
-        machine_paths(tables["env"], raw_dir, tables["job_devices"]),
-    )
+    paths = machine_paths(tables["env"], raw_dir, tables["job_devices"])
+    if latency.written:
+        latency.finish(paths)
+    else:
+        latency.discard()
+        tables["latency"] = latency.empty
+    written = tablefiles.write_tables(processed_dir, tables, paths)
+    return {name: written.get(name, latency.path) for name in PROCESSED_TABLES}
 
 
 def read_processed(processed_dir: Path) -> dict[str, pd.DataFrame]:

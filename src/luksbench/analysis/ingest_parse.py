@@ -87,10 +87,13 @@ def _matches_cell(rw, bs_bytes, iodepth, wl: Workload) -> bool:
     )
 
 
-#: fewest files parsed per task of the process pool (enough to amortise pickling)
-CHUNK_FILES = 250
+#: files per chunk: each chunk is parsed, its latency rows written and its bins dropped before the
+#: next ones, so memory stays flat in the number of files (a worker task parses one chunk)
+CHUNK_FILES = 2000
 #: below this many files to parse, a process pool costs more than it saves
 PARALLEL_MIN_FILES = 1000
+#: chunks parsed ahead of the one being written, per worker (bounds the results held waiting)
+CHUNKS_AHEAD = 2
 
 
 def default_workers() -> int:
@@ -221,19 +224,15 @@ def _ingest_chunk(raw_dir: str, keys: list[str]) -> tuple[pd.DataFrame, pd.DataF
     return _chunk_frame(rows, _CHUNK_COLUMNS), _bins_frame(bin_keys, bins), results
 
 
-def _parse_files(
-    raw_dir: Path, keys: list[str], workers: int, meanwhile=None
-) -> tuple[list[pd.DataFrame], list[pd.DataFrame], dict[str, dict]]:
-    """Parse ``keys`` in chunks, with a process pool of ``workers`` when it pays off; calls
-    ``meanwhile()`` here while the pool parses (else after parsing)."""
-    size = max(CHUNK_FILES, -(-len(keys) // (8 * workers)))  # fewer frames, still balanced
+def _parsed_chunks(raw_dir: Path, chunks: list[list[str]], workers: int, meanwhile=None):
+    """:func:`_ingest_chunk` of every chunk of keys, yielded in the chunks' order, with a process
+    pool of ``workers`` when it pays off (at most :data:`CHUNKS_AHEAD` chunks per worker parsed
+    ahead); calls ``meanwhile()`` here while the pool parses (else before the first chunk)."""
     pending = [meanwhile] if meanwhile else []  # run once, also when the pool breaks after it
-    # every n-th file: chunks of like cost whatever the mix of cells (the table is sorted later)
-    n = -(-len(keys) // size)
-    chunks = [keys[i::n] for i in range(n)]
-    done = None
-    if workers > 1 and len(keys) >= PARALLEL_MIN_FILES:
+    done = 0
+    if workers > 1 and sum(map(len, chunks)) >= PARALLEL_MIN_FILES:
         import multiprocessing
+        from collections import deque
         from concurrent.futures.process import BrokenProcessPool
 
         # fork: workers start with luksbench imported and never re-run the caller's main module
@@ -243,22 +242,28 @@ def _parse_files(
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         try:
             with ProcessPoolExecutor(workers, context, initializer=gc.disable) as pool:
-                parsed = pool.map(_ingest_chunk, [str(raw_dir)] * len(chunks), chunks)
-                import pyarrow.parquet  # noqa: F401 - the tables' writer, loaded while they parse
-
+                ahead: deque = deque()
+                for chunk in chunks:
+                    ahead.append(pool.submit(_ingest_chunk, str(raw_dir), chunk))
+                    if len(ahead) < CHUNKS_AHEAD * workers:
+                        continue
+                    while pending:
+                        pending.pop()()
+                    yield ahead.popleft().result()
+                    done += 1
                 while pending:
                     pending.pop()()
-                done = list(parsed)
+                while ahead:
+                    yield ahead.popleft().result()
+                    done += 1
         except BrokenProcessPool as exc:  # e.g. a worker killed for memory: parse here instead
             print(
                 f"ingest: parallel parsing failed ({exc}); parsing in one process", file=sys.stderr
             )
-    if done is None:
-        done = [_ingest_chunk(str(raw_dir), chunk) for chunk in chunks]
     while pending:
         pending.pop()()
-    results = {key: res for *_, chunk in done for key, res in chunk.items()}
-    return [d[0] for d in done], [d[1] for d in done], results
+    for chunk in chunks[done:]:
+        yield _ingest_chunk(str(raw_dir), chunk)
 
 
 def _list_fio_folder(raw_dir: Path) -> tuple[list[str], list[str]]:

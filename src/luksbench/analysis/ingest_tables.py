@@ -556,3 +556,20 @@ def schedule_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     df = pd.DataFrame.from_records(records, columns=SCHEDULE_COLUMNS)
     df = with_dtypes(df, _SCHEDULE_DTYPES, "string", errors="coerce")
     return _checked(df, raw_dir, problems, strict)
+
+
+def machine_paths(env: pd.DataFrame, raw_dir: Path, devices: pd.DataFrame) -> dict[str, str]:
+    """{absolute path of the measuring machine: what a published table shows instead}: the run's
+    raw folder (paths inside it relative), each host's scratch directory (``<scratch_dir>``) and
+    each planned device that is no ``/dev`` path (``<device BLOCK>``), also as JSON escapes them."""
+    names = {}
+    for raw in dict.fromkeys((str(Path(raw_dir)), str(Path(raw_dir).resolve()))):
+        names |= {f"{raw}/": "", raw: "."}
+    for scratch in env.get("scratch_dir", pd.Series(dtype="string")).dropna():
+        if len(scratch.rstrip("/")) > 1:
+            names[scratch.rstrip("/")] = "<scratch_dir>"
+    for path, block in zip(devices["device"], devices["block_device"], strict=True):
+        if isinstance(path, str) and path.startswith("/") and not path.startswith("/dev/"):
+            names[path.rstrip("/") or path] = f"<device {'?' if pd.isna(block) else block}>"
+    names = {path: name for path, name in names.items() if path.startswith("/") and path != "/"}
+    return names | {json.dumps(p)[1:-1]: n for p, n in names.items() if json.dumps(p)[1:-1] != p}

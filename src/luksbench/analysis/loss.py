@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from luksbench.analysis import (
+    ceph_loss,
     cpucost,
     headline,
     saturation,
@@ -33,9 +34,9 @@ CPU_METRICS = ("busy_cpu_s_per_gib", "sys_cpu_s_per_gib", "cpu_util_pct", "busy_
 #: metrics whose per-arm means and intervals are tabled (the bars and points of the figures)
 ARM_METRICS = ("bw_bytes", "iops", *CPU_METRICS, *tails.PERCENTILES)
 #: the tables :func:`write_loss` writes (``<processed_dir>/<name>.parquet``)
-LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order", "tuning")
+LOSS_TABLES = ("loss", "cpu_loss", "arms", "reps", "order", "tuning", *ceph_loss.CEPH_LOSS_TABLES)
 #: the processed tables :func:`loss_tables` reads (fio required, the others may be missing)
-INPUT_TABLES = ("fio", "schedule", "stacks", "env", "plan_stacks", "perf_flags", "patterns")
+INPUT_TABLES = ("fio", "schedule", "stacks", "env", "plan_stacks", "perf_flags", "patterns", "ceph")
 
 
 def loss_tables(tables: dict[str, pd.DataFrame], settings: LossSettings) -> dict[str, pd.DataFrame]:
@@ -60,6 +61,7 @@ def loss_tables(tables: dict[str, pd.DataFrame], settings: LossSettings) -> dict
             settings.baseline,
             list(settings.comparisons),
         ),
+        **ceph_loss.ceph_loss_tables(fio, tables.get("ceph"), pairs, settings, annotated_loss),
     }
 
 

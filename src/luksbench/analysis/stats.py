@@ -65,6 +65,9 @@ _HIGHER_IS_WORSE += ("busy_cpu_us_per_io",)
 METRICS = {"bw_bytes": True, "iops": True, **dict.fromkeys(_HIGHER_IS_WORSE, False)}
 #: every metric but the mean latencies (the percentiles describe latency)
 DEFAULT_METRICS = tuple(m for m in METRICS if "mean" not in m)
+#: the Ceph arms' client and OSD CPU (analysis.ceph_tables): compared in the Ceph loss table only
+_CEPH_CPU = ("client_cpu_s_per_gib", "client_cpu_us_per_io", "osd_cpu_s_per_gib")
+METRICS |= dict.fromkeys((*_CEPH_CPU, "osd_cpu_us_per_io"), False)
 #: metric -> family of its decision regions (config ``analysis.decision_regions``)
 METRIC_FAMILIES = {m: "latency" for m in METRICS if "lat" in m}
 METRIC_FAMILIES |= {"bw_bytes": "throughput", "iops": "throughput"}
@@ -74,6 +77,7 @@ METRIC_FAMILIES |= {m: "cpu" for m in METRICS if "cpu" in m}
 DEFAULT_DECISION_REGIONS = {"throughput": (5.0, 20.0), "latency": (10.0, 50.0), "cpu": (10.0, 50.0)}
 #: metric -> the metric whose test it repeats at a fixed block size (``derived_from``)
 DERIVED_FROM = {"iops": "bw_bytes", "busy_cpu_us_per_io": "busy_cpu_s_per_gib"}
+DERIVED_FROM |= {f"{who}_cpu_us_per_io": f"{who}_cpu_s_per_gib" for who in ("client", "osd")}
 #: +- percentage points inside which a cell counts as "equivalent" (config analysis.equivalence_margin_pct)
 DEFAULT_EQUIVALENCE_MARGIN_PCT = 2.0
 #: columns naming a row of a loss or comparison table: the cell, the metric and its direction

@@ -30,11 +30,15 @@ TABLES = {
     "stack_notes": "the notes of each stack's description, one row per note",
     "schedule": "when each fio run ran: session, round, place in its cell, times",
     "problems": "raw files left out or noted by ingest, and why",
+    "ceph": "one row per fio run of an RBD arm: verified messenger mode, OSD encryption, CPU of OSDs and client",
     "loss": "the loss table: effect of each variant against its baseline per cell and metric",
     "cpu_loss": "the CPU-cost rows of the loss table",
     "arms": "mean over repetitions with its interval, per stack, cell and metric",
     "reps": "every repetition's value per stack and cell (the dots of the figures)",
     "order": "the effect of the stack order within pairs, per comparison and metric",
+    "ceph_loss": "Ceph arms: CPU per GiB and per I/O of client and OSDs, each arm against its reference",
+    "ceph_arms": "Ceph arms: mean CPU per GiB and per I/O of client and OSDs per arm and cell, with intervals",
+    "ceph_reef": "the Ceph Reef study's published % (data/reference) beside each Ceph cell of the same shape",
     "tuning": "dm-crypt settings ranked against the reference arm (and the unencrypted ceiling)",
     "paper_numbers": "every number the paper's answer quotes, one row each, with its source row",
 }
@@ -186,6 +190,22 @@ key | | the quoted number's name: `<variant>-vs-<baseline>[/<metric>]/<quantity>
 value | as `unit` | the quoted number
 unit | | unit of `value` (%, cells, pairs, rows)
 quantity, label | | what the number is (cells, count, largest_effect_pct, ...); the decision a count is of
+messenger_mode, messenger_mode_seen | | Ceph arm: client messenger mode asked; the one mode every connection of the run's probe client used (verified before fio)
+daemon_modes | | Ceph: messenger modes the daemons accept
+osd_ids, osd_encryption, osd_encrypted | | Ceph: the arm's OSDs; their block device's encryption (none, dm-crypt, qemu luks); all encrypted
+osd_cpu_s, other_daemon_cpu_s | s | Ceph: user + system CPU of the arm's OSD daemons (gross: background included); of the monitor and other OSDs, over daemon_window_s (/proc/<pid>/stat)
+daemon_window_s | s | Ceph: wall time the daemons' CPU covers (fio's start to its exit)
+osd_peak_rss_bytes | bytes | Ceph: peak resident memory (VmHWM) of the arm's OSDs so far
+client_cpu_s, client_window_s | s | Ceph: the client's user + system CPU (see client_cpu_basis); the wall time it covers
+client_cpu_basis | | Ceph: what client_cpu_s counts: fio's process tree, every thread (librbd/librados included), or fio's job thread only (its usr_cpu + sys_cpu)
+ios | | I/Os of the run (every direction)
+osd_cpu_s_per_gib, client_cpu_s_per_gib | s/GiB | Ceph: OSD and client CPU seconds per GiB moved
+osd_cpu_us_per_io, client_cpu_us_per_io | µs | Ceph: OSD and client CPU per I/O
+on_disk, on_wire | | Ceph arm: OSDs on encrypted devices; client messenger mode secure
+section, test_set, clients, io_size, configuration | | published study: table, test set, client processes, I/O size and configuration as published
+pct_of_unencrypted_as_published | | published: % of unencrypted performance, as printed
+published_loss_pct | % | published: the loss that means (100 - the printed %)
+reference_file | | the transcribed table in data/reference the row comes from (its README cites the source)
 source_table, source_row | | the processed table a number is read from; its 0-based row (empty: a count over the family)
 """
 ENTRIES = [

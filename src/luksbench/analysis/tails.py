@@ -50,7 +50,12 @@ def with_histogram_percentiles(fio: pd.DataFrame, latency: pd.DataFrame) -> pd.D
     """``fio`` with the :data:`PERCENTILES` of its runs' summed json+ histograms (each entry gets
     its run's), NaN in a cell where a run had fewer than :func:`min_ios` completions, and the
     ``clat_ios`` column (NaN without a histogram)."""
-    runs = run_percentiles(latency)
+    return with_run_percentiles(fio, run_percentiles(latency))
+
+
+def with_run_percentiles(fio: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`with_histogram_percentiles` from the runs' percentiles (:func:`run_percentiles`),
+    e.g. gathered chunk by chunk of a latency table too large to hold."""
     fio = fio.drop(columns="clat_ios", errors="ignore")
     if runs.empty or fio.empty:
         return fio.assign(clat_ios=np.nan)

@@ -63,9 +63,16 @@ def read_manifest(path: Path) -> dict:
 
 def migrated_manifest(doc: dict, source: str = "manifest") -> dict:
     """A manifest of any known version as the current one's: version 1 is version 2 without the
-    field."""
-    record_version(doc, source, "manifest", MANIFEST_VERSIONS)
+    field, and one session where it names none."""
+    if record_version(doc, source, "manifest", MANIFEST_VERSIONS) == 1:
+        doc = _migrate_v1(doc)
     return {**doc, "version": MANIFEST_VERSION}
+
+
+def _migrate_v1(doc: dict) -> dict:
+    """Version 1 (no ``version``): a manifest written before sessions were recorded measured one
+    session."""
+    return {"sessions": 1, **doc}
 
 
 def write_manifest(path: Path, doc: dict, mode: int = 0o644) -> None:

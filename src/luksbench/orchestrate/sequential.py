@@ -16,6 +16,7 @@ import pandas as pd
 
 from luksbench.analysis import boundary as boundaries
 from luksbench.analysis.sequential import next_round
+from luksbench.formats.plan import read_plan
 
 
 def progress(doc: dict, started: float) -> str:
@@ -37,9 +38,7 @@ def plan_sessions(plan_path) -> int:
     """The plan's sessions k (1 without a plan file)."""
     if plan_path is None or not Path(plan_path).exists():
         return 1
-    import json
-
-    return int(json.loads(Path(plan_path).read_text()).get("sessions") or 1)
+    return read_plan(Path(plan_path)).sessions
 
 
 def round_options(plan_path) -> list[str]:

@@ -20,6 +20,7 @@ from luksbench.analysis.contrasts import Pair
 from luksbench.analysis.paper_numbers import NUMBERS_TABLE
 from luksbench.analysis.saturation import BUSY_LIMIT_PCT, JOB_CPU_LIMIT_PCT
 from luksbench.publish.ceilings import ceiling_text, crypto_ceilings
+from luksbench.publish.paper_ceph import ceph_section
 from luksbench.publish.paper_figures import figure_sections, relative_link, summary_figure
 from luksbench.publish.paper_gaps import gaps
 from luksbench.publish.paper_sentences import (
@@ -340,6 +341,7 @@ def paper_context(
             data.table("perf_flags", ["host", "stack", "flag", "planned"]),
             hosts,
         ),
+        "ceph_section": ceph_section(data),
         **_published(data, reference_dir),
         **_provenance(raw),
     }

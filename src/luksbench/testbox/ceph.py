@@ -459,4 +459,6 @@ def plan_lines(plan: dict) -> list[str]:
         f"RBD image per group; daemons on 127.0.0.1, accepting messenger modes {DAEMON_MODES!r}",
         f"  ceph: memory needed about {need / 2**30:.1f} GiB; every run's client mode is verified "
         "by a probe and the OSDs' encryption read again; stack-down stops and removes it all",
+        "  ceph: the arms switch the client's mode only; cluster-side secure mode (ms_cluster_mode, "
+        "ms_service_mode) needs daemons started in it: a separate session, not an arm",
     ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import subprocess
 import time
@@ -287,6 +288,7 @@ def prepare_entry_run(entry: dict, rep_path: Path, fio: dict) -> dict | None:
     timeout = fio_timeout(fio["runtime_s"], fio["ramp_time_s"])
     run = {"cluster": cluster, "env": env, "timeout": timeout, "record": record}
     run["before"], run["t0"] = daemon_usage(cluster), time.monotonic()
+    run["children_before"] = children_cpu_s()
     return run
 
 
@@ -327,6 +329,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.communicate()
 
 
+def children_cpu_s() -> float:
+    """User + system seconds of this process's waited-for children (fio's whole process tree,
+    every thread: fio's own usr_cpu/sys_cpu count only its job thread, not librbd's)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def communicate(proc: subprocess.Popen, run: dict | None) -> tuple[str, str]:
     """``proc.communicate()``; for an RBD arm (``run`` from :func:`prepare_entry_run`) under its
     hard timeout, past which fio's process group gets SIGKILL and TestboxError says why, and
@@ -362,8 +371,12 @@ def finish_entry_run(run: dict) -> dict:
     unknown, and ``daemon_cpu_s`` empty); ``seconds`` (fio's wall time); ``daemon_cpu_s`` (``ceph-osd.0``, ``ceph-mon.a``
     ...: user + system CPU seconds over the fio run, from /proc/<pid>/stat; None: the daemon
     went away or restarted; every daemon of the cluster, an idle other group's OSD near 0);
-    ``daemon_peak_rss_bytes`` (VmHWM of each daemon so far)."""
+    ``daemon_peak_rss_bytes`` (VmHWM of each daemon so far); ``client_cpu_s`` (user + system
+    seconds of fio's process tree, every thread: librbd and librados included; the runner's
+    waited-for children between the probe and fio's exit)."""
     record = dict(run["record"])
+    if "children_before" in run:
+        record["client_cpu_s"] = round(children_cpu_s() - run["children_before"], 3)
     probe = record["mode_probe"] = dict(record["mode_probe"])
     log_path = Path(probe["log"])
     if log_path.exists():

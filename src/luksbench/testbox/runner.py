@@ -226,7 +226,7 @@ def measurement_final(plan: dict, manifest_path: Path, env_path: Path, pilot: bo
         and not changed
         and manifest.get("cells") == [w.id for w in workloads(plan)]
         and manifest.get("repetitions") == plan["repetitions"]
-        and manifest.get("sessions", 1) == (1 if pilot else plan.get("sessions", 1))
+        and manifest.get("sessions") == (1 if pilot else plan["sessions"])
         and stacks == set(plan["stacks"])
         and (pilot or manifest.get("adaptive") == plan.get("adaptive"))
     )
@@ -478,7 +478,7 @@ def _manifest(plan: dict, session: dict, outcome: dict) -> dict:
         "host": session["host"],
         "seed": plan["seed"],
         "repetitions": plan["repetitions"],
-        "sessions": int(session["measured_plan"].get("sessions", 1)),
+        "sessions": int(session["measured_plan"]["sessions"]),
         "session": session["id"],
         "stack_up": session["stack_up"],
         "cell_repetitions": session["reps"],

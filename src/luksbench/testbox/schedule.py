@@ -63,7 +63,7 @@ def session_pairs(
     shortfall alone (no further stack-up: the rounds cycle the sessions)."""
     stacks = set(baseline_first(plan))
     per_session = cell_repetitions(plan, targets)
-    sessions = int(plan.get("sessions", 1))
+    sessions = int(plan["sessions"])
     pairs = {}
     for w in workloads(plan):
         reps = {rep: by for (cell, rep), by in existing.items() if cell == w.id}
@@ -144,7 +144,7 @@ def round_session(
     (the first such on a tie), so the rounds cycle the sessions and an interrupted round is
     finished in its own session. Each round is a fresh stack-up: a session's pairs come from
     independent stack-ups, so its mean carries the stack-up effect as a session's does."""
-    labels = [f"session-{i}" for i in range(1, int(plan.get("sessions", 1)) + 1)]
+    labels = [f"session-{i}" for i in range(1, int(plan["sessions"]) + 1)]
     stacks = set(baseline_first(plan))
     count = dict.fromkeys(((w.id, s) for w in workloads(plan) for s in labels), 0)
     done = dict.fromkeys((w.id for w in workloads(plan)), 0)
