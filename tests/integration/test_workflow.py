@@ -179,6 +179,7 @@ def test_write_plan_writes_the_resolved_plan(tmp_path):
         "sector_size": 512,
         "pbkdf_iterations": 1000,
         "perf_flags": [],
+        "allow_discards": False,
     }
     # Only the plain kind's own keys: the schema's luks defaults are not carried into it.
     assert plan["stacks"]["plain"] == {"kind": "plain"}

@@ -108,14 +108,9 @@ rule run_fio:
             "remeasure_flagged_max": config["remeasure_flagged_max"],
         },
     run:
-        from luksbench.orchestrate.remeasure import measure_and_remeasure
+        from luksbench.orchestrate.remeasure import run_fio_rule
 
-        stacks = ("--plan", input.plan, "--state", params.state, "--describe", input.stacks)
-        where = (params.raw_dir, wildcards.host, output.manifest, log[0])
-        targets = params.targets[0] if params.targets else None
-        measure_and_remeasure(
-            *where, stacks, cells=params.cells, targets=targets, **params.design
-        )
+        run_fio_rule(input, output, params, wildcards.host, log[0])
 
 
 rule run_rounds:

@@ -28,6 +28,24 @@ def _fio(raw_dir: Path, fio_dir: Path) -> pd.DataFrame:
     return fio_table(raw_dir) if any(fio_dir.glob("*/*/rep*.json")) else pd.DataFrame()
 
 
+def run_fio_rule(input, output, params, host: str, log) -> dict | None:
+    """The workflow's ``run_fio`` rule: its plan, state and stack description, the raw folder, the
+    cells, the adaptive targets (if any) and the design (repetitions, sessions,
+    remeasure_flagged_max) to :func:`measure_and_remeasure`."""
+    stacks = ("--plan", input.plan, "--state", params.state, "--describe", input.stacks)
+    targets = params.targets[0] if params.targets else None
+    return measure_and_remeasure(
+        params.raw_dir,
+        host,
+        output.manifest,
+        log,
+        stacks,
+        cells=params.cells,
+        targets=targets,
+        **params.design,
+    )
+
+
 def measure_and_remeasure(
     raw_dir,
     host: str,
