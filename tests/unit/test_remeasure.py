@@ -78,6 +78,22 @@ def test_stage_two_targets_are_the_design_and_other_hosts_do_not_count():
         remeasure_targets(fio, "h", {"a": 3}, -1)
 
 
+def test_a_fleet_run_is_counted_by_its_raw_host_folder_not_its_servers():
+    # fleet mode: every repetition holds one row per fio server, all under the coordinator's folder
+    fio = flagged_table(3, {"a": [("luks", 2, "ss")]})
+    fleet = pd.concat([fio.assign(host=server) for server in ("10.0.0.1:8765", "10.0.0.2:8765")])
+    fleet = fleet.assign(host_dir="vm")
+    doc = remeasure_targets(fleet, "vm", {"a": 3, "b": 3}, 2)
+    assert doc["cells"]["a"] == {
+        "design_pairs": 3,
+        "flagged_pairs": 1,
+        "measured_pairs": 3,
+        "remeasured_pairs": 0,
+    }
+    assert doc["pairs"] == {"a": 4, "b": 3} and not doc["done"]
+    assert remeasure_targets(flagged_table(3, {}).assign(host_dir="vm"), "vm", {"a": 3}, 2)["done"]
+
+
 def test_the_file_is_a_targets_file_for_the_runner_and_counts_for_ingest(tmp_path):
     fio = flagged_table(3, {"a": [("luks", 1, "ss")]})
     path = remeasure_path(tmp_path / "h")

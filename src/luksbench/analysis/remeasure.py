@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from luksbench.analysis.sequential import flagged_reps
+from luksbench.analysis.sequential import flagged_reps, host_results
 from luksbench.formats.remeasure import REMEASURE_KIND
 from luksbench.formats.targets import write_targets
 
@@ -35,7 +35,7 @@ def remeasure_targets(fio: pd.DataFrame, host: str, design: dict[str, int], most
     replaced too while the cap allows."""
     if isinstance(most, bool) or not isinstance(most, int) or most < 0:
         raise ValueError(f"remeasure_flagged_max must be an integer >= 0, not {most!r}")
-    fio = fio[fio["host"] == host] if len(fio) else fio
+    fio = host_results(fio, host)
     flagged = flagged_reps(fio)
     measured = fio.groupby("workload")["rep"].max() if len(fio) else pd.Series(dtype="int64")
     cells, pairs = {}, {}

@@ -98,6 +98,15 @@ def device_seconds(fio: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def host_results(fio: pd.DataFrame, host: str) -> pd.DataFrame:
+    """The rows measured from the raw host folder ``host``: ``host_dir`` (a fleet run's rows name
+    their fio servers in ``host``, all under the coordinator's folder), else ``host``."""
+    if not len(fio):
+        return fio
+    column = "host_dir" if "host_dir" in fio.columns else "host"
+    return fio[fio[column] == host]
+
+
 def flagged_reps(fio: pd.DataFrame) -> pd.Series:
     """Per workload: the repetitions fio flagged in some stack (an error, a steady state not
     attained: :data:`luksbench.analysis.stats.REP_FLAGS`), which the loss table leaves out."""
@@ -157,7 +166,7 @@ def next_round(
     of each continuing cell per round: a cell is looked at only after whole cycles (every
     session the same number of pairs), with the sessions interval at Bonferroni's level over
     those looks (:func:`session_look_levels`; ``boundary`` is then not used)."""
-    fio = fio[fio["host"] == host] if len(fio) else fio
+    fio = host_results(fio, host)
     sessions = max(planned_sessions(fio), sessions)
     if sessions >= 2:
         levels = session_look_levels(confidence, min_pairs, max_pairs, sessions)
