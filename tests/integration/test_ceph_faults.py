@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 from testkit.workflow import copy_workflow
 
+from luksbench.studies import load_config
 from luksbench.testbox import lock
 from luksbench.testbox.sysutil import cmdline
 
@@ -31,8 +32,17 @@ pytestmark = [pytest.mark.device, pytest.mark.slow]
 BIN = Path(sys.executable).parent
 TOOLS = ("fio", "cryptsetup", "qemu-storage-daemon", "fusermount3", "ceph-mon", "ceph-osd", "rbd")
 RUN = "ceph-small"
-RESULTS = 4 * 2 * 2  # arms x cells x repetitions of config/ceph-small.yaml: one session
+ARMS = ("plain", "secure", "luks", "luks-secure")
 TARGET = f"data/processed/{RUN}/fio.parquet"
+
+
+def small_design(work: Path) -> tuple[list[str], int]:
+    """The cells of config/ceph-small.yaml and its repetitions (the schema's default, which the
+    file leaves out), as the workflow resolves them."""
+    config = load_config(work, [work / "config/ceph-small.yaml"])
+    m = config["matrix"]
+    cells = [f"{rw}-{bs}-qd{qd}" for rw in m["rw"] for bs in m["bs"] for qd in m["iodepth"]]
+    return cells, config["repetitions"]
 
 
 def workflow_argv(*configs: str, run: str = RUN) -> list[str]:
@@ -234,8 +244,10 @@ def test_snakemake_killed_mid_run_then_resumed_leaves_no_ceph_and_counts_once(wo
     )
     assert code == -signal.SIGKILL, out[-3000:]
     no_step_outlives_its_workflow(work)  # run-fio stopped fio and kept no partial result
+    cells, repetitions = small_design(work)
+    every_result = len(ARMS) * len(cells) * repetitions  # one session
     before = results(work)
-    assert 2 <= len(before) < RESULTS
+    assert 2 <= len(before) < every_result
     assert cluster_record(work).get("daemons"), "the cluster stays up until the next start"
 
     again = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=900)
@@ -244,16 +256,14 @@ def test_snakemake_killed_mid_run_then_resumed_leaves_no_ceph_and_counts_once(wo
     after = results(work)
     assert {p: after[p] for p in before} == before, "a result measured before was rewritten"
     # A pair the killed session measured in part is never completed in another stack-up (other
-    # cluster): its cell gets new pair numbers, so every cell ends with its 2 complete pairs.
+    # cluster): its cell gets new pair numbers, so every cell ends with its complete pairs.
     pairs: dict[tuple[str, str], set[str]] = {}
     for path in after:
         stack, cell, rep = path.parts[-3], path.parts[-2], path.stem
         pairs.setdefault((cell, rep), set()).add(stack)
-    complete = [key for key, stacks in pairs.items() if len(stacks) == 4]
-    assert sorted(cell for cell, _ in complete) == sorted(
-        ["randread-4k-qd16", "randwrite-4k-qd16"] * 2
-    )
-    assert len(after) - len(before) <= RESULTS
+    complete = [key for key, stacks in pairs.items() if len(stacks) == len(ARMS)]
+    assert sorted(cell for cell, _ in complete) == sorted(cells * repetitions)
+    assert len(after) - len(before) <= every_result
     fio = pd.read_parquet(work / TARGET)
     keys = ["stack", "workload", "rep", "job_slot"]
     assert not fio.duplicated(keys).any(), "a result counted twice"
