@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +32,60 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("integration")
         elif parts[0] == "tests" and parts[1] in TIERS:
             item.add_marker(parts[1])
+
+
+VM_HARNESS = REPO_DIR / "tests" / "vm" / "harness.py"
+VM_IMAGE_BUILD = pytest.StashKey[subprocess.Popen]()
+
+
+def _vm_harness():
+    """tests/vm/harness.py as a module (it is a script, not a package module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vmbox_harness_prebuild", VM_HARNESS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The VM tier runs last, and its guest image takes minutes to build from Debian packages:
+    build it in the background while the other tiers run. The VM fixture's build_image waits for
+    this build (one build at a time per cache) and reuses its image; if this build fails, the
+    fixture builds again and reports the error."""
+    config = session.config
+    if config.option.collectonly or os.geteuid() != 0:
+        return
+    if not any(item.get_closest_marker("vm") for item in session.items):
+        return
+    harness = _vm_harness()
+    if harness.missing_tools() or (harness.cache_dir() / harness.image_key("base")).is_dir():
+        return
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"luksbench-vm-image-{os.getpid()}.log"
+    with log.open("w") as out:
+        build = subprocess.Popen(
+            [sys.executable, str(VM_HARNESS), "image"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: stopped with mmdebstrap at the session's end
+        )
+    config.stash[VM_IMAGE_BUILD] = build
+    print(f"\nbuilding the VM guest image in the background (pid {build.pid}, log {log})")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A background image build still running (the VM tests did not run, or failed first)
+    is stopped with its process group; its half-built image is never used."""
+    build = session.config.stash.get(VM_IMAGE_BUILD, None)
+    if build is None or build.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(build.pid, signal.SIGTERM)
+    try:
+        build.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(build.pid, signal.SIGKILL)
+        build.wait()
 
 
 @pytest.fixture(scope="session")

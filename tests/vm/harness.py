@@ -22,6 +22,7 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -227,6 +228,18 @@ def build_image(cache: Path | None = None, force: bool = False, variant: str = "
     if (final / "image.json").is_file() and not force:
         return final
     cache.mkdir(parents=True, exist_ok=True)
+    # One build at a time per cache: a caller that finds a build under way (the test session's
+    # background build) waits for it and then reuses its image.
+    with open(cache / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "image.json").is_file() and not force:
+            return final
+        return _build_image(cache, key, variant)
+
+
+def _build_image(cache: Path, key: str, variant: str) -> Path:
+    """Build the image of ``key`` in ``<cache>/<key>.tmp`` and rename it into place."""
+    final = cache / key
     work = cache / f"{key}.tmp"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
