@@ -22,16 +22,24 @@ EXTERNAL_DIR = REPO_DIR.parent / "shared/datasets/external"
 TIERS = ("unit", "integration", "vm")
 
 
+# Under pytest-xdist (`-n 2`, README's test command) the tests of one group run one at a time on
+# one worker: the integration tier and the notebooks share the test box (its lock fails fast, it
+# does not wait) and the repository's sample outputs; the VM tier boots its own guest. The unit
+# tier touches neither and spreads over the workers.
+XDIST_GROUPS = {"integration": "testbox", "vm": "vm"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not item.path.is_relative_to(REPO_DIR):
             continue
         parts = item.path.relative_to(REPO_DIR).parts
-        if parts[0] == "notebooks":
-            item.add_marker("integration")
-        elif parts[0] == "tests" and parts[1] in TIERS:
-            item.add_marker(parts[1])
+        tier = "integration" if parts[0] == "notebooks" else parts[1] if parts[0] == "tests" else ""
+        if tier in TIERS:
+            item.add_marker(tier)
+        if tier in XDIST_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[tier]))
 
 
 VM_HARNESS = REPO_DIR / "tests" / "vm" / "harness.py"
@@ -49,14 +57,25 @@ def _vm_harness():
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The VM tier runs last, and its guest image takes minutes to build from Debian packages:
-    build it in the background while the other tiers run. The VM fixture's build_image waits for
-    this build (one build at a time per cache) and reuses its image; if this build fails, the
-    fixture builds again and reports the error."""
-    config = session.config
-    if config.option.collectonly or os.geteuid() != 0:
+    """Without pytest-xdist: the VM image build starts once the tests are collected."""
+    if not hasattr(session.config, "workerinput"):  # xdist's workers leave it to the controller
+        _start_vm_image_build(session.config, [item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Under pytest-xdist: the controller starts the VM image build (once, for the session)."""
+    _start_vm_image_build(node.config, ids)
+
+
+def _start_vm_image_build(config: pytest.Config, nodeids: list[str]) -> None:
+    """The VM tier's guest image takes minutes to build from Debian packages: build it in the
+    background while the other tests run. The VM fixture's build_image waits for this build (one
+    build at a time per cache) and reuses its image; if this build fails, the fixture builds
+    again and reports the error."""
+    if config.option.collectonly or os.geteuid() != 0 or VM_IMAGE_BUILD in config.stash:
         return
-    if not any(item.get_closest_marker("vm") for item in session.items):
+    if not any(nodeid.startswith("tests/vm/") for nodeid in nodeids):
         return
     harness = _vm_harness()
     if harness.missing_tools() or (harness.cache_dir() / harness.image_key("base")).is_dir():
