@@ -62,9 +62,11 @@ def test_every_tldr_sentence_starts_with_a_capital(tables):
 @pytest.mark.parametrize("net", [False, True])
 def test_the_cpu_metrics_say_what_they_measure_once(tables, net):
     sentences = tldr_sentences(tables["loss"], HOSTS, MATRIX, cpu_net=net)
-    basis = f"(CPU of the whole machine, {cpu_basis(net)})"
+    basis = f"% margins; CPU of the whole machine, {cpu_basis(net)})"
     cpu = [s for s in sentences if any(metric_heading(m) in s for m in _cpu_metrics(tables))]
     assert basis in cpu[0] and sum(basis in s for s in sentences) == 1
+    # said after the margins, not inside the metric's name ("Busy CPU time per GiB increase")
+    assert re.search(r"per GiB increase \(\d+ / \d+ % margins; CPU of", cpu[0]), cpu[0]
     assert cpu_basis(not net) not in " ".join(sentences)
 
 
@@ -78,4 +80,4 @@ def test_the_paper_says_it_from_the_fio_tables_cpu_net(processed_sample, tmp_pat
     )
     tldr = md.read_text().split("**TL;DR.**")[1].split("\n")[0]
     net = cpu_net(read_processed(processed_sample)["fio"])
-    assert f"(CPU of the whole machine, {cpu_basis(net)})" in tldr
+    assert f"% margins; CPU of the whole machine, {cpu_basis(net)})" in tldr

@@ -63,13 +63,14 @@ def _decision_sentence(
     first = _source(family, "cells", loss, "margin_lower_pct")
     metric, kind = str(first["metric"]), str(first["effect"])
     name = sentence_start(metric_heading(metric))
-    if cpu_words:
-        name += f" ({cpu_words})"
     counts = family[family["quantity"].eq("count")]
     tally = [(k, int(v)) for k, v in zip(counts["label"], counts["value"], strict=True)]
     margins = f"{fmt_num(value['margin_lower_pct'], 0)} / {fmt_num(value['margin_upper_pct'], 0)} %"
+    # what a CPU metric measures goes after the margins, not inside the metric's name
+    measures = f"; {cpu_words}" if cpu_words else ""
     text = (
-        f"{name} {kind} ({margins} margins): {_counts_text(tally)} of {int(value['cells'])} cells."
+        f"{name} {kind} ({margins} margins{measures}): {_counts_text(tally)} of "
+        f"{int(value['cells'])} cells."
     )
     costs = any(kind_ in ("material", "moderate") for kind_, _ in tally)
     if costs and "largest_effect_pct" in value:
