@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testkit.vm import harness as vm_harness
 
 REPO_DIR = Path(__file__).parents[1]
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
@@ -42,18 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[tier]))
 
 
-VM_HARNESS = REPO_DIR / "tests" / "vm" / "harness.py"
+VM_HARNESS = REPO_DIR / "tests" / "vm" / "harness.py"  # run as a script by the build
 VM_IMAGE_BUILD = pytest.StashKey[subprocess.Popen]()
-
-
-def _vm_harness():
-    """tests/vm/harness.py as a module (it is a script, not a package module)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vmbox_harness_prebuild", VM_HARNESS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -77,7 +68,7 @@ def _start_vm_image_build(config: pytest.Config, nodeids: list[str]) -> None:
         return
     if not any(nodeid.startswith("tests/vm/") for nodeid in nodeids):
         return
-    harness = _vm_harness()
+    harness = vm_harness()
     if harness.missing_tools() or (harness.cache_dir() / harness.image_key("base")).is_dir():
         return
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"luksbench-vm-image-{os.getpid()}.log"

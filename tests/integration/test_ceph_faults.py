@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from testkit.workflow import copy_workflow
+from testkit.workflow import copy_workflow, processes_of, raw_results
 
 from luksbench.studies import load_config
 from luksbench.testbox import lock
@@ -50,32 +50,12 @@ def workflow_argv(*configs: str, run: str = RUN) -> list[str]:
     return [*argv, "--configfile", "config/ceph-small.yaml", *configs]
 
 
-def processes_of(work: Path) -> list[int]:
-    """Processes working in ``work`` (snakemake, its steps, fio) or naming it (Ceph daemons)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if os.path.realpath(f"/proc/{entry}/cwd") == str(work):
-                found.append(int(entry))
-                continue
-        if str(work) in "\0".join(cmdline(int(entry))):
-            found.append(int(entry))
-    return found
-
-
 def named(work: Path, tool: str) -> list[int]:
     return [p for p in processes_of(work) if os.path.basename(cmdline(p)[0] or "") == tool]
 
 
 def results(work: Path, run: str = RUN) -> dict[Path, bytes]:
-    found = {}
-    with contextlib.suppress(FileNotFoundError):
-        for p in (work / "data" / "raw" / run).glob("*/fio/*/*/rep*.json"):
-            if not p.name.endswith(".cpu.json"):
-                found[p] = p.read_bytes()
-    return found
+    return raw_results(work, run)
 
 
 def cluster_record(work: Path, run: str = RUN) -> dict:

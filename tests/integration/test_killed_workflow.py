@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from testkit.testbox import small_config
 from testkit.testbox import testbox as tb
-from testkit.workflow import copy_workflow
+from testkit.workflow import copy_workflow, processes_of, raw_results
 
 from luksbench.testbox import lock
 from luksbench.testbox.planbuild import plan_from_config
@@ -51,21 +51,6 @@ def scratch(work: Path) -> Path:
     return work / "data" / "scratch" / RUN / "tb"
 
 
-def processes_of(work: Path) -> list[int]:
-    """Processes working in ``work`` (snakemake, its steps) or naming it (daemons, fio)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if os.path.realpath(f"/proc/{entry}/cwd") == str(work):
-                found.append(int(entry))
-                continue
-        if str(work) in "\0".join(cmdline(int(entry))):
-            found.append(int(entry))
-    return found
-
-
 def steps(work: Path, command: str) -> list[int]:
     """`luksbench testbox <command>` processes working in ``work``."""
     return [pid for pid in processes_of(work) if {"testbox", command} <= set(cmdline(pid))]
@@ -76,13 +61,7 @@ def parent(pid: int) -> int:
 
 
 def results(work: Path) -> dict[Path, bytes]:
-    raw = work / "data" / "raw" / RUN
-    found = {}
-    with contextlib.suppress(FileNotFoundError):  # not yet there, or a folder removed meanwhile
-        for p in raw.glob("*/fio/*/*/rep*.json"):
-            if not p.name.endswith(".cpu.json"):
-                found[p] = p.read_bytes()
-    return found
+    return raw_results(work, RUN)
 
 
 def built_something(work: Path) -> bool:

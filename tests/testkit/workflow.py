@@ -3,6 +3,8 @@ leaves behind (raw files, mounts, processes)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -82,6 +84,34 @@ def our_processes(workdir: Path) -> list[str]:
             continue
         if str(workdir) in cmdline and "pytest" not in cmdline:
             found.append(cmdline)
+    return found
+
+
+def processes_of(work: Path) -> list[int]:
+    """Processes working in ``work`` (snakemake, its steps) or naming it on their command line
+    (storage and Ceph daemons, fio); never this test process."""
+    from luksbench.testbox.sysutil import cmdline
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if os.path.realpath(f"/proc/{entry}/cwd") == str(work):
+                found.append(int(entry))
+                continue
+        if str(work) in "\0".join(cmdline(int(entry))):
+            found.append(int(entry))
+    return found
+
+
+def raw_results(work: Path, run: str) -> dict[Path, bytes]:
+    """The run's finished fio results under ``work`` (not their CPU sidecars): path -> bytes."""
+    found = {}
+    with contextlib.suppress(FileNotFoundError):  # not yet there, or a folder removed meanwhile
+        for p in (work / "data" / "raw" / run).glob("*/fio/*/*/rep*.json"):
+            if not p.name.endswith(".cpu.json"):
+                found[p] = p.read_bytes()
     return found
 
 

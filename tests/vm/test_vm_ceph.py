@@ -10,13 +10,13 @@ captures (``dmsetup table``, running Ceph daemons, blkid) and the run's own reco
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 from pathlib import Path
 
 import pytest
+from testkit.vm import usable_harness
 
 from luksbench.formats.fio import parse_fio_file
 
@@ -33,25 +33,10 @@ EXPECT = CASE["expect"]
 pytestmark = [pytest.mark.slow, pytest.mark.vm, pytest.mark.vm_full]
 
 
-def _harness():
-    spec = importlib.util.spec_from_file_location("vmbox_harness", VMBOX_DIR / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def case_dir(tmp_path_factory) -> Path:
     """Boot the ceph guest once for the case; the case's results directory."""
-    harness = _harness()
-    if os.geteuid() != 0:
-        pytest.skip("the VM test box needs root (mmdebstrap --mode=root builds the guest)")
-    missing = harness.missing_tools()
-    if missing:
-        message = f"missing {', '.join(missing)}: bash scripts/setup.sh installs them"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    harness = usable_harness()
     out = Path(os.environ.get("LUKSBENCH_VMBOX_KEEP") or tmp_path_factory.mktemp("vmbox-ceph"))
     harness.run_guest(out, [CASE_FILE], timeout=2400)
     return out / "results" / NAME

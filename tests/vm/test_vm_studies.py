@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from testkit.plans import EXPECTED, load_study, luks_layers, validated
+from testkit.vm import usable_harness
 
 from luksbench.testbox.planbuild import (
     cell_options,
@@ -21,15 +22,6 @@ VMBOX_DIR = Path(__file__).parent
 
 # Small enough for the guest's root disk (raid5-2012: 15 members), big enough for a LUKS2 header.
 VM_DEVICE_MIB = 64
-
-
-def _harness():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vmbox_harness", VMBOX_DIR / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def vm_case(name: str) -> dict:
@@ -76,14 +68,7 @@ def _cached_image(harness) -> Path | None:
 @pytest.fixture(scope="module")
 def vm_results(tmp_path_factory) -> Path:
     """Boot the guest once; every study is one case. Results per case under results/<name>."""
-    import os
-
-    harness = _harness()
-    if os.geteuid() != 0:
-        pytest.skip("the VM test box needs root (mmdebstrap --mode=root builds the guest)")
-    missing = harness.missing_tools()
-    if missing:
-        pytest.skip(f"missing {', '.join(missing)}: bash scripts/setup.sh installs them")
+    harness = usable_harness()
     tmp = tmp_path_factory.mktemp("vm-studies")
     cases = []
     for name in sorted(EXPECTED):

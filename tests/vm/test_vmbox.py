@@ -8,13 +8,14 @@ the project's parsers. A new plan file is a new case: its ``expect`` block says 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 from pathlib import Path
 
 import pytest
+from testkit.vm import harness as vm_harness
+from testkit.vm import usable_harness
 
 from luksbench.formats.fio import parse_fio_file
 
@@ -40,25 +41,10 @@ REFUSED = sorted(n for n in CASES if n not in MEASURED)
 pytestmark = [pytest.mark.slow, pytest.mark.vm]
 
 
-def _harness():
-    spec = importlib.util.spec_from_file_location("vmbox_harness", VMBOX_DIR / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def vm(tmp_path_factory) -> Path:
     """Boot the guest once for every plan file; the host-side results directory."""
-    harness = _harness()
-    if os.geteuid() != 0:
-        pytest.skip("the VM test box needs root (mmdebstrap --mode=root builds the guest)")
-    missing = harness.missing_tools()
-    if missing:
-        message = f"missing {', '.join(missing)}: bash scripts/setup.sh installs them"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI runs setup.sh: a missing tool is a broken setup there
-        pytest.skip(message)
+    harness = usable_harness()
     out = Path(os.environ.get("LUKSBENCH_VMBOX_KEEP") or tmp_path_factory.mktemp("vmbox"))
     harness.run_guest(out, PLAN_FILES)
     return out / "results"
@@ -291,7 +277,7 @@ def test_snakemake_all_inside_the_guest(tmp_path_factory):
     """`snakemake --cores 1 all` in the guest: kernel backend, ingest, statistics, paper."""
     from testkit.workflow import copy_workflow
 
-    harness = _harness()
+    harness = vm_harness()
     if os.geteuid() != 0 or harness.missing_tools():
         pytest.fail(f"needs root and {harness.missing_tools()}")  # opted in: no silent skip
     tmp = tmp_path_factory.mktemp("vmbox-workflow")
