@@ -86,10 +86,11 @@ def test_a_newer_or_unknown_plan_version_is_refused(tmp_path, version):
 
 
 def v3_plan(**over) -> dict:
-    """PLAN_V1 as the workflow writes it now: every job and preconditioning option, from the
-    validated config (the schema's defaults)."""
+    """PLAN_V1 as the workflow writes it now: every job and preconditioning option and the Ceph
+    settings, from the validated config (the schema's defaults)."""
     config = validated({"precondition": {"enabled": True}, "fio": PLAN_V1["fio"]})
     doc = {**PLAN_V1, "version": 3, "fio": config["fio"], "precondition": config["precondition"]}
+    doc["ceph"] = config["ceph"]
     return {**doc, "devices": {}, "sessions": 1, "patterns": {}, "adaptive": None, "fleet": None}
 
 
@@ -117,7 +118,8 @@ def test_a_version_2_plan_means_the_version_3_plan_with_the_options_it_left_out(
 
 
 @pytest.mark.parametrize(
-    ("section", "key"), [("precondition", "ss_window"), ("fio", "hipri"), ("fio", "numjobs")]
+    ("section", "key"),
+    [("precondition", "ss_window"), ("fio", "hipri"), ("fio", "numjobs"), ("ceph", "daemon_modes")],
 )
 def test_a_version_3_plan_must_hold_every_option(tmp_path, section, key):
     doc = v3_plan()

@@ -11,6 +11,7 @@ The document (version 3) holds every key; the workflow fills them from the valid
      "precondition": {every one of PRECONDITION_KEYS},
      "matrix": {"rw": [...], "bs": [...], "iodepth": [...]},
      "fio": {every one of FIO_KEYS and JOB_KEYS},
+     "ceph": {"daemon_modes"},                         # the messenger modes of the run's cluster
      "repetitions", "seed", "sessions",                # sessions k: every cell in k stack-ups
      "patterns": {name: {"description", "matrix", "io_bs", "fsync_per_block", "fio",
                          "rate_pct"}},                 # families of cells beside the matrix
@@ -19,8 +20,9 @@ The document (version 3) holds every key; the workflow fills them from the valid
 
 A version 1 file (no ``version``) left out what a run did not use (sessions, patterns, devices,
 adaptive, fleet, a pattern's rate_pct); version 2 let ``precondition`` be true/false or a partial
-object and left out the job options that had their usual values. :func:`migrated_plan_document`
-fills in what those files meant.
+object, left out the job options that had their usual values and had no ``ceph`` section (its
+clusters' daemons accepted "crc secure"). :func:`migrated_plan_document` fills in what those files
+meant.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 from luksbench.formats.record import record_version, versioned
 
 REQUIRED_KEYS = ("run", "host", "backend", "scratch_dir", "device_size_mib", "precondition")
-REQUIRED_KEYS += ("baseline", "stacks", "matrix", "fio", "repetitions", "seed")
+REQUIRED_KEYS += ("baseline", "stacks", "matrix", "fio", "repetitions", "seed", "ceph")
 BACKENDS = ("auto", "kernel", "userspace")
 # The fio settings the test box reads from every plan: the workflow copies them from the validated
 # config, whose schema holds their defaults (the test box keeps none of its own).
@@ -44,6 +46,8 @@ JOB_KEYS += ("registerfiles", "hipri")
 PRECONDITION_KEYS = ("enabled", "discard", "fill_passes", "block_size", "steady_state", "ss_rw")
 PRECONDITION_KEYS += ("ss_bs", "ss_iodepth", "ss_round_s", "ss_max_rounds", "ss_window")
 PRECONDITION_KEYS += ("ss_range_pct", "ss_slope_pct")
+# The settings of the Ceph cluster a run builds for its rbd arms over osd layers.
+CEPH_KEYS = ("daemon_modes",)
 PLAN_VERSION = 3
 PLAN_VERSIONS = (1, 2, 3)
 
@@ -69,6 +73,7 @@ class Plan(Mapping):
     fio: dict
     repetitions: int
     seed: int
+    ceph: dict
     devices: dict = field(default_factory=dict)
     sessions: int = 1
     patterns: dict = field(default_factory=dict)
@@ -86,6 +91,7 @@ class Plan(Mapping):
         check_document(doc, source)
         _require_keys(doc["fio"], (*FIO_KEYS, *JOB_KEYS), "fio", source)
         _require_keys(doc["precondition"], PRECONDITION_KEYS, "precondition", source)
+        _require_keys(doc["ceph"], CEPH_KEYS, "ceph", source)
         return cls(**{**doc, "version": PLAN_VERSION})
 
     def to_document(self) -> dict:
@@ -136,8 +142,9 @@ def _migrate_v1(doc: dict) -> dict:
 
 
 def _migrate_v2(doc: dict) -> dict:
-    """Version 2 (and 1) wrote ``precondition`` as true/false or the options that differed, and
-    the fio section without the job options that had these values."""
+    """Version 2 (and 1) wrote ``precondition`` as true/false or the options that differed, the
+    fio section without the job options that had these values, and no ``ceph`` section: the
+    clusters those runs built started their daemons accepting both messenger modes."""
     meant = {
         "enabled": True,
         "discard": True,
@@ -161,7 +168,7 @@ def _migrate_v2(doc: dict) -> dict:
     jobs |= {"fixedbufs": False, "registerfiles": False, "hipri": False}
     if isinstance(doc.get("fio"), dict):
         doc = {**doc, "fio": {**jobs, **doc["fio"]}}
-    return doc
+    return {"ceph": {"daemon_modes": "crc secure"}, **doc}
 
 
 def read_plan(path: Path) -> Plan:
@@ -257,7 +264,7 @@ def check_sequential_sessions(sessions: int, min_pairs: int, source: str = "plan
 
 # Keys whose change makes measurements incomparable
 _MEASUREMENT_KEYS = ("backend", "device_size_mib", "precondition")
-_MEASUREMENT_KEYS += ("stacks", "fio", "devices", "fleet")
+_MEASUREMENT_KEYS += ("stacks", "fio", "devices", "fleet", "ceph")
 # Per pattern: how its cells are measured (its matrix may grow, and a new pattern adds cells).
 _PATTERN_MEASUREMENT_KEYS = ("io_bs", "fsync_per_block", "fio")
 

@@ -43,11 +43,20 @@ def check_plan(plan: dict, source: str = "plan") -> None:
     plan = migrated_plan_document(dict(plan), source)
     check_document(plan, source)
     check_stacks(plan, source)
+    check_ceph_settings(plan, source)
     check_patterns(plan, source)
     check_block_sizes(plan, source)
     check_blocks_fit(plan, source)
     check_run_options(plan, source)
     check_job_options(plan["fio"], f"{source}: fio", plan["fio"])
+
+
+def check_ceph_settings(plan: dict, source: str = "plan") -> None:
+    """``ceph.daemon_modes`` is a mode list Ceph accepts and lets every arm of the run's cluster
+    connect (PlanError names the key: a refused mode would make fio retry forever)."""
+    problems = ceph.daemon_mode_problems(plan)
+    if problems:
+        raise PlanError(f"{source}: " + "; ".join(problems))
 
 
 def walk_layers(layer, where: str):
@@ -542,6 +551,7 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         "seed": config["seed"],
         "patterns": resolve_patterns(config.get("patterns"), fio),
         "sessions": config["sessions"],
+        "ceph": dict(config["ceph"]),
         "adaptive": None,
         "fleet": None,
     }
