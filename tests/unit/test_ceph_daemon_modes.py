@@ -70,16 +70,18 @@ def test_the_conf_starts_every_daemon_in_the_given_modes(tmp_path, modes):
 
 def test_stack_up_builds_the_cluster_with_the_plans_daemon_modes(small_config, tmp_path):
     """attach_cluster hands the plan's value to the cluster's builder: a value the builder
-    refuses stops it before any file or daemon of the cluster exists."""
+    refuses stops it before any file or daemon of the cluster exists (the scratch folder is too
+    deep for admin sockets besides, so a builder given another value stops there instead)."""
     plan = plan_from_config(small_config, "tb1", tmp_path)
     plan["ceph"] = {"daemon_modes": "crc crc"}
     ceph_part = cephstack.split_plan(plan)[1]
     helpers = [h for g in ceph_part["groups"] for h in g["layers"]]
-    state = {"scratch_dir": str(tmp_path), "backend": "kernel"}
+    scratch = tmp_path / ("x" * 90)
+    state = {"scratch_dir": str(scratch), "backend": "kernel"}
     state["stacks"] = {h: {"device": f"/dev/loop-{h}"} for h in helpers}
     with pytest.raises(TestboxError, match=r"ceph\.daemon_modes 'crc crc' is not one of"):
         cephstack.attach_cluster(ceph_part, state, tmp_path / "state.json", dict.fromkeys(helpers))
-    assert not ceph.cluster_dir(tmp_path).exists()
+    assert not ceph.cluster_dir(scratch).exists()
 
 
 @pytest.mark.parametrize(
