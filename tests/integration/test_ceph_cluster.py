@@ -1,7 +1,8 @@
 """A throwaway Ceph cluster for real: stack-up builds a plain and a luks layer (userspace backend
 here), one OSD on each, fio's rbd engine in crc and in secure mode with the mode read back from
 the client's own connections, and stack-down (also after a kill -9 of the builder) leaves no
-daemon, socket, folder or loop device.
+daemon, socket, folder or loop device. A cluster-side secure run (``ceph.daemon_modes: secure``)
+starts its daemons in secure mode only and records it with every run.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from pathlib import Path
 
 import pytest
 from testkit.plans import fio_settings
+from testkit.testbox import run_fio_args
 from testkit.testbox import testbox as tb
 
+from luksbench.formats.plan import migrated_plan_document
 from luksbench.testbox import ceph, cephdown, cephrun, cephstack, safety
 from luksbench.testbox.stacks import stack_down, stack_up
 from luksbench.testbox.sysutil import TestboxError, cmdline, pid_alive
@@ -49,7 +52,9 @@ def short_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def write_plan(tmp: Path, run: str, stacks: dict) -> Path:
+def write_plan(tmp: Path, run: str, stacks: dict, daemon_modes: str = "crc secure") -> Path:
+    """A plan file of the current version: ``stacks``, one randread 4k qd1 cell, 1 s runs, the
+    run's cluster (if its stacks need one) started with ``daemon_modes``."""
     plan = {
         "run": run,
         "host": "tb1",
@@ -64,6 +69,7 @@ def write_plan(tmp: Path, run: str, stacks: dict) -> Path:
         "repetitions": 1,
         "seed": 1,
     }
+    plan = {**migrated_plan_document(plan), "ceph": {"daemon_modes": daemon_modes}}
     path = tmp / "plan.json"
     path.write_text(json.dumps(plan))
     return path
@@ -113,7 +119,10 @@ def test_cluster_over_plain_and_luks_layers(short_tmp):
     try:
         t0 = time.monotonic()
         cluster = cephstack.ceph_up(
-            state_path, {"plain": ["plain"], "luks": ["luks"]}, image_mib=IMAGE_MIB
+            state_path,
+            {"plain": ["plain"], "luks": ["luks"]},
+            image_mib=IMAGE_MIB,
+            daemon_modes="crc secure",
         )
         up_s = time.monotonic() - t0
         top = Path(cluster["dir"])
@@ -179,7 +188,8 @@ def test_stack_down_after_the_builder_is_killed(short_tmp):
     scratch = Path(json.loads(state_path.read_text())["scratch_dir"])
     builder = (
         "import sys; from luksbench.testbox import cephstack; "
-        "cephstack.ceph_up(sys.argv[1], {'plain': ['plain']}, image_mib=64)"
+        "cephstack.ceph_up(sys.argv[1], {'plain': ['plain']}, image_mib=64, "
+        "daemon_modes='crc secure')"
     )
     proc = subprocess.Popen([sys.executable, "-c", builder, str(state_path)])
     record_path = ceph.cluster_dir(scratch) / cephdown.RECORD_NAME
@@ -290,6 +300,59 @@ def test_a_mode_the_daemons_refuse_fails_without_hanging(short_tmp):
         assert all(os.path.basename(c) in ceph.DAEMONS for c in running), running
         probe = cephrun.probe_mode(cluster, pool, "crc", tmp / "accepted.log")
         assert set(probe["connections"].values()) == {"crc"}
+    finally:
+        down = tb("stack-down", "--state", state_path, "--record", tmp / "down.json", check=False)
+    assert down.returncode == 0, down.stderr
+    assert_ceph_gone(Path(cluster["dir"]), cluster["daemons"])
+
+
+def daemon_config(cluster: dict, daemon: str, key: str) -> str:
+    """A running daemon's value of ``key``, asked through its admin socket."""
+    asok = Path(cluster["dir"]) / "run" / f"{daemon}.asok"
+    argv = ["ceph", "-c", cluster["conf"], "--admin-daemon", str(asok), "config", "get", key]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    return json.loads(out)[key]
+
+
+def test_a_cluster_side_secure_run_starts_its_daemons_in_secure_mode_only(short_tmp):
+    """``ceph.daemon_modes: secure`` with one secure arm, through the test box's commands: the
+    daemons run with every messenger mode secure (a crc client is refused, without hanging), the
+    run's sidecar records the daemons' modes and the secure connections its probe made."""
+    tmp = short_tmp
+    arm = {"kind": "rbd", "mode": "secure", "over": {"kind": "osd", "over": {"kind": "plain"}}}
+    plan = write_plan(tmp, "cephcs", {"secure": arm}, daemon_modes="secure")
+    doc = json.loads(plan.read_text())
+    doc["baseline"] = "secure"
+    plan.write_text(json.dumps(doc))
+    state_path, describe = tmp / "s" / "state.json", tmp / "stacks.json"
+    host_dir = tmp / "raw" / "cephcs" / "tb1"
+    tb("stack-up", "--plan", plan, "--state", state_path, "--describe", describe, timeout=900)
+    cluster = cephdown.load_cluster(json.loads(state_path.read_text())["ceph"]["dir"])
+    try:
+        assert cluster["daemon_modes"] == "secure"
+        conf = Path(cluster["conf"]).read_text()
+        for key in ("ms_cluster_mode", "ms_service_mode", "ms_mon_cluster_mode"):
+            assert f"\t{key} = secure\n" in conf, key
+        for daemon in ("mon.a", "osd.0"):  # what the running daemons took, not only the file
+            assert daemon_config(cluster, daemon, "ms_cluster_mode") == "secure", daemon
+            assert daemon_config(cluster, daemon, "ms_service_mode") == "secure", daemon
+        described = json.loads(describe.read_text())["stacks"]["secure"]
+        assert described["daemon_modes"] == "secure" and described["messenger_mode"] == "secure"
+        pool = cluster["pools"][0]
+        t0 = time.monotonic()
+        with pytest.raises(TestboxError, match="crc"):
+            cephrun.probe_mode(cluster, pool, "crc", tmp / "refused.log")
+        assert time.monotonic() - t0 < cephrun.PROBE_TIMEOUT_S + 10
+
+        tb(*run_fio_args(plan, state_path, host_dir, host_dir / "fio" / "manifest.json"))
+        sidecars = sorted((host_dir / "fio" / "secure").glob("*/rep*.cpu.json"))
+        assert sidecars, list(host_dir.rglob("*"))
+        for path in sidecars:
+            record = json.loads(path.read_text())["ceph"]
+            assert record["daemon_modes"] == "secure", path
+            assert record["messenger_mode"] == "secure", path
+            connections = record["mode_probe"]["connections"]
+            assert set(connections.values()) == {"secure"} and "osd.0" in connections, record
     finally:
         down = tb("stack-down", "--state", state_path, "--record", tmp / "down.json", check=False)
     assert down.returncode == 0, down.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from luksbench.formats.plan import migrated_plan_document
 from luksbench.testbox import ceph, cephdown, cephrun, lock
 from luksbench.testbox.cephexisting import EXISTING_DIR_NAME
 from luksbench.testbox.stacks import stack_down, stack_up
@@ -60,7 +61,9 @@ def their_cluster(top: Path) -> dict:
     with open(block, "wb") as f:
         f.truncate(OSD_FILE_MIB * 2**20)
     spec = {"block": str(block), "group": "theirs", "loop": True}
-    return ceph.cluster_up(top, [spec], image_mib=IMAGE_MIB, image="their-image")
+    return ceph.cluster_up(
+        top, [spec], image_mib=IMAGE_MIB, image="their-image", daemon_modes="crc secure"
+    )
 
 
 def images(cluster: dict, pool: str) -> list[str]:
@@ -79,29 +82,31 @@ def daemons_now(cluster: dict) -> dict[str, tuple]:
 def existing_plan(tmp: Path, cluster: dict, pool: str, **arm) -> dict:
     base = {"kind": "rbd", "conf": cluster["conf"], "pool": pool, "image": "lbx", **arm}
     base.setdefault("keyring", str(Path(cluster["dir"]) / "admin.keyring"))
-    return {
-        "run": "cephe",
-        "host": "tb1",
-        "backend": "userspace",
-        "scratch_dir": str(tmp / "s"),
-        "device_size_mib": 128,
-        "precondition": False,
-        "baseline": "crc",
-        "stacks": {
-            "crc": {**base, "mode": "crc", "image_mib": IMAGE_MIB},
-            "secure": {**base, "mode": "secure", "image_mib": IMAGE_MIB},
-        },
-        "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [4]},
-        "fio": {
-            "ioengine": "libaio",
-            "direct": True,
-            "runtime_s": 1,
-            "ramp_time_s": 0,
-            "output_format": "json+",
-        },
-        "repetitions": 1,
-        "seed": 1,
-    }
+    return migrated_plan_document(
+        {
+            "run": "cephe",
+            "host": "tb1",
+            "backend": "userspace",
+            "scratch_dir": str(tmp / "s"),
+            "device_size_mib": 128,
+            "precondition": False,
+            "baseline": "crc",
+            "stacks": {
+                "crc": {**base, "mode": "crc", "image_mib": IMAGE_MIB},
+                "secure": {**base, "mode": "secure", "image_mib": IMAGE_MIB},
+            },
+            "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [4]},
+            "fio": {
+                "ioengine": "libaio",
+                "direct": True,
+                "runtime_s": 1,
+                "ramp_time_s": 0,
+                "output_format": "json+",
+            },
+            "repetitions": 1,
+            "seed": 1,
+        }
+    )
 
 
 def run_arm(entry: dict, tmp: Path) -> dict:

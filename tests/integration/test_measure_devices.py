@@ -9,6 +9,7 @@ import shutil
 import subprocess
 
 import pytest
+from testkit.plans import precondition_settings
 
 import luksbench.testbox.precondition as precondition_module
 from luksbench.testbox.precondition import (
@@ -52,7 +53,7 @@ def loop_device(tmp_path):
 def test_precondition_loop_device(loop_device, monkeypatch):
     monkeypatch.setattr(precondition_module, "FILL_HEARTBEAT_S", 0.01)
     lines: list[str] = []
-    opts = {"ss_round_s": 1, "ss_max_rounds": 6, "steady_state": True}
+    opts = precondition_settings(ss_round_s=1, ss_max_rounds=6, steady_state=True)
     rec = precondition(loop_device, 64 * MIB, opts, "libaio", lines.append)
     assert rec["device"] == loop_device and rec["options"]["ss_max_rounds"] == 6
     # loop devices over files support discard (hole punching)
@@ -85,11 +86,11 @@ def test_precondition_without_discard_support(tmp_path):
     target = tmp_path / "file.img"
     with open(target, "wb") as f:
         f.truncate(8 * MIB)
-    rec = precondition(target, 8 * MIB, {"steady_state": False, "fill_passes": 1}, "psync", print)
+    rec = precondition(target, 8 * MIB, precondition_settings(fill_passes=1), "psync", print)
     assert rec["discard"]["status"].startswith("discard unsupported: ")
     assert "not a block device" in rec["discard"]["status"]
     assert rec["fill"]["io_bytes"] == 8 * MIB and rec["steady_state"] is None
-    off = precondition(target, 8 * MIB, {"enabled": False}, "psync", print)
+    off = precondition(target, 8 * MIB, precondition_settings(enabled=False), "psync", print)
     assert off["fill"] is None and off["discard"] is None
 
 
@@ -98,6 +99,6 @@ def test_precondition_failure_carries_fio_stderr(tmp_path):
     target = tmp_path / "file.img"
     with open(target, "wb") as f:
         f.truncate(MIB)
-    opts = {"discard": False, "steady_state": False}
+    opts = precondition_settings(discard=False, steady_state=False)
     with pytest.raises(TestboxError, match=r"fill: `fio .*` exited 1: .*no-such-engine"):
         precondition(target, MIB, opts, "no-such-engine", print)

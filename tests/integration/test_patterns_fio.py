@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from testkit.plans import KIB, LARGEBLOCK, MIB
+from testkit.plans import KIB, LARGEBLOCK, MIB, validated
 from testkit.plans import pattern_config as config
 from testkit.plans import pattern_plan as plan_of
 from testkit.testbox import run_fio_args
@@ -143,8 +143,8 @@ def test_a_fixed_rate_cell_of_two_jobs_runs_at_the_asked_rate_in_all(tmp_path):
     fixed = {"description": "", "matrix": {"rw": ["randread"], "bs": ["4k"], "iodepth": [1]}}
     fixed |= {"io_bs": "", "fsync_per_block": False, "rate_pct": 50}
     fixed["fio"] = {"ioengine": "psync", "direct": False, "sync": False, "numjobs": 2}
-    fio = {"ioengine": "libaio", "direct": True, "output_format": "json+"}
-    plan = {"fio": {**fio, "runtime_s": 3, "ramp_time_s": 1}, "patterns": {"fixedrate": fixed}}
+    fio = validated({"fio": {"ioengine": "libaio", "runtime_s": 3, "ramp_time_s": 1}})["fio"]
+    plan = {"fio": fio, "patterns": {"fixedrate": fixed}}
     check_patterns(plan)
     target, out = tmp_path / "target.dat", tmp_path / "out.json"
     target.write_bytes(b"\1" * MIB)  # cached after the first reads: far above the rate here

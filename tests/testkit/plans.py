@@ -26,14 +26,22 @@ def fio_settings(runtime_s: int = 1, ramp_time_s: int = 0, ioengine: str = "liba
     }
 
 
-# A plan config (before the schema): plain and luks, 2 x 2 x 2 cells, 3 repetitions.
-PLAN_CONFIG = {
+def validated(config: dict) -> dict:
+    """The config as the workflow sees it: checked against the schema, defaults filled."""
+    config = copy.deepcopy(config)
+    validate(config, str(SCHEMA))
+    return config
+
+
+# A plan config as the workflow sees it (the schema's defaults filled): plain and luks,
+# 2 x 2 x 2 cells, 3 repetitions.
+_PLAN_SETTINGS = {
     "run": "r1",
     "host": "",
     "backend": "auto",
     "scratch_dir": "data/scratch",
     "device_size_mib": 256,
-    "precondition": True,
+    "precondition": {"enabled": True},
     "baseline": "plain",
     "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks", "key_bits": 256}},
     "matrix": {"rw": ["randread", "read"], "bs": ["4k", "1m"], "iodepth": [1, 32]},
@@ -163,15 +171,17 @@ EXPECTED = {
 }
 
 
+PLAN_CONFIG = validated(_PLAN_SETTINGS)
+
+
+def precondition_settings(**over) -> dict:
+    """Every preconditioning option: the schema's defaults, then ``over``."""
+    spec = yaml.safe_load(SCHEMA.read_text())["properties"]["precondition"]["properties"]
+    return {key: option["default"] for key, option in spec.items()} | over
+
+
 def load_study(name: str) -> dict:
     return yaml.safe_load((STUDIES_DIR / f"{name}.yaml").read_text())
-
-
-def validated(config: dict) -> dict:
-    """The config as the workflow sees it: checked against the schema, defaults filled."""
-    config = copy.deepcopy(config)
-    validate(config, str(SCHEMA))
-    return config
 
 
 def luks_layers(stack: dict) -> list[dict]:

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testkit.plans import fio_settings
+from luksbench.formats.plan import migrated_plan_document
+from testkit.plans import fio_settings, validated
 
 
 def luksbench_testbox_argv(*args) -> list[str]:
@@ -50,9 +51,10 @@ def testbox(*args, check: bool = True, timeout: float = 300) -> subprocess.Compl
 
 
 def loop_plan(run: str, scratch_dir: Path, **overrides) -> dict:
-    """A small valid kernel-backend plan: two loop stacks (plain baseline, other), one randread
-    4k cell, 1 s runs without ramp; ``overrides`` replace top-level keys."""
-    return {
+    """A small valid kernel-backend plan as the test box reads it (a version 1 document,
+    migrated): two loop stacks (plain baseline, other), one randread 4k cell, 1 s runs without
+    ramp; ``overrides`` replace top-level keys."""
+    document = {
         "run": run,
         "host": "h",
         "backend": "kernel",
@@ -67,12 +69,14 @@ def loop_plan(run: str, scratch_dir: Path, **overrides) -> dict:
         "seed": 1,
         **overrides,
     }
+    return migrated_plan_document(document)
 
 
 def small_config(run: str, **overrides) -> dict:
-    """A small valid config (before the schema): plain and luks stacks, one read 4k qd1 cell,
-    1 s runs without ramp or preconditioning; ``overrides`` replace top-level keys."""
-    return {
+    """A small valid config as the workflow sees it (the schema's defaults filled): plain and luks
+    stacks, one read 4k qd1 cell, 1 s runs without ramp or preconditioning; ``overrides`` replace
+    top-level keys (``precondition`` true/false: whether to precondition)."""
+    config = {
         "run": run,
         "backend": "auto",
         "device_size_mib": 64,
@@ -85,6 +89,9 @@ def small_config(run: str, **overrides) -> dict:
         "seed": 1,
         **overrides,
     }
+    if isinstance(config["precondition"], bool):
+        config["precondition"] = {"enabled": config["precondition"]}
+    return validated(config)
 
 
 def make_plan(

@@ -30,7 +30,7 @@ SECURE_READY = (
 
 def test_conf_keeps_every_path_under_its_folder_and_every_address_on_loopback(tmp_path):
     top = tmp_path / "ceph"
-    text = ceph.conf_text(top, "fsid", 4567)
+    text = ceph.conf_text(top, "fsid", 4567, "crc secure")
     paths = [v.strip() for line in text.splitlines() for v in line.split("=")[1:] if "/" in v]
     assert paths and all(p.startswith(str(top)) or p.startswith("$") for p in paths), paths
     for system in ("/etc/ceph", "/var/lib/ceph", "/var/log/ceph", "/var/run/ceph"):
@@ -104,7 +104,9 @@ def test_osd_and_rbd_layer_checks():
 def test_a_too_deep_scratch_folder_is_refused_before_anything_starts(tmp_path):
     deep = tmp_path / ("x" * 90)
     with pytest.raises(TestboxError, match="too deep for Ceph's admin sockets"):
-        ceph.cluster_up(deep, [{"block": "/nonexistent", "group": "g"}], image_mib=16)
+        ceph.cluster_up(
+            deep, [{"block": "/nonexistent", "group": "g"}], image_mib=16, daemon_modes="crc"
+        )
     assert not (deep / "ceph").exists()
 
 

@@ -77,5 +77,6 @@ def test_the_schema_refuses_a_block_size_of_zero(bs):
 )
 def test_a_degenerate_block_size_is_refused_by_the_plan(change, named, tmp_path):
     with pytest.raises(PlanError, match="whole number of 512-byte sectors") as err:
-        plan_from_config({**CONFIG, **change}, "box", tmp_path)
+        pre = {**CONFIG["precondition"], **change.get("precondition", {})}
+        plan_from_config({**CONFIG, **change, "precondition": pre}, "box", tmp_path)
     assert named in str(err.value)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from testkit.plans import PLAN_CONFIG
 
 from luksbench.analysis import cpucost, ingest, stats
 from luksbench.analysis.loss import write_loss
@@ -59,8 +60,8 @@ PATTERN = {
 def test_a_fixed_rate_pattern_is_planned_and_runs_with_fio_rate_iops(tmp_path):
     patterns = resolve_patterns({"fixedrate": PATTERN}, {"ioengine": "libaio", "direct": True})
     assert patterns["fixedrate"]["rate_pct"] == 80
-    fio = {"ioengine": "libaio", "direct": True, "output_format": "json+"}
-    plan = {"fio": {**fio, "runtime_s": 2, "ramp_time_s": 0}, "patterns": patterns}
+    fio = {**PLAN_CONFIG["fio"], "ioengine": "libaio", "direct": True, "output_format": "json+"}
+    plan = {"fio": fio, "patterns": patterns}  # the validated config's fio section
     check_patterns(plan)
     w = Workload("randread", 4096, 1, "fixedrate")
     argv = fio_argv(plan, {"device": "/dev/x"}, "plain", w, tmp_path / "o.json", 0, 1234)

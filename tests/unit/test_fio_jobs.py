@@ -19,7 +19,6 @@ from luksbench.publish.paper_tables import limited_cells, unchecked_cells
 from luksbench.studies import available_studies, load_config
 from luksbench.testbox import jobs
 from luksbench.testbox.planbuild import (
-    JOB_DEFAULTS,
     PlanError,
     cell_options,
     check_plan,
@@ -171,7 +170,7 @@ def test_nvme_saturate_and_the_tuning_study_add_jobs_and_the_seed_studies_keep_o
             assert numjobs == {"": 4, "equalload": 4, "seq": 1}
             assert plain["fio"]["numa_pin"] and plain["fio"]["cpus_allowed_policy"] == "split"
         else:
-            assert not set(plain["fio"]) & set(JOB_DEFAULTS)  # plans as before: no job keys
+            assert plain["fio"]["numjobs"] == 1 and not plain["fio"]["numa_pin"]
             assert set(numjobs.values()) == {1}
         config = load_config(REPO, [mybox, REPO / "config/nvme-saturate.yaml"])
         plan = plan_from_config(config, "h", tmp_path)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testkit.plans import precondition_settings
 
 from luksbench.testbox import probes, runner, sysinfo
 from luksbench.testbox.planbuild import precondition_options
@@ -292,20 +293,23 @@ def test_steady_state_round_argv():
         assert opt in argv, opt
 
 
-def test_precondition_options_defaults_and_errors():
-    o = precondition_options({"ss_round_s": 1})
-    assert o["fill_passes"] == 2 and o["block_size"] == "128k" and o["ss_max_rounds"] == 25
-    assert o["ss_window"] == 5 and o["ss_rw"] == "randwrite" and o["ss_round_s"] == 1
+def test_precondition_options_are_the_plans_and_checked():
+    full = precondition_settings(ss_round_s=1)
+    assert precondition_options(full) == full
     for bad, key in (
         ({"fill_pases": 2}, "fill_pases"),
+        ({"fill_passes": None}, "missing \\['fill_passes'\\]"),
         ({"discard": "yes"}, "precondition.discard"),
         ({"ss_window": 1}, "precondition.ss_window"),
         ({"ss_iodepth": 2.5}, "precondition.ss_iodepth"),
         ({"ss_rw": "trim"}, "precondition.ss_rw"),
         ({"ss_max_rounds": 3}, "precondition.ss_max_rounds"),
     ):
+        opts = {k: v for k, v in {**full, **bad}.items() if v is not None}
         with pytest.raises(TestboxError, match=key):
-            precondition_options(bad)
+            precondition_options(opts)
+    with pytest.raises(TestboxError, match="precondition must be an object"):
+        precondition_options(True)  # a plan's true/false is migrated before the test box reads it
 
 
 # --- precondition for real -----------------------------------------------------------------------
@@ -315,10 +319,10 @@ def test_precondition_refuses_missing_and_odd_targets(tmp_path):
     """fio would create a missing target (directories too); precondition must not."""
     missing = tmp_path / "no-such-dir" / "dev"
     with pytest.raises(TestboxError, match="no-such-dir/dev: No such file"):
-        precondition(missing, MIB, {}, "psync", print)
+        precondition(missing, MIB, precondition_settings(), "psync", print)
     assert not (tmp_path / "no-such-dir").exists()
     with pytest.raises(TestboxError, match="neither a block device nor a file"):
-        precondition(tmp_path, MIB, {}, "psync", print)
+        precondition(tmp_path, MIB, precondition_settings(), "psync", print)
 
 
 # --- dm tables -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from testkit.plans import fio_settings
+from testkit.plans import fio_settings, validated
 
 from luksbench.formats import envdoc, manifest, plan, sidecar, targets
 from luksbench.formats.record import RecordVersionError
@@ -60,14 +60,14 @@ def test_a_plan_round_trips_with_its_version(tmp_path):
     record = plan.Plan.from_document({**PLAN_V1, "sessions": 2})
     plan.write_plan_file(tmp_path / "plan.json", record)
     doc = json.loads((tmp_path / "plan.json").read_text())
-    assert doc["version"] == plan.PLAN_VERSION == 2
+    assert doc["version"] == plan.PLAN_VERSION == 3
     again = plan.read_plan(tmp_path / "plan.json")
     assert again == record and again.sessions == 2 and again.fio["runtime_s"] == 2
 
 
 def test_a_version_1_plan_is_migrated(tmp_path):
     record = plan.read_plan(dump(tmp_path / "plan.json", PLAN_V1))
-    assert record.version == 2
+    assert record.version == 3
     assert (record.sessions, record.patterns, record.devices) == (1, {}, {})
     assert record.adaptive is None and record.fleet is None
     patterned = {**PLAN_V1, "patterns": {"p": {"matrix": PLAN_V1["matrix"]}}}
@@ -76,13 +76,60 @@ def test_a_version_1_plan_is_migrated(tmp_path):
     assert plan_changes(PLAN_V1, record.to_document()) == []
 
 
-@pytest.mark.parametrize("version", [3, 0, "2", True])
+@pytest.mark.parametrize("version", [4, 0, "2", True])
 def test_a_newer_or_unknown_plan_version_is_refused(tmp_path, version):
     path = dump(tmp_path / "plan.json", {**PLAN_V1, "version": version})
     message = refused(plan.read_plan, path, version)
-    assert ("update luksbench" in message) == (version == 3)
+    assert ("update luksbench" in message) == (version == 4)
     with pytest.raises(RecordVersionError):
         load_plan(path)
+
+
+def v3_plan(**over) -> dict:
+    """PLAN_V1 as the workflow writes it now: every job and preconditioning option and the Ceph
+    settings, from the validated config (the schema's defaults)."""
+    config = validated({"precondition": {"enabled": True}, "fio": PLAN_V1["fio"]})
+    doc = {**PLAN_V1, "version": 3, "fio": config["fio"], "precondition": config["precondition"]}
+    doc["ceph"] = config["ceph"]
+    return {**doc, "devices": {}, "sessions": 1, "patterns": {}, "adaptive": None, "fleet": None}
+
+
+@pytest.mark.parametrize("precondition", [True, False, {"fill_passes": 1}])
+def test_a_version_2_plan_means_the_version_3_plan_with_the_options_it_left_out(
+    tmp_path, precondition
+):
+    v2 = {**PLAN_V1, "version": 2, "precondition": precondition}
+    v2 |= {"devices": {}, "sessions": 1, "patterns": {}, "adaptive": None, "fleet": None}
+    stated = {"enabled": precondition} if isinstance(precondition, bool) else precondition
+    v3 = v3_plan()
+    v3["precondition"] |= stated
+    record = plan.read_plan(dump(tmp_path / "plan.json", v2))
+    assert record.to_document() == plan.Plan.from_document(v3).to_document()
+    assert record.fio["numjobs"] == 1 and record.fio["cpus_allowed_policy"] == "shared"
+    assert len(record.precondition) == len(plan.PRECONDITION_KEYS)
+    # resuming a run measured with a version 2 plan with today's equal plan: comparable
+    assert plan_changes(v2, v3) == [] and plan_changes(v3, v2) == []
+    other = {**v3, "precondition": {**v3["precondition"], "fill_passes": 3}}
+    assert plan_changes(v2, other) == [
+        f"precondition.fill_passes: {v3['precondition']['fill_passes']!r} -> 3"
+    ]
+    more_jobs = {**v3, "fio": {**v3["fio"], "numjobs": 4}}
+    assert plan_changes(v2, more_jobs) == ["fio.numjobs: 1 -> 4"]
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [("precondition", "ss_window"), ("fio", "hipri"), ("fio", "numjobs"), ("ceph", "daemon_modes")],
+)
+def test_a_version_3_plan_must_hold_every_option(tmp_path, section, key):
+    doc = v3_plan()
+    doc[section] = {k: v for k, v in doc[section].items() if k != key}
+    path = dump(tmp_path / "plan.json", doc)
+    with pytest.raises(plan.PlanError, match=rf"missing key\(s\) {section}\.{key}"):
+        plan.read_plan(path)
+    bare = dump(tmp_path / "bare.json", {**v3_plan(), "precondition": True})
+    with pytest.raises(plan.PlanError, match="precondition must be an object"):
+        plan.read_plan(bare)
 
 
 def test_a_plan_with_an_unknown_key_is_refused_naming_it(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 from testkit.plans import fio_settings
 
 from luksbench.formats.layout import Workload
+from luksbench.formats.plan import migrated_plan_document
 from luksbench.testbox import safety
 from luksbench.testbox.backends.kernel import losetup_argv, luks_format_argv, luks_open_argv
 from luksbench.testbox.backends.userspace import qsd_argv
@@ -57,7 +58,7 @@ def _plan(**over) -> dict:
         "seed": 7,
     }
     plan.update(over)
-    return plan
+    return migrated_plan_document(plan)  # a version 1 document, as the test box reads it
 
 
 def test_baseline_first_puts_baseline_first():

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from testkit.paths import REPO as REPO_DIR
+from testkit.plans import validated
 from testkit.workflow import copy_workflow
 
 from luksbench.orchestrate import lifecycle
@@ -23,18 +24,20 @@ from luksbench.testbox import lock
 from luksbench.testbox.planbuild import plan_from_config
 
 BIN = Path(sys.executable).parent
-CONFIG = {
-    "run": "hooks",
-    "backend": "auto",
-    "device_size_mib": 64,
-    "precondition": False,
-    "baseline": "plain",
-    "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
-    "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
-    "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
-    "repetitions": 1,
-    "seed": 1,
-}
+CONFIG = validated(
+    {
+        "run": "hooks",
+        "backend": "auto",
+        "device_size_mib": 64,
+        "precondition": {"enabled": False},
+        "baseline": "plain",
+        "stacks": {"plain": {"kind": "plain"}, "luks": {"kind": "luks"}},
+        "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
+        "fio": {"ioengine": "libaio", "direct": True, "runtime_s": 1, "ramp_time_s": 0},
+        "repetitions": 1,
+        "seed": 1,
+    }
+)
 
 
 @pytest.fixture

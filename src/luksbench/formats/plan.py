@@ -3,12 +3,15 @@ config. This module checks the document as a whole (required keys, top-level val
 make two plans' measurements incomparable); :mod:`luksbench.testbox.planbuild` checks what stacks,
 patterns and block sizes mean. Standard library only: the test box imports this.
 
-The document (version 2) holds every key; the workflow fills them from the validated config
+The document (version 3) holds every key; the workflow fills them from the validated config
 (defaults: workflow/schemas/config.schema.yaml, the only place they are written)::
 
-    {"version": 2, "run", "host", "backend",          # backend: auto | kernel | userspace
-     "scratch_dir", "device_size_mib", "precondition", "baseline", "devices", "stacks",
-     "matrix": {"rw": [...], "bs": [...], "iodepth": [...]}, "fio": {...},
+    {"version": 3, "run", "host", "backend",          # backend: auto | kernel | userspace
+     "scratch_dir", "device_size_mib", "baseline", "devices", "stacks",
+     "precondition": {every one of PRECONDITION_KEYS},
+     "matrix": {"rw": [...], "bs": [...], "iodepth": [...]},
+     "fio": {every one of FIO_KEYS and JOB_KEYS},
+     "ceph": {"daemon_modes"},                         # the messenger modes of the run's cluster
      "repetitions", "seed", "sessions",                # sessions k: every cell in k stack-ups
      "patterns": {name: {"description", "matrix", "io_bs", "fsync_per_block", "fio",
                          "rate_pct"}},                 # families of cells beside the matrix
@@ -16,7 +19,10 @@ The document (version 2) holds every key; the workflow fills them from the valid
      "fleet": {"mode": "clients", "hosts": [...]} | null}
 
 A version 1 file (no ``version``) left out what a run did not use (sessions, patterns, devices,
-adaptive, fleet, a pattern's rate_pct); :func:`migrated_plan_document` fills them in.
+adaptive, fleet, a pattern's rate_pct); version 2 let ``precondition`` be true/false or a partial
+object, left out the job options that had their usual values and had no ``ceph`` section (its
+clusters' daemons accepted "crc secure"). :func:`migrated_plan_document` fills in what those files
+meant.
 """
 
 from __future__ import annotations
@@ -29,13 +35,21 @@ from pathlib import Path
 from luksbench.formats.record import record_version, versioned
 
 REQUIRED_KEYS = ("run", "host", "backend", "scratch_dir", "device_size_mib", "precondition")
-REQUIRED_KEYS += ("baseline", "stacks", "matrix", "fio", "repetitions", "seed")
+REQUIRED_KEYS += ("baseline", "stacks", "matrix", "fio", "repetitions", "seed", "ceph")
 BACKENDS = ("auto", "kernel", "userspace")
 # The fio settings the test box reads from every plan: the workflow copies them from the validated
 # config, whose schema holds their defaults (the test box keeps none of its own).
 FIO_KEYS = ("ioengine", "direct", "runtime_s", "ramp_time_s", "output_format")
-PLAN_VERSION = 2
-PLAN_VERSIONS = (1, 2)
+# fio's job options (a pattern may override each; absent there: the fio section's value).
+JOB_KEYS = ("numjobs", "cpus_allowed", "cpus_allowed_policy", "numa_pin", "fixedbufs")
+JOB_KEYS += ("registerfiles", "hipri")
+PRECONDITION_KEYS = ("enabled", "discard", "fill_passes", "block_size", "steady_state", "ss_rw")
+PRECONDITION_KEYS += ("ss_bs", "ss_iodepth", "ss_round_s", "ss_max_rounds", "ss_window")
+PRECONDITION_KEYS += ("ss_range_pct", "ss_slope_pct")
+# The settings of the Ceph cluster a run builds for its rbd arms over osd layers.
+CEPH_KEYS = ("daemon_modes",)
+PLAN_VERSION = 3
+PLAN_VERSIONS = (1, 2, 3)
 
 
 class PlanError(ValueError):
@@ -52,13 +66,14 @@ class Plan(Mapping):
     backend: str
     scratch_dir: str
     device_size_mib: int
-    precondition: bool | dict
+    precondition: dict
     baseline: str
     stacks: dict
     matrix: dict
     fio: dict
     repetitions: int
     seed: int
+    ceph: dict
     devices: dict = field(default_factory=dict)
     sessions: int = 1
     patterns: dict = field(default_factory=dict)
@@ -74,9 +89,9 @@ class Plan(Mapping):
         if unknown:
             raise PlanError(f"{source}: unknown key(s) {', '.join(unknown)} (known: {PLAN_KEYS})")
         check_document(doc, source)
-        missing = [k for k in FIO_KEYS if k not in doc["fio"]]
-        if missing:
-            raise PlanError(f"{source}: missing key(s) {', '.join(f'fio.{k}' for k in missing)}")
+        _require_keys(doc["fio"], (*FIO_KEYS, *JOB_KEYS), "fio", source)
+        _require_keys(doc["precondition"], PRECONDITION_KEYS, "precondition", source)
+        _require_keys(doc["ceph"], CEPH_KEYS, "ceph", source)
         return cls(**{**doc, "version": PLAN_VERSION})
 
     def to_document(self) -> dict:
@@ -97,11 +112,22 @@ class Plan(Mapping):
 PLAN_KEYS = tuple(f.name for f in fields(Plan))
 
 
+def _require_keys(section, keys: tuple, name: str, source: str) -> None:
+    if not isinstance(section, dict):
+        raise PlanError(f"{source}: {name} must be an object with {', '.join(keys)}")
+    missing = [k for k in keys if k not in section]
+    if missing:
+        raise PlanError(f"{source}: missing key(s) {', '.join(f'{name}.{k}' for k in missing)}")
+
+
 def migrated_plan_document(doc: dict, source: str = "plan") -> dict:
     """A plan document of any known version as the current version's (RecordVersionError for an
     unknown one, naming ``source``)."""
-    if record_version(doc, source, "plan", PLAN_VERSIONS) == 1:
+    version = record_version(doc, source, "plan", PLAN_VERSIONS)
+    if version == 1:
         doc = _migrate_v1(doc)
+    if version <= 2:
+        doc = _migrate_v2(doc)
     return versioned(doc, PLAN_VERSION)
 
 
@@ -113,6 +139,36 @@ def _migrate_v1(doc: dict) -> dict:
     }
     absent = {"devices": {}, "sessions": 1, "adaptive": None, "fleet": None}
     return {**absent, **doc, "patterns": patterns}
+
+
+def _migrate_v2(doc: dict) -> dict:
+    """Version 2 (and 1) wrote ``precondition`` as true/false or the options that differed, the
+    fio section without the job options that had these values, and no ``ceph`` section: the
+    clusters those runs built started their daemons accepting both messenger modes."""
+    meant = {
+        "enabled": True,
+        "discard": True,
+        "fill_passes": 2,
+        "block_size": "128k",
+        "steady_state": False,
+        "ss_rw": "randwrite",
+        "ss_bs": "4k",
+        "ss_iodepth": 32,
+        "ss_round_s": 10,
+        "ss_max_rounds": 25,
+        "ss_window": 5,
+        "ss_range_pct": 20.0,
+        "ss_slope_pct": 10.0,
+    }
+    pre = doc.get("precondition")
+    stated = {"enabled": pre} if isinstance(pre, bool) else {} if pre is None else pre
+    if "precondition" in doc and isinstance(stated, dict):
+        doc = {**doc, "precondition": {**meant, **stated}}
+    jobs = {"numjobs": 1, "cpus_allowed": "", "cpus_allowed_policy": "shared", "numa_pin": False}
+    jobs |= {"fixedbufs": False, "registerfiles": False, "hipri": False}
+    if isinstance(doc.get("fio"), dict):
+        doc = {**doc, "fio": {**jobs, **doc["fio"]}}
+    return {"ceph": {"daemon_modes": "crc secure"}, **doc}
 
 
 def read_plan(path: Path) -> Plan:
@@ -208,7 +264,7 @@ def check_sequential_sessions(sessions: int, min_pairs: int, source: str = "plan
 
 # Keys whose change makes measurements incomparable
 _MEASUREMENT_KEYS = ("backend", "device_size_mib", "precondition")
-_MEASUREMENT_KEYS += ("stacks", "fio", "devices", "fleet")
+_MEASUREMENT_KEYS += ("stacks", "fio", "devices", "fleet", "ceph")
 # Per pattern: how its cells are measured (its matrix may grow, and a new pattern adds cells).
 _PATTERN_MEASUREMENT_KEYS = ("io_bs", "fsync_per_block", "fio")
 

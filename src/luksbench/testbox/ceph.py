@@ -4,8 +4,9 @@ size-1 pool per group of OSDs pinned to them by device class, and a prefilled RB
 
 Every file (conf, keyrings, monmap, stores, admin sockets, pid files, logs) lives in one folder
 under the run's scratch folder; daemons bind to 127.0.0.1 only and are started with the
-messenger modes they accept (``ms_cluster_mode``/``ms_service_mode`` act at daemon start only),
-so a client chooses crc or secure per run through ``CEPH_ARGS``. The cluster's record is written
+messenger modes the plan's ``ceph.daemon_modes`` lists (``ms_cluster_mode``/``ms_service_mode``
+act at daemon start only), so a client chooses crc or secure per run through ``CEPH_ARGS`` among
+them; daemon-to-daemon traffic in secure mode is a cluster of its own (``daemon_modes: secure``). The cluster's record is written
 to ``cluster.json`` in that folder before each daemon starts, so :func:`cluster_down` can stop
 everything after a ``kill -9`` of the process that built it. Standard library only.
 """
@@ -35,9 +36,10 @@ from luksbench.testbox.sysutil import (
 
 CLUSTER_DIR_NAME = "ceph"
 DAEMONS = ("ceph-mon", "ceph-osd")
-# Modes the daemons accept; the client's own list (CEPH_ARGS) then decides the connection's mode.
-DAEMON_MODES = "crc secure"
 MODES = ("crc", "secure")
+# The lists of modes Ceph's daemons accept (ms_cluster_mode, ms_service_mode: preferred first);
+# an arm's client asks for one mode (CEPH_ARGS), which must be in its cluster's list.
+DAEMON_MODE_LISTS = ("crc secure", "secure crc", "secure", "crc")
 # osd_memory_target's floor (896 MiB): an OSD still needs about 1.5 GB resident on this machine.
 OSD_MEMORY_TARGET = 896 * 1024 * 1024
 BLUESTORE_CACHE_BYTES = 64 * 1024 * 1024
@@ -67,9 +69,38 @@ def check_ceph_layer(layer: dict, where: str) -> list[str]:
     if kind == "rbd" and below:
         if any(not isinstance(b, dict) or b.get("kind") != "osd" for b in below):
             problems.append(f"{where}: an rbd layer sits on osd layers only")
-        if layer.get("mode", "crc") not in MODES:
+        if client_mode(layer) not in MODES:
             problems.append(f"{where}.mode: {layer.get('mode')!r} is not one of {MODES}")
     return problems + check_existing_layer(layer, where)
+
+
+def client_mode(arm: dict) -> str:
+    """The messenger mode an rbd arm's client asks for (an arm without one: the schema's)."""
+    return arm.get("mode", CEPH_SCHEMA_DEFAULTS["mode"])
+
+
+def daemon_mode_problems(plan) -> list[str]:
+    """Problems with the plan's ``ceph.daemon_modes`` (empty: fine): a list Ceph accepts, holding
+    the mode of every arm on the cluster the run builds. A client asking for a mode its daemons
+    refuse would retry forever, so such an arm is refused here, before anything is built."""
+    settings = plan["ceph"]
+    modes = settings.get("daemon_modes") if isinstance(settings, dict) else None
+    if modes not in DAEMON_MODE_LISTS:
+        known = ", ".join(repr(m) for m in DAEMON_MODE_LISTS)
+        return [f"ceph.daemon_modes: {modes!r} is not one of {known}"]
+    problems = []
+    for name, stack in plan["stacks"].items():
+        if not (is_cluster_layer(stack) and stack["kind"] == "rbd"):
+            continue
+        mode = client_mode(stack)
+        if mode not in modes.split():
+            problems.append(
+                f"stacks.{name}.mode: a {mode} client cannot connect to daemons started with "
+                f"ceph.daemon_modes {modes!r}; measure {mode} arms in a separate run whose "
+                f"ceph.daemon_modes lists {mode} (e.g. 'crc secure'), or give this arm a mode "
+                f"of {', '.join(modes.split())}"
+            )
+    return problems
 
 
 def cluster_dir(scratch: str | Path) -> Path:
@@ -82,8 +113,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def conf_text(top: Path, fsid: str, mon_port: int, daemon_modes: str = DAEMON_MODES) -> str:
-    """ceph.conf keeping every path under ``top``, every address on loopback, memory small."""
+def conf_text(top: Path, fsid: str, mon_port: int, daemon_modes: str) -> str:
+    """ceph.conf keeping every path under ``top``, every address on loopback, memory small; the
+    daemons accept the messenger modes ``daemon_modes`` (one of DAEMON_MODE_LISTS)."""
     glob = {
         "fsid": fsid,
         "mon_host": f"[v2:127.0.0.1:{mon_port}]",
@@ -335,15 +367,17 @@ def cluster_up(
     image_mib: int,
     image: str = "bench",
     pg_num: int = 16,
-    daemon_modes: str = DAEMON_MODES,
+    daemon_modes: str,
 ) -> dict:
     """Build the cluster: ``osds`` are ``{"block", "group", "backing_file"?}``; one pool and one
-    prefilled image per group. Returns the cluster record; a failure tears down what was built."""
+    prefilled image per group; daemons accepting the messenger modes ``daemon_modes`` (the plan's
+    ``ceph.daemon_modes``). Returns the cluster record; a failure tears down what was built."""
     if not osds:
         raise TestboxError("a Ceph cluster needs at least one OSD device")
-    bad = [m for m in daemon_modes.split() if m not in MODES]
-    if bad or not daemon_modes.split():
-        raise TestboxError(f"daemon modes {daemon_modes!r}: each must be one of {MODES}")
+    if daemon_modes not in DAEMON_MODE_LISTS:
+        raise TestboxError(
+            f"ceph.daemon_modes {daemon_modes!r} is not one of {', '.join(DAEMON_MODE_LISTS)}"
+        )
     missing = [
         t
         for t in ("ceph", "ceph-mon", "ceph-osd", "ceph-authtool", "monmaptool", "rbd")
@@ -453,12 +487,29 @@ def plan_lines(plan: dict) -> list[str]:
         return []
     osds = sum(len(g) for g in groups)
     need = osds * OSD_MEMORY_NEED_BYTES + MON_MEMORY_NEED_BYTES
+    modes = plan["ceph"]["daemon_modes"]
     return [
         f"  ceph: stack-up builds a throwaway cluster under {plan['scratch_dir']}/ceph: one "
         f"monitor, {osds} BlueStore OSD(s) in {len(groups)} group(s), a pool and a prefilled "
-        f"RBD image per group; daemons on 127.0.0.1, accepting messenger modes {DAEMON_MODES!r}",
+        f"RBD image per group; daemons on 127.0.0.1, accepting messenger modes {modes!r} "
+        "(ceph.daemon_modes)",
         f"  ceph: memory needed about {need / 2**30:.1f} GiB; every run's client mode is verified "
         "by a probe and the OSDs' encryption read again; stack-down stops and removes it all",
-        "  ceph: the arms switch the client's mode only; cluster-side secure mode (ms_cluster_mode, "
-        "ms_service_mode) needs daemons started in it: a separate session, not an arm",
+        _daemon_modes_line(modes),
     ]
+
+
+def _daemon_modes_line(modes: str) -> str:
+    """What the daemons' modes make of the run: the arms switch only the client's mode, and
+    cluster-side secure mode (daemon-to-daemon traffic) is a run of its own."""
+    if "crc" not in modes.split():
+        return (
+            "  ceph: cluster-side secure mode: the daemons accept only secure, so their own "
+            "connections (monitor, OSD heartbeats; replication with pools of size > 1) are "
+            "encrypted too; compare with a separate run whose daemons accept crc"
+        )
+    return (
+        "  ceph: the arms switch the client's mode only; cluster-side secure mode "
+        "(daemon-to-daemon traffic) needs daemons started in it: a separate run with "
+        "ceph.daemon_modes 'secure' and secure arms, not an arm"
+    )

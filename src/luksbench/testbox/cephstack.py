@@ -40,10 +40,11 @@ def build_cluster(
     specs: list[dict],
     *,
     image_mib: int,
-    daemon_modes: str = ceph.DAEMON_MODES,
+    daemon_modes: str,
 ) -> dict:
-    """Build the cluster over ``specs``; STATE names its folder (and the files its OSDs will
-    sit on through loop devices) before anything is started."""
+    """Build the cluster over ``specs``, its daemons accepting the messenger modes
+    ``daemon_modes``; STATE names its folder (and the files its OSDs will sit on through loop
+    devices) before anything is started."""
     if state.get("ceph"):
         raise TestboxError(f"{state_path}: a Ceph cluster is already recorded: {state['ceph']}")
     top = ceph.cluster_dir(state["scratch_dir"])
@@ -65,7 +66,7 @@ def ceph_up(
     groups: dict[str, list[str]],
     *,
     image_mib: int,
-    daemon_modes: str = ceph.DAEMON_MODES,
+    daemon_modes: str,
 ) -> dict:
     """A cluster over stacks that are up (``groups``: device class -> stack names, one pool and
     image each), for a run whose plan names no Ceph arms."""
@@ -190,7 +191,7 @@ def _split_existing(plan: dict, existing: dict, arms: dict) -> tuple[dict, dict]
 
 def check_existing(arm: dict, where: str) -> list[str]:
     return cephexisting.check_existing_layer(arm, where) + (
-        [] if arm.get("mode", "crc") in ceph.MODES else [f"{where}.mode: not one of {ceph.MODES}"]
+        [] if ceph.client_mode(arm) in ceph.MODES else [f"{where}.mode: not one of {ceph.MODES}"]
     )
 
 
@@ -206,7 +207,7 @@ def attach_existing(ceph_part: dict, state: dict, state_path: Path, described: d
     state["ceph"].update(fsid=cluster["fsid"], conf=cluster["conf"])
     for name, arm in arms.items():
         pool = next(p for p in cluster["pools"] if p["group"] == f"{arm['pool']}/{arm['image']}")
-        ceph_entry = {"group": pool["group"], "mode": arm.get("mode", "crc"), "encrypted": None}
+        ceph_entry = {"group": pool["group"], "mode": ceph.client_mode(arm), "encrypted": None}
         ceph_entry.update(pool=pool["name"], image=pool["image"], cluster_dir=cluster["dir"])
         ceph_entry["client"] = cluster["client"]
         entry = {"stack": name, "kind": "rbd", "device": None, "device_type": "rbd"}
@@ -235,15 +236,14 @@ def attach_cluster(ceph_part: dict, state: dict, state_path: Path, described: di
     state["order"] = [plan["baseline"], *[s for s in plan["stacks"] if s != plan["baseline"]]]
     write_json_atomic(state_path, state, mode=0o600)
     specs = osd_specs(layers, {g["name"]: list(g["layers"]) for g in groups})
-    settings = plan.get("ceph") or {}
     image_mib = _image_mib(ceph_part, plan)
-    modes = settings.get("daemon_modes", ceph.DAEMON_MODES)
+    modes = plan["ceph"]["daemon_modes"]
     cluster = build_cluster(state, state_path, specs, image_mib=image_mib, daemon_modes=modes)
     for g in groups:  # the devices must be what the plan says before anything is measured
         osd_devices = check_encryption(cluster, g["name"], g["encrypted"])
         pool = next(p for p in cluster["pools"] if p["group"] == g["name"])
         for arm in g["arms"]:
-            mode = ceph_part["arms"][arm].get("mode", "crc")
+            mode = ceph.client_mode(ceph_part["arms"][arm])
             ceph_entry = {"group": g["name"], "mode": mode, "encrypted": g["encrypted"]}
             ceph_entry.update(pool=pool["name"], image=pool["image"], cluster_dir=cluster["dir"])
             entry = {"stack": arm, "kind": "rbd", "device": None, "device_type": "rbd"}

@@ -3,7 +3,7 @@ layer into the plan's, and the preconditioning options. Standard library only.""
 
 from __future__ import annotations
 
-from luksbench.formats.plan import PlanError
+from luksbench.formats.plan import PRECONDITION_KEYS, PlanError
 from luksbench.testbox import ceph
 from luksbench.testbox.sysutil import TestboxError
 
@@ -24,25 +24,7 @@ KINDS += ("osd",)
 PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
 PERF_FLAGS += ("high_priority",)
 NULL_CIPHERS = ("cipher_null-ecb", "capi:ecb(cipher_null)", "cipher_null")
-# One set of defaults for the schema's documentation, the plan and the test box.
-PRECONDITION_DEFAULTS = {
-    "enabled": True,
-    "discard": True,
-    "fill_passes": 2,
-    "block_size": "128k",
-    "steady_state": False,
-    "ss_rw": "randwrite",
-    "ss_bs": "4k",
-    "ss_iodepth": 32,
-    "ss_round_s": 10,
-    "ss_max_rounds": 25,
-    "ss_window": 5,
-    "ss_range_pct": 20.0,
-    "ss_slope_pct": 10.0,
-}
-
-
-# The checked types of the precondition options (PRECONDITION_DEFAULTS has every key).
+# The checked types of the precondition options (the plan carries every one of PRECONDITION_KEYS).
 _BOOL_OPTS = ("enabled", "discard", "steady_state")
 _INT_OPTS = {"fill_passes": 1, "ss_max_rounds": 1, "ss_window": 2, "ss_iodepth": 1}
 _NUMBER_OPTS = {"ss_round_s": 1, "ss_range_pct": 0, "ss_slope_pct": 0}
@@ -51,15 +33,18 @@ SS_RW = ("randwrite", "write", "randrw", "rw", "randread", "read")
 
 
 def precondition_options(value) -> dict:
-    """``precondition`` (an object, true/false, or None: the defaults) -> the full, checked
-    options; TestboxError names a bad or unknown key."""
-    opts = {"enabled": value} if isinstance(value, bool) else dict(value or {})
-    unknown = sorted(set(opts) - set(PRECONDITION_DEFAULTS))
-    if unknown:
+    """A plan's ``precondition`` object (every one of PRECONDITION_KEYS) -> the checked options;
+    TestboxError names a bad, missing or unknown key."""
+    if not isinstance(value, dict):
+        raise TestboxError(f"precondition must be an object of {PRECONDITION_KEYS}, not {value!r}")
+    unknown = sorted(set(value) - set(PRECONDITION_KEYS))
+    missing = [k for k in PRECONDITION_KEYS if k not in value]
+    if unknown or missing:
         raise TestboxError(
-            f"precondition: unknown option(s) {unknown}; known: {sorted(PRECONDITION_DEFAULTS)}"
+            f"precondition: unknown option(s) {unknown}, missing {missing}; "
+            f"known: {list(PRECONDITION_KEYS)}"
         )
-    merged = {**PRECONDITION_DEFAULTS, **opts}
+    merged = dict(value)
     for key in _BOOL_OPTS:
         if not isinstance(merged[key], bool):
             raise TestboxError(f"precondition.{key} must be true or false, not {merged[key]!r}")

@@ -11,6 +11,8 @@ from pathlib import Path
 from luksbench.formats.envdoc import env_plan, read_env
 from luksbench.formats.layout import PATTERN_NAME_RE, LayoutError, Workload, bs_to_bytes
 from luksbench.formats.plan import (
+    JOB_KEYS,
+    PLAN_VERSION,
     Plan,
     PlanError,
     check_document,
@@ -41,11 +43,20 @@ def check_plan(plan: dict, source: str = "plan") -> None:
     plan = migrated_plan_document(dict(plan), source)
     check_document(plan, source)
     check_stacks(plan, source)
+    check_ceph_settings(plan, source)
     check_patterns(plan, source)
     check_block_sizes(plan, source)
     check_blocks_fit(plan, source)
     check_run_options(plan, source)
     check_job_options(plan["fio"], f"{source}: fio", plan["fio"])
+
+
+def check_ceph_settings(plan: dict, source: str = "plan") -> None:
+    """``ceph.daemon_modes`` is a mode list Ceph accepts and lets every arm of the run's cluster
+    connect (PlanError names the key: a refused mode would make fio retry forever)."""
+    problems = ceph.daemon_mode_problems(plan)
+    if problems:
+        raise PlanError(f"{source}: " + "; ".join(problems))
 
 
 def walk_layers(layer, where: str):
@@ -249,9 +260,6 @@ PATTERN_KEYS = ("description", "matrix", "io_bs", "fsync_per_block", "fio")
 PATTERN_OPTIONAL_KEYS = ("rate_pct",)  # plans made before it existed lack it
 PATTERN_FIO_KEYS = ("ioengine", "direct", "sync")
 IOENGINES = ("libaio", "io_uring", "psync", "sync", "pvsync2")
-# A plan holds only the job options that differ from these (earlier runs' plans stay equal).
-JOB_DEFAULTS = {"numjobs": 1, "cpus_allowed": "", "cpus_allowed_policy": "shared"}
-JOB_DEFAULTS |= {"numa_pin": False, "fixedbufs": False, "registerfiles": False, "hipri": False}
 # fio rw values that write (fsync_per_block adds fsyncs only to these) and that seek at random.
 WRITING_RW = ("write", "randwrite", "rw", "randrw", "readwrite", "trimwrite", "randtrimwrite")
 RANDOM_RW = ("randread", "randwrite", "randrw", "randtrim", "randtrimwrite")
@@ -278,11 +286,11 @@ def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
         over = spec.get("fio") or {}
         if not isinstance(over, dict):
             raise PlanError(f"{where}.fio must be an object ({', '.join(PATTERN_FIO_KEYS)})")
-        unknown = sorted(set(over) - set(PATTERN_FIO_KEYS) - set(JOB_DEFAULTS))
+        unknown = sorted(set(over) - set(PATTERN_FIO_KEYS) - set(JOB_KEYS))
         if unknown:
             raise PlanError(
                 f"{where}.fio.{unknown[0]}: not a pattern fio setting "
-                f"({', '.join([*PATTERN_FIO_KEYS, *JOB_DEFAULTS])}; the others are the top-level "
+                f"({', '.join([*PATTERN_FIO_KEYS, *JOB_KEYS])}; the others are the top-level "
                 "fio section's)"
             )
 
@@ -296,7 +304,7 @@ def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
                 "ioengine": _inherit(over, "ioengine", fio["ioengine"]),
                 "direct": _inherit(over, "direct", fio["direct"]),
                 "sync": _inherit(over, "sync", False),
-                **{k: over[k] for k in JOB_DEFAULTS if over.get(k) is not None},
+                **{k: over[k] for k in JOB_KEYS if over.get(k) is not None},
             },
         }
         out[name]["rate_pct"] = spec.get("rate_pct")  # None: unthrottled
@@ -352,12 +360,12 @@ def check_patterns(plan: dict, source: str = "plan") -> None:
                 f"{where}.rate_pct must be a percentage in (0, 100] or null, not {rate!r}"
             )
         fio = pattern["fio"]
-        if not isinstance(fio, dict) or sorted(set(fio) - set(JOB_DEFAULTS)) != sorted(
+        if not isinstance(fio, dict) or sorted(set(fio) - set(JOB_KEYS)) != sorted(
             PATTERN_FIO_KEYS
         ):
             raise PlanError(
                 f"{where}.fio must hold {', '.join(PATTERN_FIO_KEYS)} and may hold "
-                f"{', '.join(JOB_DEFAULTS)}"
+                f"{', '.join(JOB_KEYS)}"
             )
         check_job_options(fio, f"{where}.fio", plan.get("fio") or {})
         if fio["ioengine"] not in IOENGINES:
@@ -373,9 +381,12 @@ MAX_NUMJOBS = 256
 
 
 def check_job_options(fio: dict, where: str, run_fio: dict) -> None:
-    """The :data:`JOB_DEFAULTS` options of a fio section have their types; PlanError names one."""
-    for key, default in JOB_DEFAULTS.items():
-        value = fio.get(key, default)
+    """The job options (:data:`JOB_KEYS`) a fio section holds have their types (a pattern's holds
+    only its overrides); PlanError names one."""
+    for key in JOB_KEYS:
+        if key not in fio:
+            continue
+        value = fio[key]
         if key == "numjobs":
             ok = type(value) is int and 1 <= value <= MAX_NUMJOBS
             if ok and value > 1 and run_fio.get("output_format") != "json+":
@@ -392,9 +403,7 @@ def check_job_options(fio: dict, where: str, run_fio: dict) -> None:
             ok = isinstance(value, bool)
         if not ok:
             limit = f", at most {MAX_NUMJOBS}" if key == "numjobs" else ""
-            raise PlanError(
-                f"{where}.{key}: {value!r} is not a valid value (default {default!r}{limit})"
-            )
+            raise PlanError(f"{where}.{key}: {value!r} is not a valid value{limit}")
 
 
 def cell_options(plan: dict, w: Workload) -> dict:
@@ -402,7 +411,7 @@ def cell_options(plan: dict, w: Workload) -> dict:
     bs), fsync (every that many writes; 0: none), rate_pct (None: unthrottled), job options."""
     fio = plan["fio"]
     options = {
-        **{k: fio.get(k, default) for k, default in JOB_DEFAULTS.items()},
+        **{k: fio[k] for k in JOB_KEYS},
         "ioengine": fio["ioengine"],
         "direct": bool(fio["direct"]),
         "sync": False,
@@ -422,7 +431,7 @@ def cell_options(plan: dict, w: Workload) -> dict:
         direct=bool(pattern["fio"]["direct"]),
         sync=bool(pattern["fio"]["sync"]),
         rate_pct=pattern.get("rate_pct"),
-        **{k: pattern["fio"][k] for k in JOB_DEFAULTS if k in pattern["fio"]},
+        **{k: pattern["fio"][k] for k in JOB_KEYS if k in pattern["fio"]},
     )
     if pattern["io_bs"] and w.bs_bytes > bs_to_bytes(pattern["io_bs"]):
         io_bytes = bs_to_bytes(pattern["io_bs"])
@@ -518,19 +527,21 @@ def check_blocks_fit(plan: dict, source: str = "plan") -> None:
 
 
 def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
-    """Resolve a validated workflow config (defaults filled) into the test box's plan document,
-    the current version's (every key there)."""
+    """Resolve a validated workflow config (the schema's defaults filled) into the test box's plan
+    document, the current version's: every key there, copied from the config (PlanError names a
+    key the config lacks, i.e. a config not validated with the schema)."""
     stacks = {
         name: resolve_layer(stack, f"stacks.{name}") for name, stack in config["stacks"].items()
     }
-    fio = {k: v for k, v in config["fio"].items() if k not in JOB_DEFAULTS or JOB_DEFAULTS[k] != v}
+    fio = dict(config["fio"])
     plan = {
+        "version": PLAN_VERSION,
         "run": config["run"],
         "host": host,
         "backend": config["backend"],
         "scratch_dir": str(Path(scratch_dir).resolve()),
         "device_size_mib": config["device_size_mib"],
-        "precondition": config["precondition"],
+        "precondition": dict(config["precondition"]),
         "baseline": config["baseline"],
         "devices": resolve_devices(config.get("devices")),
         "stacks": stacks,
@@ -539,7 +550,10 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         "repetitions": config["repetitions"],
         "seed": config["seed"],
         "patterns": resolve_patterns(config.get("patterns"), fio),
-        **{k: config[k] for k in ("sessions",) if k in config},
+        "sessions": config["sessions"],
+        "ceph": dict(config["ceph"]),
+        "adaptive": None,
+        "fleet": None,
     }
     fleet = config.get("fleet") or {}
     if fleet.get("mode") == "clients":
@@ -551,7 +565,7 @@ def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
         sequential = adaptive.get("mode") == "sequential"
         plan["repetitions"] = adaptive["min_pairs" if sequential else "pilot_pairs"]
         plan["adaptive"] = dict(adaptive)
-    plan = migrated_plan_document(plan, "config")  # what a config leaves out, as in version 1
+    Plan.from_document(plan, "config")  # every key of the current version, no migration
     check_plan(plan, source="config")
     return plan
 

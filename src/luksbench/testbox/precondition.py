@@ -156,7 +156,7 @@ def _io(job: dict) -> dict:
 def precondition(
     device: str | Path,
     size_bytes: int,
-    opts: dict | None,
+    opts: dict,
     ioengine: str = "libaio",
     log: Callable[[str], None] = default_log,
 ) -> dict:
