@@ -26,8 +26,27 @@ TIERS = ("unit", "integration", "vm")
 # Under pytest-xdist (`-n 2`, README's test command) the tests of one group run one at a time on
 # one worker: the integration tier and the notebooks share the test box (its lock fails fast, it
 # does not wait) and the repository's sample outputs; the VM tier boots its own guest. The unit
-# tier touches neither and spreads over the workers.
-XDIST_GROUPS = {"integration": "testbox", "vm": "vm"}
+# tier touches neither and spreads over the workers. (xdist's own `loadgroup` cannot do this
+# under pytest 9: it renames a test's `_nodeid`, which pytest 9 no longer reads.)
+XDIST_GROUPS = {"tests/integration/": "testbox", "notebooks/": "testbox", "tests/vm/": "vm"}
+
+
+def xdist_group(nodeid: str) -> str | None:
+    """The group a test id runs in under pytest-xdist (None: any worker, on its own)."""
+    return next((g for prefix, g in XDIST_GROUPS.items() if nodeid.startswith(prefix)), None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's scope scheduling with :func:`xdist_group` as the scope: a group's tests go to one
+    worker in collection order; every other test is a scope of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return TierScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -36,11 +55,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if not item.path.is_relative_to(REPO_DIR):
             continue
         parts = item.path.relative_to(REPO_DIR).parts
-        tier = "integration" if parts[0] == "notebooks" else parts[1] if parts[0] == "tests" else ""
-        if tier in TIERS:
-            item.add_marker(tier)
-        if tier in XDIST_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[tier]))
+        if parts[0] == "notebooks":
+            item.add_marker("integration")
+        elif parts[0] == "tests" and parts[1] in TIERS:
+            item.add_marker(parts[1])
 
 
 VM_HARNESS = REPO_DIR / "tests" / "vm" / "harness.py"  # run as a script by the build
