@@ -190,6 +190,30 @@ def test_a_comparison_with_a_stack_that_was_not_built_is_left_out(tmp_path):
     assert doc["pairs"] == {"c00000": 3, "c00001": 4}
 
 
+def test_a_fleet_run_is_looked_at_by_its_raw_host_folder_and_its_servers_share_the_clock(tmp_path):
+    """Fleet mode: every pair holds one row per fio server (``host``), all under the coordinator's
+    folder (``host_dir``). The round counts the folder's pairs, and servers measuring at once
+    spend the device time once, not once per server."""
+    from simulate import fio_frame
+
+    from luksbench.analysis.sequential import next_round
+
+    rng = np.random.default_rng(3)
+    lb, lv = simulate_logs(rng, 2, 3, np.full(2, 0.01), np.log([0.5, 0.97]), 0)
+    one = fio_frame(lb, lv).assign(runtime_ms=6000.0)
+    servers = ("10.0.0.1:8765", "10.0.0.2:8765")
+    fleet = pd.concat([one.assign(host=s) for s in servers]).assign(host_dir="coord")
+    pairs = [("plain", "luks")]
+    alone = next_round(one, "sim", tmp_path / "one.json", comparisons=pairs, max_pairs=6)
+    doc = next_round(fleet, "coord", tmp_path / "fleet.json", comparisons=pairs, max_pairs=6)
+    assert doc["spent_s"] == alone["spent_s"] == 2 * 3 * 2 * 6.0  # cells x pairs x stacks x 6 s
+    assert doc["pairs"] == {"c00000": 3, "c00001": 4}
+    assert {w: c["why"] for w, c in doc["cells"].items()} == {
+        "c00000": "stop: decided (material)",
+        "c00001": "continue: undecided",
+    }
+
+
 def test_a_sequential_row_tests_and_cross_checks_at_the_look_level():
     """Not only the interval: the p-value (Bonferroni over the K looks, hence the q-value and the
     verdict), the TOST equivalence interval and the Fieller and bootstrap cross-checks of a

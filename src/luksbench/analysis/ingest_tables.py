@@ -34,6 +34,7 @@ from luksbench.formats.manifest import (
     session_records,
     stack_descriptions,
 )
+from luksbench.formats.plan import PlanError, migrated_plan_document
 
 ENV_COLUMNS = (  # noqa: SIM905 - a list of names, one word each
     "run host hostname kernel cpu_model cpu_count aes vaes backend backend_reason fio_version "
@@ -202,8 +203,14 @@ def _dict(value) -> dict:
 
 
 def _plan(env: dict) -> dict:
-    """The plan an environment document was captured with ({} when it records none)."""
-    return _dict(env.get("plan"))
+    """The plan an environment document was captured with, as the current plan version reads it
+    (an older plan migrated, so that its options compare with a newer run's; {} when it records
+    none; one the plan record cannot read as it is)."""
+    plan = _dict(env.get("plan"))
+    try:
+        return migrated_plan_document(plan, "env.json plan") if plan else plan
+    except (PlanError, ValueError):  # a version the record refuses: as it is
+        return plan
 
 
 def config_hash(plan: dict) -> str | None:

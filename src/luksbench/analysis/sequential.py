@@ -88,11 +88,13 @@ def whole_cycles(fio: pd.DataFrame, sessions: int) -> pd.Series:
     return counts.map(lambda c: len(c) == sessions and len(set(c)) == 1)
 
 
-def device_seconds(fio: pd.DataFrame) -> pd.DataFrame:
-    """Per (host, workload, rep): the pair's device seconds (the sum of its runs' fio runtimes)."""
-    runs = fio.groupby(["host", "workload", "rep", "stack"], as_index=False)["runtime_ms"].max()
+def device_seconds(fio: pd.DataFrame, host: str = "host") -> pd.DataFrame:
+    """Per (``host`` column, workload, rep): the pair's device seconds (the sum of its runs' fio
+    runtimes). ``host``: ``host`` (a loss table's hosts) or ``host_dir`` (the raw host folder:
+    a fleet run's servers measure at once, so a run lasts as long as its slowest server)."""
+    runs = fio.groupby([host, "workload", "rep", "stack"], as_index=False)["runtime_ms"].max()
     return (
-        runs.groupby(["host", "workload", "rep"], as_index=False)["runtime_ms"]
+        runs.groupby([host, "workload", "rep"], as_index=False)["runtime_ms"]
         .sum()
         .eval("seconds = runtime_ms / 1000")
     )
@@ -185,7 +187,7 @@ def next_round(
             _at_looks(fio, level_at), compared, **settings, decision_regions=decision_regions
         )
         looks = _cell_looks(loss) if len(loss) else looks
-        pair_s = device_seconds(fio)
+        pair_s = device_seconds(fio, "host_dir" if "host_dir" in fio.columns else "host")
     spent = float(pair_s["seconds"].sum())
     cost = pair_s.groupby("workload")["seconds"].mean()
     measured = pair_s.groupby("workload")["rep"].max()
