@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from testkit.vm import harness as vm_harness
+from testkit.xdist import tier_scheduling
 
 REPO_DIR = Path(__file__).parents[1]
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
@@ -23,30 +24,10 @@ EXTERNAL_DIR = REPO_DIR.parent / "shared/datasets/external"
 TIERS = ("unit", "integration", "vm")
 
 
-# Under pytest-xdist (`-n 2`, README's test command) the tests of one group run one at a time on
-# one worker: the integration tier and the notebooks share the test box (its lock fails fast, it
-# does not wait) and the repository's sample outputs; the VM tier boots its own guest. The unit
-# tier touches neither and spreads over the workers. (xdist's own `loadgroup` cannot do this
-# under pytest 9: it renames a test's `_nodeid`, which pytest 9 no longer reads.)
-XDIST_GROUPS = {"tests/integration/": "testbox", "notebooks/": "testbox", "tests/vm/": "vm"}
-
-
-def xdist_group(nodeid: str) -> str | None:
-    """The group a test id runs in under pytest-xdist (None: any worker, on its own)."""
-    return next((g for prefix, g in XDIST_GROUPS.items() if nodeid.startswith(prefix)), None)
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """xdist's scope scheduling with :func:`xdist_group` as the scope: a group's tests go to one
-    worker in collection order; every other test is a scope of its own."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class TierScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_group(nodeid) or nodeid
-
-    return TierScheduling(config, log)
+    """The two workers shared by tier (:mod:`testkit.xdist`)."""
+    return tier_scheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

@@ -43,3 +43,36 @@ def test_snakefmt_is_clean():
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_figure_is_saved_in_both_formats_from_one_layout_at_its_tight_size(tmp_path):
+    """save_figure lays a constrained figure out once: both files have the size
+    ``bbox_inches="tight"`` gives (a legend outside the axes included), and the layout engine
+    is off afterwards, so the second format is not laid out again."""
+    import xml.etree.ElementTree as ET
+
+    import matplotlib.pyplot as plt
+    from matplotlib.image import imread
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    from luksbench.publish.style import DPI, save_figure
+
+    def drawn():
+        fig, axes = plt.subplots(1, 2, figsize=(6, 3), layout="constrained")
+        for ax in axes:
+            ax.plot([0, 1], [0, 1], label="a long legend label")
+        fig.legend(loc="outside lower center")
+        fig.suptitle("a title")
+        return fig
+
+    reference = drawn()
+    tight = tmp_path / "tight.png"
+    reference.savefig(tight, dpi=DPI, bbox_inches="tight")
+    plt.close(reference)
+    fig = drawn()
+    png, svg = save_figure(fig, tmp_path / "one", {"title": "t"})
+    assert not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    plt.close(fig)
+    assert imread(png).shape == imread(tight).shape
+    width = float(ET.parse(svg).getroot().get("width").removesuffix("pt"))
+    assert abs(width - imread(tight).shape[1] * 72 / DPI) < 2

@@ -237,10 +237,20 @@ def build_image(cache: Path | None = None, force: bool = False, variant: str = "
         return _build_image(cache, key, variant)
 
 
+def _unmount_under(path: Path) -> None:
+    """Unmount (lazily, deepest first) whatever is mounted below ``path``."""
+    with open("/proc/self/mountinfo") as mounts:
+        points = [line.split()[4] for line in mounts]
+    inside = [p for p in points if p.startswith(f"{path}/")]
+    for point in sorted(inside, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
 def _build_image(cache: Path, key: str, variant: str) -> Path:
     """Build the image of ``key`` in ``<cache>/<key>.tmp`` and rename it into place."""
     final = cache / key
     work = cache / f"{key}.tmp"
+    _unmount_under(work)  # a build stopped mid-hook may leave the tree's proc/sys/dev mounted
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     tree = work / "tree"

@@ -129,7 +129,8 @@ def figure_paths(path: Path) -> list[Path]:
 
 def save_figure(fig: matplotlib.figure.Figure, path: Path, provenance: dict) -> list[Path]:
     """Write ``<path>.png`` (every provenance key a tEXt chunk) and ``<path>.svg`` (the provenance
-    as JSON in ``Description``, no date, fixed hash salt); returns both paths."""
+    as JSON in ``Description``, no date, fixed hash salt) from one layout (``fig``'s layout engine
+    is then switched off: :func:`_laid_out`); returns both paths."""
     png, svg = figure_paths(path)
     png.parent.mkdir(parents=True, exist_ok=True)
     text = {
