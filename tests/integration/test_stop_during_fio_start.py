@@ -11,7 +11,7 @@ import time
 import pytest
 from testkit.testbox import loop_plan
 
-from luksbench.testbox import runner
+from luksbench.testbox import runner, stopping
 from luksbench.testbox.planbuild import check_plan, workloads
 from luksbench.testbox.sysutil import find_our_processes
 
@@ -35,9 +35,9 @@ def test_a_signal_during_fio_start_stops_that_fio_and_leaves_no_temp_file(tmp_pa
         return proc
 
     monkeypatch.setattr(runner.subprocess, "Popen", popen_then_signal)
-    old = runner.raise_on_stop_signals(runner.Interrupted)
+    old = stopping.raise_on_stop_signals(stopping.Interrupted)
     try:
-        with pytest.raises(runner.Interrupted):
+        with pytest.raises(stopping.Interrupted):
             runner._one_run(plan, {"device": str(target)}, "plain", workloads(plan)[0], rep, 2**24)
     finally:
         for s, handler in old.items():

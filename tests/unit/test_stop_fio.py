@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from luksbench.testbox import runner
+from luksbench.testbox import stopping
 
 
 def _running(pid: int) -> bool:
@@ -22,7 +22,7 @@ def _running(pid: int) -> bool:
 
 
 def test_a_fio_deaf_to_sigint_is_killed_with_its_job_processes(monkeypatch):
-    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(stopping, "STOP_GRACE_S", 0.5)
     # a stand-in with fio's shape: a leader that ignores SIGINT and a forked job process
     proc = subprocess.Popen(
         ["sh", "-c", 'trap "" INT; sleep 300 & echo $!; wait'],
@@ -32,7 +32,7 @@ def test_a_fio_deaf_to_sigint_is_killed_with_its_job_processes(monkeypatch):
     )
     job = int(proc.stdout.readline())
     try:
-        runner._stop(proc)
+        stopping.stop_fio(proc)
         assert proc.poll() is not None
         deadline = time.monotonic() + 5
         while _running(job) and time.monotonic() < deadline:

@@ -22,9 +22,10 @@ from luksbench.testbox import lock
 from luksbench.testbox.capture import benchmark_ciphers, benchmark_ciphers_userspace, capture_env
 from luksbench.testbox.orphans import watch_session
 from luksbench.testbox.planbuild import PlanError, load_plan
-from luksbench.testbox.runner import Interrupted, raise_on_stop_signals, run_fio
+from luksbench.testbox.runner import run_fio
 from luksbench.testbox.safety import SafetyError
 from luksbench.testbox.stacks import stack_down, stack_up
+from luksbench.testbox.stopping import Interrupted, raise_on_stop_signals
 from luksbench.testbox.sysutil import TestboxError, log, use_c_locale
 
 

@@ -64,48 +64,8 @@ from luksbench.testbox.schedule import (  # stacks_in_order ...: callers import 
     stacks_in_order,  # noqa: F401
 )
 from luksbench.testbox.stacks import check_files_unchanged, load_state, stack_down, stack_up
+from luksbench.testbox.stopping import STOP_SIGNALS, Interrupted, raise_on_stop_signals, stop_fio
 from luksbench.testbox.sysutil import TestboxError, check_free_space, log, pid_alive, utc_now
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived while running the matrix."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def raise_on_stop_signals(interrupt) -> dict:
-    """Make SIGINT and SIGTERM raise ``interrupt(signum)``; returns the old handlers. A repeated
-    signal (the workflow forwards them) is ignored: it must not cut the teardown short."""
-
-    def on_signal(signum, _frame):
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
-        raise interrupt(signum)
-
-    return {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-
-
-STOP_GRACE_S = 10
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGINT to fio (it stops its jobs), then SIGKILL to its process group (its own session):
-    a killed fio's forked job processes would run on and write its output."""
-    for sig in (signal.SIGINT, signal.SIGKILL):
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            if sig == signal.SIGKILL:  # fio not reaped yet: its pid still names its group
-                os.killpg(proc.pid, sig)
-            else:
-                proc.send_signal(sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(STOP_GRACE_S)
 
 
 def check_state_live(state: dict) -> None:
@@ -611,7 +571,7 @@ def _one_run(
         return True, f"{_summary(doc)} (cpu busy {sidecar['busy_pct']}%, {t1 - t0:.2f} s)"
     except BaseException:
         if proc is not None:
-            _stop(proc)
+            stop_fio(proc)
             proc.stderr.close()
         raise
     finally:
