@@ -23,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from luksbench.formats.plan import walk_layers
+from luksbench.testbox.layers import KIND_KEYS
 from luksbench.testbox.planbuild import PlanError
 from luksbench.testbox.safety import MAPPER_PREFIX
 
@@ -269,6 +271,27 @@ def _check_name(key: str, name) -> None:
         )
 
 
+def check_layer_kinds(config: dict, schema: Path) -> None:
+    """Refuse a layer key that belongs to another kind (``cipher`` on an md layer), naming it,
+    unless it holds the schema's default (validation fills every layer key): the plan keeps
+    only the layer kind's own keys, so the value would silently do nothing."""
+    layer_spec = yaml.safe_load(Path(schema).read_text())["$defs"]["layer"]["properties"]
+    defaults = {key: spec["default"] for key, spec in layer_spec.items() if "default" in spec}
+    for name, stack in (config.get("stacks") or {}).items():
+        for where, layer in walk_layers(stack, f"stacks.{name}"):
+            if not isinstance(layer, dict) or layer.get("kind") not in KIND_KEYS:
+                continue  # a device name; an unknown kind is refused when the plan is built
+            kind = layer["kind"]
+            for key, value in layer.items():
+                if key in KIND_KEYS[kind] or key in ("kind", "optional"):
+                    continue
+                if key not in defaults or value != defaults[key]:
+                    raise ConfigError(
+                        f"config key {where}.{key}: not a setting of kind {kind} "
+                        f"(its settings: {', '.join(sorted(KIND_KEYS[kind])) or 'none'})"
+                    )
+
+
 def available_studies(studies_dir: Path) -> list[str]:
     return sorted(p.stem for p in Path(studies_dir).glob("*.yaml"))
 
@@ -323,7 +346,9 @@ def load_config(workdir: Path, configfiles: list[Path] | None = None) -> dict:
     config = _merge(config, overrides)
     config = apply_study(config, overrides, _found(workdir, STUDIES_DIR))
     check_config_data(config)
-    validate(config, str(_found(workdir, "workflow/schemas/config.schema.yaml")))
+    schema = _found(workdir, "workflow/schemas/config.schema.yaml")
+    validate(config, str(schema))
+    check_layer_kinds(config, schema)
     return config
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from snakemake.utils import validate
 
-from luksbench.testbox.planbuild import plan_from_config, walk_layers
+from luksbench.testbox.planbuild import plan_from_config, resolve_layer, walk_layers
 from testkit.paths import REPO, SCHEMA
 
 STUDIES_DIR = REPO / "config" / "studies"
@@ -31,6 +31,14 @@ def validated(config: dict) -> dict:
     config = copy.deepcopy(config)
     validate(config, str(SCHEMA))
     return config
+
+
+def plan_stacks(stacks: dict) -> dict:
+    """Config stacks as a plan holds them: the schema's defaults filled (as validation fills a
+    config's), then each resolved to its kind's keys."""
+    padded = {"zz-pad": {"kind": "plain"}, "zz-pad2": {"kind": "plain"}}
+    filled = validated({"stacks": {**padded, **copy.deepcopy(stacks)}})["stacks"]
+    return {name: resolve_layer(filled[name], f"stacks.{name}") for name in stacks}
 
 
 # A plan config as the workflow sees it (the schema's defaults filled): plain and luks,

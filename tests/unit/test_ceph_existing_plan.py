@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testkit.plans import plan_stacks
 
 from luksbench.formats.plan import PlanError
 from luksbench.studies import load_config
@@ -43,7 +44,7 @@ def test_an_existing_cluster_arm_over_an_osd_layer_is_refused_at_plan_time(small
 
 
 def test_existing_cluster_arms_leave_the_backend_nothing_to_build(small_plan):
-    small_plan["stacks"] = {"crc": existing(mode="crc"), "secure": existing()}
+    small_plan["stacks"] = plan_stacks({"crc": existing(mode="crc"), "secure": existing()})
     small_plan["baseline"] = "crc"
     check_plan(small_plan, "config")
     backend_plan, part = cephstack.split_plan(small_plan)
@@ -61,7 +62,7 @@ def test_existing_and_built_cluster_arms_in_one_run_are_refused(small_plan):
 
 def plan_with(stacks: dict) -> dict:
     devices = {"d1": {"size_mib": 512}, "d2": {"size_mib": 512}}
-    return {"devices": devices, "stacks": stacks}
+    return {"devices": devices, "stacks": plan_stacks(stacks)}
 
 
 def test_arms_sharing_an_osd_count_its_device_once():

@@ -67,6 +67,7 @@ def test_the_schema_refuses_a_block_size_of_zero(bs):
                     "odd": {
                         "matrix": {"rw": ["read"], "bs": ["4k"], "iodepth": [1]},
                         "io_bs": "256",
+                        "fsync_per_block": False,  # as validation fills it
                     }
                 }
             },

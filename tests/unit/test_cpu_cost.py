@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from testkit.plans import PLAN_CONFIG
+from testkit.plans import PLAN_CONFIG, validated
 
 from luksbench.analysis import cpucost, ingest, stats
 from luksbench.analysis.loss import write_loss
@@ -58,7 +58,8 @@ PATTERN = {
 
 
 def test_a_fixed_rate_pattern_is_planned_and_runs_with_fio_rate_iops(tmp_path):
-    patterns = resolve_patterns({"fixedrate": PATTERN}, {"ioengine": "libaio", "direct": True})
+    configured = validated({"patterns": {"fixedrate": PATTERN}})["patterns"]
+    patterns = resolve_patterns(configured, {"ioengine": "libaio", "direct": True})
     assert patterns["fixedrate"]["rate_pct"] == 80
     fio = {**PLAN_CONFIG["fio"], "ioengine": "libaio", "direct": True, "output_format": "json+"}
     plan = {"fio": fio, "patterns": patterns}  # the validated config's fio section

@@ -14,63 +14,6 @@ REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 LITERAL = r"""(-?\d+(?:\.\d+)?|True|False|"[^"\n]*"|'[^'\n]*')"""
 
-# Copies that must stay, each with its reason; the test fails when one of them is gone.
-# Defaults of $defs/layer (and $defs/pattern's fsync_per_block in planbuild.py) written again
-# (issue 32, not yet done): a plan's stack may leave a layer key out, so each module reading a layer
-# keeps the schema's default. They go once the plan carries every layer key of its kind (filled
-# from the schema when the plan is built) and the test box reads only what the plan carries.
-LAYER_DEFAULT_COPIES = {
-    "src/luksbench/publish/recommend.py": {"cipher", "key_bits", "sector_size"},
-    "src/luksbench/testbox/backends/choose.py": {"level"},
-    "src/luksbench/testbox/backends/kernel.py": {
-        "chunk_kib",
-        "cipher",
-        "client",
-        "fstype",
-        "level",
-        "luks_type",
-        "sector_size",
-        "secure_mode",
-    },
-    "src/luksbench/testbox/backends/kernel_tools.py": {
-        "cipher",
-        "hash",
-        "key_bits",
-        "luks_type",
-        "pbkdf_iterations",
-        "sector_size",
-    },
-    "src/luksbench/testbox/backends/userspace.py": {"cipher", "luks_type", "sector_size"},
-    "src/luksbench/testbox/capture.py": {"cipher", "key_bits"},
-    "src/luksbench/testbox/ceph.py": {"image_mib", "mode"},
-    "src/luksbench/testbox/cephexisting.py": {"client"},
-    "src/luksbench/testbox/fiocommand.py": {"client"},
-    "src/luksbench/testbox/layers.py": {
-        "allow_discards",
-        "chunk_kib",
-        "cipher",
-        "client",
-        "file_size_mib",
-        "fstype",
-        "hash",
-        "key_bits",
-        "level",
-        "luks_type",
-        "optional",
-        "pbkdf_iterations",
-        "sector_size",
-        "secure_mode",
-        "size_mib",
-    },
-    "src/luksbench/testbox/planbuild.py": {"chunk_kib", "fsync_per_block", "level", "luks_type"},
-    "src/luksbench/testbox/planview.py": {"client", "fstype", "level"},
-    "src/luksbench/testbox/preflight.py": {"fstype"},
-    "src/luksbench/testbox/stacks.py": {"kind"},
-}
-KNOWN_ELSEWHERE: set[tuple[str, str]] = {
-    (name, key) for name, keys in LAYER_DEFAULT_COPIES.items() for key in keys
-}
-
 
 def schema_defaults() -> dict[str, list[tuple[str, object]]]:
     """key -> [(dotted path, default)] of every config key with a scalar default in the schema,
@@ -149,10 +92,8 @@ def test_the_known_keys_come_from_the_schema():
 def test_no_module_keeps_its_own_copy_of_a_config_default():
     keys = schema_defaults()
     found = set().union(*(default_copies(p, keys) for p in sorted((REPO / "src").rglob("*.py"))))
-    new = sorted(f"{f}:{n}: {k}" for f, k, n in found if (f, k) not in KNOWN_ELSEWHERE)
-    assert not new, "defaults written outside the schema:\n" + "\n".join(new)
-    gone = sorted(KNOWN_ELSEWHERE - {(f, k) for f, k, _ in found})
-    assert not gone, f"fixed, now take them out of KNOWN_ELSEWHERE: {gone}"
+    copies = sorted(f"{f}:{n}: {k}" for f, k, n in found)
+    assert not copies, "defaults written outside the schema:\n" + "\n".join(copies)
 
 
 def test_the_scan_finds_a_copied_default(tmp_path):

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit.plans import plan_stacks
 
 from luksbench.analysis import ingest
 from luksbench.formats.opensslspeed import (
@@ -101,19 +102,21 @@ def test_refuses_other_files_and_versions(tmp_path):
 
 def test_plan_ciphers_every_luks_layer_once_without_null():
     plan = {
-        "stacks": {
-            "plain": {"kind": "plain"},
-            "luks": {"kind": "luks", "over": "d0"},
-            "again": {"kind": "luks", "over": "d1"},
-            "cbc": {
-                "kind": "luks",
-                "over": "d0",
-                "cipher": "aes-cbc-essiv:sha256",
-                "key_bits": 256,
-            },
-            "null": {"kind": "luks", "over": "d0", "cipher": "cipher_null-ecb"},
-            "md": {"kind": "md", "members": [{"kind": "luks", "over": "d2", "key_bits": 256}]},
-        }
+        "stacks": plan_stacks(
+            {
+                "plain": {"kind": "plain"},
+                "luks": {"kind": "luks", "over": "d0"},
+                "again": {"kind": "luks", "over": "d1"},
+                "cbc": {
+                    "kind": "luks",
+                    "over": "d0",
+                    "cipher": "aes-cbc-essiv:sha256",
+                    "key_bits": 256,
+                },
+                "nullc": {"kind": "luks", "over": "d0", "cipher": "cipher_null-ecb"},
+                "md": {"kind": "md", "members": [{"kind": "luks", "over": "d2", "key_bits": 256}]},
+            }
+        )
     }
     assert plan_ciphers(plan) == [
         ("aes-xts-plain64", 512),

@@ -171,6 +171,7 @@ def test_a_patterns_fio_options_are_part_of_the_run_identity(tmp_path):
     grown["patterns"]["largeblock"]["matrix"]["bs"] += ["2m"]
     grown["patterns"]["largeblock"]["description"] = "reworded"
     grown["patterns"]["more"] = copy.deepcopy(SYNC)
+    validate(grown, str(SCHEMA))  # the new pattern's defaults filled
     assert plan_changes(measured, plan_of(grown, tmp_path)) == []
     write_plan(plan_of(grown, tmp_path), tmp_path / "plan.json", measured_env=env)
     # how a cell is measured: refused, naming the key

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from testkit.plans import PLAN_CONFIG
+from testkit.plans import PLAN_CONFIG, validated
 
 from luksbench.formats.layout import LayoutError, Workload, bs_label, bs_to_bytes
 from luksbench.testbox.planbuild import (
@@ -29,7 +29,8 @@ def test_plan_fills_stack_defaults_and_keeps_choices(tmp_path):
     assert plan["scratch_dir"] == str(tmp_path.resolve())
     assert plan["stacks"]["luks"]["key_bits"] == 256
     assert plan["stacks"]["luks"]["cipher"] == "aes-xts-plain64"
-    assert plan["stacks"]["plain"] == {"kind": "plain"}
+    # every setting of the layer's kind, none of another kind's
+    assert plan["stacks"]["plain"] == {"kind": "plain", "size_mib": 0, "optional": False}
     assert len(workloads(plan)) == 8
     assert Workload("randread", 4096, 32) in workloads(plan)
 
@@ -165,11 +166,13 @@ def test_every_vm_case_plan_passes_the_plan_checks(path):
 def test_plan_check_devices_exits_nonzero_when_a_device_is_refused(tmp_path, capsys):
     from luksbench import cli
 
-    config = {
-        **CONFIG,
-        "devices": {"disk": {"path": "/dev/disk/by-id/luksbench-no-such-disk"}},
-        "stacks": {"plain": {"kind": "raw", "device": "disk"}, "luks": {"kind": "luks"}},
-    }
+    config = validated(
+        {
+            **CONFIG,
+            "devices": {"disk": {"path": "/dev/disk/by-id/luksbench-no-such-disk"}},
+            "stacks": {"plain": {"kind": "raw", "device": "disk"}, "luks": {"kind": "luks"}},
+        }
+    )
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(plan_from_config(config, "box", tmp_path)))
     command = ["plan", "--plan", str(plan)]

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from testkit.plans import validated
 from testkit.testbox import small_config
 
 from luksbench.testbox.planbuild import plan_from_config
@@ -48,7 +49,7 @@ def test_raid_filesystem_and_linear_layers_need_their_tools():
             },
         },
     }
-    plan = plan_from_config(config, "box", "/tmp")
+    plan = plan_from_config(validated(config), "box", "/tmp")
     kernel = required_tools(plan, "kernel")
     assert {"mdadm", "dmsetup", "mkfs.xfs"} <= set(kernel)
     assert "md" in kernel["mdadm"]

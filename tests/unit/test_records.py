@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from testkit.plans import fio_settings, validated
+from testkit.plans import fio_settings, plan_stacks, validated
 
 from luksbench.formats import envdoc, manifest, plan, sidecar, targets
 from luksbench.formats.record import RecordVersionError
@@ -60,14 +60,14 @@ def test_a_plan_round_trips_with_its_version(tmp_path):
     record = plan.Plan.from_document({**PLAN_V1, "sessions": 2})
     plan.write_plan_file(tmp_path / "plan.json", record)
     doc = json.loads((tmp_path / "plan.json").read_text())
-    assert doc["version"] == plan.PLAN_VERSION == 3
+    assert doc["version"] == plan.PLAN_VERSION == 4
     again = plan.read_plan(tmp_path / "plan.json")
     assert again == record and again.sessions == 2 and again.fio["runtime_s"] == 2
 
 
 def test_a_version_1_plan_is_migrated(tmp_path):
     record = plan.read_plan(dump(tmp_path / "plan.json", PLAN_V1))
-    assert record.version == 3
+    assert record.version == 4
     assert (record.sessions, record.patterns, record.devices) == (1, {}, {})
     assert record.adaptive is None and record.fleet is None
     patterned = {**PLAN_V1, "patterns": {"p": {"matrix": PLAN_V1["matrix"]}}}
@@ -76,32 +76,33 @@ def test_a_version_1_plan_is_migrated(tmp_path):
     assert plan_changes(PLAN_V1, record.to_document()) == []
 
 
-@pytest.mark.parametrize("version", [4, 0, "2", True])
+@pytest.mark.parametrize("version", [5, 0, "2", True])
 def test_a_newer_or_unknown_plan_version_is_refused(tmp_path, version):
     path = dump(tmp_path / "plan.json", {**PLAN_V1, "version": version})
     message = refused(plan.read_plan, path, version)
-    assert ("update luksbench" in message) == (version == 4)
+    assert ("update luksbench" in message) == (version == 5)
     with pytest.raises(RecordVersionError):
         load_plan(path)
 
 
-def v3_plan(**over) -> dict:
-    """PLAN_V1 as the workflow writes it now: every job and preconditioning option and the Ceph
-    settings, from the validated config (the schema's defaults)."""
+def current_plan() -> dict:
+    """PLAN_V1 as the workflow writes it now: every job and preconditioning option, the Ceph
+    settings and every layer setting, from the validated config (the schema's defaults)."""
     config = validated({"precondition": {"enabled": True}, "fio": PLAN_V1["fio"]})
-    doc = {**PLAN_V1, "version": 3, "fio": config["fio"], "precondition": config["precondition"]}
+    doc = {**PLAN_V1, "version": 4, "fio": config["fio"], "precondition": config["precondition"]}
     doc["ceph"] = config["ceph"]
+    doc["stacks"] = plan_stacks(PLAN_V1["stacks"])
     return {**doc, "devices": {}, "sessions": 1, "patterns": {}, "adaptive": None, "fleet": None}
 
 
 @pytest.mark.parametrize("precondition", [True, False, {"fill_passes": 1}])
-def test_a_version_2_plan_means_the_version_3_plan_with_the_options_it_left_out(
+def test_a_version_2_plan_means_the_current_plan_with_the_options_it_left_out(
     tmp_path, precondition
 ):
     v2 = {**PLAN_V1, "version": 2, "precondition": precondition}
     v2 |= {"devices": {}, "sessions": 1, "patterns": {}, "adaptive": None, "fleet": None}
     stated = {"enabled": precondition} if isinstance(precondition, bool) else precondition
-    v3 = v3_plan()
+    v3 = current_plan()
     v3["precondition"] |= stated
     record = plan.read_plan(dump(tmp_path / "plan.json", v2))
     assert record.to_document() == plan.Plan.from_document(v3).to_document()
@@ -121,15 +122,63 @@ def test_a_version_2_plan_means_the_version_3_plan_with_the_options_it_left_out(
     ("section", "key"),
     [("precondition", "ss_window"), ("fio", "hipri"), ("fio", "numjobs"), ("ceph", "daemon_modes")],
 )
-def test_a_version_3_plan_must_hold_every_option(tmp_path, section, key):
-    doc = v3_plan()
+def test_a_current_plan_must_hold_every_option(tmp_path, section, key):
+    doc = current_plan()
     doc[section] = {k: v for k, v in doc[section].items() if k != key}
     path = dump(tmp_path / "plan.json", doc)
     with pytest.raises(plan.PlanError, match=rf"missing key\(s\) {section}\.{key}"):
         plan.read_plan(path)
-    bare = dump(tmp_path / "bare.json", {**v3_plan(), "precondition": True})
+    bare = dump(tmp_path / "bare.json", {**current_plan(), "precondition": True})
     with pytest.raises(plan.PlanError, match="precondition must be an object"):
         plan.read_plan(bare)
+
+
+# What a version 3 test box did with a layer setting its plan left out, and a stack without
+# optional (written out here: it must not follow the schema when a default changes).
+V3_LAYERS = {
+    "plain": ({"kind": "plain"}, {"size_mib": 0}),
+    "luks": (
+        {"kind": "luks", "over": {"kind": "md", "members": ["d0", "d1"]}},
+        {"cipher": "aes-xts-plain64", "key_bits": 512, "hash": "sha256", "luks_type": "luks2"}
+        | {"sector_size": 512, "pbkdf_iterations": 1000, "perf_flags": []}
+        | {"allow_discards": False},
+    ),
+    "fs": ({"kind": "fs", "over": "d2"}, {"fstype": "ext4", "file_size_mib": 0}),
+    "rbd": (
+        {"kind": "rbd", "pool": "p", "image": "i"},
+        {"mode": "crc", "image_mib": 0, "conf": None, "keyring": None, "client": "admin"}
+        | {"secure_mode": ""},
+    ),
+}
+
+
+def test_a_version_3_plan_means_the_current_plan_with_the_layer_settings_it_left_out(tmp_path):
+    v3 = {**current_plan(), "version": 3, "baseline": "plain"}
+    v3["stacks"] = {name: layer for name, (layer, _) in V3_LAYERS.items()}
+    record = plan.read_plan(dump(tmp_path / "plan.json", v3))
+    for name, (layer, meant) in V3_LAYERS.items():
+        top = {k: v for k, v in record.stacks[name].items() if k != "over"}
+        assert top == {k: v for k, v in layer.items() if k != "over"} | meant | {"optional": False}
+    assert record.stacks["luks"]["over"] == {"kind": "md", "members": ["d0", "d1"]} | {
+        "level": 0,
+        "chunk_kib": 512,
+    }
+    # a run measured with it, resumed with today's plan of the same stacks: comparable
+    assert plan_changes(v3, record.to_document()) == []
+    keyed = {**record.to_document(), "stacks": {**record.stacks, "luks": {**record.stacks["luks"]}}}
+    keyed["stacks"]["luks"]["key_bits"] = 256
+    assert plan_changes(v3, keyed) == ["stacks.luks.key_bits: 512 -> 256"]
+
+
+def test_a_current_plan_layer_must_hold_every_setting_of_its_kind(tmp_path):
+    doc = current_plan()
+    del doc["stacks"]["luks"]["pbkdf_iterations"]
+    with pytest.raises(plan.PlanError, match=r"missing key\(s\) stacks\.luks\.pbkdf_iterations"):
+        plan.read_plan(dump(tmp_path / "plan.json", doc))
+    doc = current_plan()
+    del doc["stacks"]["plain"]["optional"]
+    with pytest.raises(plan.PlanError, match=r"stacks\.plain\.optional must be true or false"):
+        plan.read_plan(dump(tmp_path / "plan.json", doc))
 
 
 def test_a_plan_with_an_unknown_key_is_refused_naming_it(tmp_path):

@@ -156,7 +156,7 @@ def test_scs_2023_measures_its_luks_on_a_disk_and_under_raid0(tmp_path):
         )
     assert stacks["raid0"]["kind"] == "md" and stacks["raid0"]["level"] == 0
     assert stacks["raid0-luks"]["level"] == 0 and len(stacks["raid0-luks"]["members"]) == 3
-    assert stacks["linear"] == {"kind": "linear", "like": "luks"}
+    assert stacks["linear"] == {"kind": "linear", "like": "luks", "optional": False}
     assert stacks["null-cipher"]["cipher"] == "cipher_null-ecb"
 
 
@@ -295,7 +295,7 @@ def test_tune_dmcrypt_changes_one_setting_per_arm_against_the_luks2_default(tmp_
         "luks-nowq": ["no_read_workqueue", "no_write_workqueue"],
         "luks-highprio": ["high_priority"],
     }
-    assert stacks["plain"] == {"kind": "raw", "device": "d0"}
+    assert stacks["plain"] == {"kind": "raw", "device": "d0", "optional": False}
     # the dry run tells the key sizes apart
     layout = layer_layout(stacks["luks-key256"], plan["devices"])
     assert layout.startswith("luks aes-xts-plain64 256-bit key luks2")

@@ -20,6 +20,7 @@ from luksbench.studies import (
     STUDIES_DIR,
     apply_study,
     check_config_data,
+    check_layer_kinds,
     load_config_file,
 )
 from luksbench.orchestrate import lifecycle
@@ -46,6 +47,7 @@ if _studied is not config:
     config.update(_studied)
     check_config_data(config)
 validate(config, schema="../schemas/config.schema.yaml")
+check_layer_kinds(config, Path(str(workflow.current_basedir)) / "../schemas/config.schema.yaml")
 # (baseline, variant) pairs the analysis reports, headline first; an error names the key.
 COMPARISONS = check_comparisons(config)
 # decision margins: 0 < lower_pct < upper_pct in every family (the error names it)

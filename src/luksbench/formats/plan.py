@@ -3,11 +3,13 @@ config. This module checks the document as a whole (required keys, top-level val
 make two plans' measurements incomparable); :mod:`luksbench.testbox.planbuild` checks what stacks,
 patterns and block sizes mean. Standard library only: the test box imports this.
 
-The document (version 3) holds every key; the workflow fills them from the validated config
+The document (version 4) holds every key; the workflow fills them from the validated config
 (defaults: workflow/schemas/config.schema.yaml, the only place they are written)::
 
-    {"version": 3, "run", "host", "backend",          # backend: auto | kernel | userspace
-     "scratch_dir", "device_size_mib", "baseline", "devices", "stacks",
+    {"version": 4, "run", "host", "backend",          # backend: auto | kernel | userspace
+     "scratch_dir", "device_size_mib", "baseline", "devices",
+     "stacks": {name: {"kind", "optional", every one of LAYER_SETTINGS[kind],
+                       the links its kind has: LAYER_LINKS}},  # layers below: without optional
      "precondition": {every one of PRECONDITION_KEYS},
      "matrix": {"rw": [...], "bs": [...], "iodepth": [...]},
      "fio": {every one of FIO_KEYS and JOB_KEYS},
@@ -21,8 +23,9 @@ The document (version 3) holds every key; the workflow fills them from the valid
 A version 1 file (no ``version``) left out what a run did not use (sessions, patterns, devices,
 adaptive, fleet, a pattern's rate_pct); version 2 let ``precondition`` be true/false or a partial
 object, left out the job options that had their usual values and had no ``ceph`` section (its
-clusters' daemons accepted "crc secure"). :func:`migrated_plan_document` fills in what those files
-meant.
+clusters' daemons accepted "crc secure"); version 3 left out a layer's settings that had their
+usual values (a stack's ``optional`` when false). :func:`migrated_plan_document` fills in what
+those files meant.
 """
 
 from __future__ import annotations
@@ -48,8 +51,33 @@ PRECONDITION_KEYS += ("ss_bs", "ss_iodepth", "ss_round_s", "ss_max_rounds", "ss_
 PRECONDITION_KEYS += ("ss_range_pct", "ss_slope_pct")
 # The settings of the Ceph cluster a run builds for its rbd arms over osd layers.
 CEPH_KEYS = ("daemon_modes",)
-PLAN_VERSION = 3
-PLAN_VERSIONS = (1, 2, 3)
+# The settings every layer of a kind carries (the test box reads them and keeps no default)...
+LAYER_SETTINGS = {
+    "plain": ("size_mib",),  # 0: the plan's device_size_mib
+    "loop": ("size_mib",),
+    "raw": (),
+    "external": (),
+    "luks": ("cipher", "key_bits", "hash", "luks_type", "sector_size", "pbkdf_iterations"),
+    "linear": (),
+    "md": ("level", "chunk_kib"),
+    "fs": ("fstype", "file_size_mib"),
+    "rbd": ("mode", "image_mib", "conf", "keyring", "client", "secure_mode"),
+    "osd": (),
+}
+LAYER_SETTINGS["luks"] += ("perf_flags", "allow_discards")
+# ... and the keys naming what it sits on or uses, where its kind has them (checked by planbuild).
+LAYER_LINKS = {
+    "raw": ("device",),
+    "external": ("device",),
+    "luks": ("over",),
+    "linear": ("like",),
+    "md": ("members",),
+    "fs": ("over",),
+    "rbd": ("over", "members", "pool", "image"),
+    "osd": ("over",),
+}
+PLAN_VERSION = 4
+PLAN_VERSIONS = (1, 2, 3, 4)
 
 
 class PlanError(ValueError):
@@ -92,6 +120,7 @@ class Plan(Mapping):
         _require_keys(doc["fio"], (*FIO_KEYS, *JOB_KEYS), "fio", source)
         _require_keys(doc["precondition"], PRECONDITION_KEYS, "precondition", source)
         _require_keys(doc["ceph"], CEPH_KEYS, "ceph", source)
+        _require_layer_settings(doc["stacks"], source)
         return cls(**{**doc, "version": PLAN_VERSION})
 
     def to_document(self) -> dict:
@@ -120,6 +149,34 @@ def _require_keys(section, keys: tuple, name: str, source: str) -> None:
         raise PlanError(f"{source}: missing key(s) {', '.join(f'{name}.{k}' for k in missing)}")
 
 
+def _require_layer_settings(stacks, source: str) -> None:
+    """Every stack says whether it is optional, every layer holds its kind's settings."""
+    if not isinstance(stacks, dict):
+        raise PlanError(f"{source}: stacks must be an object of stacks by name")
+    for name, stack in stacks.items():
+        if isinstance(stack, dict) and not isinstance(stack.get("optional"), bool):
+            raise PlanError(f"{source}: stacks.{name}.optional must be true or false")
+        for where, layer in walk_layers(stack, f"stacks.{name}"):
+            if not isinstance(layer, dict):
+                continue
+            missing = [k for k in LAYER_SETTINGS.get(layer.get("kind"), ()) if k not in layer]
+            if missing:
+                raise PlanError(
+                    f"{source}: missing key(s) {', '.join(f'{where}.{k}' for k in missing)} "
+                    f"(a {layer['kind']} layer carries {', '.join(LAYER_SETTINGS[layer['kind']])})"
+                )
+
+
+def walk_layers(layer, where: str):
+    """Yield (where, layer) for a layer tree, top first; device references as strings."""
+    yield where, layer
+    if isinstance(layer, dict):
+        if "over" in layer:
+            yield from walk_layers(layer["over"], f"{where}.over")
+        for i, member in enumerate(layer.get("members") or []):
+            yield from walk_layers(member, f"{where}.members[{i}]")
+
+
 def migrated_plan_document(doc: dict, source: str = "plan") -> dict:
     """A plan document of any known version as the current version's (RecordVersionError for an
     unknown one, naming ``source``)."""
@@ -128,6 +185,8 @@ def migrated_plan_document(doc: dict, source: str = "plan") -> dict:
         doc = _migrate_v1(doc)
     if version <= 2:
         doc = _migrate_v2(doc)
+    if version <= 3:
+        doc = _migrate_v3(doc)
     return versioned(doc, PLAN_VERSION)
 
 
@@ -169,6 +228,40 @@ def _migrate_v2(doc: dict) -> dict:
     if isinstance(doc.get("fio"), dict):
         doc = {**doc, "fio": {**jobs, **doc["fio"]}}
     return {"ceph": {"daemon_modes": "crc secure"}, **doc}
+
+
+def _migrate_v3(doc: dict) -> dict:
+    """Version 3 (and older) left out a layer's settings that had these values, and a stack's
+    ``optional`` when it was false."""
+    meant = {
+        "plain": {"size_mib": 0},
+        "loop": {"size_mib": 0},
+        "luks": {"cipher": "aes-xts-plain64", "key_bits": 512, "hash": "sha256"},
+        "md": {"level": 0, "chunk_kib": 512},
+        "fs": {"fstype": "ext4", "file_size_mib": 0},
+        "rbd": {"mode": "crc", "image_mib": 0, "conf": None, "keyring": None, "client": "admin"},
+    }
+    meant["luks"] |= {"luks_type": "luks2", "sector_size": 512, "pbkdf_iterations": 1000}
+    meant["luks"] |= {"perf_flags": [], "allow_discards": False}
+    meant["rbd"] |= {"secure_mode": ""}
+
+    def filled(layer):
+        if not isinstance(layer, dict):
+            return layer
+        layer = {**meant.get(layer.get("kind"), {}), **layer}
+        if "over" in layer:
+            layer["over"] = filled(layer["over"])
+        if isinstance(layer.get("members"), list):
+            layer["members"] = [filled(m) for m in layer["members"]]
+        return layer
+
+    stacks = doc.get("stacks")
+    if not isinstance(stacks, dict):
+        return doc
+    stacks = {
+        n: {"optional": False, **filled(s)} if isinstance(s, dict) else s for n, s in stacks.items()
+    }
+    return {**doc, "stacks": stacks}
 
 
 def read_plan(path: Path) -> Plan:

@@ -28,21 +28,23 @@ def how_to_apply(cfg: dict, reference: dict) -> list[str]:
     """Commands that give an existing or new LUKS2 volume the settings ``cfg`` changes."""
     out = []
     if flags := [
-        f for f in cfg.get("perf_flags") or [] if f not in reference.get("perf_flags", [])
+        f for f in cfg.get("perf_flags") or [] if f not in (reference.get("perf_flags") or [])
     ]:
         perf = " ".join(f"--perf-{f}" for f in flags)
         out.append(f"`cryptsetup refresh {perf} --persistent <name>` (kept in the LUKS2 header)")
         if tab := [CRYPTTAB[f] for f in flags if f in CRYPTTAB]:
             out.append(f"or the crypttab options `{','.join(tab)}`")
-    if (sector := cfg.get("sector_size", 512)) != reference.get("sector_size", 512):
+    # a setting one of the two plans does not state (a top layer that is not luks): not compared
+    stated = {k for k in ("sector_size", "cipher", "key_bits") if cfg.get(k) and reference.get(k)}
+    if "sector_size" in stated and (sector := cfg["sector_size"]) != reference["sector_size"]:
         out.append(
             f"`cryptsetup luksFormat --sector-size {sector}` (new volume; an existing LUKS2 "
             f"volume: `cryptsetup reencrypt --sector-size {sector}`, which rewrites all data)"
         )
-    key, cipher = cfg.get("key_bits", 512), cfg.get("cipher", "aes-xts-plain64")
-    if (cipher, key) != (
-        reference.get("cipher", "aes-xts-plain64"),
-        reference.get("key_bits", 512),
+    cipher, key = cfg.get("cipher"), cfg.get("key_bits")
+    if {"cipher", "key_bits"} <= stated and (cipher, key) != (
+        reference["cipher"],
+        reference["key_bits"],
     ):
         out.append(
             f"`cryptsetup luksFormat --cipher {cipher} --key-size {key}` (new volume; existing: "

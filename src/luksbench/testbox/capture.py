@@ -140,8 +140,8 @@ def plan_ciphers(plan: dict) -> list[tuple[str, int]]:
     for layer in plan_layers(plan):
         if layer.get("kind") != "luks":
             continue
-        cipher = str(layer.get("cipher", "aes-xts-plain64"))
-        pair = (cipher, int(layer.get("key_bits", 512)))
+        cipher = str(layer["cipher"])
+        pair = (cipher, int(layer["key_bits"]))
         if cipher not in NULL_CIPHERS and pair not in found:
             found.append(pair)
     return found

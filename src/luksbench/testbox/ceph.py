@@ -49,16 +49,6 @@ LUKS_MAGIC = b"LUKS\xba\xbe"
 BLUESTORE_LABEL = b"bluestore block device"
 
 
-# The keys each Ceph layer kind reads (for plan.KIND_KEYS).
-CEPH_KIND_KEYS = {
-    "osd": {"over"},
-    "rbd": {"over", "members", "mode", "image_mib", "pool", "image", "client", "secure_mode"}
-    | {"conf", "keyring"},
-}
-# The schema's defaults of the Ceph keys (plan.SCHEMA_LAYER_DEFAULTS: another kind drops them).
-CEPH_SCHEMA_DEFAULTS = {"mode": "crc", "image_mib": 0, "conf": None, "keyring": None}
-
-
 def check_ceph_layer(layer: dict, where: str) -> list[str]:
     """Problems with an ``osd`` or ``rbd`` layer (empty: fine): an OSD sits on one layer, an
     RBD image on OSD layers, and an arm's client mode is crc or secure."""
@@ -69,14 +59,14 @@ def check_ceph_layer(layer: dict, where: str) -> list[str]:
     if kind == "rbd" and below:
         if any(not isinstance(b, dict) or b.get("kind") != "osd" for b in below):
             problems.append(f"{where}: an rbd layer sits on osd layers only")
-        if client_mode(layer) not in MODES:
+        if layer.get("mode") not in MODES:
             problems.append(f"{where}.mode: {layer.get('mode')!r} is not one of {MODES}")
     return problems + check_existing_layer(layer, where)
 
 
 def client_mode(arm: dict) -> str:
-    """The messenger mode an rbd arm's client asks for (an arm without one: the schema's)."""
-    return arm.get("mode", CEPH_SCHEMA_DEFAULTS["mode"])
+    """The messenger mode an rbd arm's client asks for."""
+    return arm["mode"]
 
 
 def daemon_mode_problems(plan) -> list[str]:
@@ -426,7 +416,7 @@ def layer_head(layer: dict) -> str:
     if layer["kind"] == "osd":
         return "Ceph BlueStore OSD"
     size = f"{layer['image_mib']} MiB" if layer.get("image_mib") else "auto-sized"
-    return f"rbd arm, client mode {layer.get('mode', 'crc')}, {size} image of the run's cluster,"
+    return f"rbd arm, client mode {layer['mode']}, {size} image of the run's cluster,"
 
 
 def layer_actions(layer: dict, target) -> list[str]:

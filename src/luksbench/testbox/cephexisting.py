@@ -107,7 +107,7 @@ def _create_image(cluster: dict, pool: str, image: str, image_mib: int, where: s
 def existing_up(scratch: str | Path, arms: dict, image_mib: int) -> dict:
     """The record of the existing cluster the ``arms`` name, their images created and prefilled.
     A failure removes the images created so far."""
-    confs = {(a["conf"], a.get("keyring"), a.get("client", "admin")) for a in arms.values()}
+    confs = {(a["conf"], a["keyring"], a["client"]) for a in arms.values()}
     if len(confs) > 1:
         raise TestboxError(f"stacks {sorted(arms)}: every arm names the same conf, keyring, client")
     (conf, keyring, client) = confs.pop()

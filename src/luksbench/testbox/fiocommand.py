@@ -51,7 +51,7 @@ def fio_argv(
         rbd = plan["stacks"][stack]
         target = [
             "--ioengine=rbd",
-            f"--clientname={rbd.get('client', 'admin')}",
+            f"--clientname={rbd['client']}",
             f"--pool={rbd['pool']}",
             f"--rbdname={rbd['image']}",
         ]

@@ -1,24 +1,11 @@
-"""A stack's layers as the plan holds them: each kind's keys and defaults, resolving a config
-layer into the plan's, and the preconditioning options. Standard library only."""
+"""A stack's layers as the plan holds them: each kind's keys, resolving a config layer into the
+plan's, and the preconditioning options. Standard library only."""
 
 from __future__ import annotations
 
-from luksbench.formats.plan import PRECONDITION_KEYS, PlanError
-from luksbench.testbox import ceph
+from luksbench.formats.plan import LAYER_LINKS, LAYER_SETTINGS, PRECONDITION_KEYS, PlanError
 from luksbench.testbox.sysutil import TestboxError
 
-LUKS_DEFAULTS = {
-    "cipher": "aes-xts-plain64",
-    "key_bits": 512,
-    "hash": "sha256",
-    "luks_type": "luks2",
-    "sector_size": 512,
-    "pbkdf_iterations": 1000,
-    "perf_flags": [],
-}
-MD_DEFAULTS = {"level": 0, "chunk_kib": 512}
-FS_DEFAULTS = {"fstype": "ext4", "file_size_mib": 0}
-_LAYER_DEFAULTS = {"luks": LUKS_DEFAULTS, "md": MD_DEFAULTS, "fs": FS_DEFAULTS}
 KINDS = ("plain", "loop", "raw", "luks", "md", "fs", "linear", "external", "rbd")
 KINDS += ("osd",)
 PERF_FLAGS = ("submit_from_crypt_cpus", "same_cpu_crypt", "no_read_workqueue", "no_write_workqueue")
@@ -66,34 +53,14 @@ def precondition_options(value) -> dict:
     return merged
 
 
-# The keys each kind of layer reads; another kind's key is dropped when it holds the schema default.
-KIND_KEYS = {
-    "plain": {"size_mib"},
-    "loop": {"size_mib"},
-    "raw": {"device"},
-    "external": {"device"},
-    "luks": {"over", "allow_discards", *LUKS_DEFAULTS},
-    "linear": {"like"},
-    "md": {"members", *MD_DEFAULTS},
-    "fs": {"over", *FS_DEFAULTS},
-    "rbd": {"pool", "image", "client", "secure_mode"},
-}
-KIND_KEYS.update(ceph.CEPH_KIND_KEYS)
-SCHEMA_LAYER_DEFAULTS = {
-    **LUKS_DEFAULTS,
-    **MD_DEFAULTS,
-    **FS_DEFAULTS,
-    "size_mib": 0,
-    "client": "admin",
-    "secure_mode": "",
-    "optional": False,
-    "allow_discards": False,
-}
-SCHEMA_LAYER_DEFAULTS.update(ceph.CEPH_SCHEMA_DEFAULTS)
+# The keys each kind of layer reads: its settings and its links (formats/plan.py).
+KIND_KEYS = {k: {*LAYER_SETTINGS[k], *LAYER_LINKS.get(k, ())} for k in KINDS}
 
 
-def resolve_layer(spec, where: str):
-    """A stack's layer with defaults filled, recursively, holding only its kind's keys."""
+def resolve_layer(spec, where: str, top: bool = True):
+    """A validated config's layer as the plan holds it, recursively: its kind's keys (the schema
+    filled every setting; a key of another kind is refused on the config, before validation:
+    studies.check_config_data) and, on a stack's top layer, ``optional``."""
     if isinstance(spec, str):
         return spec
     if not isinstance(spec, dict) or "kind" not in spec:
@@ -101,28 +68,17 @@ def resolve_layer(spec, where: str):
     kind = spec["kind"]
     if kind not in KINDS:
         raise PlanError(f"{where}.kind: {kind!r} is not one of {', '.join(KINDS)}")
-    layer = {"kind": kind}
-    for key, value in spec.items():
-        if key == "kind":
-            continue
-        if key == "optional":  # any stack may be optional; False (the default) is not kept
-            if value:
-                layer[key] = True
-        elif key in KIND_KEYS[kind]:
-            layer[key] = value
-        elif key not in SCHEMA_LAYER_DEFAULTS or value != SCHEMA_LAYER_DEFAULTS[key]:
-            raise PlanError(
-                f"{where}.{key}: not a setting of kind {kind} "
-                f"(its settings: {', '.join(sorted(KIND_KEYS[kind])) or 'none'})"
-            )
-    layer = {**_LAYER_DEFAULTS.get(kind, {}), **layer}
-    if kind in ("plain", "loop") and not layer.get("size_mib"):
-        layer.pop("size_mib", None)
+    layer = {"kind": kind, **{k: v for k, v in spec.items() if k in KIND_KEYS[kind]}}
+    if top:
+        layer["optional"] = spec.get("optional") is True
+    elif spec.get("optional"):
+        raise PlanError(f"{where}.optional: only a stack (its top layer) can be optional")
     if "over" in layer:
-        layer["over"] = resolve_layer(layer["over"], f"{where}.over")
+        layer["over"] = resolve_layer(layer["over"], f"{where}.over", top=False)
     if "members" in layer:
         layer["members"] = [
-            resolve_layer(m, f"{where}.members[{i}]") for i, m in enumerate(layer["members"])
+            resolve_layer(m, f"{where}.members[{i}]", top=False)
+            for i, m in enumerate(layer["members"])
         ]
     return layer
 

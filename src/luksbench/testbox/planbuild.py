@@ -20,11 +20,12 @@ from luksbench.formats.plan import (
     migrated_plan_document,
     plan_changes,
     read_plan,
+    walk_layers,
     write_plan_file,
 )
 from luksbench.testbox import ceph
-from luksbench.testbox.layers import FS_DEFAULTS, LUKS_DEFAULTS, MD_DEFAULTS, PERF_FLAGS
 from luksbench.testbox.layers import NULL_CIPHERS as NULL_CIPHERS  # the test box imports these here
+from luksbench.testbox.layers import PERF_FLAGS
 from luksbench.testbox.layers import precondition_options as precondition_options
 from luksbench.testbox.layers import resolve_devices as resolve_devices
 from luksbench.testbox.layers import resolve_layer as resolve_layer
@@ -57,16 +58,6 @@ def check_ceph_settings(plan: dict, source: str = "plan") -> None:
     problems = ceph.daemon_mode_problems(plan)
     if problems:
         raise PlanError(f"{source}: " + "; ".join(problems))
-
-
-def walk_layers(layer, where: str):
-    """Yield (where, layer) for a layer tree, top first; device references as strings."""
-    yield where, layer
-    if isinstance(layer, dict):
-        if "over" in layer:
-            yield from walk_layers(layer["over"], f"{where}.over")
-        for i, member in enumerate(layer.get("members") or []):
-            yield from walk_layers(member, f"{where}.members[{i}]")
 
 
 def first_layer(tree, kind: str) -> dict | None:
@@ -148,10 +139,10 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
     if ceph_layer and ceph.check_ceph_layer(layer, where):
         raise PlanError(f"{source}: " + "; ".join(ceph.check_ceph_layer(layer, where)))
 
-    def need(key: str, allowed=None, default=None):  # a default is always allowed
-        if key not in layer and default is None:
+    def need(key: str, allowed=None):
+        if key not in layer:
             raise PlanError(f"{source}: {where}.{key} is required for kind {kind}")
-        if allowed is not None and layer.get(key, default) not in allowed:
+        if allowed is not None and layer[key] not in allowed:
             raise PlanError(
                 f"{source}: {where}.{key}: {layer[key]!r} is not one of "
                 f"{', '.join(map(str, allowed))}"
@@ -166,29 +157,29 @@ def _check_layer(plan: dict, where: str, layer, source: str) -> None:
             )
     elif kind == "fs":
         need("over")
-        need("fstype", ("ext4", "xfs"), FS_DEFAULTS["fstype"])
+        need("fstype", ("ext4", "xfs"))
     elif kind == "md":
-        need("level", (0, 5), MD_DEFAULTS["level"])
+        need("level", (0, 5))
         members = layer.get("members") or []
-        level = layer.get("level", MD_DEFAULTS["level"])
+        level = layer["level"]
         least = 3 if level == 5 else 2
         if len(members) < least:
             raise PlanError(
                 f"{source}: {where}.members: RAID-{level} needs at least {least} "
                 f"members, not {len(members)}"
             )
-        chunk = int(layer.get("chunk_kib", 512))
+        chunk = int(layer["chunk_kib"])
         if chunk < 4 or chunk & (chunk - 1):
             raise PlanError(f"{source}: {where}.chunk_kib must be a power of 2 >= 4, not {chunk}")
     elif kind == "luks":
-        flags = layer.get("perf_flags") or []
+        flags = layer["perf_flags"]
         bad = [f for f in flags if f not in PERF_FLAGS]
         if bad:
             raise PlanError(
                 f"{source}: {where}.perf_flags: {bad} not among {', '.join(PERF_FLAGS)}"
             )
-        need("sector_size", (512, 4096), LUKS_DEFAULTS["sector_size"])
-        need("luks_type", ("luks1", "luks2"), LUKS_DEFAULTS["luks_type"])
+        need("sector_size", (512, 4096))
+        need("luks_type", ("luks1", "luks2"))
     elif kind == "linear":
         need("like", sorted(plan["stacks"]))
         if first_layer(plan["stacks"][layer["like"]], "luks") is None:
@@ -299,7 +290,7 @@ def resolve_patterns(patterns: dict | None, fio: dict) -> dict:
             "description": spec.get("description") or "",
             "matrix": {k: list(v) if isinstance(v, list) else v for k, v in matrix.items()},
             "io_bs": spec.get("io_bs") or "",
-            "fsync_per_block": spec.get("fsync_per_block", False),
+            "fsync_per_block": spec["fsync_per_block"],
             "fio": {
                 "ioengine": _inherit(over, "ioengine", fio["ioengine"]),
                 "direct": _inherit(over, "direct", fio["direct"]),
@@ -460,17 +451,17 @@ def planned_size_bytes(plan: dict, layer) -> int | None:
         return planned_size_bytes(plan, layer["device"])
     if kind == "luks":
         below = planned_size_bytes(plan, layer["over"]) if "over" in layer else own
-        header = LUKS_HEADER_BYTES.get(layer.get("luks_type", "luks2"), 0)
+        header = LUKS_HEADER_BYTES.get(layer["luks_type"], 0)
         return None if below is None else max(below - header, 0)
     if kind == "md":
         sizes = [planned_size_bytes(plan, m) for m in layer.get("members") or []]
         if not sizes or None in sizes:
             return None
-        data = len(sizes) - 1 if int(layer.get("level", 0)) == 5 else len(sizes)
-        chunk = int(layer.get("chunk_kib", 512)) * 1024
+        data = len(sizes) - 1 if int(layer["level"]) == 5 else len(sizes)
+        chunk = int(layer["chunk_kib"]) * 1024
         return data * (min(sizes) // chunk * chunk)
     if kind == "fs":
-        if int(layer.get("file_size_mib") or 0):
+        if int(layer["file_size_mib"]):
             return int(layer["file_size_mib"]) * MIB
         below = planned_size_bytes(plan, layer["over"])
         return None if below is None else int(below * 0.9) // MIB * MIB  # 90 % of the space

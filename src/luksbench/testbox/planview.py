@@ -37,7 +37,7 @@ def layer_layout(layer, devices: dict) -> str:
             head += f" sector {layer['sector_size']}"
         if layer["perf_flags"]:
             head += f" flags {','.join(layer['perf_flags'])}"
-        if layer.get("allow_discards"):
+        if layer["allow_discards"]:
             head += " allow-discards"
     elif kind == "md":
         head = f"md raid{layer['level']} chunk {layer['chunk_kib']}K"
@@ -50,7 +50,7 @@ def layer_layout(layer, devices: dict) -> str:
     elif ceph.is_cluster_layer(layer):
         head = ceph.layer_head(layer)
     elif kind == "rbd":
-        return f"rbd {layer['pool']}/{layer['image']} (client {layer.get('client', 'admin')})"
+        return f"rbd {layer['pool']}/{layer['image']} (client {layer['client']})"
     if "members" in layer:
         return f"{head} [{', '.join(layer_layout(m, devices) for m in layer['members'])}]"
     if "over" in layer:
@@ -85,10 +85,10 @@ def _actions(plan: dict, name: str) -> list[str]:
             out.append(f"luksFormat {below} (destroys its data), cryptsetup open")
         elif kind == "md":
             members = ", ".join(target(m) for m in layer["members"])
-            level = layer.get("level", 0)
+            level = layer["level"]
             out.append(f"mdadm --create RAID-{level} over {members} (destroys their data)")
         elif kind == "fs":
-            fstype, below = layer.get("fstype", "ext4"), target(layer["over"])
+            fstype, below = layer["fstype"], target(layer["over"])
             out.append(f"mkfs.{fstype} {below} (destroys its data), mount")
         elif kind == "linear":
             out.append(f"dmsetup create dm-linear over the luks payload of stack {layer['like']}")

@@ -47,7 +47,7 @@ def required_tools(plan: dict, backend: str | None) -> dict[str, str]:
             tools["mdadm"] = "creates and stops the md (software RAID) layers"
         if "linear" in kinds:
             tools["dmsetup"] = "creates the dm-linear arm"
-        for fstype in sorted({lay.get("fstype", "ext4") for lay in layers if lay["kind"] == "fs"}):
+        for fstype in sorted({lay["fstype"] for lay in layers if lay["kind"] == "fs"}):
             tools[f"mkfs.{fstype}"] = f"makes the {fstype} filesystem of the fs layers"
         if any("path" in dev for dev in plan.get("devices", {}).values()):
             tools["blkid"] = "checks real disks for signatures before anything is written"

@@ -119,7 +119,7 @@ def _check_dm_names_free(plan: dict) -> None:
 def _new_entry(plan: dict, name: str, backend: str, scratch: Path, size: int) -> dict:
     """A stack's STATE entry before it is built (userspace: its backing file and mountpoint)."""
     built = dict.fromkeys(("device", "device_type", "size_bytes", "mountpoint"))  # not yet
-    entry = {"stack": name, "kind": plan["stacks"][name].get("kind", "plain"), **built}
+    entry = {"stack": name, "kind": plan["stacks"][name]["kind"], **built}
     if backend != "userspace":  # chosen only when it can build every stack
         return entry
     run = plan["run"]

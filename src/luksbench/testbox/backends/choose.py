@@ -181,7 +181,7 @@ def resolve_plan_backend(plan: dict, try_modprobe: bool = True) -> dict:
     plan = split_plan(plan)[0]  # Ceph arms: the backend builds only the layers under the OSDs
     layers = list(plan_layers(plan))
     needs_dm = any(lay["kind"] in ("luks", "linear") for lay in layers)
-    levels = tuple(sorted({int(lay.get("level", 0)) for lay in layers if lay["kind"] == "md"}))
+    levels = tuple(sorted({int(lay["level"]) for lay in layers if lay["kind"] == "md"}))
     return resolve_backend(
         plan["backend"], try_modprobe, needs_dm, levels, userspace_compatible(plan)
     )

@@ -158,7 +158,7 @@ class KernelBuilder:
             return self._device(layer)
         kind = layer["kind"]
         if kind in ("plain", "loop"):
-            size = int(layer.get("size_mib") or self.plan["device_size_mib"]) * MIB
+            size = int(layer["size_mib"] or self.plan["device_size_mib"]) * MIB
             return self._loop_file(f"{stack}" if kind == "plain" else f"{stack}-loop", size)
         if kind in ("raw", "external"):
             built = self._device(layer["device"])
@@ -181,8 +181,8 @@ class KernelBuilder:
             return self._fs(layer, stack, self.build(layer["over"], stack))
         if kind == "rbd":
             desc = {"kind": "rbd", "pool": layer["pool"], "image": layer["image"]}
-            desc["client"] = layer.get("client", "admin")
-            desc["secure_mode"] = layer.get("secure_mode", "")
+            desc["client"] = layer["client"]
+            desc["secure_mode"] = layer["secure_mode"]
             desc["note"] = "fio's rbd engine against the user's pool/image; secure_mode is a label"
             return {"device": None, "device_type": "rbd", "size_bytes": None, "description": desc}
         raise TestboxError(f"stack {stack}: unknown kind {kind!r}")
@@ -241,8 +241,8 @@ class KernelBuilder:
             self.record({"type": "wipe", "device": built["device"]})
 
     def _luks(self, layer: dict, stack: str, below: dict) -> dict:
-        luks_type = layer.get("luks_type", "luks2")
-        sector = int(layer.get("sector_size", 512))
+        luks_type = layer["luks_type"]
+        sector = int(layer["sector_size"])
         notes = []
         if luks_type == "luks1" and sector != 512:
             notes.append(f"luks1 supports only 512-byte sectors; plan asked {sector}")
@@ -250,7 +250,7 @@ class KernelBuilder:
         name = self._dm_name(stack)
         key_file = write_key(self.key_dir, name)
         self.save()
-        cipher = layer.get("cipher", "aes-xts-plain64")
+        cipher = layer["cipher"]
         self._before_writing(below)
         log(f"  {stack}: luksFormat --type {luks_type} {cipher} on {below['device']}")
         cfg = {**layer, "sector_size": sector}
@@ -258,11 +258,11 @@ class KernelBuilder:
         run_tool(argv, f"stack {stack}: luksFormat")
         if self._perf is None:
             self._perf = (cryptsetup_perf_flags(), crypt_target_version())
-        applied, skipped = usable_perf_flags(list(layer.get("perf_flags") or []), *self._perf)
+        applied, skipped = usable_perf_flags(list(layer["perf_flags"]), *self._perf)
         for flag, why in skipped.items():
             notes.append(f"perf flag {flag} skipped: {why}")
         self.record({"type": "crypt", "name": name})
-        discards = bool(layer.get("allow_discards"))
+        discards = bool(layer["allow_discards"])
         argv = luks_open_argv(below["device"], name, key_file, applied, discards)
         run_tool(argv, f"stack {stack}: cryptsetup open")
         device = f"/dev/mapper/{name}"
@@ -284,7 +284,7 @@ class KernelBuilder:
             kind="luks",
             **luks_facts(layer, luks_type, sector),
             null_cipher=str(cipher) in NULL_CIPHERS,
-            perf_flags_requested=list(layer.get("perf_flags") or []),
+            perf_flags_requested=list(layer["perf_flags"]),
             perf_flags_applied=applied,
             perf_flags_skipped=skipped,
             allow_discards=discards,
@@ -330,7 +330,7 @@ class KernelBuilder:
 
     def _md(self, layer: dict, stack: str, members: list[dict]) -> dict:
         device = free_md_device()
-        level, chunk = int(layer.get("level", 0)), int(layer.get("chunk_kib", 512))
+        level, chunk = int(layer["level"]), int(layer["chunk_kib"])
         for m in members:
             self._before_writing(m)
         paths = [m["device"] for m in members]
@@ -352,7 +352,7 @@ class KernelBuilder:
         )
 
     def _fs(self, layer: dict, stack: str, below: dict) -> dict:
-        fstype = layer.get("fstype", "ext4")
+        fstype = layer["fstype"]
         mnt = safety.check_inside(self.scratch / f"mnt-{stack}", self.scratch)
         if safety.is_mounted(mnt):
             raise safety.SafetyError(f"{mnt} is already a mountpoint (run stack-down)")
@@ -366,7 +366,7 @@ class KernelBuilder:
         target = mnt / "fio.dat"
         vfs = os.statvfs(mnt)
         room = vfs.f_bavail * vfs.f_frsize
-        size = int(layer.get("file_size_mib") or 0) * MIB or int(room * 0.9) // MIB * MIB
+        size = int(layer["file_size_mib"]) * MIB or int(room * 0.9) // MIB * MIB
         if size > room:
             raise TestboxError(
                 f"stack {stack}: file_size_mib {size // MIB} does not fit ({room // MIB} MiB free)"
@@ -431,7 +431,7 @@ def build_kernel(plan: dict, state: dict, state_path: Path, device_checks: dict)
         try:
             built = builder.build(plan["stacks"][name], name)
         except (TestboxError, safety.SafetyError) as exc:
-            if not plan["stacks"][name].get("optional") or name == plan["baseline"]:
+            if not plan["stacks"][name]["optional"] or name == plan["baseline"]:
                 raise
             described[name] = _unavailable(name, plan, state, builder, mark, exc)
             save()

@@ -54,21 +54,21 @@ def losetup_argv(backing: str | Path) -> list[str]:
 def luks_facts(cfg: dict, luks_type: str, sector: int) -> dict:
     """How a luks layer is formatted, as its description records it."""
     return {
-        "cipher": cfg.get("cipher", "aes-xts-plain64"),
-        "key_bits": int(cfg.get("key_bits", 512)),
-        "hash": cfg.get("hash", "sha256"),
+        "cipher": cfg["cipher"],
+        "key_bits": int(cfg["key_bits"]),
+        "hash": cfg["hash"],
         "luks_type": luks_type,
-        "luks_type_requested": cfg.get("luks_type", "luks2"),
+        "luks_type_requested": cfg["luks_type"],
         "sector_size": sector,
         "pbkdf": "pbkdf2",
-        "pbkdf_iterations": int(cfg.get("pbkdf_iterations", 1000)),
+        "pbkdf_iterations": int(cfg["pbkdf_iterations"]),
     }
 
 
 def luks_format_argv(
     cfg: dict, target: str | Path, key_file: str | Path, luks_type: str
 ) -> list[str]:
-    facts = luks_facts(cfg, luks_type, int(cfg.get("sector_size", 512)))
+    facts = luks_facts(cfg, luks_type, int(cfg["sector_size"]))
     cipher = str(facts["cipher"])
     argv = ["cryptsetup", "luksFormat", "--batch-mode", "--type", luks_type, "--cipher", cipher]
     argv += ["--key-size", str(facts["key_bits"]), "--hash", str(facts["hash"])]

@@ -150,21 +150,21 @@ def build_userspace(plan: dict, state: dict, state_path: Path, size: int) -> dic
 def _format_luks1(cfg: dict, entry: dict, desc: dict, state: dict, state_path: Path) -> None:
     """luksFormat the backing file as qemu reads it (LUKS1, 512-byte sectors); notes say what of
     the plan's luks settings this backend cannot honour."""
-    name, sector = entry["stack"], int(cfg.get("sector_size", 512))
-    if cfg.get("luks_type", "luks2") != "luks1":
+    name, sector = entry["stack"], int(cfg["sector_size"])
+    if cfg["luks_type"] != "luks1":
         desc["notes"].append(USERSPACE_LUKS_NOTE)
     if sector != 512:
         desc["notes"].append(f"luks1 supports only 512-byte sectors; plan asked {sector}")
-    if cfg.get("perf_flags"):
+    if cfg["perf_flags"]:
         desc["notes"].append(
             f"perf flags {cfg['perf_flags']} skipped: they are dm-crypt options and the "
             "userspace backend does not use dm-crypt"
         )
-    if cfg.get("allow_discards"):
+    if cfg["allow_discards"]:
         desc["notes"].append("allow_discards skipped: a dm-crypt open option (no dm-crypt here)")
     entry["key_file"] = str(write_key(Path(state["key_dir"]), name))
     write_json_atomic(state_path, state, mode=0o600)
-    log(f"  {name}: luksFormat --type luks1 {cfg.get('cipher', 'aes-xts-plain64')}")
+    log(f"  {name}: luksFormat --type luks1 {cfg['cipher']}")
     backing, key_file = entry["backing_file"], entry["key_file"]
     with safety.opened_same_file(backing, entry["backing_identity"], f"luksFormat {backing}") as fd:
         argv = luks_format_argv(cfg, f"/dev/fd/{fd}", key_file, "luks1")
