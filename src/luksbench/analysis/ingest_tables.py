@@ -362,7 +362,7 @@ def plan_fio_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
 
 def plan_stacks_table(raw_dir: Path, strict: bool = True) -> pd.DataFrame:
     """Per host and stack of its plan: the top layer's kind, cipher, key size and sector size as
-    asked (empty: the plan leaves it to the default); its perf flags are in ``perf_flags``."""
+    asked (empty: a top layer that is not luks); its perf flags are in ``perf_flags``."""
     return _plan_table(raw_dir, strict, _plan_stack_rows, PLAN_STACKS_COLUMNS, _PLAN_STACKS_DTYPES)
 
 
