@@ -12,8 +12,8 @@ import pytest
 from luksbench.analysis.ingest import read_processed
 from luksbench.analysis.stats import METRIC_FAMILIES
 from luksbench.publish import render
-from luksbench.publish.paper_sentences import decision_words, sentence_start, tldr_sentences
-from luksbench.publish.text import cpu_basis, cpu_net, metric_heading
+from luksbench.publish.paper_sentences import sentence_start, tldr_sentences
+from luksbench.publish.text import cpu_basis, cpu_net, decision_words, metric_heading
 
 HOSTS = [{"backend_short": "userspace"}]
 MATRIX = {"reps_text": "3"}

@@ -54,7 +54,8 @@ def test_latency_material_with_bandwidth_negligible_is_no_turn_it_on(tmp_path):
     assert "in 16 of 16 cells" in bandwidth
     assert p99.startswith("p99 completion latency increase (10 / 50 % margins): material (listed")
     assert "Benjamini-Hochberg" in p99 and "in 16 of 16 cells" in p99
-    assert "adjusted for picking it from 16 cells" in p99
+    # the largest cell with its selection-adjusted interval and the decision on that interval
+    assert "adjusted for picking it from 16 cells: material on it." in p99
     assert p999.startswith("p99.9 completion latency increase") and "in 16 of 16 cells" in p999
     assert verdict["not_measured"] == "Busy CPU time per GiB and Busy CPU time per I/O"
     section = _section(md)

@@ -95,26 +95,34 @@ def current_plan() -> dict:
     return {**doc, "devices": {}, "sessions": 1, "patterns": {}, "adaptive": None, "fleet": None}
 
 
+# What a version 2 test box did with the options its plan left out (written out here: what an
+# old file meant must not follow the schema when a default changes).
+V2_PRECONDITION = {"enabled": True, "discard": True, "fill_passes": 2, "block_size": "128k"}
+V2_PRECONDITION |= {"steady_state": False, "ss_rw": "randwrite", "ss_bs": "4k", "ss_iodepth": 32}
+V2_PRECONDITION |= {"ss_round_s": 10, "ss_max_rounds": 25, "ss_window": 5}
+V2_PRECONDITION |= {"ss_range_pct": 20.0, "ss_slope_pct": 10.0}
+V2_JOBS = {"numjobs": 1, "cpus_allowed": "", "cpus_allowed_policy": "shared", "numa_pin": False}
+V2_JOBS |= {"fixedbufs": False, "registerfiles": False, "hipri": False}
+
+
 @pytest.mark.parametrize("precondition", [True, False, {"fill_passes": 1}])
-def test_a_version_2_plan_means_the_current_plan_with_the_options_it_left_out(
-    tmp_path, precondition
-):
+def test_a_version_2_plan_means_what_it_left_out(tmp_path, precondition):
     v2 = {**PLAN_V1, "version": 2, "precondition": precondition}
     v2 |= {"devices": {}, "sessions": 1, "patterns": {}, "adaptive": None, "fleet": None}
     stated = {"enabled": precondition} if isinstance(precondition, bool) else precondition
-    v3 = current_plan()
-    v3["precondition"] |= stated
+    meant = {**v2, "version": 4, "precondition": V2_PRECONDITION | stated}
+    meant |= {"fio": V2_JOBS | PLAN_V1["fio"], "ceph": {"daemon_modes": "crc secure"}}
+    meant["stacks"] = plan.migrated_plan_document({**v2, "version": 3})["stacks"]  # test below
     record = plan.read_plan(dump(tmp_path / "plan.json", v2))
-    assert record.to_document() == plan.Plan.from_document(v3).to_document()
-    assert record.fio["numjobs"] == 1 and record.fio["cpus_allowed_policy"] == "shared"
+    assert record.to_document() == meant
     assert len(record.precondition) == len(plan.PRECONDITION_KEYS)
-    # resuming a run measured with a version 2 plan with today's equal plan: comparable
-    assert plan_changes(v2, v3) == [] and plan_changes(v3, v2) == []
-    other = {**v3, "precondition": {**v3["precondition"], "fill_passes": 3}}
+    # resuming a run measured with a version 2 plan with a plan of the same values: comparable
+    assert plan_changes(v2, meant) == [] and plan_changes(meant, v2) == []
+    other = {**meant, "precondition": {**meant["precondition"], "fill_passes": 3}}
     assert plan_changes(v2, other) == [
-        f"precondition.fill_passes: {v3['precondition']['fill_passes']!r} -> 3"
+        f"precondition.fill_passes: {meant['precondition']['fill_passes']!r} -> 3"
     ]
-    more_jobs = {**v3, "fio": {**v3["fio"], "numjobs": 4}}
+    more_jobs = {**meant, "fio": {**meant["fio"], "numjobs": 4}}
     assert plan_changes(v2, more_jobs) == ["fio.numjobs: 1 -> 4"]
 
 

@@ -25,6 +25,7 @@ from luksbench.publish.run import Run
 from luksbench.publish.text import (
     cell_words,
     cpu_basis,
+    decision_words,
     effect_ci,
     fmt_ci,
     fmt_num,
@@ -101,12 +102,6 @@ def _largest_decisions(row: pd.Series) -> str:
         f"{decision_words(adjusted)} on it; {decision_words(own)} on {own_interval}, "
         "as the tables list it"
     )
-
-
-def decision_words(decision: str) -> str:
-    """``undecided (straddles 20 %)`` for the table's ``undecided: straddles 20 %``."""
-    head, _, why = decision.partition(": ")
-    return f"{head} ({why})" if why else head
 
 
 def sentence_start(text: str) -> str:

@@ -10,6 +10,7 @@ from luksbench.analysis.contrasts import comparison_pairs, label
 from luksbench.analysis.tuning import TUNING_METRICS, planned_settings
 from luksbench.publish.text import (
     decision_kind,
+    decision_words,
     effect_ci,
     fmt_ci,
     fmt_num,
@@ -201,7 +202,7 @@ def _span(rows: pd.DataFrame) -> str:
 
 def _largest(rows: pd.DataFrame, describe) -> str:
     """The family's largest cell (loss.parquet's ``largest``) with its selection-adjusted
-    interval, or "" when it is not among ``rows``."""
+    interval and the decision on it, or "" when it is not among ``rows``."""
     picked = rows[rows.get("largest", pd.Series(False, index=rows.index)).eq(True)]
     if picked.empty:
         return ""
@@ -210,7 +211,8 @@ def _largest(rows: pd.DataFrame, describe) -> str:
     level = fmt_num(100 * r["selection_confidence"], 2)
     return (
         f"; largest {describe(r)}: {fmt_pct(r['effect_pct'])} {ci} at {level} %, adjusted for "
-        f"picking it from {int(r['family_cells'])} cells"
+        f"picking it from {int(r['family_cells'])} cells: "
+        f"{decision_words(str(r['selection_decision']))} on it"
     )
 
 

@@ -275,3 +275,9 @@ def md_escape_keeping_code(text) -> str:
         part if k % 2 and _PLAIN_CODE.fullmatch(part[1:-1]) else md_escape(part) if part else ""
         for k, part in enumerate(parts)
     )
+
+
+def decision_words(decision: str) -> str:
+    """``undecided (straddles 20 %)`` for the table's ``undecided: straddles 20 %``."""
+    head, _, why = decision.partition(": ")
+    return f"{head} ({why})" if why else head
