@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from testkit.plans import plan_stacks
 
 from luksbench.testbox import ceph, cephrun
+from luksbench.testbox.planbuild import check_stacks
 from luksbench.testbox.sysutil import TestboxError, pid_alive
 
 # Lines as Ceph 16.2.15's client logs them at --debug_ms=1 (from a run on this machine).
@@ -115,22 +117,25 @@ def test_split_plan_shares_one_osd_group_between_arms_over_the_same_osd_layers()
 
     on_plain = {"kind": "osd", "over": {"kind": "plain"}}
     on_luks = {"kind": "osd", "over": {"kind": "luks"}}
-    plan = {
-        "baseline": "rbd-crc",
-        "device_size_mib": 1024,
-        "stacks": {
-            "rbd-crc": {"kind": "rbd", "mode": "crc", "over": on_plain},
-            "rbd-secure": {"kind": "rbd", "mode": "secure", "over": on_plain},
-            "luks-crc": {"kind": "rbd", "mode": "crc", "over": on_luks},
-            "local": {"kind": "plain"},
+    stacks = {
+        "rbd-crc": {"kind": "rbd", "mode": "crc", "over": on_plain},
+        "rbd-secure": {"kind": "rbd", "mode": "secure", "over": on_plain},
+        "luks-crc": {"kind": "rbd", "mode": "crc", "over": on_luks},
+        "local": {"kind": "plain"},
+    }
+    plan = {"baseline": "rbd-crc", "device_size_mib": 1024, "stacks": plan_stacks(stacks)}
+    backend_plan, part = cephstack.split_plan(plan)
+    # the layers under the OSDs as stacks of their own, as the plan holds a stack
+    under = {"osd0o0": "rbd-crc", "osd1o0": "luks-crc"}
+    assert backend_plan["stacks"] == {
+        "local": plan["stacks"]["local"],
+        **{
+            h: {**plan["stacks"][arm]["over"]["over"], "optional": False}
+            for h, arm in under.items()
         },
     }
-    backend_plan, part = cephstack.split_plan(plan)
-    assert backend_plan["stacks"] == {
-        "local": {"kind": "plain"},
-        "osd0o0": {"kind": "plain"},
-        "osd1o0": {"kind": "luks"},
-    }
+    assert [s["kind"] for s in backend_plan["stacks"].values()] == ["plain", "plain", "luks"]
+    check_stacks({**backend_plan, "devices": {}})
     assert backend_plan["baseline"] == "osd0o0"  # the arms and their baseline come back after
     groups = {g["name"]: (g["arms"], g["encrypted"]) for g in part["groups"]}
     assert groups == {"osd0": (["rbd-crc", "rbd-secure"], False), "osd1": (["luks-crc"], True)}

@@ -171,6 +171,12 @@ def test_a_version_3_plan_means_the_current_plan_with_the_layer_settings_it_left
         "level": 0,
         "chunk_kib": 512,
     }
+    # null flags meant none, and optional on a layer below a stack did nothing
+    nulls = {**v3, "stacks": {**v3["stacks"], "luks": {**V3_LAYERS["luks"][0]}}}
+    nulls["stacks"]["luks"] |= {"perf_flags": None, "allow_discards": None, "optional": None}
+    nulls["stacks"]["luks"]["over"] = {**nulls["stacks"]["luks"]["over"], "optional": True}
+    stacks = plan.read_plan(dump(tmp_path / "nulls.json", nulls)).stacks
+    assert stacks == record.stacks
     # a run measured with it, resumed with today's plan of the same stacks: comparable
     assert plan_changes(v3, record.to_document()) == []
     keyed = {**record.to_document(), "stacks": {**record.stacks, "luks": {**record.stacks["luks"]}}}

@@ -231,8 +231,9 @@ def _migrate_v2(doc: dict) -> dict:
 
 
 def _migrate_v3(doc: dict) -> dict:
-    """Version 3 (and older) left out a layer's settings that had these values, and a stack's
-    ``optional`` when it was false."""
+    """Version 3 (and older) left out a layer's settings that had these values (or wrote null
+    for the flags, the perf flags and a file size), and a stack's ``optional`` when it was
+    false; ``optional`` on a layer below a stack did nothing."""
     meant = {
         "plain": {"size_mib": 0},
         "loop": {"size_mib": 0},
@@ -245,21 +246,27 @@ def _migrate_v3(doc: dict) -> dict:
     meant["luks"] |= {"perf_flags": [], "allow_discards": False}
     meant["rbd"] |= {"secure_mode": ""}
 
-    def filled(layer):
+    nullable = ("perf_flags", "allow_discards", "file_size_mib", "size_mib", "optional")
+
+    def filled(layer, top: bool):
         if not isinstance(layer, dict):
             return layer
-        layer = {**meant.get(layer.get("kind"), {}), **layer}
+        stated = {k: v for k, v in layer.items() if not (v is None and k in nullable)}
+        layer = {**meant.get(layer.get("kind"), {}), **stated}
+        if not top:
+            layer.pop("optional", None)
         if "over" in layer:
-            layer["over"] = filled(layer["over"])
+            layer["over"] = filled(layer["over"], False)
         if isinstance(layer.get("members"), list):
-            layer["members"] = [filled(m) for m in layer["members"]]
+            layer["members"] = [filled(m, False) for m in layer["members"]]
         return layer
 
     stacks = doc.get("stacks")
     if not isinstance(stacks, dict):
         return doc
     stacks = {
-        n: {"optional": False, **filled(s)} if isinstance(s, dict) else s for n, s in stacks.items()
+        n: {"optional": False, **filled(s, True)} if isinstance(s, dict) else s
+        for n, s in stacks.items()
     }
     return {**doc, "stacks": stacks}
 

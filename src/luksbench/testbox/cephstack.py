@@ -126,10 +126,12 @@ def _osd_layers(arm: dict) -> list[dict]:
     return [arm["over"]] if "over" in arm else list(arm["members"])
 
 
-def _below_osd(osd: dict):
-    """The layer an OSD sits on, as the backends build a stack (a device name: a raw layer)."""
+def _below_osd(osd: dict) -> dict:
+    """The layer an OSD sits on, as the backends build a stack (a device name: a raw layer);
+    never optional: the arms over it need it."""
     under = osd["over"]
-    return {"kind": "raw", "device": under} if isinstance(under, str) else under
+    layer = {"kind": "raw", "device": under} if isinstance(under, str) else under
+    return {**layer, "optional": False}
 
 
 def split_plan(plan: dict) -> tuple[dict, dict | None]:

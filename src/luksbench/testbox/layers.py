@@ -59,8 +59,9 @@ KIND_KEYS = {k: {*LAYER_SETTINGS[k], *LAYER_LINKS.get(k, ())} for k in KINDS}
 
 def resolve_layer(spec, where: str, top: bool = True):
     """A validated config's layer as the plan holds it, recursively: its kind's keys (the schema
-    filled every setting; a key of another kind is refused on the config, before validation:
-    studies.check_config_data) and, on a stack's top layer, ``optional``."""
+    filled every setting) and, on a stack's top layer, ``optional``. A key of another kind is
+    dropped here: the workflow refuses one that is not the schema's default on the config,
+    after validation (studies.check_layer_kinds)."""
     if isinstance(spec, str):
         return spec
     if not isinstance(spec, dict) or "kind" not in spec:

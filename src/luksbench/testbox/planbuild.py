@@ -520,8 +520,10 @@ def check_blocks_fit(plan: dict, source: str = "plan") -> None:
 def plan_from_config(config: dict, host: str, scratch_dir: Path) -> dict:
     """Resolve a validated workflow config (the schema's defaults filled) into the test box's plan
     document, the current version's: every key there, copied from the config. A config not
-    validated with the schema is not read: a missing fio job option is a PlanError naming it, a
-    missing section (``ceph``, ``sessions``, ``precondition``) a KeyError."""
+    validated with the schema is not read: a missing fio job option or layer setting is a
+    PlanError naming it, a missing section (``ceph``, ``sessions``, ``precondition``) a KeyError.
+    A layer key of another kind is dropped: the caller refuses one the user set beforehand
+    (studies.check_layer_kinds, as the workflow and ``luksbench plan`` do)."""
     stacks = {
         name: resolve_layer(stack, f"stacks.{name}") for name, stack in config["stacks"].items()
     }
