@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from testkit.workflow import copy_workflow, processes_of, raw_results
+from testkit.workflow import copy_workflow, no_step_outlives_its_workflow, processes_of, raw_results
 
 from luksbench.studies import load_config
 from luksbench.testbox import lock
@@ -176,16 +176,6 @@ def fio_on_an_arm_after(work: Path, done: int, run: str = RUN) -> Callable[[], b
     return lambda: len(results(work, run)) >= done and bool(named(work, "fio"))
 
 
-def no_step_outlives_its_workflow(work: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and [
-        p for p in processes_of(work) if "testbox" in cmdline(p)
-    ]:
-        time.sleep(0.2)
-    left = {p: cmdline(p) for p in processes_of(work) if "testbox" in cmdline(p)}
-    assert not left, f"test-box steps outlived the workflow: {left}"
-
-
 def test_an_osd_killed_during_fio_stops_the_run_naming_it(work):
     (work / "osdkill.yaml").write_text("run: cephosd\nfio: {runtime_s: 4, ramp_time_s: 0}\n")
     argv = workflow_argv("osdkill.yaml", run="cephosd")
@@ -206,7 +196,7 @@ def test_an_osd_killed_during_fio_stops_the_run_naming_it(work):
         -4000:
     ]
     assert "tearing down the stacks" in out and "checks passed" in out, out[-3000:]
-    no_step_outlives_its_workflow(work)
+    no_step_outlives_its_workflow(work, timeout=120)
     assert ceph_leftovers(work) == NOTHING_LEFT
     after = results(work, "cephosd")
     assert {p: after.get(p) for p in killed["results"]} == killed["results"], "raw data lost"
@@ -223,7 +213,7 @@ def test_snakemake_killed_mid_run_then_resumed_leaves_no_ceph_and_counts_once(wo
         work, argv, fio_on_an_arm_after(work, 2), lambda pid: os.kill(pid, signal.SIGKILL)
     )
     assert code == -signal.SIGKILL, out[-3000:]
-    no_step_outlives_its_workflow(work)  # run-fio stopped fio and kept no partial result
+    no_step_outlives_its_workflow(work, timeout=120)  # run-fio stopped fio, kept no partial result
     cells, repetitions = small_design(work)
     every_result = len(ARMS) * len(cells) * repetitions  # one session
     before = results(work)

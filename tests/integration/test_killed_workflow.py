@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from testkit.testbox import small_config
 from testkit.testbox import testbox as tb
-from testkit.workflow import copy_workflow, processes_of, raw_results
+from testkit.workflow import copy_workflow, no_step_outlives_its_workflow, processes_of, raw_results
 
 from luksbench.testbox import lock
 from luksbench.testbox.planbuild import plan_from_config
@@ -166,16 +166,6 @@ def interrupt_once(work: Path, moment, kill) -> str | None:
                 os.killpg(workflow.pid, signal.SIGKILL)
             raise
     return log.read_text()
-
-
-def no_step_outlives_its_workflow(work: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and [
-        p for p in processes_of(work) if "testbox" in cmdline(p)
-    ]:
-        time.sleep(0.2)
-    left = {p: cmdline(p) for p in processes_of(work) if "testbox" in cmdline(p)}
-    assert not left, f"test-box steps outlived the workflow: {left}"
 
 
 def resumes_cleanly(work: Path, before: dict[Path, bytes]) -> str:

@@ -62,7 +62,7 @@ def test_swapped_after_creation_is_refused_before_losetup(kernel_builder, victim
 
     monkeypatch.setattr(kernel, "create_backing", create_then_swap)
     with pytest.raises(SafetyError) as e:
-        kernel_builder.build({"kind": "loop"}, "plain")
+        kernel_builder.build(kernel_builder.plan["stacks"]["plain"], "plain")
 
     backing = Path(kernel_builder.scratch) / "luksbench-swap-plain-loop.img"
     assert str(e.value).startswith(
@@ -85,7 +85,7 @@ def test_swapped_between_the_check_and_losetup_is_detached_before_use(
 
     monkeypatch.setattr(kernel, "losetup_argv", swap_then_argv)
     with pytest.raises(SafetyError) as e:
-        kernel_builder.build({"kind": "loop"}, "plain")
+        kernel_builder.build(kernel_builder.plan["stacks"]["plain"], "plain")
 
     assert f"is attached to {victim} (device, inode" in str(e.value)
     assert "not the file luksbench created" in str(e.value)
@@ -94,7 +94,7 @@ def test_swapped_between_the_check_and_losetup_is_detached_before_use(
 
 
 def test_swapped_after_losetup_is_refused_before_the_next_write(kernel_builder, victim):
-    built = kernel_builder.build({"kind": "loop"}, "plain")
+    built = kernel_builder.build(kernel_builder.plan["stacks"]["plain"], "plain")
     backing = Path(built["description"]["backing_file"])
     _swap_for_link(backing, victim)
 

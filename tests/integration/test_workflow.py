@@ -14,6 +14,10 @@ from testkit.workflow import snakemake_cli as snakemake
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+# the jobs of one run: measuring it (one session), then publishing it
+MEASURE_JOBS = {"write_plan": 1, "capture_env": 1, "benchmark_ciphers": 1, "stack_up": 1}
+MEASURE_JOBS |= {"run_fio": 1, "stack_down": 1}
+ANALYSIS_JOBS = {"ingest_raw": 1, "compute_loss": 1, "plot_figures": 1, "render_paper": 1}
 
 
 def test_lint_is_clean():
@@ -26,19 +30,7 @@ def test_dry_run_of_a_new_run_measures_then_publishes():
     run = f"pytest-dry-{uuid.uuid4().hex[:8]}"
     result = snakemake("-n", "all", "--config", f"run={run}")
     assert result.returncode == 0, result.stderr
-    assert job_counts(result.stdout + result.stderr) == {
-        "write_plan": 1,
-        "capture_env": 1,
-        "benchmark_ciphers": 1,
-        "stack_up": 1,
-        "run_fio": 1,
-        "stack_down": 1,
-        "ingest_raw": 1,
-        "compute_loss": 1,
-        "plot_figures": 1,
-        "render_paper": 1,
-        "all": 1,
-    }
+    assert job_counts(result.stdout + result.stderr) == MEASURE_JOBS | ANALYSIS_JOBS | {"all": 1}
     assert not (REPO / "data" / "raw" / run).exists(), "a dry run must not create raw data"
 
 
@@ -49,21 +41,10 @@ def test_dry_run_with_adaptive_repetitions_adds_pilot_and_targets(tmp_path):
     config.write_text("adaptive:\n  enabled: true\n")
     result = snakemake("-n", "all", "--config", f"run={run}", "--configfile", str(config))
     assert result.returncode == 0, result.stderr
-    assert job_counts(result.stdout + result.stderr) == {
-        "write_plan": 1,
-        "capture_env": 1,
-        "benchmark_ciphers": 1,
-        "stack_up": 1,
-        "run_pilot": 1,
-        "plan_repetitions": 1,
-        "run_fio": 1,
-        "stack_down": 1,
-        "ingest_raw": 1,
-        "compute_loss": 1,
-        "plot_figures": 1,
-        "render_paper": 1,
-        "all": 1,
-    }
+    adaptive = {"run_pilot": 1, "plan_repetitions": 1}
+    assert job_counts(result.stdout + result.stderr) == (
+        MEASURE_JOBS | adaptive | ANALYSIS_JOBS | {"all": 1}
+    )
     assert not (REPO / "data" / "raw" / run).exists(), "a dry run must not create raw data"
 
 
@@ -79,12 +60,7 @@ def test_dry_run_of_the_sample_only_analyses():
     """The shipped sample is analysed as it is: no benchmark rule may run for it."""
     result = snakemake("-n", "--forceall", "paper/sample/index.md")
     assert result.returncode == 0, result.stderr
-    assert job_counts(result.stdout + result.stderr) == {
-        "ingest_raw": 1,
-        "compute_loss": 1,
-        "plot_figures": 1,
-        "render_paper": 1,
-    }
+    assert job_counts(result.stdout + result.stderr) == ANALYSIS_JOBS
 
 
 @pytest.mark.parametrize(
@@ -180,9 +156,10 @@ def test_write_plan_writes_the_resolved_plan(tmp_path):
         "pbkdf_iterations": 1000,
         "perf_flags": [],
         "allow_discards": False,
+        "optional": False,
     }
     # Only the plain kind's own keys: the schema's luks defaults are not carried into it.
-    assert plan["stacks"]["plain"] == {"kind": "plain"}
+    assert plan["stacks"]["plain"] == {"kind": "plain", "size_mib": 0, "optional": False}
     assert plan["precondition"]["enabled"] is True and plan["precondition"]["fill_passes"] == 1
     assert plan["fio"]["output_format"] == "json+"
 

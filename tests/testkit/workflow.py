@@ -139,3 +139,19 @@ def job_counts(output: str) -> dict[str, int]:
             break
         counts[parts[0]] = int(parts[1])
     return counts
+
+
+def no_step_outlives_its_workflow(work: Path, timeout: float = 90) -> None:
+    """Within ``timeout`` seconds of the workflow's end no test-box step of ``work`` is left."""
+    import time
+
+    from luksbench.testbox.sysutil import cmdline
+
+    def steps() -> dict[int, list[str]]:
+        return {p: cmdline(p) for p in processes_of(work) if "testbox" in cmdline(p)}
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and steps():
+        time.sleep(0.2)
+    left = steps()
+    assert not left, f"test-box steps outlived the workflow: {left}"
