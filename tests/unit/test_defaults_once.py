@@ -15,6 +15,14 @@ SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 LITERAL = r"""(-?\d+(?:\.\d+)?|True|False|"[^"\n]*"|'[^'\n]*')"""
 
 
+# Values that equal a schema default but are not one, each with its reason.
+NOT_DEFAULTS = {
+    ("src/luksbench/testbox/cephstack.py", "optional"): (
+        "the stacks under an OSD are never optional: the arms over them need them"
+    ),
+}
+
+
 def schema_defaults() -> dict[str, list[tuple[str, object]]]:
     """key -> [(dotted path, default)] of every config key with a scalar default in the schema,
     the top-level keys and those of its ``$defs`` (a stack layer's ``cipher`` as ``$defs.layer.cipher``)."""
@@ -92,8 +100,10 @@ def test_the_known_keys_come_from_the_schema():
 def test_no_module_keeps_its_own_copy_of_a_config_default():
     keys = schema_defaults()
     found = set().union(*(default_copies(p, keys) for p in sorted((REPO / "src").rglob("*.py"))))
-    copies = sorted(f"{f}:{n}: {k}" for f, k, n in found)
+    copies = sorted(f"{f}:{n}: {k}" for f, k, n in found if (f, k) not in NOT_DEFAULTS)
     assert not copies, "defaults written outside the schema:\n" + "\n".join(copies)
+    gone = sorted(set(NOT_DEFAULTS) - {(f, k) for f, k, _ in found})
+    assert not gone, f"no longer there, take them out of NOT_DEFAULTS: {gone}"
 
 
 def test_the_scan_finds_a_copied_default(tmp_path):
