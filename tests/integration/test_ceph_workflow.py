@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from testkit.workflow import copy_workflow
+from testkit.workflow import copy_workflow, failure_report
 
 from luksbench.analysis.ceph_tables import PROCESS_TREE
 from luksbench.publish.text import decision_kind, effect_ci
@@ -62,7 +62,7 @@ def our_processes(workdir: Path) -> list[str]:
 
 def test_the_small_ceph_config_runs_end_to_end(workdir):
     result = snakemake(workdir, "all")
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, failure_report(result, workdir)
 
     fio_dir = next((workdir / "data" / "raw" / "ceph-small").iterdir()) / "fio"
     sidecars = sorted(fio_dir.glob("*/*/rep*.cpu.json"))

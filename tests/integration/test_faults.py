@@ -150,8 +150,10 @@ def test_an_interrupted_workflow_tears_down_keeps_what_it_measured_and_resumes(
     for content in kept.values():
         assert json.loads(content)["jobs"]
     assert not list(raw.rglob("*.tmp"))
-    leftover = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True)
+    leftover = subprocess.run(["pgrep", "-af", str(work)], capture_output=True, text=True)
     assert leftover.stdout == "", leftover.stdout
+    (run_fio_log,) = (work / "logs" / "interrupted").glob("*/run_fio.log")
+    assert "interrupted by SIG" in run_fio_log.read_text(), "how run-fio stopped is in its log"
 
     again = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -60,6 +60,19 @@ def snakemake(
     )
 
 
+def failure_report(result: subprocess.CompletedProcess, workdir: Path, tail: int = 3000) -> str:
+    """What a failed snakemake printed, and the end of each failed rule's log (a notebook's
+    traceback is there, and the test's folder is gone by the time anyone looks)."""
+    report = [result.stderr[-tail:]]
+    for line in result.stderr.splitlines():
+        if "(check log file(s) for error details)" in line:
+            for name in line.split("log:", 1)[1].split("(check")[0].split(","):
+                log = workdir / name.strip()
+                text = log.read_text(errors="replace")[-tail:] if log.is_file() else "(no log)"
+                report.append(f"--- {name.strip()} ---\n{text}")
+    return "\n".join(report)
+
+
 def rep_files(workdir: Path, run: str = "e2e") -> dict[Path, tuple[float, bytes]]:
     return {
         p: (p.stat().st_mtime, p.read_bytes())

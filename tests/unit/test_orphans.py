@@ -95,3 +95,37 @@ def test_stacks_of_a_dead_workflow_are_abandoned_those_of_a_live_one_are_not(
     other.parent.mkdir()
     other.write_text("{}")
     assert orphans.abandoned(other, lock_dir) is None, "another run holds the box"
+
+
+def test_leftovers_of_a_session_are_stopped_but_not_what_it_runs_under(session_process):
+    """A job's own snakemake that a stop signal left without its shell is stopped; the
+    processes of another session and those this one runs under are not."""
+    proc, _ = session_process
+    env = {**os.environ, lock.SESSION_ENV: str(proc.pid)}
+    job = subprocess.Popen(SLEEPER, env=env)
+    other = subprocess.Popen(SLEEPER, env={**env, lock.SESSION_ENV: "1"})
+    try:
+        deadline = time.monotonic() + 5
+        while job.pid not in orphans.session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert orphans.session_steps(proc.pid) == [], "no test-box step among them"
+        assert orphans.stop_session_leftovers(proc.pid, grace_s=5) == [job.pid]
+        assert job.wait(timeout=5) == -signal.SIGTERM
+        assert other.poll() is None
+    finally:
+        for p in (job, other):
+            p.kill()
+            p.wait()
+
+
+def test_a_session_spares_the_processes_it_runs_under():
+    """Run inside a job of its own workflow (the session's marker in its own environment), the
+    leftovers it would stop exclude itself and its parents."""
+    code = (
+        "import os; from luksbench.testbox import orphans\n"
+        "print(orphans.session_processes(int(os.environ['LUKSBENCH_SESSION'])))\n"
+    )
+    shell = ["sh", "-c", '"$0" -c "$1"; true', sys.executable, code]  # a shell that waits
+    env = {**os.environ, lock.SESSION_ENV: str(os.getpid())}
+    out = subprocess.run(shell, env=env, capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.strip() == "[]"

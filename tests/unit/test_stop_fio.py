@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,3 +44,41 @@ def test_a_fio_deaf_to_sigint_is_killed_with_its_job_processes(monkeypatch):
             os.kill(job, signal.SIGKILL)
         proc.stdout.close()
         proc.wait()
+
+
+# A process with a helper thread holds stop signals off in its main thread (as the runner does to
+# start fio), is sent SIGTERM and runs Python code: where does the handler raise?
+HOLD_OFF = """
+import os, signal, sys, threading, time
+from luksbench.testbox import stopping
+stopping.raise_on_stop_signals(stopping.Interrupted)
+if sys.argv[1] == "background_thread":
+    stopping.background_thread(lambda: time.sleep(30), "helper")
+else:
+    threading.Thread(target=lambda: time.sleep(30), daemon=True).start()
+held = signal.pthread_sigmask(signal.SIG_BLOCK, stopping.STOP_SIGNALS)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(200_000):
+        sum([1, 2])  # the Python a Popen runs after its fork
+except stopping.Interrupted:
+    sys.exit("raised while held off")
+try:
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
+except stopping.Interrupted:
+    print("raised once released")
+"""
+
+
+def test_a_helper_thread_never_takes_the_stop_signal_the_main_thread_holds_off():
+    """A plain thread takes it, and Python raises in the main thread at once (inside Popen, fio
+    would be orphaned); a background_thread leaves it pending until the main thread lets it in."""
+    runs = {
+        kind: subprocess.run(
+            [sys.executable, "-c", HOLD_OFF, kind], capture_output=True, text=True, timeout=60
+        )
+        for kind in ("background_thread", "plain")
+    }
+    assert runs["background_thread"].stdout.strip() == "raised once released"
+    assert runs["background_thread"].returncode == 0, runs["background_thread"].stderr
+    assert "raised while held off" in runs["plain"].stderr

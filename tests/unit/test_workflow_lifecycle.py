@@ -74,6 +74,20 @@ def test_error_without_stacks_up_releases_the_box(held_box):
     assert not (locks / lock.LOCK_NAME).exists()
 
 
+def test_error_stops_what_the_workflow_left_running_once_the_stacks_are_down(held_box):
+    """A job's own snakemake whose shell a stop signal ended is still winding up when `onerror`
+    runs: the workflow does not end before it."""
+    locks, state = held_box
+    env = {**os.environ, lock.SESSION_ENV: str(os.getpid())}  # this process stands for snakemake
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        assert lifecycle.on_error(state, locks, grace_s=5)
+        assert job.poll() == -signal.SIGTERM
+    finally:
+        job.kill()
+        job.wait()
+
+
 # The job of the stand-in below: reports the signal it gets.
 JOB = """
 import signal, sys, time

@@ -25,9 +25,10 @@ rule stack_up:
     params:
         state=STATE,
     shell:
-        # Progress to the terminal as well: preconditioning real disks takes hours.
+        # Progress to the terminal as well: preconditioning real disks takes hours. tee ignores
+        # the stop signals and ends with the step's output: how a stopped step unwound is logged.
         "luksbench testbox stack-up --plan {input.plan:q} --state {params.state:q}"
-        " --describe {output.stacks:q} 2>&1 | tee {log:q} >&2"
+        " --describe {output.stacks:q} 2>&1 | (trap '' INT TERM; exec tee {log:q} >&2)"
 
 
 rule run_pilot:
@@ -50,7 +51,7 @@ rule run_pilot:
         "luksbench testbox run-fio --plan {input.plan:q} --state {params.state:q}"
         " --describe {input.stacks:q} --raw-host-dir {params.host_dir:q}"
         " --manifest {output.manifest:q}"
-        " 2>&1 | tee {log:q} >&2"
+        " 2>&1 | (trap '' INT TERM; exec tee {log:q} >&2)"
 
 
 rule plan_repetitions:

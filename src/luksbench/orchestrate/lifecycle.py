@@ -125,11 +125,16 @@ def on_success(state: Path, lock_dir: Path = lock.LOCK_DIR) -> bool:
 
 def on_error(state: Path, lock_dir: Path = lock.LOCK_DIR, grace_s: float = 30) -> bool:
     """`onerror`: tear down the stacks of this run if its state file says they are up, then
-    release the test box. A step whose job shell died (kill -9, OOM) lives on: stopped first.
+    release the test box. A step whose job shell died (kill -9, OOM, a stop signal) lives on:
+    stopped first; once the stacks are down, so is anything else the workflow started (a stack
+    that failed to come down keeps its daemons for the next start's recovery).
     True when the test box was released."""
-    orphans.stop_session_steps(lock.current_session()["pid"], grace_s=grace_s)
+    session_pid = lock.current_session()["pid"]
+    orphans.stop_session_steps(session_pid, grace_s=grace_s)
     if state.exists():
         print(f"luksbench: tearing down the stacks of {state} after the failure", file=sys.stderr)
         command = ["luksbench.cli", "testbox", "stack-down", "--state", str(state)]
         subprocess.run([sys.executable, "-m", *command], check=False)
+    if not state.exists():
+        orphans.stop_session_leftovers(session_pid, grace_s=grace_s)
     return on_success(state, lock_dir)

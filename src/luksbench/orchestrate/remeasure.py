@@ -72,9 +72,11 @@ def measure_and_remeasure(
 
     def measure(*options: str) -> None:
         """run-fio in a job shell, as a shell rule runs it: its progress to ``log`` and the
-        terminal (a real run takes hours)."""
+        terminal (a real run takes hours). tee ignores the stop signals and ends with run-fio's
+        output: how an interrupted run unwound is logged too."""
         argv = [sys.executable, "-m", "luksbench.cli", *run_fio, *options]
-        script = f"set -o pipefail; {shlex.join(argv)} 2>&1 | tee -a {shlex.quote(str(log))} >&2"
+        tee = f"(trap '' INT TERM; exec tee -a {shlex.quote(str(log))} >&2)"
+        script = f"set -o pipefail; {shlex.join(argv)} 2>&1 | {tee}"
         subprocess.run(["bash", "-c", script], check=True)
 
     stage2 = {w: t[0] for w, t in read_targets(Path(targets)).items()} if targets else None

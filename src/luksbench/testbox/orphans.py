@@ -16,7 +16,16 @@ from pathlib import Path
 
 from luksbench.testbox import lock
 from luksbench.testbox.stacks import stack_down
-from luksbench.testbox.sysutil import cmdline, log, read_text, stop_process, wait_gone
+from luksbench.testbox.stopping import background_thread
+from luksbench.testbox.sysutil import (
+    ancestors,
+    cmdline,
+    log,
+    pid_alive,
+    read_text,
+    stop_process,
+    wait_gone,
+)
 
 # How long an orphaned step may take to undo its own work after it noticed its session ended.
 ORPHAN_GRACE_S = 60.0
@@ -36,9 +45,7 @@ def watch_session(interval_s: float = 0.5) -> threading.Thread | None:
         log(f"luksbench testbox: the workflow (process {session['pid']}) is gone; stopping")
         os.kill(os.getpid(), signal.SIGTERM)
 
-    thread = threading.Thread(target=watch, name="luksbench-session-watch", daemon=True)
-    thread.start()
-    return thread
+    return background_thread(watch, "luksbench-session-watch")
 
 
 def abandoned(state_path: Path, lock_dir: Path = lock.LOCK_DIR) -> dict | None:
@@ -56,18 +63,24 @@ def abandoned(state_path: Path, lock_dir: Path = lock.LOCK_DIR) -> dict | None:
     return None if lock.session_alive(holder.get("session")) else holder
 
 
-def session_steps(session_pid: int) -> list[int]:
-    """Test-box steps (``luksbench ... testbox``) still running for the workflow ``session_pid``."""
+def session_processes(session_pid: int) -> list[int]:
+    """Every process started under the workflow ``session_pid`` (its environment names the
+    session), but this one and the processes it runs under."""
     marker = f"{lock.SESSION_ENV}={session_pid}"
+    spared = {os.getpid(), *ancestors(os.getpid())}
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or int(entry) in spared:
             continue
-        argv = cmdline(int(entry))
         environ = (read_text(f"/proc/{entry}/environ") or "").split("\0")
-        if "testbox" in argv and marker in environ:
+        if marker in environ and pid_alive(int(entry)):
             found.append(int(entry))
     return found
+
+
+def session_steps(session_pid: int) -> list[int]:
+    """Test-box steps (``luksbench ... testbox``) still running for the workflow ``session_pid``."""
+    return [pid for pid in session_processes(session_pid) if "testbox" in cmdline(pid)]
 
 
 def stop_session_steps(session_pid: int, grace_s: float = ORPHAN_GRACE_S) -> list[int]:
@@ -75,14 +88,29 @@ def stop_session_steps(session_pid: int, grace_s: float = ORPHAN_GRACE_S) -> lis
     Ctrl-C; SIGKILL after ``grace_s``), e.g. a run-fio whose job shell was killed, before its
     stacks are torn down under it. The pids stopped."""
     steps = session_steps(session_pid)
+    _stop(steps, grace_s)
     for pid in steps:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    for pid in steps:
-        if not wait_gone(pid, grace_s):
-            stop_process(pid, (signal.SIGKILL,))
         log(f"  stopped the test-box step {pid} of workflow process {session_pid}")
     return steps
+
+
+def stop_session_leftovers(session_pid: int, grace_s: float = ORPHAN_GRACE_S) -> list[int]:
+    """Once its stacks are down, stop whatever else of the workflow ``session_pid`` still runs
+    (SIGTERM, SIGKILL after ``grace_s``). A stop signal ends a job's shell at once while the
+    job's own snakemake is still winding up its failed job: nothing of a workflow outlives it.
+    The pids stopped."""
+    leftovers = session_processes(session_pid)
+    _stop(leftovers, grace_s)
+    return leftovers
+
+
+def _stop(pids: list[int], grace_s: float) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    for pid in pids:
+        if not wait_gone(pid, grace_s):
+            stop_process(pid, (signal.SIGKILL,))
 
 
 def recover(

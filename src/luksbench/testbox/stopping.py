@@ -1,6 +1,6 @@
 """Stopping a measurement: SIGINT and SIGTERM raised as an exception in the runner (a repeated
-signal ignored, so the teardown runs to its end), and fio stopped with its forked jobs. Standard
-library only."""
+signal ignored, so the teardown runs to its end), and fio stopped with its forked jobs; helper
+threads that never take a stop signal. Standard library only."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 
 
 class Interrupted(BaseException):
@@ -49,3 +50,18 @@ def stop_fio(proc: subprocess.Popen) -> None:
                 proc.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(STOP_GRACE_S)
+
+
+def background_thread(target, name: str) -> threading.Thread:
+    """A started daemon thread that never takes SIGINT or SIGTERM. Python runs a handler in the
+    main thread whichever thread the kernel gave the signal to, even while the main thread holds
+    stop signals off to start fio (runner.py): had a helper thread taken one, the handler would
+    raise inside Popen, after fio was forked but before its handle was returned, and that fio
+    would run on unstopped. The new thread inherits the blocked mask it is started under."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return thread

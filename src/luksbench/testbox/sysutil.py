@@ -18,6 +18,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from luksbench.testbox.stopping import background_thread
+
 
 class TestboxError(RuntimeError):
     """A test-box step failed; the message says which and why."""
@@ -92,8 +94,7 @@ def heartbeat(what: str, every: float, say=log):
         while not stop.wait(every):
             say(f"  {what}: elapsed {duration(time.monotonic() - t0)}")
 
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
+    thread = background_thread(beat, "luksbench-heartbeat")
     try:
         yield
     finally:
@@ -199,6 +200,18 @@ def descendants(pid: int) -> list[int]:
         child = todo.pop()
         found.append(child)
         todo += children.get(child, [])
+    return found
+
+
+def ancestors(pid: int) -> list[int]:
+    """The processes ``pid`` runs under: its parent, the parent's parent, ... up to init."""
+    found = []
+    while pid > 1:
+        stat = read_text(f"/proc/{pid}/stat")
+        if not stat:
+            break
+        pid = int(stat.rpartition(")")[2].split()[1])
+        found.append(pid)
     return found
 
 
