@@ -59,8 +59,9 @@ else:
 held = signal.pthread_sigmask(signal.SIG_BLOCK, stopping.STOP_SIGNALS)
 try:
     os.kill(os.getpid(), signal.SIGTERM)
-    for _ in range(200_000):
-        sum([1, 2])  # the Python a Popen runs after its fork
+    deadline = time.monotonic() + 1  # ample time for a thread to take it, under load too
+    while time.monotonic() < deadline:
+        time.sleep(0.01)  # the Python a Popen runs after its fork, waiting for exec
 except stopping.Interrupted:
     sys.exit("raised while held off")
 try:
