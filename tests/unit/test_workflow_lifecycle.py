@@ -41,8 +41,10 @@ CONFIG = validated(
 
 
 @pytest.fixture
-def held_box(tmp_path):
-    """A test box (lock folder) held by this process's session for a run's state file."""
+def held_box(tmp_path, monkeypatch):
+    """A test box (lock folder) held by this process's session for a run's state file. The
+    session is this process, whatever pytest inherited: `onerror` stops the session's leftovers."""
+    monkeypatch.setenv(lock.SESSION_ENV, str(os.getpid()))
     locks, state = tmp_path / "locks", tmp_path / "scratch" / "state.json"
     state.parent.mkdir()
     lock.acquire(plan_from_config(CONFIG, "box", state.parent), state, lock_dir=locks)
