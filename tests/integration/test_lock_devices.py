@@ -74,7 +74,7 @@ def test_env_capture_and_cipher_benchmark_wait_for_the_run_that_holds_the_box(tm
     plan.write_text(json.dumps(plan_from_config({**CONFIG, "run": "second"}, "box", tmp_path)))
     workflow = subprocess.Popen(["sleep", "120"])  # stands in for the holder's snakemake
     try:
-        lock.acquire(holder, session={"pid": workflow.pid, "started": lock._started(workflow.pid)})
+        lock.acquire(holder, session={"pid": workflow.pid, "started": lock.started(workflow.pid)})
         for step, out in (("capture-env", "env.json"), ("benchmark-ciphers", "ciphers.txt")):
             result = subprocess.run(
                 [*LUKSBENCH, step, "--plan", str(plan), "--out", str(tmp_path / out)],

@@ -42,7 +42,7 @@ def take_the_test_box(state: Path) -> dict:
     """The environment of a workflow that holds the test box for ``state``: the lock taken for
     this process's session as soon as no other run holds it (the workflow's steps then keep it,
     stack-down gives it back)."""
-    session = {"pid": os.getpid(), "started": lock._started(os.getpid())}
+    session = {"pid": os.getpid(), "started": lock.started(os.getpid())}
     plan = {"run": "e2e-seqs", "host": state.parent.name, "scratch_dir": str(state.parent)}
     deadline = time.monotonic() + 1200
     while True:

@@ -20,7 +20,7 @@ GONE = {"pid": 0, "started": None}  # a session whose process has ended
 
 
 def session_of(process: subprocess.Popen) -> dict:
-    return {"pid": process.pid, "started": lock._started(process.pid)}
+    return {"pid": process.pid, "started": lock.started(process.pid)}
 
 
 def test_lock_is_held_while_the_holders_stacks_are_up(tmp_path):
@@ -154,7 +154,7 @@ def test_unreadable_proc_facts_are_left_out_not_fatal(monkeypatch):
     from luksbench.testbox import capture
 
     monkeypatch.setattr(lock, "read_text", lambda _path: "1 (x) S 1 2")
-    assert lock._started(1) is None
+    assert lock.started(1) is None
     meminfo = "MemTotal:\nMemAvailable: lots kB\nSwapTotal:       2048 kB\n"
     monkeypatch.setattr(capture, "read_text", lambda _path: meminfo)
     assert capture._meminfo() == {"SwapTotal": 2048 * 1024}

@@ -19,7 +19,7 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 def session_process():
     """A process standing for a workflow (snakemake): its session, and the process."""
     proc = subprocess.Popen(SLEEPER)
-    yield proc, {"pid": proc.pid, "started": lock._started(proc.pid)}
+    yield proc, {"pid": proc.pid, "started": lock.started(proc.pid)}
     proc.kill()
     proc.wait()
 
@@ -97,25 +97,67 @@ def test_stacks_of_a_dead_workflow_are_abandoned_those_of_a_live_one_are_not(
     assert orphans.abandoned(other, lock_dir) is None, "another run holds the box"
 
 
-def test_leftovers_of_a_session_are_stopped_but_not_what_it_runs_under(session_process):
-    """A job's own snakemake that a stop signal left without its shell is stopped; the
-    processes of another session and those this one runs under are not."""
+# A workflow process (the session): its job and another session's process, then its onerror.
+SESSION = """
+import os, subprocess, sys, time
+from luksbench.testbox import orphans
+from luksbench.testbox.sysutil import cmdline
+os.environ["LUKSBENCH_SESSION"] = str(os.getpid())
+sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+job = subprocess.Popen(sleeper)
+other = subprocess.Popen(sleeper, env={**os.environ, "LUKSBENCH_SESSION": "1"})
+deadline = time.monotonic() + 10  # both past exec: each environment its own
+while time.monotonic() < deadline and not all("time.sleep(60)" in " ".join(cmdline(p.pid)) for p in (job, other)):
+    time.sleep(0.05)
+stopped = orphans.stop_session_leftovers(grace_s=5)
+print(stopped == [job.pid], job.wait(5) == -15, other.poll() is None)
+other.kill()
+"""
+
+
+def test_leftovers_of_a_session_are_stopped_but_not_another_sessions():
+    """A job's own snakemake that a stop signal left without its shell is stopped by its
+    workflow's onerror, each logged with its command line; another session's process is not."""
+    out = subprocess.run(
+        [sys.executable, "-c", SESSION], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["True", "True", "True"], out.stderr
+    assert "the workflow left running: " in out.stderr and "time.sleep(60)" in out.stderr
+
+
+def test_an_inherited_session_is_not_this_processes_to_stop(monkeypatch, session_process):
+    """Started under another invocation's session (the marker inherited), a workflow stops none
+    of that session's processes."""
     proc, _ = session_process
-    env = {**os.environ, lock.SESSION_ENV: str(proc.pid)}
-    job = subprocess.Popen(SLEEPER, env=env)
-    other = subprocess.Popen(SLEEPER, env={**env, lock.SESSION_ENV: "1"})
+    job = subprocess.Popen(SLEEPER, env={**os.environ, lock.SESSION_ENV: str(proc.pid)})
+    monkeypatch.setenv(lock.SESSION_ENV, str(proc.pid))
     try:
         deadline = time.monotonic() + 5
         while job.pid not in orphans.session_processes(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert orphans.session_steps(proc.pid) == [], "no test-box step among them"
-        assert orphans.stop_session_leftovers(proc.pid, grace_s=5) == [job.pid]
-        assert job.wait(timeout=5) == -signal.SIGTERM
-        assert other.poll() is None
+        assert job.pid in orphans.session_processes(proc.pid)
+        assert orphans.stop_session_leftovers(grace_s=1) == []
+        assert job.poll() is None
     finally:
-        for p in (job, other):
-            p.kill()
-            p.wait()
+        job.kill()
+        job.wait()
+
+
+def test_only_processes_started_after_the_session_are_its_own(session_process):
+    """A process that began before the session's process did (an earlier holder of a reused pid
+    passed its marker on) is not among the session's processes."""
+    proc, _ = session_process
+    job = subprocess.Popen(SLEEPER, env={**os.environ, lock.SESSION_ENV: str(proc.pid)})
+    try:
+        deadline = time.monotonic() + 5
+        while job.pid not in orphans.session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        began = int(lock.started(job.pid))
+        assert job.pid in orphans.session_processes(proc.pid, started_after=began)
+        assert job.pid not in orphans.session_processes(proc.pid, started_after=began + 1)
+    finally:
+        job.kill()
+        job.wait()
 
 
 def test_a_session_spares_the_processes_it_runs_under():

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from luksbench.testbox import stopping
+from luksbench.testbox import lock, stopping
 
 
 def _running(pid: int) -> bool:
@@ -50,7 +50,7 @@ def test_a_fio_deaf_to_sigint_is_killed_with_its_job_processes(monkeypatch):
 # start fio), is sent SIGTERM and runs Python code: where does the handler raise?
 HOLD_OFF = """
 import os, signal, sys, threading, time
-from luksbench.testbox import stopping
+from luksbench.testbox import lock, stopping
 stopping.raise_on_stop_signals(stopping.Interrupted)
 if sys.argv[1] == "background_thread":
     stopping.background_thread(lambda: time.sleep(30), "helper")
@@ -72,8 +72,9 @@ except stopping.Interrupted:
 
 
 def test_a_helper_thread_never_takes_the_stop_signal_the_main_thread_holds_off():
-    """A plain thread takes it, and Python raises in the main thread at once (inside Popen, fio
-    would be orphaned); a background_thread leaves it pending until the main thread lets it in."""
+    """A plain thread takes it, and Python raises in the main thread as soon as that runs Python
+    again (inside Popen, fio would be orphaned); a background_thread leaves it pending until the
+    main thread lets it in."""
     runs = {
         kind: subprocess.run(
             [sys.executable, "-c", HOLD_OFF, kind], capture_output=True, text=True, timeout=60
@@ -83,3 +84,60 @@ def test_a_helper_thread_never_takes_the_stop_signal_the_main_thread_holds_off()
     assert runs["background_thread"].stdout.strip() == "raised once released"
     assert runs["background_thread"].returncode == 0, runs["background_thread"].stderr
     assert "raised while held off" in runs["plain"].stderr
+
+
+# A test-box step's helper threads: the session watch and stack-up's heartbeat.
+HELPERS = """
+import signal, threading
+from luksbench.testbox import orphans, sysutil
+
+def blocks_stop_signals(thread):
+    with open(f"/proc/self/task/{thread.native_id}/status") as status:
+        line = next(line for line in status if line.startswith("SigBlk:"))
+    mask = int(line.split()[1], 16)
+    return all(mask >> (signum - 1) & 1 for signum in (signal.SIGINT, signal.SIGTERM))
+
+watch = orphans.watch_session(60)
+with sysutil.heartbeat("waiting", 60, say=print):
+    beat = next(t for t in threading.enumerate() if t.name == "luksbench-heartbeat")
+    print(blocks_stop_signals(watch), blocks_stop_signals(beat), blocks_stop_signals(threading.main_thread()))
+"""
+
+
+def test_the_session_watch_and_the_heartbeat_never_take_a_stop_signal():
+    """Both helper threads of a test-box step block SIGINT and SIGTERM (the kernel's SigBlk of
+    the thread); the main thread, which stops the step, does not."""
+    env = {**os.environ, lock.SESSION_ENV: str(os.getpid())}  # a step of this process's session
+    out = subprocess.run(
+        [sys.executable, "-c", HELPERS], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["True", "True", "False"], out.stderr
+
+
+# A runner's fio (two jobs, time-based) cut short by SIGTERM: a pilot of a fixed-rate cell.
+INTERRUPTED_FIO = """
+import os, signal, sys, threading
+from luksbench.testbox import stopping
+stopping.raise_on_stop_signals(stopping.Interrupted)
+name, target = sys.argv[1], sys.argv[2]
+threading.Timer(2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+argv = ["fio", f"--name={name}", f"--filename={target}", "--size=1m", "--rw=randread",
+        "--ioengine=psync", "--numjobs=2", "--time_based", "--runtime=60"]
+try:
+    stopping.run_fio_or_stop(argv)
+except stopping.Interrupted:
+    print("interrupted")
+"""
+
+
+def test_a_fio_run_cut_short_is_stopped_with_its_job_processes(tmp_path):
+    name = f"luksbench-stop-{os.getpid()}"
+    out = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_FIO, name, str(tmp_path / "target")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == "interrupted", out.stderr
+    left = subprocess.run(["pgrep", "-af", name], capture_output=True, text=True)
+    assert left.stdout == "", f"fio processes run on: {left.stdout}"

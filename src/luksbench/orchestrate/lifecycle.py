@@ -4,7 +4,8 @@
   lock removed, so the same command resumes; never for an invocation that only looks.
 - ``onstart``: Ctrl-C or ``kill`` of snakemake alone reaches the jobs' processes.
 - ``onsuccess``: the test box is released (unless stacks are still up).
-- ``onerror``: a failed rule leaves no dm/loop devices, FUSE mounts or daemons behind.
+- ``onerror``: a failed rule leaves no dm/loop devices, FUSE mounts or daemons behind, and once
+  the stacks are down nothing else this invocation started runs on.
 
 Every test-box step this invocation runs belongs to its session (``start_session``): the test box
 stays locked for the run from the environment capture to the end (testbox/lock.py).
@@ -136,5 +137,5 @@ def on_error(state: Path, lock_dir: Path = lock.LOCK_DIR, grace_s: float = 30) -
         command = ["luksbench.cli", "testbox", "stack-down", "--state", str(state)]
         subprocess.run([sys.executable, "-m", *command], check=False)
     if not state.exists():
-        orphans.stop_session_leftovers(session_pid, grace_s=grace_s)
+        orphans.stop_session_leftovers(grace_s=grace_s)
     return on_success(state, lock_dir)

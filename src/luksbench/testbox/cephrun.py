@@ -22,6 +22,7 @@ from pathlib import Path
 from luksbench.testbox.ceph import MODES, device_facts
 from luksbench.testbox.cephdown import load_cluster, start_time
 from luksbench.testbox.cephexisting import client_args
+from luksbench.testbox.stopping import start_in_own_session
 from luksbench.testbox.sysutil import TestboxError, read_text, tool_env
 
 # Seconds fio gets beyond its runtime and ramp before its process group is killed.
@@ -65,7 +66,7 @@ def connection_modes(log_text: str) -> dict[str, str]:
 def run_killable(argv: list[str], env: dict, timeout: float, **kw) -> subprocess.CompletedProcess:
     """Run ``argv`` in its own process group; past ``timeout`` the whole group gets SIGKILL and
     TestboxError says so (librados ignores SIGTERM while it retries a refused connection)."""
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, text=True, **kw)
+    proc = start_in_own_session(argv, env=env, text=True, **kw)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

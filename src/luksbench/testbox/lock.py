@@ -29,7 +29,7 @@ class Locked(TestboxError):
     """Another run holds the test box; the message names it."""
 
 
-def _started(pid: int) -> str | None:
+def started(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (tells a reused pid apart)."""
     stat = read_text(f"/proc/{pid}/stat")
     fields = stat.rpartition(")")[2].split() if stat else []
@@ -39,14 +39,14 @@ def _started(pid: int) -> str | None:
 def current_session() -> dict:
     value = os.environ.get(SESSION_ENV, "")
     pid = int(value) if value.isdigit() else os.getpid()
-    return {"pid": pid, "started": _started(pid)}
+    return {"pid": pid, "started": started(pid)}
 
 
 def _alive(session) -> bool:
     if not isinstance(session, dict) or not isinstance(session.get("pid"), int):
         return False
-    started = _started(session["pid"])
-    return started is not None and started == session.get("started")
+    started_at = started(session["pid"])
+    return started_at is not None and started_at == session.get("started")
 
 
 def session_alive(session) -> bool:

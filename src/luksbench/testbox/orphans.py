@@ -2,7 +2,9 @@
 steps would live on as orphans, its stacks stay up and the test box stays locked. Two halves make
 the same command resume cleanly: every test-box step stops itself once the workflow session it
 belongs to is gone (:func:`watch_session`), and the next start of the run tears down what a dead
-session left behind (:func:`recover`). Standard library only.
+session left behind (:func:`recover`). A workflow that stops on an error or a signal stops, once
+its stacks are down, whatever else it started that still runs (:func:`stop_session_leftovers`).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from luksbench.testbox.sysutil import (
     cmdline,
     log,
     pid_alive,
-    read_text,
     stop_process,
     wait_gone,
 )
@@ -63,17 +64,24 @@ def abandoned(state_path: Path, lock_dir: Path = lock.LOCK_DIR) -> dict | None:
     return None if lock.session_alive(holder.get("session")) else holder
 
 
-def session_processes(session_pid: int) -> list[int]:
+def session_processes(session_pid: int, started_after: int | None = None) -> list[int]:
     """Every process started under the workflow ``session_pid`` (its environment names the
-    session), but this one and the processes it runs under."""
-    marker = f"{lock.SESSION_ENV}={session_pid}"
+    session), but this one and the processes it runs under; with ``started_after``, only those
+    started later (clock ticks since boot), so a process of an earlier holder of a reused pid
+    is never among them."""
+    marker = f"{lock.SESSION_ENV}={session_pid}".encode()
     spared = {os.getpid(), *ancestors(os.getpid())}
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in spared:
             continue
-        environ = (read_text(f"/proc/{entry}/environ") or "").split("\0")
-        if marker in environ and pid_alive(int(entry)):
+        try:  # an environment is bytes: a value need not be text
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        began = lock.started(int(entry))
+        later = started_after is None or (began is not None and int(began) >= started_after)
+        if marker in environ and later and pid_alive(int(entry)):
             found.append(int(entry))
     return found
 
@@ -94,22 +102,33 @@ def stop_session_steps(session_pid: int, grace_s: float = ORPHAN_GRACE_S) -> lis
     return steps
 
 
-def stop_session_leftovers(session_pid: int, grace_s: float = ORPHAN_GRACE_S) -> list[int]:
-    """Once its stacks are down, stop whatever else of the workflow ``session_pid`` still runs
-    (SIGTERM, SIGKILL after ``grace_s``). A stop signal ends a job's shell at once while the
-    job's own snakemake is still winding up its failed job: nothing of a workflow outlives it.
-    The pids stopped."""
-    leftovers = session_processes(session_pid)
+def stop_session_leftovers(grace_s: float = ORPHAN_GRACE_S) -> list[int]:
+    """Once its stacks are down, stop whatever else this workflow process started that still
+    runs (SIGTERM, SIGKILL after ``grace_s``): a stop signal ends a job's shell at once while the
+    job's own snakemake is still winding up its failed job. Only when this process is the
+    session: a session inherited from another invocation is not this one's to stop. The pids
+    stopped, each logged with its command line."""
+    session = lock.current_session()
+    if session["pid"] != os.getpid() or session["started"] is None:
+        return []
+    leftovers = session_processes(session["pid"], started_after=int(session["started"]))
+    commands = {pid: " ".join(cmdline(pid)).strip() for pid in leftovers}
     _stop(leftovers, grace_s)
+    for pid in leftovers:
+        log(f"  stopped process {pid} the workflow left running: {commands[pid][:200]}")
     return leftovers
 
 
 def _stop(pids: list[int], grace_s: float) -> None:
+    """SIGTERM to every pid, then SIGKILL to those still running ``grace_s`` later (one deadline
+    for all: a process that ends only when its writers do, like a log's tee, costs no grace of
+    its own)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
     for pid in pids:
-        if not wait_gone(pid, grace_s):
+        if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
             stop_process(pid, (signal.SIGKILL,))
 
 

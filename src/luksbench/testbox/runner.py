@@ -64,7 +64,13 @@ from luksbench.testbox.schedule import (  # stacks_in_order ...: callers import 
     stacks_in_order,  # noqa: F401
 )
 from luksbench.testbox.stacks import check_files_unchanged, load_state, stack_down, stack_up
-from luksbench.testbox.stopping import STOP_SIGNALS, Interrupted, raise_on_stop_signals, stop_fio
+from luksbench.testbox.stopping import (
+    Interrupted,
+    raise_on_stop_signals,
+    run_fio_or_stop,
+    start_in_own_session,
+    stop_fio,
+)
 from luksbench.testbox.sysutil import TestboxError, check_free_space, log, pid_alive, utc_now
 
 
@@ -155,7 +161,7 @@ def _pilot_iops(plan: dict, session: dict, stack: str, w: Workload, clocksource)
         entry = session["state"]["stacks"][stack]
         argv = fio_argv(plan, entry, stack, w, out, session["io_size"], None, session["devices"])
         argv = _session_form(plan, argv, clocksource, Path(tmp) / "pilot.job")
-        proc = subprocess.run(argv, **sysutil.QUIET)
+        proc = run_fio_or_stop(argv)
         try:
             if proc.returncode != 0:
                 raise ValueError(f"fio exited {proc.returncode}: {proc.stderr.strip()}")
@@ -520,23 +526,15 @@ def _one_run(
         argv = _session_form(plan, argv, clocksource, tmp.with_suffix(".job.tmp"))
         ceph_run = cephrun.prepare_entry_run(entry, path, plan["fio"])  # None: not a Ceph arm
         before, rapl_before, t0 = probes.read_proc_stat(), probes.read_rapl(), time.monotonic()
-        # Own session: a terminal Ctrl-C reaches only us; we stop fio ourselves and discard output.
-        # A stop signal waits until Popen returns (else fio would run on unknown and write its
-        # output after the cleanup); fio itself starts with the signals unblocked.
-        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-                env=ceph_run["env"] if ceph_run else None,
-                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, unblocked),
-            )
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        # Stopped by us on a stop signal, its output discarded.
+        proc = start_in_own_session(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ceph_run["env"] if ceph_run else None,
+        )
         _, err = cephrun.communicate(proc, ceph_run)
         t1, after, rapl_after = time.monotonic(), probes.read_proc_stat(), probes.read_rapl()
         for line in err.strip().splitlines():

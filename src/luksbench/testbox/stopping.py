@@ -1,5 +1,6 @@
 """Stopping a measurement: SIGINT and SIGTERM raised as an exception in the runner (a repeated
-signal ignored, so the teardown runs to its end), and fio stopped with its forked jobs; helper
+signal ignored, so the teardown runs to its end); fio and the cluster's tools started so that a
+stop signal never leaves one running unknown, and fio stopped with its forked jobs; helper
 threads that never take a stop signal. Standard library only."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 
 
 class Interrupted(BaseException):
@@ -34,6 +36,37 @@ def raise_on_stop_signals(interrupt) -> dict:
     return {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
 
 
+def start_in_own_session(argv: list[str], **popen_kw) -> subprocess.Popen:
+    """Start ``argv`` in a session of its own (a terminal's Ctrl-C reaches only us, and we stop
+    it), with SIGINT and SIGTERM held off until Popen returns: a handler raising inside Popen,
+    after the fork but before the handle is returned, would leave the child running unknown (for
+    fio: writing its output after the cleanup). The child starts with them let in again."""
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen(
+            argv,
+            start_new_session=True,
+            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, unblocked),
+            **popen_kw,
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+
+
+def run_fio_or_stop(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run fio to its end (started as :func:`start_in_own_session` starts it); when anything (a
+    stop signal) cuts the wait short, fio is stopped with its job processes first."""
+    proc = start_in_own_session(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        stop_fio(proc)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 STOP_GRACE_S = 10
 
 
@@ -52,7 +85,7 @@ def stop_fio(proc: subprocess.Popen) -> None:
             proc.wait(STOP_GRACE_S)
 
 
-def background_thread(target, name: str) -> threading.Thread:
+def background_thread(target: Callable[[], None], name: str) -> threading.Thread:
     """A started daemon thread that never takes SIGINT or SIGTERM. Python runs a handler in the
     main thread whichever thread the kernel gave the signal to, even while the main thread holds
     stop signals off to start fio (runner.py): had a helper thread taken one, the handler would

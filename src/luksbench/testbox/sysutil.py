@@ -1,6 +1,6 @@
 """Helpers every test-box module shares: errors, progress, timestamps, atomic writes, running
-tools, looking at processes, reading sysfs. A leaf: imports no other luksbench module. Standard
-library only.
+tools, looking at processes, reading sysfs. Imports only :mod:`stopping` of luksbench (helper
+threads that never take a stop signal). Standard library only.
 """
 
 from __future__ import annotations
@@ -94,12 +94,14 @@ def heartbeat(what: str, every: float, say=log):
         while not stop.wait(every):
             say(f"  {what}: elapsed {duration(time.monotonic() - t0)}")
 
-    thread = background_thread(beat, "luksbench-heartbeat")
-    try:
+    thread = None
+    try:  # a stop signal let in as the thread starts still stops it
+        thread = background_thread(beat, "luksbench-heartbeat")
         yield
     finally:
         stop.set()
-        thread.join()
+        if thread is not None:
+            thread.join()
 
 
 def utc_now() -> str:
