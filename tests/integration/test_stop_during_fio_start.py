@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -48,3 +49,32 @@ def test_a_signal_during_fio_start_stops_that_fio_and_leaves_no_temp_file(tmp_pa
     time.sleep(3)  # an orphaned fio would write its output by now
     assert orphans == []
     assert list(rep.parent.iterdir()) == []
+
+
+# A runner's fio (two jobs, time-based) cut short by SIGTERM: a pilot of a fixed-rate cell.
+INTERRUPTED_FIO = """
+import os, signal, sys, threading
+from luksbench.testbox import stopping
+stopping.raise_on_stop_signals(stopping.Interrupted)
+name, target = sys.argv[1], sys.argv[2]
+threading.Timer(2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+argv = ["fio", f"--name={name}", f"--filename={target}", "--size=1m", "--rw=randread",
+        "--ioengine=psync", "--numjobs=2", "--time_based", "--runtime=60"]
+try:
+    stopping.run_fio_or_stop(argv)
+except stopping.Interrupted:
+    print("interrupted")
+"""
+
+
+def test_a_fio_run_cut_short_is_stopped_with_its_job_processes(tmp_path):
+    name = f"luksbench-stop-{os.getpid()}"
+    out = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_FIO, name, str(tmp_path / "target")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == "interrupted", out.stderr
+    left = subprocess.run(["pgrep", "-af", name], capture_output=True, text=True)
+    assert left.stdout == "", f"fio processes run on: {left.stdout}"

@@ -112,32 +112,3 @@ def test_the_session_watch_and_the_heartbeat_never_take_a_stop_signal():
         [sys.executable, "-c", HELPERS], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.stdout.split() == ["True", "True", "False"], out.stderr
-
-
-# A runner's fio (two jobs, time-based) cut short by SIGTERM: a pilot of a fixed-rate cell.
-INTERRUPTED_FIO = """
-import os, signal, sys, threading
-from luksbench.testbox import stopping
-stopping.raise_on_stop_signals(stopping.Interrupted)
-name, target = sys.argv[1], sys.argv[2]
-threading.Timer(2, os.kill, (os.getpid(), signal.SIGTERM)).start()
-argv = ["fio", f"--name={name}", f"--filename={target}", "--size=1m", "--rw=randread",
-        "--ioengine=psync", "--numjobs=2", "--time_based", "--runtime=60"]
-try:
-    stopping.run_fio_or_stop(argv)
-except stopping.Interrupted:
-    print("interrupted")
-"""
-
-
-def test_a_fio_run_cut_short_is_stopped_with_its_job_processes(tmp_path):
-    name = f"luksbench-stop-{os.getpid()}"
-    out = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED_FIO, name, str(tmp_path / "target")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.stdout.strip() == "interrupted", out.stderr
-    left = subprocess.run(["pgrep", "-af", name], capture_output=True, text=True)
-    assert left.stdout == "", f"fio processes run on: {left.stdout}"

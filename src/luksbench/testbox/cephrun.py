@@ -22,7 +22,7 @@ from pathlib import Path
 from luksbench.testbox.ceph import MODES, device_facts
 from luksbench.testbox.cephdown import load_cluster, start_time
 from luksbench.testbox.cephexisting import client_args
-from luksbench.testbox.stopping import start_in_own_session
+from luksbench.testbox.stopping import kill_group, start_in_own_session
 from luksbench.testbox.sysutil import TestboxError, read_text, tool_env
 
 # Seconds fio gets beyond its runtime and ramp before its process group is killed.
@@ -66,12 +66,11 @@ def connection_modes(log_text: str) -> dict[str, str]:
 def run_killable(argv: list[str], env: dict, timeout: float, **kw) -> subprocess.CompletedProcess:
     """Run ``argv`` in its own process group; past ``timeout`` the whole group gets SIGKILL and
     TestboxError says so (librados ignores SIGTERM while it retries a refused connection)."""
-    proc = start_in_own_session(argv, env=env, text=True, **kw)
+    proc = start_in_own_session(argv, stop=kill_group, env=env, text=True, **kw)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc)
         proc.communicate()
         raise TestboxError(
             f"`{' '.join(argv[:3])} ...` did not finish within {timeout:.0f} s (CEPH_ARGS "
@@ -79,9 +78,7 @@ def run_killable(argv: list[str], env: dict, timeout: float, **kw) -> subprocess
             "daemons refuse makes the client retry forever"
         ) from None
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_group(proc)
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 

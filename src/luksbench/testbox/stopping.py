@@ -36,37 +36,6 @@ def raise_on_stop_signals(interrupt) -> dict:
     return {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
 
 
-def start_in_own_session(argv: list[str], **popen_kw) -> subprocess.Popen:
-    """Start ``argv`` in a session of its own (a terminal's Ctrl-C reaches only us, and we stop
-    it), with SIGINT and SIGTERM held off until Popen returns: a handler raising inside Popen,
-    after the fork but before the handle is returned, would leave the child running unknown (for
-    fio: writing its output after the cleanup). The child starts with them let in again."""
-    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        return subprocess.Popen(
-            argv,
-            start_new_session=True,
-            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, unblocked),
-            **popen_kw,
-        )
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
-
-
-def run_fio_or_stop(argv: list[str]) -> subprocess.CompletedProcess:
-    """Run fio to its end (started as :func:`start_in_own_session` starts it); when anything (a
-    stop signal) cuts the wait short, fio is stopped with its job processes first."""
-    proc = start_in_own_session(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        out, err = proc.communicate()
-    except BaseException:
-        stop_fio(proc)
-        raise
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
 STOP_GRACE_S = 10
 
 
@@ -85,12 +54,65 @@ def stop_fio(proc: subprocess.Popen) -> None:
             proc.wait(STOP_GRACE_S)
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the process group of ``proc`` (a session of its own), then reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def start_in_own_session(
+    argv: list[str], stop: Callable[[subprocess.Popen], None] = stop_fio, **popen_kw
+) -> subprocess.Popen:
+    """Start ``argv`` in a session of its own (a terminal's Ctrl-C reaches only us, and we stop
+    it), with SIGINT and SIGTERM held off while Popen runs: a handler raising inside Popen, after
+    the fork but before the handle is returned, would leave the child running unknown (for fio:
+    writing its output after the cleanup). A stop signal that came meanwhile is let in once the
+    child is known: it is stopped (``stop``) before the signal's exception goes on. The child
+    starts with the signals let in again."""
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            start_new_session=True,
+            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, unblocked),
+            **popen_kw,
+        )
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)  # a pending handler raises here
+    except BaseException:
+        stop(proc)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        raise
+    return proc
+
+
+def run_fio_or_stop(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run fio to its end (started as :func:`start_in_own_session` starts it); when anything (a
+    stop signal) cuts the wait short, fio is stopped with its job processes first."""
+    proc = start_in_own_session(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        stop_fio(proc)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def background_thread(target: Callable[[], None], name: str) -> threading.Thread:
     """A started daemon thread that never takes SIGINT or SIGTERM. Python runs a handler in the
     main thread whichever thread the kernel gave the signal to, even while the main thread holds
-    stop signals off to start fio (runner.py): had a helper thread taken one, the handler would
-    raise inside Popen, after fio was forked but before its handle was returned, and that fio
-    would run on unstopped. The new thread inherits the blocked mask it is started under."""
+    stop signals off to start fio (:func:`start_in_own_session`): had a helper thread taken one,
+    the handler would raise inside Popen, after fio was forked but before its handle was
+    returned, and that fio would run on unstopped. The new thread inherits the blocked mask it
+    is started under."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         thread = threading.Thread(target=target, name=name, daemon=True)
