@@ -44,11 +44,13 @@ def measure(tmp_path, run: str, reps: int) -> tuple[dict, str]:
     return json.loads(manifest.read_text()), done.stderr
 
 
-def held(iops: pd.Series, rate: int) -> bool:
-    """fio throttled every run to the rate (unthrottled it runs at ten times the rate) and the
-    runs reached it: their median within 5 %. One run may fall short: a stall on a loaded
-    shared box costs a 2-second run I/Os it has no time to make up."""
-    return bool((iops <= 1.05 * rate).all() and abs(iops.median() / rate - 1) < 0.05)
+def held(runs: pd.DataFrame, rate: int) -> bool:
+    """fio throttled every run to the rate (unthrottled it runs at ten times the rate), and each
+    stack reached it: its runs' median within 5 %, none below 80 %. One run may fall short: a
+    stall on a loaded shared box costs a 2-second run I/Os it has no time to make up."""
+    ratio = runs["iops"] / rate
+    per_stack = ratio.groupby(runs["stack"]).median()
+    return bool(ratio.between(0.8, 1.05).all() and (abs(per_stack - 1) < 0.05).all())
 
 
 def test_a_fixed_rate_cell_holds_one_rate_on_both_stacks_and_reports_cpu_per_io(tmp_path):
@@ -65,7 +67,7 @@ def test_a_fixed_rate_cell_holds_one_rate_on_both_stacks_and_reports_cpu_per_io(
     fio = ingest.fio_table(raw, workers=1)
     fixed = fio[(fio["workload"] == CELL) & (fio["direction"] == "read")]
     assert len(fixed) == 4  # 2 stacks x 2 repetitions
-    assert held(fixed["iops"], rate["rate_iops"]), fixed["iops"]
+    assert held(fixed, rate["rate_iops"]), fixed[["stack", "iops"]]
     # CPU net of the session's idle baseline, utilisation and CPU per I/O beside CPU per GiB
     assert fixed["idle_busy_cpu_s"].notna().all() and fio["cpu_net"].all()
     net = fixed["busy_cpu_s"] - fixed["idle_busy_cpu_s"]
@@ -91,4 +93,5 @@ def test_a_fixed_rate_cell_holds_one_rate_on_both_stacks_and_reports_cpu_per_io(
     third = third[
         (third["workload"] == CELL) & (third["rep"] == 3) & (third["direction"] == "read")
     ]
-    assert len(third) == 2 and held(third["iops"], rate["rate_iops"]), third["iops"]
+    # throttled at the recorded rate (one run per stack: no median to take)
+    assert len(third) == 2 and (third["iops"] / rate["rate_iops"]).between(0.8, 1.05).all()

@@ -1,5 +1,6 @@
 """A stop signal that arrives while fio is being started: the runner still knows its fio, stops
-it and keeps no partial output (an orphaned fio would write its temp file after the cleanup)."""
+it and keeps no partial output (an orphaned fio would write its temp file after the cleanup).
+One that arrives while a fio run it waits for (a pilot) is going stops fio with its jobs."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def test_a_fio_deaf_to_sigint_is_killed_with_its_job_processes(monkeypatch):
 # start fio), is sent SIGTERM and runs Python code: where does the handler raise?
 HOLD_OFF = """
 import os, signal, sys, threading, time
-from luksbench.testbox import lock, stopping
+from luksbench.testbox import stopping
 stopping.raise_on_stop_signals(stopping.Interrupted)
 if sys.argv[1] == "background_thread":
     stopping.background_thread(lambda: time.sleep(30), "helper")

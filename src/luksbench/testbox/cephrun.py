@@ -10,11 +10,9 @@ fewer IOPS here), so the mode is read from a short client started with the same 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import resource
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -71,7 +69,6 @@ def run_killable(argv: list[str], env: dict, timeout: float, **kw) -> subprocess
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        proc.communicate()
         raise TestboxError(
             f"`{' '.join(argv[:3])} ...` did not finish within {timeout:.0f} s (CEPH_ARGS "
             f"{env.get('CEPH_ARGS')!r}): killed its process group; a messenger mode the "
@@ -321,12 +318,6 @@ def _log_tail(cluster: dict, name: str, lines: int = 5) -> str:
     return " | ".join(text.splitlines()[-lines:])
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-
-
 def children_cpu_s() -> float:
     """User + system seconds of this process's waited-for children (fio's whole process tree,
     every thread: fio's own usr_cpu/sys_cpu count only its job thread, not librbd's)."""
@@ -347,10 +338,10 @@ def communicate(proc: subprocess.Popen, run: dict | None) -> tuple[str, str]:
         except subprocess.TimeoutExpired:
             pass
         if gone_daemons(run.get("cluster") or {}):
-            _kill_group(proc)
+            kill_group(proc)
             check_daemons(run["cluster"], "during fio's run")
         if time.monotonic() >= deadline:
-            _kill_group(proc)
+            kill_group(proc)
             raise TestboxError(
                 f"fio on the RBD arm did not finish within {run['timeout']:.0f} s (CEPH_ARGS "
                 f"{run['env'].get('CEPH_ARGS')!r}): killed its process group"

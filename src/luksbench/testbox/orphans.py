@@ -75,13 +75,14 @@ def session_processes(session_pid: int, started_after: int | None = None) -> lis
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in spared:
             continue
+        began = lock.started(int(entry))
         try:  # an environment is bytes: a value need not be text
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        began = lock.started(int(entry))
-        later = started_after is None or (began is not None and int(began) >= started_after)
-        if marker in environ and later and pid_alive(int(entry)):
+        if marker not in environ or began is None or lock.started(int(entry)) != began:
+            continue  # not the session's, or gone (its pid perhaps reused) while being read
+        if (started_after is None or int(began) >= started_after) and pid_alive(int(entry)):
             found.append(int(entry))
     return found
 
@@ -113,23 +114,26 @@ def stop_session_leftovers(grace_s: float = ORPHAN_GRACE_S) -> list[int]:
         return []
     leftovers = session_processes(session["pid"], started_after=int(session["started"]))
     commands = {pid: " ".join(cmdline(pid)).strip() for pid in leftovers}
-    _stop(leftovers, grace_s)
-    for pid in leftovers:
+    stopped = _stop(leftovers, grace_s)
+    for pid in stopped:
         log(f"  stopped process {pid} the workflow left running: {commands[pid][:200]}")
-    return leftovers
+    return stopped
 
 
-def _stop(pids: list[int], grace_s: float) -> None:
+def _stop(pids: list[int], grace_s: float) -> list[int]:
     """SIGTERM to every pid, then SIGKILL to those still running ``grace_s`` later (one deadline
     for all: a process that ends only when its writers do, like a log's tee, costs no grace of
-    its own)."""
+    its own). The pids that were still there to stop."""
+    signalled = []
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+            signalled.append(pid)
     deadline = time.monotonic() + grace_s
-    for pid in pids:
+    for pid in signalled:
         if not wait_gone(pid, max(0.0, deadline - time.monotonic())):
             stop_process(pid, (signal.SIGKILL,))
+    return signalled
 
 
 def recover(

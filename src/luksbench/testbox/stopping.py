@@ -55,10 +55,30 @@ def stop_fio(proc: subprocess.Popen) -> None:
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL to the process group of ``proc`` (a session of its own), then reap it."""
+    """SIGKILL to the process group of ``proc`` (a session of its own), then reap it and close
+    its pipes (what it wrote is not wanted)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    close_pipes(proc)
+
+
+def close_pipes(proc: subprocess.Popen) -> None:
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _held_off() -> set[signal.Signals]:
+    """Block SIGINT and SIGTERM in this thread; the mask before. A signal that arrives just
+    before the block raises from this call with the mask unchanged."""
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    except BaseException:  # the handler raised as the block took effect: undo it
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        raise
+    return unblocked
 
 
 def start_in_own_session(
@@ -70,7 +90,7 @@ def start_in_own_session(
     writing its output after the cleanup). A stop signal that came meanwhile is let in once the
     child is known: it is stopped (``stop``) before the signal's exception goes on. The child
     starts with the signals let in again."""
-    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    unblocked = _held_off()
     try:
         proc = subprocess.Popen(
             argv,
@@ -85,9 +105,7 @@ def start_in_own_session(
         signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)  # a pending handler raises here
     except BaseException:
         stop(proc)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        close_pipes(proc)
         raise
     return proc
 
@@ -102,6 +120,7 @@ def run_fio_or_stop(argv: list[str]) -> subprocess.CompletedProcess:
         out, err = proc.communicate()
     except BaseException:
         stop_fio(proc)
+        close_pipes(proc)
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
@@ -113,7 +132,7 @@ def background_thread(target: Callable[[], None], name: str) -> threading.Thread
     the handler would raise inside Popen, after fio was forked but before its handle was
     returned, and that fio would run on unstopped. The new thread inherits the blocked mask it
     is started under."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    held = _held_off()
     try:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
